@@ -1,0 +1,27 @@
+"""celery-zdelay: delayed Celery tasks parked in Redis, released when due.
+
+Workers only ever receive tasks that are due now; see the documentation at
+``docs/`` for how it works.
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigurationError, StoreUnavailableError, ZDelayError
+from .parking import apply_delayed, batch, cancel, reschedule, send_delayed
+from .task import DelayedTaskMixin, Task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "DelayedTaskMixin",
+    "StoreUnavailableError",
+    "Task",
+    "ZDelayError",
+    "__version__",
+    "apply_delayed",
+    "batch",
+    "cancel",
+    "reschedule",
+    "send_delayed",
+]

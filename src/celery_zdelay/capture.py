@@ -1,0 +1,113 @@
+"""Capture the exact messages Celery publishes, without publishing them.
+
+``apply_async`` accepts a ``producer=``: Celery builds the message, routes
+it, runs ``before_task_publish`` (so tracing headers are added), serializes
+and compresses it, and hands it to that producer. :class:`CapturingProducer`
+is a kombu producer that keeps what it is handed instead of sending it, so
+the parked message is Celery's own, not a copy of Celery's logic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kombu import Connection, Producer, Queue
+
+from .entry import TaskMessage
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["CapturingProducer", "capture"]
+
+R = TypeVar("R")
+
+
+class CapturingProducer(Producer):  # type: ignore[misc]
+    """A kombu producer that records messages instead of sending them.
+
+    It never connects to the broker, unless a result backend asks for its
+    channel (the RPC backend declares its reply queue on it).
+    """
+
+    def __init__(self, connection: Connection, event_exchange: str) -> None:
+        super().__init__(None, auto_declare=False)
+        # kombu's name for "the connection this producer belongs to".
+        self.__connection__ = connection
+        self._event_exchange = event_exchange
+        #: Task messages captured, in publish order.
+        self.messages: list[TaskMessage] = []
+
+    def _get_channel(self) -> Any:
+        if self._channel is None:
+            self._channel = self.__connection__.default_channel
+        return super()._get_channel()
+
+    channel = property(_get_channel, Producer._set_channel)
+
+    def _publish(  # noqa: PLR0913 - kombu's signature
+        self,
+        body: bytes | str,
+        priority: int | None,
+        content_type: str,
+        content_encoding: str,
+        headers: dict[str, Any],
+        properties: dict[str, Any],
+        routing_key: str,
+        mandatory: bool,
+        immediate: bool,
+        exchange: str,
+        declare: list[Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        if exchange == self._event_exchange:
+            # A task-sent event (task_send_sent_event): it would describe a
+            # publish that has not happened, so it is not parked or sent.
+            return
+        if "id" not in headers or "task" not in headers:
+            raise ConfigurationError(
+                "celery-zdelay parks task protocol 2 messages only; "
+                "remove task_protocol = 1 from the Celery configuration."
+            )
+        if isinstance(body, str):
+            # kombu's json serializer returns text; transports send it as UTF-8.
+            body = body.encode("utf-8")
+        self.messages.append(
+            TaskMessage(
+                body=body,
+                content_type=content_type,
+                content_encoding=content_encoding,
+                headers=headers,
+                properties={k: v for k, v in properties.items() if k != "delivery_info"},
+                priority=int(priority or 0),
+                exchange=exchange,
+                routing_key=routing_key,
+                declare=[entity.name for entity in declare if isinstance(entity, Queue)],
+            )
+        )
+
+
+def capture(app: Celery, send: Callable[[CapturingProducer], R]) -> tuple[R, list[TaskMessage]]:
+    """Run *send* with a capturing producer; return its result and the messages.
+
+    *send* calls Celery's own publishing API with ``producer=`` set, e.g.
+    ``lambda p: task.apply_async(args, producer=p)``. Serialization errors
+    (``kombu.exceptions.EncodeError``) propagate before anything is parked.
+    """
+    producer = CapturingProducer(_lazy_connection(app), app.conf.event_exchange)
+    result = send(producer)
+    return result, producer.messages
+
+
+def _lazy_connection(app: Celery) -> Connection:
+    # One kombu Connection per app, never connected by capturing: creating a
+    # kombu Connection is not free, and producers may park while the broker
+    # itself is down.
+    connection: Connection | None = getattr(app, "_zdelay_capture_connection", None)
+    if connection is None:
+        connection = app.connection_for_write()
+        app._zdelay_capture_connection = connection  # type: ignore[attr-defined]
+    return connection

@@ -1,0 +1,360 @@
+"""The companion: sleep until the next entry is due, release it, repeat.
+
+One pass of :meth:`Companion.release_due` walks the shards; on each it
+claims due entries in bounded batches (handoff.lua straight into a Redis
+broker, or claim.lua into a lease), publishes what was leased, acknowledges
+what the broker accepted, gives back what it did not, and dead-letters what
+can never be published. Between passes it sleeps until the earliest due time
+or lease expiry, woken early when an earlier entry is parked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..config import get_config
+from ..entry import TaskMessage, decode_entry
+from ..errors import EntryError, StoreUnavailableError
+from ..store import ClaimResult, Store
+from ..store.client import sanitize_url
+from ..store.keys import companions_key
+from .handoff import Handoff, detect_handoff
+from .publish import Publisher, make_publisher
+from .wakeup import Wakeup
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["Companion", "PassReport"]
+
+logger = logging.getLogger(__name__)
+
+#: Longest sleep with nothing due; a safety net under the wake-up channel.
+MAX_IDLE_SECONDS = 1.0
+#: Longest uninterrupted sleep, so a stop request is seen promptly.
+SLEEP_SLICE_SECONDS = 0.1
+#: Seconds between heartbeats in the companions hash.
+HEARTBEAT_SECONDS = 5.0
+#: Heartbeats older than this are removed from the companions hash.
+HEARTBEAT_PRUNE_SECONDS = 3600.0
+#: Pauses after a failure (store or broker unreachable), doubling up to the last.
+BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+@dataclass
+class PassReport:
+    """What one :meth:`Companion.release_due` pass did."""
+
+    handed_off: int = 0
+    published: int = 0
+    dead_lettered: int = 0
+    #: Entries given back because the broker did not accept them.
+    returned: int = 0
+    #: Lateness (release time minus due time) of each released entry, in ms.
+    lateness_ms: list[int] = field(default_factory=list)
+    #: Seconds until the next due time or lease expiry; None when idle.
+    next_event_s: float | None = None
+    #: The broker or store failed during the pass.
+    failed: bool = False
+
+    @property
+    def released(self) -> int:
+        return self.handed_off + self.published
+
+
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class Companion:
+    """Releases the parked entries of one Celery app when they are due."""
+
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        shards: Sequence[int] | None = None,
+        store: Store | None = None,
+        listeners: Sequence[Listener] = (),
+    ) -> None:
+        self.app = app
+        self.config = get_config(app)
+        self.store = store if store is not None else Store(self.config)
+        self.shards = list(shards) if shards is not None else list(self.store.shards)
+        self.batch_size = self.config.batch_size
+        self.lease_ms = self.config.lease_ms
+        self.publisher: Publisher = make_publisher(app)
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.listeners = list(listeners)
+        self._handoff: Handoff | None = None
+        self._handoff_known = False
+        self.handoff_state = "unknown"
+        self._stopping = threading.Event()
+        self._started_ms = int(time.time() * 1000)
+        self._last_heartbeat = 0.0
+        self.totals = PassReport()
+
+    # -- running ----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Release entries as they fall due until :meth:`stop` is called."""
+        self._detect_handoff()
+        logger.info(
+            "celery-zdelay %s companion %s started: store %s (shards %s), broker %s, handoff %s",
+            __version__,
+            self.id,
+            sanitize_url(self.store.url),
+            _shard_ranges(self.shards),
+            sanitize_url(self.publisher.broker_url),
+            self.handoff_state,
+        )
+        wakeup = Wakeup(self.store.client, [self.store.keys(s).wake for s in self.shards])
+        wakeup.start()
+        failures = 0
+        try:
+            while not self._stopping.is_set():
+                report = self.release_due()
+                self._heartbeat()
+                if report.failed:
+                    pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+                    failures += 1
+                    self._sleep(wakeup, pause, wake_early=False)
+                    continue
+                failures = 0
+                wait = report.next_event_s
+                self._sleep(wakeup, MAX_IDLE_SECONDS if wait is None else min(wait, MAX_IDLE_SECONDS))
+        finally:
+            wakeup.close()
+            self.publisher.close()
+            self._forget_heartbeat()
+            logger.info(
+                "celery-zdelay companion %s stopped after releasing %d tasks",
+                self.id,
+                self.totals.released,
+            )
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the batch in hand; safe in signal handlers."""
+        self._stopping.set()
+
+    def _sleep(self, wakeup: Wakeup, seconds: float, *, wake_early: bool = True) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            slice_s = min(remaining, SLEEP_SLICE_SECONDS)
+            if wake_early:
+                if wakeup.wait(slice_s):
+                    return
+            else:
+                self._stopping.wait(slice_s)
+
+    # -- one pass -------------------------------------------------------------
+
+    def release_due(self) -> PassReport:
+        """Release every entry due now on this companion's shards."""
+        report = PassReport()
+        try:
+            if not self._handoff_known:
+                self._detect_handoff()
+            for shard in self.shards:
+                self._release_shard(shard, report)
+                if report.failed:
+                    break
+        except StoreUnavailableError as exc:
+            logger.warning("Store unreachable, retrying with backoff: %s", exc)
+            report.failed = True
+        self._add_to_totals(report)
+        return report
+
+    def _release_shard(self, shard: int, report: PassReport) -> None:
+        fresh = False
+        while True:
+            started = time.perf_counter()
+            result = self._claim(shard, fresh=fresh)
+            claimed_at = time.perf_counter()
+            claim_s = claimed_at - started
+            if result.needs_dests and not fresh:
+                fresh = True
+                continue
+            fresh = False
+            claimed = len(result.entries) + len(result.handed_due_ms)
+            if result.handed_due_ms:
+                report.handed_off += len(result.handed_due_ms)
+                report.lateness_ms += [result.now_ms - due for due in result.handed_due_ms]
+            if result.entries:
+                self._release_leased(shard, result, report, claimed_at)
+            if claimed:
+                logger.debug(
+                    "Shard %d: claimed %d in %.2f ms (%d handed off, %d leased)",
+                    shard,
+                    claimed,
+                    claim_s * 1000,
+                    len(result.handed_due_ms),
+                    len(result.entries),
+                )
+                self._emit(
+                    "claim",
+                    {"shard": shard, "claimed": claimed, "seconds": claim_s},
+                )
+            if report.failed or self._stopping.is_set() or claimed < self.batch_size:
+                break
+        self._note_next_event(result, report)
+
+    def _claim(self, shard: int, *, fresh: bool) -> ClaimResult:
+        if self._handoff is not None:
+            return self.store.handoff(
+                shard,
+                dests=self._handoff.dests(self.store, shard, refresh=fresh),
+                layout=self._handoff.layout.fingerprint,
+                limit=self.batch_size,
+                lease_ms=self.lease_ms,
+                fresh=fresh,
+            )
+        return self.store.claim(shard, limit=self.batch_size, lease_ms=self.lease_ms)
+
+    def _release_leased(
+        self, shard: int, result: ClaimResult, report: PassReport, claimed_at: float
+    ) -> None:
+        """Publish leased entries through kombu; ack, give back or dead-letter each."""
+        token = result.token
+        messages: list[TaskMessage] = []
+        ids: list[str] = []
+        dues: list[int] = []
+        dead: list[tuple[str, dict[str, Any]]] = []
+        for entry in result.entries:
+            try:
+                message = decode_entry(entry.payload, self.config.signing_keys)
+            except EntryError as exc:
+                dead.append((entry.task_id, self._dead_reason(exc.reason, entry.due_ms)))
+                continue
+            messages.append(message)
+            ids.append(entry.task_id)
+            dues.append(entry.due_ms)
+
+        outcome = self.publisher.publish(messages)
+        # On the Redis clock: the claim's time plus what publishing took.
+        published_ms = result.now_ms + round((time.perf_counter() - claimed_at) * 1000)
+        accepted = [ids[i] for i in outcome.accepted]
+        for index, reason in outcome.rejected.items():
+            dead.append((ids[index], self._dead_reason(reason, dues[index])))
+        settled = set(outcome.accepted) | set(outcome.rejected)
+        returned = [ids[i] for i in range(len(ids)) if i not in settled]
+
+        self.store.ack(shard, token, accepted)
+        if returned:
+            self.store.unclaim(shard, token, returned)
+            report.returned += len(returned)
+            report.failed = True
+        if dead:
+            self.store.dead_letter(shard, token, dead)
+            report.dead_lettered += len(dead)
+            for task_id, reason in dead:
+                logger.error(
+                    "Dead-lettered %s on shard %d: %s", task_id, shard, reason["reason"]
+                )
+                self._emit("dead_letter", {"shard": shard, "task_id": task_id, **reason})
+        report.published += len(accepted)
+        report.lateness_ms += [published_ms - dues[i] for i in outcome.accepted]
+        for index in outcome.accepted:
+            logger.debug(
+                "Released %s[%s] %d ms after due",
+                messages[index].task_name,
+                ids[index],
+                published_ms - dues[index],
+            )
+
+    def _dead_reason(self, reason: str, due_ms: int) -> dict[str, Any]:
+        return {"reason": reason, "due_ms": due_ms, "companion": self.id}
+
+    def _note_next_event(self, result: ClaimResult, report: PassReport) -> None:
+        candidates = [
+            ms - result.now_ms
+            for ms in (result.next_due_ms, result.next_lease_ms)
+            if ms is not None
+        ]
+        if candidates:
+            seconds = max(0, min(candidates)) / 1000
+            if report.next_event_s is None or seconds < report.next_event_s:
+                report.next_event_s = seconds
+
+    # -- helpers --------------------------------------------------------------
+
+    def _detect_handoff(self) -> None:
+        try:
+            self._handoff, self.handoff_state = detect_handoff(self.app, self.store)
+            self._handoff_known = True
+        except Exception as exc:
+            # The Redis broker is unreachable; use the generic path until it is back.
+            self._handoff, self.handoff_state = None, f"unknown yet ({exc!r})"
+            logger.warning("Could not tell whether the broker is the store's Redis: %r", exc)
+
+    def _add_to_totals(self, report: PassReport) -> None:
+        self.totals.handed_off += report.handed_off
+        self.totals.published += report.published
+        self.totals.dead_lettered += report.dead_lettered
+        self.totals.returned += report.returned
+        if report.released:
+            self._emit(
+                "release",
+                {"released": report.released, "lateness_ms": report.lateness_ms},
+            )
+
+    def _emit(self, event: str, data: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            try:
+                listener(event, data)
+            except Exception:
+                logger.exception("celery-zdelay listener failed on %s", event)
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat < HEARTBEAT_SECONDS:
+            return
+        self._last_heartbeat = now
+        key = companions_key(self.config.key_prefix)
+        beat = {
+            "id": self.id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "version": __version__,
+            "shards": self.shards,
+            "handoff": self.handoff_state,
+            "started_ms": self._started_ms,
+            "seen_ms": int(time.time() * 1000),
+            "released": self.totals.released,
+            "dead_lettered": self.totals.dead_lettered,
+        }
+        try:
+            client = self.store.client
+            client.hset(key, self.id, json.dumps(beat))
+            stale_before = beat["seen_ms"] - HEARTBEAT_PRUNE_SECONDS * 1000
+            for companion, raw in client.hgetall(key).items():
+                if json.loads(raw).get("seen_ms", 0) < stale_before:
+                    client.hdel(key, companion)
+        except Exception as exc:
+            logger.debug("Heartbeat failed: %r", exc)
+
+    def _forget_heartbeat(self) -> None:
+        try:
+            self.store.client.hdel(companions_key(self.config.key_prefix), self.id)
+        except Exception:
+            logger.debug("Could not remove the heartbeat of %s", self.id, exc_info=True)
+
+
+def _shard_ranges(shards: Sequence[int]) -> str:
+    if not shards:
+        return "none"
+    if list(shards) == list(range(shards[0], shards[-1] + 1)):
+        return f"{shards[0]}-{shards[-1]}" if len(shards) > 1 else str(shards[0])
+    return ",".join(map(str, shards))

@@ -1,0 +1,275 @@
+"""The ``zdelay_*`` settings, read once from ``app.conf`` into a frozen object.
+
+Every setting is documented in ``docs/settings.rst``; :func:`get_config` is
+the only place that reads them, validates them and applies the defaults.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["SETTINGS", "RetryPolicy", "ZDelayConfig", "get_config"]
+
+#: Store used when ``zdelay_redis_url`` is unset and the broker is not Redis.
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+#: Prefix of every key celery-zdelay writes (inside the shard hash tag).
+DEFAULT_KEY_PREFIX = "zdelay"
+#: Number of shards entries are spread over by task id.
+DEFAULT_SHARDS = 1
+#: Most entries one claim call moves; bounds the Redis time of each call.
+DEFAULT_BATCH_SIZE = 500
+#: Seconds a companion owns the entries it claimed before others may take them.
+DEFAULT_LEASE_SECONDS = 30.0
+#: How producers retry an unreachable store before raising (Celery's keys).
+DEFAULT_RETRY_POLICY: Mapping[str, float] = {
+    "max_retries": 3,
+    "interval_start": 0.0,
+    "interval_step": 0.2,
+    "interval_max": 1.0,
+}
+
+#: Largest batch: Lua's unpack() limit keeps one call's arguments below 8000.
+MAX_BATCH_SIZE = 2000
+#: Largest shard count; keys of each shard are scanned by status.
+MAX_SHARDS = 1024
+
+#: Every setting celery-zdelay reads, with a one-line description.
+SETTINGS: Mapping[str, str] = {
+    "zdelay_redis_url": "Redis URL of the store (redis://, rediss://, unix://)",
+    "zdelay_redis_options": "extra keyword arguments for the redis-py client",
+    "zdelay_key_prefix": "prefix of every key the store writes",
+    "zdelay_shards": "number of shards entries are spread over",
+    "zdelay_batch_size": "most entries a companion claims per call",
+    "zdelay_lease_seconds": "seconds a companion owns what it claimed",
+    "zdelay_threshold": "park every ETA at least this many seconds away",
+    "zdelay_signing_key": "HMAC key (or list, newest first) signing entries",
+    "zdelay_retry_policy": "how producers retry an unreachable store",
+    "zdelay_worker_dedupe": "workers drop a second delivery of a released id",
+}
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of store calls, spelled like Celery's ``task_publish_retry_policy``."""
+
+    max_retries: int
+    interval_start: float
+    interval_step: float
+    interval_max: float
+
+    def intervals(self) -> list[float]:
+        """Return the pause before each retry, in seconds."""
+        return [
+            min(self.interval_start + i * self.interval_step, self.interval_max)
+            for i in range(self.max_retries)
+        ]
+
+
+@dataclass(frozen=True)
+class ZDelayConfig:
+    """Validated ``zdelay_*`` settings of one Celery app."""
+
+    redis_url: str
+    redis_options: Mapping[str, Any]
+    key_prefix: str
+    shards: int
+    batch_size: int
+    lease_ms: int
+    threshold_ms: int | None
+    signing_keys: tuple[bytes, ...]
+    retry_policy: RetryPolicy
+    worker_dedupe: bool
+
+
+def get_config(app: Celery) -> ZDelayConfig:
+    """Return the validated settings of *app*, cached until they change.
+
+    Raises:
+        ConfigurationError: a ``zdelay_*`` setting is invalid or unknown; the
+            message names it.
+    """
+    raw = tuple(_lookup(app, key) for key in SETTINGS) + (_broker_url(app),)
+    cached = getattr(app, "_zdelay_config", None)
+    if cached is not None and cached[0] == raw:
+        config: ZDelayConfig = cached[1]
+        return config
+    _reject_unknown(app)
+    config = _build(dict(zip(SETTINGS, raw)), raw[-1])
+    app._zdelay_config = (raw, config)  # type: ignore[attr-defined]
+    return config
+
+
+def _lookup(app: Celery, key: str) -> Any:
+    conf = app.conf
+    value = conf.get(key)
+    if value is None:
+        # Django projects configure Celery with namespace="CELERY".
+        namespace = getattr(conf, "namespace", None) or ""
+        if namespace:
+            value = conf.get(f"{namespace}_{key}".upper())
+    return value
+
+
+def _broker_url(app: Celery) -> str | None:
+    url = app.conf.broker_write_url or app.conf.broker_url
+    if isinstance(url, (list, tuple)):
+        url = url[0] if url else None
+    if isinstance(url, str) and ";" in url:
+        url = url.split(";", 1)[0]
+    return url if isinstance(url, str) else None
+
+
+def _reject_unknown(app: Celery) -> None:
+    for key in list(app.conf.keys()):
+        name = str(key).lower()
+        if name.startswith("celery_"):
+            name = name[len("celery_") :]
+        if name.startswith("zdelay_") and name not in SETTINGS:
+            close = difflib.get_close_matches(name, SETTINGS, n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise ConfigurationError(
+                f"Unknown setting {key}.{hint} The zdelay_* settings are: "
+                + ", ".join(SETTINGS)
+                + "."
+            )
+
+
+def _build(raw: dict[str, Any], broker_url: str | None) -> ZDelayConfig:
+    return ZDelayConfig(
+        redis_url=_redis_url(raw["zdelay_redis_url"], broker_url),
+        redis_options=_mapping("zdelay_redis_options", raw["zdelay_redis_options"]),
+        key_prefix=_key_prefix(raw["zdelay_key_prefix"]),
+        shards=_integer("zdelay_shards", raw["zdelay_shards"], DEFAULT_SHARDS, 1, MAX_SHARDS),
+        batch_size=_integer(
+            "zdelay_batch_size", raw["zdelay_batch_size"], DEFAULT_BATCH_SIZE, 1, MAX_BATCH_SIZE
+        ),
+        lease_ms=_seconds_ms(
+            "zdelay_lease_seconds", raw["zdelay_lease_seconds"], DEFAULT_LEASE_SECONDS, 1.0
+        ),
+        threshold_ms=(
+            None
+            if raw["zdelay_threshold"] is None
+            else _seconds_ms("zdelay_threshold", raw["zdelay_threshold"], 0.0, 0.0)
+        ),
+        signing_keys=_signing_keys(raw["zdelay_signing_key"]),
+        retry_policy=_retry_policy(raw["zdelay_retry_policy"]),
+        worker_dedupe=_flag("zdelay_worker_dedupe", raw["zdelay_worker_dedupe"]),
+    )
+
+
+def _redis_url(value: Any, broker_url: str | None) -> str:
+    if value is None:
+        if broker_url and urlsplit(broker_url).scheme in _REDIS_SCHEMES:
+            return broker_url
+        return DEFAULT_REDIS_URL
+    if not isinstance(value, str) or urlsplit(value).scheme not in _REDIS_SCHEMES:
+        raise ConfigurationError(
+            f"zdelay_redis_url must be a redis://, rediss:// or unix:// URL, got {value!r}."
+        )
+    return value
+
+
+def _mapping(key: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"{key} must be a dict of keyword arguments, got {value!r}.")
+    return dict(value)
+
+
+def _key_prefix(value: Any) -> str:
+    if value is None:
+        return DEFAULT_KEY_PREFIX
+    if (
+        not isinstance(value, str)
+        or not value
+        or any(ch in value for ch in "{}")
+        or any(ch.isspace() for ch in value)
+    ):
+        raise ConfigurationError(
+            f"zdelay_key_prefix must be a non-empty string without braces or spaces "
+            f"(the store adds the hash tag itself), got {value!r}."
+        )
+    return value
+
+
+def _integer(key: str, value: Any, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigurationError(f"{key} must be an integer from {low} to {high}, got {value!r}.")
+    return value
+
+
+def _seconds_ms(key: str, value: Any, default: float, low: float) -> int:
+    if value is None:
+        value = default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < low
+    ):
+        raise ConfigurationError(
+            f"{key} must be a number of seconds of at least {low:g}, got {value!r}."
+        )
+    return math.ceil(value * 1000)
+
+
+def _flag(key: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{key} must be True or False, got {value!r}.")
+    return value
+
+
+def _signing_keys(value: Any) -> tuple[bytes, ...]:
+    if value is None:
+        return ()
+    keys = value if isinstance(value, (list, tuple)) else [value]
+    result = []
+    for key in keys:
+        if isinstance(key, str):
+            key = key.encode()
+        if not isinstance(key, bytes) or len(key) < 16:
+            raise ConfigurationError(
+                "zdelay_signing_key must be a key of at least 16 bytes (str or bytes), "
+                "or a list of them with the current key first."
+            )
+        result.append(key)
+    return tuple(result)
+
+
+def _retry_policy(value: Any) -> RetryPolicy:
+    merged = dict(DEFAULT_RETRY_POLICY)
+    if value is not None:
+        if not isinstance(value, Mapping) or set(value) - set(DEFAULT_RETRY_POLICY):
+            raise ConfigurationError(
+                "zdelay_retry_policy must be a dict with keys among "
+                f"{', '.join(DEFAULT_RETRY_POLICY)}, got {value!r}."
+            )
+        merged.update(value)
+    for key, number in merged.items():
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0:
+            raise ConfigurationError(
+                f"zdelay_retry_policy[{key!r}] must be a number of at least 0, got {number!r}."
+            )
+    return RetryPolicy(
+        max_retries=int(merged["max_retries"]),
+        interval_start=float(merged["interval_start"]),
+        interval_step=float(merged["interval_step"]),
+        interval_max=float(merged["interval_max"]),
+    )

@@ -1,0 +1,45 @@
+"""Errors raised by celery-zdelay.
+
+Every error derives from :class:`ZDelayError`, and every message says what to
+do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "EntryError",
+    "StoreUnavailableError",
+    "ZDelayError",
+]
+
+
+class ZDelayError(Exception):
+    """Raised for every celery-zdelay failure; the base of the others."""
+
+
+class ConfigurationError(ZDelayError, ValueError):
+    """Raised when a ``zdelay_*`` setting or an argument is invalid.
+
+    The message names the setting or argument and the accepted values.
+    """
+
+
+class StoreUnavailableError(ZDelayError, ConnectionError):
+    """Raised when the Redis store cannot be reached after the retry policy.
+
+    Nothing was parked (or changed) by the call that raised it. The message
+    names the store URL with its password hidden.
+    """
+
+
+class EntryError(ZDelayError):
+    """Raised when a parked entry cannot be read or published.
+
+    The companion catches it and moves the entry to the dead-letter set with
+    :attr:`reason`; it reaches users only from inspection helpers.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

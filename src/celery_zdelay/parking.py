@@ -1,0 +1,289 @@
+"""The producer side: park task messages, cancel and reschedule them.
+
+A delayed call captures the messages Celery would publish (see
+:mod:`celery_zdelay.capture`), turns each into an entry (see
+:mod:`celery_zdelay.entry`) and parks the entries in the store, atomically.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from celery.canvas import Signature, _chain, chord, group, maybe_signature
+
+from .capture import capture
+from .config import ZDelayConfig, get_config
+from .entry import TaskMessage, encode_entry
+from .errors import ConfigurationError
+from .redis_layout import RedisLayout
+from .schedule import Due, due_from
+from .store import ParkRequest, Store
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.app.task import Task
+
+__all__ = [
+    "apply_delayed",
+    "batch",
+    "cancel",
+    "park_task",
+    "reschedule",
+    "send_delayed",
+    "store_for",
+]
+
+logger = logging.getLogger(__name__)
+
+#: apply_async options that choose a broker connection; parking has none.
+_CONNECTION_OPTIONS = ("producer", "connection", "publisher")
+
+
+def park_task(
+    task: Task,
+    args: Any,
+    kwargs: Any,
+    countdown: Any,
+    eta: Any,
+    options: dict[str, Any],
+) -> Any:
+    """Park one call of *task*; the body of ``Task.apply_delayed``."""
+    app = task._get_app()
+    if app.conf.task_always_eager:
+        return task.apply_async(args, kwargs, countdown=countdown, eta=eta, **options)
+    _reject_connection_options(options)
+    due = due_from(countdown, eta)
+    result, messages = capture(
+        app, lambda producer: task.apply_async(args, kwargs, producer=producer, **options)
+    )
+    _park(app, messages, due)
+    return result
+
+
+def apply_delayed(
+    sig: Any,
+    *,
+    countdown: Any = None,
+    eta: Any = None,
+    app: Celery | None = None,
+    **options: Any,
+) -> Any:
+    """Park any signature or canvas (chain, group, chord) until it is due.
+
+    The delay comes from *countdown*/*eta*, else from the signature's own
+    options. Returns what ``sig.apply_async()`` returns (``AsyncResult``,
+    ``GroupResult``...), with ids known at once.
+    """
+    signature = maybe_signature(sig, app=app)
+    if not isinstance(signature, Signature):
+        raise ConfigurationError(f"apply_delayed needs a signature or canvas, got {sig!r}.")
+    app = app or signature._app or signature.app
+    if countdown is None and eta is None:
+        countdown = signature.options.get("countdown")
+        eta = signature.options.get("eta")
+    if app.conf.task_always_eager:
+        return signature.apply_async(countdown=countdown, eta=eta, **options)
+    _reject_connection_options(options)
+    due = due_from(countdown, eta)
+    signature = _without_schedule(signature)
+    result, messages = capture(
+        app, lambda producer: signature.apply_async(producer=producer, **options)
+    )
+    _park(app, messages, due)
+    return result
+
+
+def send_delayed(
+    app: Celery,
+    name: str,
+    args: Any = None,
+    kwargs: Any = None,
+    *,
+    countdown: Any = None,
+    eta: Any = None,
+    **options: Any,
+) -> Any:
+    """Park a task by name, as ``app.send_task`` would send it."""
+    _reject_connection_options(options)
+    due = due_from(countdown, eta)
+    result, messages = capture(
+        app, lambda producer: app.send_task(name, args, kwargs, producer=producer, **options)
+    )
+    _park(app, messages, due)
+    return result
+
+
+def cancel(task_id: str, *, app: Celery) -> bool:
+    """Cancel a parked task; return whether it was parked and not yet released."""
+    return store_for(app).cancel([task_id])[0]
+
+
+def reschedule(
+    task_id: str, *, countdown: Any = None, eta: Any = None, app: Celery
+) -> bool:
+    """Move a parked task to a new due time; return whether it was parked."""
+    due = due_from(countdown, eta)
+    return store_for(app).reschedule(task_id, due) is not None
+
+
+@contextmanager
+def batch(app: Celery) -> Iterator[None]:
+    """Park every delayed call made inside the block in one round trip.
+
+    Nothing is parked if the block raises; when it exits normally all its
+    entries are parked atomically (per shard on a Redis Cluster)::
+
+        with celery_zdelay.batch(app):
+            for order in orders:
+                cancel_unpaid.apply_delayed((order.id,), countdown=1800)
+    """
+    pending = _Batch(app)
+    token = _current_batch.set(pending)
+    try:
+        yield
+    finally:
+        _current_batch.reset(token)
+    if pending.requests:
+        store_for(app).park(pending.requests)
+
+
+# -- parking ----------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    app: Celery
+    requests: list[ParkRequest] = field(default_factory=list)
+
+
+_current_batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
+    "celery_zdelay_batch", default=None
+)
+
+
+@dataclass(frozen=True)
+class _Parking:
+    """What producers of one app configuration need to turn messages into entries."""
+
+    config: ZDelayConfig
+    store: Store
+    #: Naming of the broker's queue lists when the broker is Redis.
+    layout: RedisLayout | None
+
+
+def store_for(app: Celery) -> Store:
+    """Return the store of *app*, built once per configuration."""
+    return _parking(app).store
+
+
+def _parking(app: Celery) -> _Parking:
+    config = get_config(app)
+    cached: _Parking | None = getattr(app, "_zdelay_parking", None)
+    if cached is None or cached.config is not config:
+        cached = _Parking(config=config, store=Store(config), layout=_broker_layout(app))
+        app._zdelay_parking = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _broker_layout(app: Celery) -> RedisLayout | None:
+    connection = app.connection_for_write()
+    try:
+        if connection.transport.driver_type != "redis":
+            return None
+        return RedisLayout(connection.transport_options)
+    finally:
+        connection.release()
+
+
+def _park(app: Celery, messages: list[TaskMessage], due: Due) -> None:
+    parking = _parking(app)
+    signing_key = parking.config.signing_keys[0] if parking.config.signing_keys else None
+    requests = []
+    for message in messages:
+        if message.headers.get("eta") is not None:
+            # A canvas member carried its own countdown; the delayed call's
+            # due time wins, as the outer countdown does in Celery.
+            message.headers["eta"] = None
+        dest = _handoff_dest(app, parking.layout, message)
+        payload = encode_entry(
+            message,
+            dest=dest,
+            layout=parking.layout.fingerprint if parking.layout and dest else None,
+            signing_key=signing_key,
+        )
+        requests.append(ParkRequest(message.task_id, due, payload, dest))
+    pending = _current_batch.get()
+    if pending is not None and pending.app is app:
+        pending.requests.extend(requests)
+        return
+    if requests:
+        due_ms = parking.store.park(requests)
+        for message, ms in zip(messages, due_ms):
+            logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
+
+
+def _handoff_dest(app: Celery, layout: RedisLayout | None, message: TaskMessage) -> str | None:
+    """Return the Redis list a handoff may push *message* to, if any.
+
+    Only messages for the default (anonymous) exchange go straight to a
+    list; named exchanges need kombu's binding lookup, and queues with an
+    ``expires`` need kombu to refresh the expiry, so both take the generic
+    path.
+    """
+    if layout is None or message.exchange != "":
+        return None
+    queue = app.amqp.queues.get(message.routing_key)
+    if queue is not None and queue.expires is not None:
+        return None
+    return layout.list_key(message.routing_key, message.priority)
+
+
+def _reject_connection_options(options: dict[str, Any]) -> None:
+    for name in _CONNECTION_OPTIONS:
+        if name in options:
+            raise ConfigurationError(
+                f"{name}= is not used by a delayed call: the message is parked in Redis "
+                "and the companion publishes it. Remove the argument."
+            )
+
+
+def _without_schedule(sig: Signature) -> Signature:
+    """Return *sig* without countdown/eta on the messages published now.
+
+    Celery would otherwise put an ETA in them, and on RabbitMQ quorum queues
+    reroute them through its own delayed-delivery exchanges.
+    """
+    if not any(_has_schedule(s) for s in _published_now(sig)):
+        return sig
+    sig = copy.deepcopy(sig)
+    for member in _published_now(sig):
+        member.options.pop("countdown", None)
+        member.options.pop("eta", None)
+    return sig
+
+
+def _has_schedule(sig: Signature) -> bool:
+    return sig.options.get("countdown") is not None or sig.options.get("eta") is not None
+
+
+def _published_now(sig: Signature) -> Iterator[Signature]:
+    """Yield *sig* and the canvas members it publishes when applied."""
+    yield sig
+    if isinstance(sig, _chain):
+        if sig.tasks:
+            yield from _published_now(maybe_signature(sig.tasks[0]))
+    elif isinstance(sig, chord):
+        header = sig.tasks
+        members = header.tasks if isinstance(header, group) else header
+        for member in members:
+            yield from _published_now(maybe_signature(member))
+    elif isinstance(sig, group):
+        for member in sig.tasks:
+            yield from _published_now(maybe_signature(member))
+

@@ -1,0 +1,8 @@
+"""The Redis store of parked entries."""
+
+from __future__ import annotations
+
+from .keys import ShardKeys, shard_keys
+from .store import ClaimResult, Claimed, ParkRequest, Store
+
+__all__ = ["ClaimResult", "Claimed", "ParkRequest", "ShardKeys", "Store", "shard_keys"]

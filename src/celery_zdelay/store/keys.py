@@ -1,0 +1,70 @@
+"""Every Redis key name celery-zdelay uses, in one place.
+
+All keys of one shard share the hash tag ``{<prefix>:<shard>}``, so on a Redis
+Cluster a shard lives on one node and each script's keys are in one slot.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+__all__ = ["ShardKeys", "companions_key", "shard_keys", "shard_of"]
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys of one shard."""
+
+    #: Shard number.
+    shard: int
+    #: ZSET id -> due_ms * 1024 + seq: what is parked, in release order.
+    due: str
+    #: HASH id -> payload: the parked messages.
+    msg: str
+    #: ZSET id -> lease expiry ms: entries claimed by a companion (in flight).
+    lease: str
+    #: HASH id -> due score: where an in-flight entry returns if its lease expires.
+    leased: str
+    #: ZSET id -> ms: dead-lettered entries, by the time they died.
+    dead: str
+    #: HASH id -> reason JSON, newline, payload.
+    dead_msg: str
+    #: SET of kombu queue list keys parked entries name, for the handoff.
+    dests: str
+    #: STRING counter of handoff delivery tags.
+    tags: str
+    #: Pub/sub channel: "an earlier entry was parked", wakes sleeping companions.
+    wake: str
+    #: Prefix of kombu delivery tags the handoff makes (unique per shard).
+    tag_prefix: str
+
+
+def shard_keys(prefix: str, shard: int) -> ShardKeys:
+    """Return the key names of *shard* under *prefix*."""
+    tag = "{%s:%d}" % (prefix, shard)
+    return ShardKeys(
+        shard=shard,
+        due=f"{tag}:due",
+        msg=f"{tag}:msg",
+        lease=f"{tag}:lease",
+        leased=f"{tag}:leased",
+        dead=f"{tag}:dead",
+        dead_msg=f"{tag}:dead_msg",
+        dests=f"{tag}:dests",
+        tags=f"{tag}:tags",
+        wake=f"{tag}:wake",
+        tag_prefix=f"{prefix}.{shard}.",
+    )
+
+
+def companions_key(prefix: str) -> str:
+    """Return the HASH of live companions: companion id -> heartbeat JSON."""
+    return f"{prefix}:companions"
+
+
+def shard_of(task_id: str, shards: int) -> int:
+    """Return the shard of *task_id*: stable across processes and releases."""
+    if shards == 1:
+        return 0
+    return zlib.crc32(task_id.encode()) % shards

@@ -1,0 +1,43 @@
+-- Claim due entries for release through the broker: due -> lease.
+--
+-- Claim moves ids into the lease set in the same script, so a companion that
+-- dies after this call loses nothing: recover.lua returns them when the lease
+-- expires. The lease expiry doubles as the claim token that ack.lua checks.
+--
+-- KEYS[1] due zset      id -> due_ms * 1024 + seq
+-- KEYS[2] msg hash      id -> payload
+-- KEYS[3] lease zset    id -> lease expiry ms
+-- KEYS[4] leased hash   id -> due score at claim time
+-- ARGV[1] lease length ms
+-- ARGV[2] most entries to claim
+-- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, id, due_score, payload, ...}
+--         next_* are -1 when there is none; payload is nil when it is missing
+if redis.replicate_commands then redis.replicate_commands() end
+
+local due, msg, lease, leased = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lease_ms, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local token = now_ms + lease_ms
+
+local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', now_ms * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
+local n = #claimed / 2
+local result = {now_ms, token, -1, -1}
+if n > 0 then
+  -- The claimed entries are exactly the n lowest ranks.
+  redis.call('ZREMRANGEBYRANK', due, 0, n - 1)
+  for i = 1, #claimed, 2 do
+    local id, score = claimed[i], claimed[i + 1]
+    redis.call('ZADD', lease, token, id)
+    redis.call('HSET', leased, id, score)
+    result[#result + 1] = id
+    result[#result + 1] = tonumber(score)
+    result[#result + 1] = redis.call('HGET', msg, id)
+  end
+end
+
+local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+if head[2] then result[3] = math.floor(tonumber(head[2]) / 1024) end
+local first_lease = redis.call('ZRANGE', lease, 0, 0, 'WITHSCORES')
+if first_lease[2] then result[4] = tonumber(first_lease[2]) end
+return result

@@ -1,0 +1,63 @@
+-- Park task messages until they are due, replacing any entry with the same id.
+--
+-- KEYS[1] due zset      id -> due_ms * 1024 + seq
+-- KEYS[2] msg hash      id -> payload
+-- KEYS[3] lease zset    id -> lease expiry ms (entries being released)
+-- KEYS[4] leased hash   id -> due score at claim time
+-- KEYS[5] dests set     kombu list keys named by parked entries (for handoff)
+-- ARGV[1] wake channel, published to when the earliest due time moves earlier
+-- ARGV[2..] five per entry: id, mode, ms, payload, dest
+--           mode "r": due ms after the Redis clock; "a": absolute epoch ms
+--           dest "": no handoff destination
+-- returns the due ms of each entry, in argument order
+if redis.replicate_commands then redis.replicate_commands() end
+
+local due, msg, lease, leased, dests = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function head_score()
+  local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  if head[2] then return tonumber(head[2]) end
+  return nil
+end
+
+-- Same-millisecond entries keep parking order: each takes the next of the
+-- 1024 sequence slots of its millisecond (the last slot is shared once full).
+local last_seq = {}
+local function score_for(due_ms)
+  local lo = due_ms * 1024
+  local score = last_seq[due_ms]
+  if score then
+    score = score + 1
+  else
+    local top = redis.call('ZREVRANGEBYSCORE', due, lo + 1023, lo, 'WITHSCORES', 'LIMIT', 0, 1)
+    if top[2] then score = tonumber(top[2]) + 1 else score = lo end
+  end
+  if score > lo + 1023 then score = lo + 1023 end
+  last_seq[due_ms] = score
+  return score
+end
+
+local before = head_score()
+local result = {}
+for i = 2, #ARGV, 5 do
+  local id, mode, ms, payload, dest = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
+  local due_ms = ms
+  if mode == 'r' then due_ms = now_ms + ms end
+  -- A new park of an id that is being released takes the id over: the
+  -- release in flight can no longer acknowledge (and delete) the new payload.
+  redis.call('ZREM', lease, id)
+  redis.call('HDEL', leased, id)
+  redis.call('ZREM', due, id)
+  redis.call('ZADD', due, score_for(due_ms), id)
+  redis.call('HSET', msg, id, payload)
+  if dest ~= '' then redis.call('SADD', dests, dest) end
+  result[#result + 1] = due_ms
+end
+
+local after = head_score()
+if after and (not before or after < before) then
+  redis.call('PUBLISH', ARGV[1], math.floor(after / 1024))
+end
+return result

@@ -1,0 +1,52 @@
+"""The store's Lua scripts, one ``.lua`` file per operation, loaded once."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+import redis
+from redis.commands.core import Script
+
+__all__ = ["SCRIPT_NAMES", "Scripts", "script_source"]
+
+#: Every operation of the store that runs as a script.
+SCRIPT_NAMES = (
+    "park",
+    "claim",
+    "handoff",
+    "ack",
+    "unclaim",
+    "extend",
+    "recover",
+    "deadletter",
+    "cancel",
+    "reschedule",
+    "requeue",
+)
+
+
+@cache
+def script_source(name: str) -> str:
+    """Return the Lua source of script *name*."""
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
+
+
+class Scripts:
+    """The scripts registered on one client (EVALSHA, loaded on first use)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        for name in SCRIPT_NAMES:
+            setattr(self, name, client.register_script(script_source(name)))
+
+    park: Script
+    claim: Script
+    handoff: Script
+    ack: Script
+    unclaim: Script
+    extend: Script
+    recover: Script
+    deadletter: Script
+    cancel: Script
+    reschedule: Script
+    requeue: Script

@@ -1,0 +1,302 @@
+"""The Redis store: parked entries, their leases while in flight, dead letters.
+
+Every change is one Lua script (see ``lua/``), so each operation is atomic on
+its shard. This class turns Python calls into those scripts and their replies
+into values; it decides nothing about what to release.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from ..config import ZDelayConfig
+from ..schedule import Due
+from .client import make_client, unavailable_as_error
+from .keys import ShardKeys, shard_keys, shard_of
+from .scripts import Scripts
+
+__all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
+
+
+@dataclass(frozen=True)
+class ParkRequest:
+    """One entry to park."""
+
+    task_id: str
+    due: Due
+    payload: bytes
+    #: kombu list key for the Redis handoff, when the broker is Redis.
+    dest: str | None = None
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An entry claimed for release through the generic path."""
+
+    task_id: str
+    #: The entry's due score: due_ms * 1024 + sequence.
+    score: int
+    #: ``None`` when the id was in the due set without a payload.
+    payload: bytes | None
+
+    @property
+    def due_ms(self) -> int:
+        return self.score // 1024
+
+
+@dataclass
+class ClaimResult:
+    """What one claim (or handoff) call did on one shard."""
+
+    #: Redis clock when the call ran.
+    now_ms: int
+    #: Claim token: the lease expiry of :attr:`entries`; ack with it.
+    token: int
+    #: Due time of the earliest entry still parked, if any.
+    next_due_ms: int | None
+    #: Earliest lease expiry in the shard, if any entry is in flight.
+    next_lease_ms: int | None
+    #: Due ms of each entry moved straight into a broker queue (handoff only).
+    handed_due_ms: list[int] = field(default_factory=list)
+    #: The handoff stopped at an entry naming a queue list it was not given.
+    needs_dests: bool = False
+    #: Entries leased for the generic path, in due order.
+    entries: list[Claimed] = field(default_factory=list)
+
+
+class Store:
+    """The store of one app configuration, on one Redis (or Redis Cluster)."""
+
+    def __init__(self, config: ZDelayConfig, client: redis.Redis | None = None) -> None:
+        self.config = config
+        self.url = config.redis_url
+        self.client = client if client is not None else make_client(config)
+        self.scripts = Scripts(self.client)
+        self._keys = [shard_keys(config.key_prefix, s) for s in range(config.shards)]
+
+    # -- keys -----------------------------------------------------------------
+
+    def keys(self, shard: int) -> ShardKeys:
+        """Return the key names of *shard*."""
+        return self._keys[shard]
+
+    def shard_of(self, task_id: str) -> int:
+        """Return the shard that holds *task_id*."""
+        return shard_of(task_id, self.config.shards)
+
+    @property
+    def shards(self) -> range:
+        return range(self.config.shards)
+
+    # -- producers ------------------------------------------------------------
+
+    def park(self, requests: Sequence[ParkRequest]) -> list[int]:
+        """Park *requests* atomically per shard; return each entry's due ms.
+
+        With several shards on one Redis server the whole call is one
+        transaction: either every entry is parked or none is.
+        """
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            by_shard[self.shard_of(request.task_id)].append(index)
+        with unavailable_as_error(self.url):
+            if len(by_shard) == 1:
+                ((shard, indexes),) = by_shard.items()
+                replies = [self._park_call(shard, [requests[i] for i in indexes], self.client)]
+            else:
+                with self.client.pipeline(transaction=True) as pipe:
+                    for shard, indexes in by_shard.items():
+                        self._park_call(shard, [requests[i] for i in indexes], pipe)
+                    replies = pipe.execute()
+        due_ms = [0] * len(requests)
+        for indexes, reply in zip(by_shard.values(), replies):
+            for index, ms in zip(indexes, reply):
+                due_ms[index] = int(ms)
+        return due_ms
+
+    def _park_call(self, shard: int, requests: Sequence[ParkRequest], client: Any) -> Any:
+        keys = self._keys[shard]
+        args: list[Any] = [keys.wake]
+        for request in requests:
+            args += [
+                request.task_id,
+                request.due.mode,
+                request.due.ms,
+                request.payload,
+                request.dest or "",
+            ]
+        return self.scripts.park(
+            keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.dests],
+            args=args,
+            client=client,
+        )
+
+    def cancel(self, task_ids: Iterable[str]) -> list[bool]:
+        """Cancel parked entries; return, per id, whether it was still parked."""
+        ids = list(task_ids)
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for index, task_id in enumerate(ids):
+            by_shard[self.shard_of(task_id)].append(index)
+        found = [False] * len(ids)
+        with unavailable_as_error(self.url):
+            for shard, indexes in by_shard.items():
+                keys = self._keys[shard]
+                reply = self.scripts.cancel(
+                    keys=[keys.due, keys.msg], args=[ids[i] for i in indexes], client=self.client
+                )
+                for index, flag in zip(indexes, reply):
+                    found[index] = bool(flag)
+        return found
+
+    def reschedule(self, task_id: str, due: Due) -> int | None:
+        """Move a parked entry to *due*; return its new due ms, or None if not parked."""
+        keys = self._keys[self.shard_of(task_id)]
+        with unavailable_as_error(self.url):
+            reply = self.scripts.reschedule(
+                keys=[keys.due], args=[keys.wake, task_id, due.mode, due.ms], client=self.client
+            )
+        return None if int(reply) < 0 else int(reply)
+
+    # -- companions -----------------------------------------------------------
+
+    def claim(self, shard: int, *, limit: int, lease_ms: int) -> ClaimResult:
+        """Recover expired leases, then lease up to *limit* due entries."""
+        keys = self._keys[shard]
+        with unavailable_as_error(self.url), self.client.pipeline(transaction=False) as pipe:
+            self._recover_call(keys, limit, pipe)
+            self.scripts.claim(
+                keys=[keys.due, keys.msg, keys.lease, keys.leased],
+                args=[lease_ms, limit],
+                client=pipe,
+            )
+            _, reply = pipe.execute()
+        return _claim_result(reply, offset=4)
+
+    def handoff(
+        self,
+        shard: int,
+        *,
+        dests: Iterable[str],
+        layout: str,
+        limit: int,
+        lease_ms: int,
+        fresh: bool,
+    ) -> ClaimResult:
+        """Recover expired leases, then hand due entries off to the broker's lists.
+
+        Entries that cannot be handed off are leased and returned, as by
+        :meth:`claim`.
+        """
+        keys = self._keys[shard]
+        with unavailable_as_error(self.url), self.client.pipeline(transaction=False) as pipe:
+            self._recover_call(keys, limit, pipe)
+            self.scripts.handoff(
+                keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.tags, *dests],
+                args=[lease_ms, limit, layout, keys.tag_prefix, "1" if fresh else "0"],
+                client=pipe,
+            )
+            _, reply = pipe.execute()
+        n_leased = int(reply[5])
+        end = 6 + 3 * n_leased
+        result = _claim_result(reply[:end], offset=6)
+        result.handed_due_ms = [int(ms) for ms in reply[end:]]
+        result.needs_dests = bool(int(reply[4]))
+        return result
+
+    def _recover_call(self, keys: ShardKeys, limit: int, client: Any) -> Any:
+        return self.scripts.recover(
+            keys=[keys.lease, keys.leased, keys.due], args=[limit], client=client
+        )
+
+    def dests(self, shard: int) -> list[str]:
+        """Return the broker list keys parked entries of *shard* name."""
+        with unavailable_as_error(self.url):
+            members = self.client.smembers(self._keys[shard].dests)
+        return sorted(m.decode() for m in members)
+
+    def ack(self, shard: int, token: int, task_ids: Sequence[str]) -> int:
+        """Forget released entries this claim still owns; return how many."""
+        if not task_ids:
+            return 0
+        keys = self._keys[shard]
+        with unavailable_as_error(self.url):
+            return int(
+                self.scripts.ack(
+                    keys=[keys.lease, keys.leased, keys.msg],
+                    args=[token, *task_ids],
+                    client=self.client,
+                )
+            )
+
+    def unclaim(self, shard: int, token: int, task_ids: Sequence[str]) -> int:
+        """Make claimed entries due again at their original time."""
+        if not task_ids:
+            return 0
+        keys = self._keys[shard]
+        with unavailable_as_error(self.url):
+            return int(
+                self.scripts.unclaim(
+                    keys=[keys.lease, keys.leased, keys.due],
+                    args=[token, *task_ids],
+                    client=self.client,
+                )
+            )
+
+    def extend(self, shard: int, token: int, task_ids: Sequence[str], *, lease_ms: int) -> int:
+        """Extend the lease of claimed entries; return the new claim token."""
+        keys = self._keys[shard]
+        with unavailable_as_error(self.url):
+            new_token, _ = self.scripts.extend(
+                keys=[keys.lease], args=[token, lease_ms, *task_ids], client=self.client
+            )
+        return int(new_token)
+
+    def dead_letter(
+        self, shard: int, token: int, reasons: Sequence[tuple[str, dict[str, Any]]]
+    ) -> int:
+        """Move claimed entries to the dead-letter set with their reasons."""
+        if not reasons:
+            return 0
+        keys = self._keys[shard]
+        args: list[Any] = [token]
+        for task_id, reason in reasons:
+            args += [task_id, json.dumps(reason, separators=(",", ":"))]
+        with unavailable_as_error(self.url):
+            return int(
+                self.scripts.deadletter(
+                    keys=[keys.lease, keys.leased, keys.msg, keys.dead, keys.dead_msg],
+                    args=args,
+                    client=self.client,
+                )
+            )
+
+    def time_ms(self) -> int:
+        """Return the Redis server's clock in milliseconds."""
+        with unavailable_as_error(self.url):
+            seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _claim_result(reply: Sequence[Any], *, offset: int) -> ClaimResult:
+    entries = [
+        Claimed(
+            task_id=reply[i].decode(),
+            score=int(reply[i + 1]),
+            payload=reply[i + 2],
+        )
+        for i in range(offset, len(reply), 3)
+    ]
+    next_due, next_lease = int(reply[2]), int(reply[3])
+    return ClaimResult(
+        now_ms=int(reply[0]),
+        token=int(reply[1]),
+        next_due_ms=None if next_due < 0 else next_due,
+        next_lease_ms=None if next_lease < 0 else next_lease,
+        entries=entries,
+    )

@@ -1,0 +1,55 @@
+"""``apply_delayed`` on Celery tasks: the :class:`Task` base and its mixin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import celery
+
+from .parking import park_task
+
+__all__ = ["DelayedTaskMixin", "Task"]
+
+
+class DelayedTaskMixin:
+    """Adds :meth:`apply_delayed` to a Celery task base class.
+
+    Put it first in the bases of your own task class::
+
+        class BaseTask(DelayedTaskMixin, MyCompanyTask):
+            ...
+
+        app = Celery("proj", task_cls=BaseTask)
+    """
+
+    def apply_delayed(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        *,
+        countdown: Any = None,
+        eta: Any = None,
+        **options: Any,
+    ) -> Any:
+        """Park this call until it is due; return its ``AsyncResult`` at once.
+
+        *countdown* is seconds from now (on the Redis clock), *eta* a
+        datetime (naive means UTC, as in Celery). Every other option of
+        ``apply_async`` is accepted and ends up in the parked message. Under
+        ``task_always_eager`` this runs the task now, as ``apply_async`` does.
+
+        Raises:
+            kombu.exceptions.EncodeError: an argument cannot be serialized;
+                nothing was parked.
+            celery_zdelay.StoreUnavailableError: the store cannot be reached.
+        """
+        return park_task(self, args, kwargs, countdown, eta, options)  # type: ignore[arg-type]
+
+
+class Task(DelayedTaskMixin, celery.Task):  # type: ignore[misc]
+    """Celery's ``Task`` with :meth:`apply_delayed`.
+
+    Use it for every task of an app::
+
+        app = Celery("proj", task_cls="celery_zdelay:Task")
+    """
