@@ -41,13 +41,13 @@ class CapturingProducer(Producer):  # type: ignore[misc]
         self.messages: list[TaskMessage] = []
 
     def _get_channel(self) -> Any:
-        if self._channel is None:
+        if self._channel is None:  # type: ignore[has-type]
             self._channel = self.__connection__.default_channel
         return super()._get_channel()
 
     channel = property(_get_channel, Producer._set_channel)
 
-    def _publish(  # noqa: PLR0913 - kombu's signature
+    def _publish(
         self,
         body: bytes | str,
         priority: int | None,
@@ -109,5 +109,5 @@ def _lazy_connection(app: Celery) -> Connection:
     connection: Connection | None = getattr(app, "_zdelay_capture_connection", None)
     if connection is None:
         connection = app.connection_for_write()
-        app._zdelay_capture_connection = connection  # type: ignore[attr-defined]
+        app._zdelay_capture_connection = connection
     return connection

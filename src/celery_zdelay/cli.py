@@ -37,7 +37,7 @@ Examples:
 """
 
 
-class ZDelayGroup(CeleryCommand, click.Group):
+class ZDelayGroup(CeleryCommand, click.Group):  # type: ignore[misc]
     """A click group laid out like Celery's own commands (option help groups)."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -77,7 +77,7 @@ def _parse_shards(ctx: click.Context, param: click.Parameter, value: str | None)
     help="Logging level.",
 )
 @click.pass_context
-@handle_preload_options
+@handle_preload_options  # type: ignore[untyped-decorator]
 def zdelay(ctx: click.Context, shards: list[int] | None, loglevel: Any) -> None:
     """Release parked delayed tasks to the broker when they are due.
 
@@ -120,11 +120,10 @@ class _exit_codes:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if isinstance(exc, ConfigurationError):
             click.echo(f"Error: {exc}", err=True)
             self.ctx.exit(EXIT_CONFIG)
         if isinstance(exc, StoreUnavailableError):
             click.echo(f"Error: {exc}", err=True)
             self.ctx.exit(EXIT_UNAVAILABLE)
-        return False

@@ -100,14 +100,14 @@ def get_config(app: Celery) -> ZDelayConfig:
         ConfigurationError: a ``zdelay_*`` setting is invalid or unknown; the
             message names it.
     """
-    raw = tuple(_lookup(app, key) for key in SETTINGS) + (_broker_url(app),)
+    raw = (*(_lookup(app, key) for key in SETTINGS), _broker_url(app))
     cached = getattr(app, "_zdelay_config", None)
     if cached is not None and cached[0] == raw:
         config: ZDelayConfig = cached[1]
         return config
     _reject_unknown(app)
-    config = _build(dict(zip(SETTINGS, raw)), raw[-1])
-    app._zdelay_config = (raw, config)  # type: ignore[attr-defined]
+    config = _build(dict(zip(SETTINGS, raw[:-1], strict=True)), raw[-1])
+    app._zdelay_config = (raw, config)
     return config
 
 
@@ -242,14 +242,13 @@ def _signing_keys(value: Any) -> tuple[bytes, ...]:
     keys = value if isinstance(value, (list, tuple)) else [value]
     result = []
     for key in keys:
-        if isinstance(key, str):
-            key = key.encode()
-        if not isinstance(key, bytes) or len(key) < 16:
+        secret = key.encode() if isinstance(key, str) else key
+        if not isinstance(secret, bytes) or len(secret) < 16:
             raise ConfigurationError(
                 "zdelay_signing_key must be a key of at least 16 bytes (str or bytes), "
                 "or a list of them with the current key first."
             )
-        result.append(key)
+        result.append(secret)
     return tuple(result)
 
 

@@ -90,7 +90,7 @@ def encode_entry(
         "headers": message.headers,
         "properties": properties,
     }
-    text = kombu_dumps(envelope, separators=_COMPACT)
+    text: str = kombu_dumps(envelope, separators=_COMPACT)
     if not text.endswith(_TAG_TAIL):  # pragma: no cover - guards the format
         raise AssertionError("envelope must end with the delivery tag")
     head = text[:-3].encode()  # drop '"}}', keep the tag's opening quote

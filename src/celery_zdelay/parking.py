@@ -124,9 +124,7 @@ def cancel(task_id: str, *, app: Celery) -> bool:
     return store_for(app).cancel([task_id])[0]
 
 
-def reschedule(
-    task_id: str, *, countdown: Any = None, eta: Any = None, app: Celery
-) -> bool:
+def reschedule(task_id: str, *, countdown: Any = None, eta: Any = None, app: Celery) -> bool:
     """Move a parked task to a new due time; return whether it was parked."""
     due = due_from(countdown, eta)
     return store_for(app).reschedule(task_id, due) is not None
@@ -187,7 +185,7 @@ def _parking(app: Celery) -> _Parking:
     cached: _Parking | None = getattr(app, "_zdelay_parking", None)
     if cached is None or cached.config is not config:
         cached = _Parking(config=config, store=Store(config), layout=_broker_layout(app))
-        app._zdelay_parking = cached  # type: ignore[attr-defined]
+        app._zdelay_parking = cached
     return cached
 
 
@@ -224,7 +222,7 @@ def _park(app: Celery, messages: list[TaskMessage], due: Due) -> None:
         return
     if requests:
         due_ms = parking.store.park(requests)
-        for message, ms in zip(messages, due_ms):
+        for message, ms in zip(messages, due_ms, strict=True):
             logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
 
 
@@ -286,4 +284,3 @@ def _published_now(sig: Signature) -> Iterator[Signature]:
     elif isinstance(sig, group):
         for member in sig.tasks:
             yield from _published_now(maybe_signature(member))
-

@@ -43,7 +43,7 @@ class DelayedTaskMixin:
                 nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
-        return park_task(self, args, kwargs, countdown, eta, options)  # type: ignore[arg-type]
+        return park_task(self, args, kwargs, countdown, eta, options)
 
 
 class Task(DelayedTaskMixin, celery.Task):  # type: ignore[misc]

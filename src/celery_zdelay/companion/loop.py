@@ -131,16 +131,28 @@ class Companion:
                     continue
                 failures = 0
                 wait = report.next_event_s
-                self._sleep(wakeup, MAX_IDLE_SECONDS if wait is None else min(wait, MAX_IDLE_SECONDS))
+                self._sleep(
+                    wakeup, MAX_IDLE_SECONDS if wait is None else min(wait, MAX_IDLE_SECONDS)
+                )
         finally:
             wakeup.close()
-            self.publisher.close()
+            self.close()
             self._forget_heartbeat()
             logger.info(
                 "celery-zdelay companion %s stopped after releasing %d tasks",
                 self.id,
                 self.totals.released,
             )
+
+    def close(self) -> None:
+        """Close the broker connection (``run`` does this when it returns)."""
+        self.publisher.close()
+
+    def __enter__(self) -> Companion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the batch in hand; safe in signal handlers."""
@@ -246,8 +258,8 @@ class Companion:
         # On the Redis clock: the claim's time plus what publishing took.
         published_ms = result.now_ms + round((time.perf_counter() - claimed_at) * 1000)
         accepted = [ids[i] for i in outcome.accepted]
-        for index, reason in outcome.rejected.items():
-            dead.append((ids[index], self._dead_reason(reason, dues[index])))
+        for index, refusal in outcome.rejected.items():
+            dead.append((ids[index], self._dead_reason(refusal, dues[index])))
         settled = set(outcome.accepted) | set(outcome.rejected)
         returned = [ids[i] for i in range(len(ids)) if i not in settled]
 
@@ -260,9 +272,7 @@ class Companion:
             self.store.dead_letter(shard, token, dead)
             report.dead_lettered += len(dead)
             for task_id, reason in dead:
-                logger.error(
-                    "Dead-lettered %s on shard %d: %s", task_id, shard, reason["reason"]
-                )
+                logger.error("Dead-lettered %s on shard %d: %s", task_id, shard, reason["reason"])
                 self._emit("dead_letter", {"shard": shard, "task_id": task_id, **reason})
         report.published += len(accepted)
         report.lateness_ms += [published_ms - dues[i] for i in outcome.accepted]
@@ -338,7 +348,7 @@ class Companion:
         try:
             client = self.store.client
             client.hset(key, self.id, json.dumps(beat))
-            stale_before = beat["seen_ms"] - HEARTBEAT_PRUNE_SECONDS * 1000
+            stale_before = int(time.time() * 1000) - HEARTBEAT_PRUNE_SECONDS * 1000
             for companion, raw in client.hgetall(key).items():
                 if json.loads(raw).get("seen_ms", 0) < stale_before:
                     client.hdel(key, companion)

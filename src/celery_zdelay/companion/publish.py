@@ -246,4 +246,5 @@ def _remaining_seconds(expires: Any) -> float | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+    remaining: float = (when - datetime.now(timezone.utc)).total_seconds()
+    return max(0.0, remaining)

@@ -8,6 +8,7 @@ connection) costs at most one idle interval, never an entry.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -49,7 +50,7 @@ class Wakeup:
     def _listen(self) -> None:
         pause = 0.1
         while not self._closing.is_set():
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             try:
                 pubsub.subscribe(*self._channels)
                 # Entries may have been parked while we were not listening.
@@ -63,7 +64,5 @@ class Wakeup:
                 self._closing.wait(pause)
                 pause = min(pause * 2, MAX_RECONNECT_PAUSE)
             finally:
-                try:
+                with contextlib.suppress(Exception):  # closing a dead connection
                     pubsub.close()
-                except Exception:  # pragma: no cover - closing a dead connection
-                    pass

@@ -49,9 +49,7 @@ def make_client(config: ZDelayConfig) -> redis.Redis:
     }
     options.update(config.redis_options)
     options["decode_responses"] = False
-    options["retry"] = Retry(
-        _PolicyBackoff(config.retry_policy), config.retry_policy.max_retries
-    )
+    options["retry"] = Retry(_PolicyBackoff(config.retry_policy), config.retry_policy.max_retries)
     options["retry_on_error"] = list(_UNAVAILABLE)
     return redis.Redis.from_url(config.redis_url, **options)
 

@@ -42,7 +42,7 @@ class ShardKeys:
 
 def shard_keys(prefix: str, shard: int) -> ShardKeys:
     """Return the key names of *shard* under *prefix*."""
-    tag = "{%s:%d}" % (prefix, shard)
+    tag = f"{{{prefix}:{shard}}}"
     return ShardKeys(
         shard=shard,
         due=f"{tag}:due",

@@ -29,7 +29,7 @@ SCRIPT_NAMES = (
 @cache
 def script_source(name: str) -> str:
     """Return the Lua source of script *name*."""
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
+    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
 
 
 class Scripts:

@@ -80,6 +80,10 @@ class Store:
         self.scripts = Scripts(self.client)
         self._keys = [shard_keys(config.key_prefix, s) for s in range(config.shards)]
 
+    def close(self) -> None:
+        """Close the connections to Redis."""
+        self.client.close()
+
     # -- keys -----------------------------------------------------------------
 
     def keys(self, shard: int) -> ShardKeys:
@@ -115,8 +119,8 @@ class Store:
                         self._park_call(shard, [requests[i] for i in indexes], pipe)
                     replies = pipe.execute()
         due_ms = [0] * len(requests)
-        for indexes, reply in zip(by_shard.values(), replies):
-            for index, ms in zip(indexes, reply):
+        for indexes, reply in zip(by_shard.values(), replies, strict=True):
+            for index, ms in zip(indexes, reply, strict=True):
                 due_ms[index] = int(ms)
         return due_ms
 
@@ -150,7 +154,7 @@ class Store:
                 reply = self.scripts.cancel(
                     keys=[keys.due, keys.msg], args=[ids[i] for i in indexes], client=self.client
                 )
-                for index, flag in zip(indexes, reply):
+                for index, flag in zip(indexes, reply, strict=True):
                     found[index] = bool(flag)
         return found
 
@@ -218,7 +222,7 @@ class Store:
         """Return the broker list keys parked entries of *shard* name."""
         with unavailable_as_error(self.url):
             members = self.client.smembers(self._keys[shard].dests)
-        return sorted(m.decode() for m in members)
+        return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
 
     def ack(self, shard: int, token: int, task_ids: Sequence[str]) -> int:
         """Forget released entries this claim still owns; return how many."""

@@ -1,0 +1,155 @@
+"""Fixtures: a private Redis per test session, the test app, workers and companions."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Connection, Queue
+
+from celery_zdelay.testing import RedisServer
+from tests.helpers import CeleryProcess, Runs, start_companion, start_worker
+from tests.project import close_app, make_app
+
+#: Shared RabbitMQ of the machine (CI has it; local runs skip without it).
+RABBITMQ_URL = os.environ.get("ZDELAY_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+
+BROKER_DB, BACKEND_DB, RECORD_DB = 0, 1, 2
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A private redis-server for this test session (one per xdist worker)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(request: pytest.FixtureRequest) -> None:
+    if "redis_server" in request.fixturenames:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        if server.running:
+            server.client().flushall()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis_server.client(BROKER_DB)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def runs(redis_server: RedisServer) -> Runs:
+    return Runs(redis_server.client(RECORD_DB))
+
+
+AppFactory = Callable[..., Celery]
+
+
+@pytest.fixture
+def make_test_app(redis_server: RedisServer) -> Iterator[AppFactory]:
+    """Build the test app: Redis broker and store on the private server by default."""
+    apps: list[Celery] = []
+
+    def factory(
+        *,
+        broker: str | None = None,
+        conf: dict[str, Any] | None = None,
+        queues: list[dict[str, Any]] | None = None,
+    ) -> Celery:
+        settings = {"zdelay_redis_url": f"{redis_server.url}/{BROKER_DB}", **(conf or {})}
+        app = make_app(
+            broker or f"{redis_server.url}/{BROKER_DB}",
+            f"{redis_server.url}/{BACKEND_DB}",
+            f"{redis_server.url}/{RECORD_DB}",
+            conf=settings,
+            queues=queues,
+        )
+        apps.append(app)
+        return app
+
+    yield factory
+    # AsyncResults unsubscribe from the result backend when collected: let
+    # them do it while Redis still runs, then close every connection.
+    gc.collect()
+    for app in apps:
+        close_app(app)
+
+
+@pytest.fixture
+def app(make_test_app: AppFactory) -> Celery:
+    return make_test_app()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[CeleryProcess]]:
+    """Celery subprocesses started by the test; all stopped at teardown."""
+    started: list[CeleryProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+def worker(processes: list[CeleryProcess]) -> Callable[..., CeleryProcess]:
+    def start(app: Celery, *queues: str, env: dict[str, str] | None = None) -> CeleryProcess:
+        process = start_worker(app, *queues, env=env)
+        processes.append(process)
+        return process
+
+    return start
+
+
+@pytest.fixture
+def companion(processes: list[CeleryProcess]) -> Callable[..., CeleryProcess]:
+    def start(app: Celery, *args: str, env: dict[str, str] | None = None) -> CeleryProcess:
+        process = start_companion(app, *args, env=env)
+        processes.append(process)
+        return process
+
+    return start
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class RabbitMQ:
+    url: str
+    #: A queue name of this test's own (and ``<queue>-b``), deleted afterwards.
+    queue: str
+
+
+@pytest.fixture
+def rabbitmq() -> Iterator[RabbitMQ]:
+    """RabbitMQ's URL and a queue name of this test's own, deleted afterwards.
+
+    Skips when RabbitMQ is absent, except in CI (CI=true), where it fails.
+    """
+    with Connection(RABBITMQ_URL) as probe:
+        host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
+    if not _reachable(host, port):
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"RabbitMQ is required in CI but {host}:{port} is unreachable")
+        pytest.skip(f"RabbitMQ not reachable on {host}:{port}")
+    queue = f"zdelay-test-{uuid.uuid4().hex[:10]}"
+    yield RabbitMQ(RABBITMQ_URL, queue)
+    with Connection(RABBITMQ_URL) as connection:
+        for name in (queue, f"{queue}-b"):
+            with contextlib.suppress(Exception):
+                Queue(name).bind(connection.default_channel).delete()

@@ -1,0 +1,175 @@
+"""Test helpers: bounded polling, Celery subprocesses, recorded task runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+from celery import Celery
+
+from tests.project import RUNS_KEY, app_env
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.02,
+    message: str | Callable[[], str] = "condition",
+) -> T:
+    """Poll *condition* until it returns a true value; fail after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {text}")
+        time.sleep(interval)
+
+
+class Runs:
+    """The runs the recording tasks appended to Redis."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def all(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self.client.lrange(RUNS_KEY, 0, -1)]
+
+    def ids(self) -> list[str]:
+        return [run["id"] for run in self.all()]
+
+    def by_id(self) -> dict[str, dict[str, Any]]:
+        return {run["id"]: run for run in self.all()}
+
+    def count(self) -> int:
+        return int(self.client.llen(RUNS_KEY))
+
+    def wait_for_count(self, n: int, *, timeout: float = 30.0) -> list[dict[str, Any]]:
+        wait_for(
+            lambda: self.count() >= n,
+            timeout=timeout,
+            message=lambda: f"{n} task runs (have {self.count()})",
+        )
+        return self.all()
+
+    def duplicates(self) -> dict[str, int]:
+        return {i: c for i, c in Counter(self.ids()).items() if c > 1}
+
+
+class CeleryProcess:
+    """``celery -A tests.project.worker_app <args>`` as a subprocess, logging to a file."""
+
+    def __init__(self, app: Celery, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.log_path = Path(tempfile.mkstemp(prefix="zdelay-test-", suffix=".log")[1])
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            # The pickle tests accept pickle; CI runs as root.
+            "C_FORCE_ROOT": "1",
+            **app_env(app),
+            **(env or {}),
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> CeleryProcess:
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.project.worker_app", *self.args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, *, timeout: float = 30.0) -> None:
+        def seen() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"process exited early:\n{self.log()[-3000:]}")
+            return text in self.log()
+
+        wait_for(seen, timeout=timeout, message=lambda: f"{text!r} in log:\n{self.log()[-3000:]}")
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as a crash or an OOM kill."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def terminate(self, *, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; return the exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            raise AssertionError(f"did not stop on SIGTERM:\n{self.log()[-3000:]}") from None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.log_path.unlink(missing_ok=True)
+
+
+def start_worker(app: Celery, *queues: str, env: dict[str, str] | None = None) -> CeleryProcess:
+    """Start a solo worker consuming *queues* (default: the app's default queue)."""
+    args = [
+        "worker",
+        "-P",
+        "solo",
+        "-l",
+        "INFO",
+        "-n",
+        f"w{uuid.uuid4().hex[:8]}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
+    if queues:
+        args += ["-Q", ",".join(queues)]
+    worker = CeleryProcess(app, *args, env=env).start()
+    worker.wait_for_log(" ready.")
+    return worker
+
+
+def start_companion(app: Celery, *args: str, env: dict[str, str] | None = None) -> CeleryProcess:
+    """Start ``celery zdelay`` and wait for its start-up line."""
+    companion = CeleryProcess(app, "zdelay", "-l", "DEBUG", *args, env=env).start()
+    companion.wait_for_log("companion")
+    companion.wait_for_log(" started: ")
+    return companion

@@ -1,0 +1,81 @@
+"""A companion killed after claiming a batch loses nothing; several companions
+never release an entry twice."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_zdelay.testing import RedisServer
+from tests.conftest import AppFactory
+from tests.helpers import Runs, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+LEASE = "{zdelay:0}:lease"
+
+
+@pytest.fixture
+def broker_server() -> Iterator[RedisServer]:
+    """A second private Redis as the broker, so releases take the generic path."""
+    with RedisServer() as server:
+        yield server
+
+
+def test_a_companion_killed_after_claiming_loses_nothing(
+    make_test_app: AppFactory,
+    broker_server: RedisServer,
+    redis_client: redis.Redis,
+    worker,
+    companion,
+    runs: Runs,
+) -> None:
+    # Given 500 parked tasks and a companion whose broker freezes mid-release
+    app = make_test_app(
+        broker=f"{broker_server.url}/0", conf={"zdelay_lease_seconds": 2, "zdelay_batch_size": 200}
+    )
+    record = app.tasks["tests.record"]
+    ids = {record.apply_delayed((i,), countdown=1.0).id for i in range(500)}
+    doomed = companion(app)
+    broker_server.pause()
+
+    # When it has claimed a batch (now leased) and is SIGKILLed while publishing
+    wait_for(lambda: redis_client.zcard(LEASE) > 0, message="a claimed batch")
+    doomed.kill()
+    assert redis_client.zcard(LEASE) > 0
+    broker_server.resume()
+
+    # Then another companion releases everything once the lease expires
+    worker(app)
+    companion(app)
+    runs.wait_for_count(len(ids), timeout=60)
+    assert set(runs.ids()) == ids
+    assert runs.duplicates() == {}
+    wait_for(lambda: redis_client.zcard(LEASE) == 0, message="no entry left in flight")
+    assert redis_client.hlen("{zdelay:0}:msg") == 0
+
+
+@pytest.mark.parametrize("path", ["handoff", "generic"])
+def test_three_companions_release_each_task_once(
+    make_test_app: AppFactory,
+    broker_server: RedisServer,
+    redis_server: RedisServer,
+    worker,
+    companion,
+    runs: Runs,
+    path: str,
+) -> None:
+    broker = f"{redis_server.url}/0" if path == "handoff" else f"{broker_server.url}/0"
+    app = make_test_app(broker=broker, conf={"zdelay_batch_size": 50})
+    record = app.tasks["tests.record"]
+    for _ in range(3):
+        companion(app)
+    worker(app)
+
+    ids = {record.apply_delayed((i,), countdown=0.5 + (i % 10) * 0.05).id for i in range(600)}
+
+    runs.wait_for_count(len(ids), timeout=60)
+    assert set(runs.ids()) == ids
+    assert runs.duplicates() == {}

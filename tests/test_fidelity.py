@@ -1,0 +1,220 @@
+"""Fidelity: the released message is the one Celery itself would have sent.
+
+Each test sends a call natively with ``apply_async`` and parks the same call
+(same task id) with ``apply_delayed``, releases it, and compares the two
+messages as they sit in the broker: only the delivery tag may differ.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, chain, chord, group
+from kombu import Connection, Queue
+
+from celery_zdelay.companion import Companion
+from tests.conftest import AppFactory, RabbitMQ
+from tests.helpers import Runs, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+PRIORITY_SEP = "\x06\x16"
+
+
+def _pop_raw(client: redis.Redis, key: str) -> dict[str, Any]:
+    raw = client.rpop(key)
+    assert raw is not None, f"no message in {key!r}; lists: {client.keys('*')}"
+    message: dict[str, Any] = json.loads(raw)
+    return message
+
+
+def _release(app: Celery) -> None:
+    with Companion(app) as companion:
+        report = companion.release_due()
+    assert not report.failed
+
+
+def _native_and_parked(
+    app: Celery, client: redis.Redis, key: str, task: str, args: Any, **options: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    task_id = str(uuid.uuid4())
+    app.tasks[task].apply_async(args, task_id=task_id, **options)
+    native = _pop_raw(client, key)
+    app.tasks[task].apply_delayed(args, task_id=task_id, countdown=0, **options)
+    _release(app)
+    parked = _pop_raw(client, key)
+    return native, parked
+
+
+def _without_tag(message: dict[str, Any]) -> dict[str, Any]:
+    """The message without its delivery tag and its relative AMQP expiration.
+
+    ``expiration`` is a TTL counted from the publish, so it differs by the
+    milliseconds between the two calls (Redis ignores it; workers go by the
+    absolute ``expires`` header).
+    """
+    message = json.loads(json.dumps(message))
+    tag = message["properties"].pop("delivery_tag")
+    assert tag
+    expiration = message["properties"].pop("expiration", None)
+    if expiration is not None:
+        message["properties"]["expiration"] = round(int(expiration), -3)
+    return message
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        pytest.param({}, "celery", id="plain"),
+        pytest.param({"kwargs": {"a": [1, {"b": None}]}}, "celery", id="kwargs"),
+        pytest.param({"priority": 5}, f"celery{PRIORITY_SEP}3", id="priority"),
+        pytest.param({"priority": 9}, f"celery{PRIORITY_SEP}9", id="priority-max"),
+        pytest.param({"queue": "orders"}, "orders", id="queue"),
+        pytest.param({"headers": {"x_custom": "v", "trace": [1, 2]}}, "celery", id="headers"),
+        pytest.param({"serializer": "msgpack"}, "celery", id="msgpack"),
+        pytest.param({"serializer": "pickle"}, "celery", id="pickle"),
+        pytest.param({"compression": "gzip"}, "celery", id="gzip"),
+        pytest.param({"shadow": "shown-as", "ignore_result": True}, "celery", id="shadow"),
+        pytest.param({"time_limit": 30, "soft_time_limit": 20}, "celery", id="time-limits"),
+        pytest.param(
+            {"expires": datetime(2100, 1, 1, tzinfo=timezone.utc)}, "celery", id="expires-datetime"
+        ),
+        pytest.param({"retries": 2}, "celery", id="retries"),
+    ],
+)
+def test_the_released_message_equals_the_native_one(
+    app: Celery, redis_client: redis.Redis, options: dict[str, Any], key: str
+) -> None:
+    kwargs = options.pop("kwargs", None)
+    native, parked = _native_and_parked(
+        app, redis_client, key, "tests.record", (42, "x"), kwargs=kwargs, **options
+    )
+    assert _without_tag(parked) == _without_tag(native)
+    assert parked["headers"]["eta"] is None
+
+
+def test_links_and_errbacks_travel_in_the_body(app: Celery, redis_client: redis.Redis) -> None:
+    native, parked = _native_and_parked(
+        app,
+        redis_client,
+        "celery",
+        "tests.add",
+        (1, 2),
+        link=app.tasks["tests.mul"].s(10),
+        link_error=app.tasks["tests.on_error"].s(),
+    )
+    assert _without_tag(parked) == _without_tag(native)
+
+
+def test_task_routes_choose_the_queue(make_test_app: AppFactory, redis_client: redis.Redis) -> None:
+    app = make_test_app(conf={"task_routes": {"tests.record": {"queue": "routed"}}})
+    native, parked = _native_and_parked(app, redis_client, "routed", "tests.record", (1,))
+    assert _without_tag(parked) == _without_tag(native)
+    assert parked["properties"]["delivery_info"]["routing_key"] == "routed"
+
+
+def test_a_relative_expiry_stays_absolute(app: Celery, redis_client: redis.Redis) -> None:
+    before = datetime.now(timezone.utc)
+    app.tasks["tests.record"].apply_delayed((1,), countdown=0, expires=120)
+    _release(app)
+    parked = _pop_raw(redis_client, "celery")
+    expires = datetime.fromisoformat(parked["headers"]["expires"])
+    assert before + timedelta(seconds=119) < expires < before + timedelta(seconds=122)
+
+
+def test_a_chain_a_group_and_a_chord_run_on_a_worker(
+    app: Celery, worker, companion, runs: Runs
+) -> None:
+    import celery_zdelay
+
+    add, mul, tsum = app.tasks["tests.add"], app.tasks["tests.mul"], app.tasks["tests.tsum"]
+    worker(app)
+    companion(app)
+
+    chained = celery_zdelay.apply_delayed(chain(add.s(1, 2), mul.s(10)), countdown=0.2)
+    grouped = celery_zdelay.apply_delayed(group(add.s(i, i) for i in range(5)), countdown=0.2)
+    chorded = celery_zdelay.apply_delayed(
+        chord((add.s(i, 1) for i in range(4)), tsum.s()), countdown=0.2
+    )
+
+    assert chained.get(timeout=30) == 30
+    assert grouped.get(timeout=30) == [0, 2, 4, 6, 8]
+    assert chorded.get(timeout=30) == 1 + 2 + 3 + 4
+    assert all(run["eta"] is None for run in runs.all())
+    assert runs.duplicates() == {}
+
+
+def test_link_error_runs_when_the_parked_task_fails(
+    app: Celery, worker, companion, runs: Runs
+) -> None:
+    worker(app)
+    companion(app)
+    result = app.tasks["tests.fail"].apply_delayed(
+        countdown=0.1, link_error=app.tasks["tests.on_error"].s()
+    )
+    runs.wait_for_count(2)
+    assert {run["task"] for run in runs.all()} == {"tests.fail", "tests.on_error"}
+    assert runs.by_id()[result.id]["result"] == "failed"
+
+
+def test_the_worker_sees_the_same_id_headers_and_no_eta(
+    app: Celery, worker, companion, runs: Runs
+) -> None:
+    worker(app)
+    companion(app)
+    result = app.tasks["tests.record"].apply_delayed(
+        (7,), countdown=0.2, headers={"x_custom": "kept"}, priority=4
+    )
+    (run,) = runs.wait_for_count(1)
+    assert run["id"] == result.id
+    assert run["root_id"] == result.id
+    assert run["eta"] is None
+    assert run["custom"] == "kept"
+    assert run["priority"] == 4
+
+
+def _raw_amqp(url: str, queue: str) -> Any:
+    with Connection(url) as connection:
+        bound = Queue(queue).bind(connection.default_channel)
+        message = wait_for(lambda: bound.get(no_ack=True), message=f"a message on {queue}")
+        return {
+            "body": message.body,
+            "headers": message.headers,
+            "content_type": message.content_type,
+            "content_encoding": message.content_encoding,
+            "properties": {
+                k: v
+                for k, v in message.properties.items()
+                if k in ("priority", "correlation_id", "reply_to", "delivery_mode")
+            },
+            "routing_key": message.delivery_info["routing_key"],
+        }
+
+
+@pytest.mark.parametrize("serializer", ["json", "msgpack", "pickle"])
+def test_rabbitmq_receives_the_native_message(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ, serializer: str
+) -> None:
+    app = make_test_app(
+        broker=rabbitmq.url,
+        conf={"task_default_queue": rabbitmq.queue, "task_serializer": serializer},
+    )
+    record = app.tasks["tests.record"]
+    task_id = str(uuid.uuid4())
+    options = {"priority": 3, "headers": {"x_custom": "v"}, "expires": 3600}
+
+    record.apply_async((1, "a"), task_id=task_id, **options)
+    native = _raw_amqp(rabbitmq.url, rabbitmq.queue)
+    record.apply_delayed((1, "a"), task_id=task_id, countdown=0, **options)
+    _release(app)
+    parked = _raw_amqp(rabbitmq.url, rabbitmq.queue)
+
+    native_expires = datetime.fromisoformat(native["headers"].pop("expires"))
+    parked_expires = datetime.fromisoformat(parked["headers"].pop("expires"))
+    assert abs((parked_expires - native_expires).total_seconds()) < 5
+    assert parked == native

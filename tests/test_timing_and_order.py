@@ -1,0 +1,122 @@
+"""Never early, due-time order, and the eta/countdown semantics of Celery."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_zdelay.companion import Companion
+from tests.conftest import AppFactory
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _store_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _due_ms(client: redis.Redis, task_id: str) -> int:
+    score = client.zscore("{zdelay:0}:due", task_id)
+    assert score is not None
+    return int(score) // 1024
+
+
+@pytest.mark.parametrize("path", ["handoff", "generic"])
+def test_no_entry_is_released_before_its_due_time_on_the_redis_clock(
+    make_test_app: AppFactory, redis_server, path: str
+) -> None:
+    # The generic path runs when the broker is another Redis database.
+    broker = None if path == "handoff" else f"{redis_server.url}/3"
+    app = make_test_app(broker=broker)
+    record = app.tasks["tests.record"]
+    client = redis_server.client(0)
+    dues = {}
+    for i in range(200):
+        result = record.apply_delayed((i,), countdown=0.05 + (i % 40) * 0.01)
+        dues[result.id] = _due_ms(client, result.id)
+
+    released = 0
+    with Companion(app) as companion:
+        deadline = time.monotonic() + 20
+        while released < len(dues):
+            assert time.monotonic() < deadline, f"released {released} of {len(dues)}"
+            for shard in companion.shards:
+                result = companion._claim(shard, fresh=True)
+                for due in result.handed_due_ms:
+                    assert due <= result.now_ms
+                released += len(result.handed_due_ms)
+                for entry in result.entries:
+                    assert entry.due_ms == dues[entry.task_id]
+                    assert entry.due_ms <= result.now_ms
+                companion.store.ack(shard, result.token, [e.task_id for e in result.entries])
+                released += len(result.entries)
+    assert released == len(dues)
+
+
+def test_entries_are_released_in_due_order_and_same_millisecond_in_parking_order(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    record = app.tasks["tests.record"]
+    instant = datetime.now(timezone.utc) + timedelta(milliseconds=300)
+    earlier = instant - timedelta(milliseconds=100)
+    expected = []
+    # Interleave two due times; within each, parking order must hold.
+    for i in range(30):
+        late = record.apply_delayed((f"late-{i}",), eta=instant)
+        early = record.apply_delayed((f"early-{i}",), eta=earlier)
+        expected.append(("early", early.id))
+        expected.append(("late", late.id))
+    expected.sort(key=lambda item: item[0] != "early")  # stable: keeps parking order
+
+    with Companion(app) as companion:
+        deadline = time.monotonic() + 10
+        while redis_client.llen("celery") < len(expected):
+            assert time.monotonic() < deadline
+            companion.release_due()
+            time.sleep(0.01)
+
+    released = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)]
+    released.reverse()  # LPUSH: the first pushed is last in LRANGE
+    assert released == [task_id for _, task_id in expected]
+
+
+@pytest.mark.parametrize(
+    ("eta", "expected"),
+    [
+        pytest.param(datetime(2031, 5, 6, 7, 8, 9, 123000), 1935817689123, id="naive-is-utc"),
+        pytest.param(
+            datetime(2031, 5, 6, 9, 8, 9, 123000, tzinfo=timezone(timedelta(hours=2))),
+            1935817689123,
+            id="aware",
+        ),
+        pytest.param("2031-05-06T07:08:09.123000+00:00", 1935817689123, id="iso-string"),
+        pytest.param(datetime(2031, 5, 6, 7, 8, 9, 123400), 1935817689124, id="rounded-up"),
+    ],
+)
+def test_eta_is_read_as_celery_reads_it(
+    app: Celery, redis_client: redis.Redis, eta: object, expected: int
+) -> None:
+    result = app.tasks["tests.record"].apply_delayed((1,), eta=eta)
+    assert _due_ms(redis_client, result.id) == expected
+
+
+def test_a_countdown_counts_on_the_redis_clock(app: Celery, redis_client: redis.Redis) -> None:
+    before = _store_ms(redis_client)
+    result = app.tasks["tests.record"].apply_delayed((1,), countdown=1800)
+    after = _store_ms(redis_client)
+    assert before + 1_800_000 <= _due_ms(redis_client, result.id) <= after + 1_800_000
+
+
+def test_the_app_timezone_does_not_change_the_instant(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"timezone": "America/New_York", "enable_utc": False})
+    eta = datetime(2031, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
+    result = app.tasks["tests.record"].apply_delayed((1,), eta=eta)
+    assert _due_ms(redis_client, result.id) == int(eta.timestamp() * 1000)
