@@ -17,11 +17,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from .. import __version__, signals
 from ..config import get_config
 from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError, StoreUnavailableError
@@ -72,9 +72,6 @@ class PassReport:
         return self.handed_off + self.published
 
 
-Listener = Callable[[str, dict[str, Any]], None]
-
-
 class Companion:
     """Releases the parked entries of one Celery app when they are due."""
 
@@ -84,7 +81,6 @@ class Companion:
         *,
         shards: Sequence[int] | None = None,
         store: Store | None = None,
-        listeners: Sequence[Listener] = (),
     ) -> None:
         self.app = app
         self.config = get_config(app)
@@ -94,7 +90,6 @@ class Companion:
         self.lease_ms = self.config.lease_ms
         self.publisher: Publisher = make_publisher(app)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.listeners = list(listeners)
         self._handoff: Handoff | None = None
         self._handoff_known = False
         self.handoff_state = "unknown"
@@ -119,6 +114,7 @@ class Companion:
         )
         wakeup = Wakeup(self.store.client, [self.store.keys(s).wake for s in self.shards])
         wakeup.start()
+        self._send(signals.companion_started)
         failures = 0
         try:
             while not self._stopping.is_set():
@@ -138,6 +134,7 @@ class Companion:
             wakeup.close()
             self.close()
             self._forget_heartbeat()
+            self._send(signals.companion_stopped)
             logger.info(
                 "celery-zdelay companion %s stopped after releasing %d tasks",
                 self.id,
@@ -173,14 +170,18 @@ class Companion:
 
     # -- one pass -------------------------------------------------------------
 
-    def release_due(self) -> PassReport:
-        """Release every entry due now on this companion's shards."""
+    def release_due(self, *, advance_ms: int = 0) -> PassReport:
+        """Release every entry due now on this companion's shards.
+
+        *advance_ms* also releases entries due that many ms from now; it is
+        for tests that fast-forward time (:mod:`celery_zdelay.testing`).
+        """
         report = PassReport()
         try:
             if not self._handoff_known:
                 self._detect_handoff()
             for shard in self.shards:
-                self._release_shard(shard, report)
+                self._release_shard(shard, report, advance_ms)
                 if report.failed:
                     break
         except StoreUnavailableError as exc:
@@ -189,11 +190,11 @@ class Companion:
         self._add_to_totals(report)
         return report
 
-    def _release_shard(self, shard: int, report: PassReport) -> None:
+    def _release_shard(self, shard: int, report: PassReport, advance_ms: int = 0) -> None:
         fresh = False
         while True:
             started = time.perf_counter()
-            result = self._claim(shard, fresh=fresh)
+            result = self._claim(shard, fresh=fresh, advance_ms=advance_ms)
             claimed_at = time.perf_counter()
             claim_s = claimed_at - started
             if result.needs_dests and not fresh:
@@ -202,8 +203,17 @@ class Companion:
             fresh = False
             claimed = len(result.entries) + len(result.handed_due_ms)
             if result.handed_due_ms:
-                report.handed_off += len(result.handed_due_ms)
-                report.lateness_ms += [result.now_ms - due for due in result.handed_due_ms]
+                lateness = [result.now_ms - due for due in result.handed_due_ms]
+                report.handed_off += len(lateness)
+                report.lateness_ms += lateness
+                self._send(
+                    signals.batch_released,
+                    shard=shard,
+                    path="handoff",
+                    count=len(lateness),
+                    lateness_ms=lateness,
+                    task_ids=None,
+                )
             if result.entries:
                 self._release_leased(shard, result, report, claimed_at)
             if claimed:
@@ -215,15 +225,12 @@ class Companion:
                     len(result.handed_due_ms),
                     len(result.entries),
                 )
-                self._emit(
-                    "claim",
-                    {"shard": shard, "claimed": claimed, "seconds": claim_s},
-                )
+                self._send(signals.batch_claimed, shard=shard, claimed=claimed, seconds=claim_s)
             if report.failed or self._stopping.is_set() or claimed < self.batch_size:
                 break
         self._note_next_event(result, report)
 
-    def _claim(self, shard: int, *, fresh: bool) -> ClaimResult:
+    def _claim(self, shard: int, *, fresh: bool, advance_ms: int = 0) -> ClaimResult:
         if self._handoff is not None:
             return self.store.handoff(
                 shard,
@@ -232,8 +239,11 @@ class Companion:
                 limit=self.batch_size,
                 lease_ms=self.lease_ms,
                 fresh=fresh,
+                advance_ms=advance_ms,
             )
-        return self.store.claim(shard, limit=self.batch_size, lease_ms=self.lease_ms)
+        return self.store.claim(
+            shard, limit=self.batch_size, lease_ms=self.lease_ms, advance_ms=advance_ms
+        )
 
     def _release_leased(
         self, shard: int, result: ClaimResult, report: PassReport, claimed_at: float
@@ -273,9 +283,25 @@ class Companion:
             report.dead_lettered += len(dead)
             for task_id, reason in dead:
                 logger.error("Dead-lettered %s on shard %d: %s", task_id, shard, reason["reason"])
-                self._emit("dead_letter", {"shard": shard, "task_id": task_id, **reason})
+                self._send(
+                    signals.task_dead_lettered,
+                    shard=shard,
+                    task_id=task_id,
+                    reason=reason["reason"],
+                    due_ms=reason["due_ms"],
+                )
+        lateness = [published_ms - dues[i] for i in outcome.accepted]
         report.published += len(accepted)
-        report.lateness_ms += [published_ms - dues[i] for i in outcome.accepted]
+        report.lateness_ms += lateness
+        if accepted:
+            self._send(
+                signals.batch_released,
+                shard=shard,
+                path="publish",
+                count=len(accepted),
+                lateness_ms=lateness,
+                task_ids=accepted,
+            )
         for index in outcome.accepted:
             logger.debug(
                 "Released %s[%s] %d ms after due",
@@ -314,18 +340,17 @@ class Companion:
         self.totals.published += report.published
         self.totals.dead_lettered += report.dead_lettered
         self.totals.returned += report.returned
-        if report.released:
-            self._emit(
-                "release",
-                {"released": report.released, "lateness_ms": report.lateness_ms},
-            )
 
-    def _emit(self, event: str, data: dict[str, Any]) -> None:
-        for listener in self.listeners:
-            try:
-                listener(event, data)
-            except Exception:
-                logger.exception("celery-zdelay listener failed on %s", event)
+    def _send(self, signal: Any, **kwargs: Any) -> None:
+        # A failing receiver must not stop releases: log it and carry on.
+        for receiver, response in signal.send_robust(sender=self, **kwargs):
+            if isinstance(response, Exception):
+                logger.error(
+                    "celery-zdelay signal %s receiver %r failed: %r",
+                    signal.name,
+                    receiver,
+                    response,
+                )
 
     def _heartbeat(self) -> None:
         now = time.monotonic()

@@ -169,14 +169,18 @@ class Store:
 
     # -- companions -----------------------------------------------------------
 
-    def claim(self, shard: int, *, limit: int, lease_ms: int) -> ClaimResult:
-        """Recover expired leases, then lease up to *limit* due entries."""
+    def claim(self, shard: int, *, limit: int, lease_ms: int, advance_ms: int = 0) -> ClaimResult:
+        """Recover expired leases, then lease up to *limit* due entries.
+
+        *advance_ms* fast-forwards the clock for picking due entries; only
+        tests use it (:mod:`celery_zdelay.testing`).
+        """
         keys = self._keys[shard]
         with unavailable_as_error(self.url), self.client.pipeline(transaction=False) as pipe:
             self._recover_call(keys, limit, pipe)
             self.scripts.claim(
                 keys=[keys.due, keys.msg, keys.lease, keys.leased],
-                args=[lease_ms, limit],
+                args=[lease_ms, limit, advance_ms],
                 client=pipe,
             )
             _, reply = pipe.execute()
@@ -191,6 +195,7 @@ class Store:
         limit: int,
         lease_ms: int,
         fresh: bool,
+        advance_ms: int = 0,
     ) -> ClaimResult:
         """Recover expired leases, then hand due entries off to the broker's lists.
 
@@ -202,7 +207,14 @@ class Store:
             self._recover_call(keys, limit, pipe)
             self.scripts.handoff(
                 keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.tags, *dests],
-                args=[lease_ms, limit, layout, keys.tag_prefix, "1" if fresh else "0"],
+                args=[
+                    lease_ms,
+                    limit,
+                    layout,
+                    keys.tag_prefix,
+                    "1" if fresh else "0",
+                    advance_ms,
+                ],
                 client=pipe,
             )
             _, reply = pipe.execute()

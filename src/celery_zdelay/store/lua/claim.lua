@@ -10,17 +10,19 @@
 -- KEYS[4] leased hash   id -> due score at claim time
 -- ARGV[1] lease length ms
 -- ARGV[2] most entries to claim
+-- ARGV[3] ms to add to the Redis clock when picking due entries: 0, except
+--         in tests that fast-forward time (celery_zdelay.testing)
 -- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, id, due_score, payload, ...}
 --         next_* are -1 when there is none; payload is nil when it is missing
 if redis.replicate_commands then redis.replicate_commands() end
 
 local due, msg, lease, leased = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local lease_ms, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local lease_ms, limit, advance_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3] or 0)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local token = now_ms + lease_ms
 
-local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', now_ms * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
+local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', (now_ms + advance_ms) * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
 local n = #claimed / 2
 local result = {now_ms, token, -1, -1}
 if n > 0 then

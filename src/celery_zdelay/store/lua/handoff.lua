@@ -16,14 +16,16 @@
 -- ARGV[4] delivery tag prefix
 -- ARGV[5] "1" when KEYS[6..] were just read from the dests set: an entry
 --         naming a list key outside them is leased instead of waiting
+-- ARGV[6] ms to add to the Redis clock when picking due entries: 0, except
+--         in tests that fast-forward time (celery_zdelay.testing)
 -- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, needs_dests,
 --          n_leased, id, due_score, payload (n_leased times),
 --          due_ms of each entry handed off}
 if redis.replicate_commands then redis.replicate_commands() end
 
 local due, msg, lease, leased, tags = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local lease_ms, limit, layout, tag_prefix, fresh =
-  tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5] == '1'
+local lease_ms, limit, layout, tag_prefix, fresh, advance_ms =
+  tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5] == '1', tonumber(ARGV[6] or 0)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local token = now_ms + lease_ms
@@ -43,7 +45,7 @@ local function destination(payload)
   return meta.k, nl
 end
 
-local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', now_ms * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
+local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', (now_ms + advance_ms) * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
 local payloads = {}
 if #claimed > 0 then
   local ids = {}

@@ -1,0 +1,48 @@
+"""Signals the companion sends, in the style of Celery's own.
+
+Connect a receiver to react to releases and dead letters (metrics, alerts,
+audit logs)::
+
+    from celery_zdelay.signals import task_dead_lettered
+
+    @task_dead_lettered.connect
+    def alert(sender, task_id, reason, **kwargs):
+        ...
+
+Receivers run in the companion process, inside its release loop: keep them
+quick. An exception in a receiver is logged and does not stop the companion.
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = [
+    "batch_claimed",
+    "batch_released",
+    "companion_started",
+    "companion_stopped",
+    "task_dead_lettered",
+]
+
+#: Sent when a companion starts releasing. Sender: the
+#: :class:`~celery_zdelay.companion.Companion`.
+companion_started = Signal(name="zdelay_companion_started")
+
+#: Sent when a companion stops. Sender: the companion.
+companion_stopped = Signal(name="zdelay_companion_stopped")
+
+#: Sent after each claim call. Sender: the companion. Arguments: ``shard``,
+#: ``claimed`` (entries the call took), ``seconds`` (its duration).
+batch_claimed = Signal(name="zdelay_batch_claimed")
+
+#: Sent when entries reached the broker. Sender: the companion. Arguments:
+#: ``shard``; ``path``, ``"handoff"`` (atomic Lua push into a Redis broker) or
+#: ``"publish"`` (kombu, confirmed by the broker); ``count``; ``lateness_ms``,
+#: a list with each entry's release time minus its due time; ``task_ids``,
+#: the ids released (``None`` for the handoff, which moves them in Lua).
+batch_released = Signal(name="zdelay_batch_released")
+
+#: Sent when an entry moved to the dead-letter set. Sender: the companion.
+#: Arguments: ``shard``, ``task_id``, ``reason`` (text), ``due_ms``.
+task_dead_lettered = Signal(name="zdelay_task_dead_lettered")
