@@ -33,6 +33,7 @@ __all__ = [
     "apply_delayed",
     "batch",
     "cancel",
+    "park_messages",
     "park_task",
     "reschedule",
     "send_delayed",
@@ -62,7 +63,7 @@ def park_task(
     result, messages = capture(
         app, lambda producer: task.apply_async(args, kwargs, producer=producer, **options)
     )
-    _park(app, messages, due)
+    park_messages(app, messages, due)
     return result
 
 
@@ -95,7 +96,7 @@ def apply_delayed(
     result, messages = capture(
         app, lambda producer: signature.apply_async(producer=producer, **options)
     )
-    _park(app, messages, due)
+    park_messages(app, messages, due)
     return result
 
 
@@ -115,7 +116,7 @@ def send_delayed(
     result, messages = capture(
         app, lambda producer: app.send_task(name, args, kwargs, producer=producer, **options)
     )
-    _park(app, messages, due)
+    park_messages(app, messages, due)
     return result
 
 
@@ -199,7 +200,11 @@ def _broker_layout(app: Celery) -> RedisLayout | None:
         connection.release()
 
 
-def _park(app: Celery, messages: list[TaskMessage], due: Due) -> None:
+def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
+    """Park captured *messages* of *app*, all due at *due*, atomically.
+
+    Inside :func:`batch` the entries are queued and parked when it ends.
+    """
     parking = _parking(app)
     signing_key = parking.config.signing_keys[0] if parking.config.signing_keys else None
     requests = []
