@@ -45,7 +45,7 @@ MAX_SHARDS = 1024
 
 #: Every setting celery-zdelay reads, with a one-line description.
 SETTINGS: Mapping[str, str] = {
-    "zdelay_redis_url": "Redis URL of the store (redis://, rediss://, unix://)",
+    "zdelay_redis_url": "Redis URL of the store (redis://, rediss://, unix://, sentinel://)",
     "zdelay_redis_options": "extra keyword arguments for the redis-py client",
     "zdelay_key_prefix": "prefix of every key the store writes",
     "zdelay_shards": "number of shards entries are spread over",
@@ -57,7 +57,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_worker_dedupe": "workers drop a second delivery of a released id",
 }
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,17 @@ def get_config(app: Celery) -> ZDelayConfig:
         ConfigurationError: a ``zdelay_*`` setting is invalid or unknown; the
             message names it.
     """
-    raw = (*(_lookup(app, key) for key in SETTINGS), _broker_url(app))
+    raw = (
+        *(_lookup(app, key) for key in SETTINGS),
+        app.conf.broker_transport_options,
+        _broker_url(app),
+    )
     cached = getattr(app, "_zdelay_config", None)
     if cached is not None and cached[0] == raw:
         config: ZDelayConfig = cached[1]
         return config
     _reject_unknown(app)
-    config = _build(dict(zip(SETTINGS, raw[:-1], strict=True)), raw[-1])
+    config = _build(dict(zip(SETTINGS, raw[:-2], strict=True)), raw[-2], raw[-1])
     app._zdelay_config = (raw, config)
     return config
 
@@ -126,8 +130,8 @@ def _broker_url(app: Celery) -> str | None:
     url = app.conf.broker_write_url or app.conf.broker_url
     if isinstance(url, (list, tuple)):
         url = url[0] if url else None
-    if isinstance(url, str) and ";" in url:
-        url = url.split(";", 1)[0]
+    if isinstance(url, str) and ";" in url and not url.startswith("sentinel://"):
+        url = url.split(";", 1)[0]  # a failover list: the first broker
     return url if isinstance(url, str) else None
 
 
@@ -146,10 +150,19 @@ def _reject_unknown(app: Celery) -> None:
             )
 
 
-def _build(raw: dict[str, Any], broker_url: str | None) -> ZDelayConfig:
+def _build(
+    raw: dict[str, Any], broker_options: Mapping[str, Any] | None, broker_url: str | None
+) -> ZDelayConfig:
+    redis_url = _redis_url(raw["zdelay_redis_url"], broker_url)
+    redis_options = dict(_mapping("zdelay_redis_options", raw["zdelay_redis_options"]))
+    if redis_url == broker_url and redis_url.startswith("sentinel://") and broker_options:
+        # The store is the broker's Sentinel group: find its master the same way.
+        for name in ("master_name", "sentinel_kwargs"):
+            if name in broker_options:
+                redis_options.setdefault(name, broker_options[name])
     return ZDelayConfig(
-        redis_url=_redis_url(raw["zdelay_redis_url"], broker_url),
-        redis_options=_mapping("zdelay_redis_options", raw["zdelay_redis_options"]),
+        redis_url=redis_url,
+        redis_options=redis_options,
         key_prefix=_key_prefix(raw["zdelay_key_prefix"]),
         shards=_integer("zdelay_shards", raw["zdelay_shards"], DEFAULT_SHARDS, 1, MAX_SHARDS),
         batch_size=_integer(
@@ -176,7 +189,8 @@ def _redis_url(value: Any, broker_url: str | None) -> str:
         return DEFAULT_REDIS_URL
     if not isinstance(value, str) or urlsplit(value).scheme not in _REDIS_SCHEMES:
         raise ConfigurationError(
-            f"zdelay_redis_url must be a redis://, rediss:// or unix:// URL, got {value!r}."
+            "zdelay_redis_url must be a redis://, rediss://, unix:// or sentinel:// URL, "
+            f"got {value!r}."
         )
     return value
 

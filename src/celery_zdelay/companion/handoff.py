@@ -47,6 +47,9 @@ def detect_handoff(app: Celery, store: Store) -> tuple[Handoff | None, str]:
         transport = connection.transport
         if transport.driver_type != "redis":
             return None, f"off (the broker is {transport.driver_type}, not Redis)"
+        if store.cluster:
+            # kombu has no Redis Cluster transport: the broker is elsewhere.
+            return None, "off (the store is a Redis Cluster, the broker is not)"
         broker = connection.default_channel.client
         same_server = _run_id(broker) == _run_id(store.client)
         broker_db, store_db = _db(broker), _db(store.client)

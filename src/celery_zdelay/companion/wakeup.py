@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import redis
 
+from ..store.client import StoreClient
+
 __all__ = ["Wakeup"]
 
 logger = logging.getLogger(__name__)
@@ -26,7 +28,7 @@ MAX_RECONNECT_PAUSE = 5.0
 class Wakeup:
     """Listens on the wake channels of some shards."""
 
-    def __init__(self, client: redis.Redis, channels: Sequence[str]) -> None:
+    def __init__(self, client: StoreClient, channels: Sequence[str]) -> None:
         self._client = client
         self._channels = list(channels)
         self._event = threading.Event()

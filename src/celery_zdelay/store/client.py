@@ -1,27 +1,52 @@
-"""The redis-py client of the store, built from the ``zdelay_*`` settings."""
+"""The redis-py client of the store, built from the ``zdelay_*`` settings.
+
+One URL setting picks the deployment:
+
+- ``redis://`` / ``rediss://`` (TLS) / ``unix://``: one Redis server; when
+  that server is a Redis Cluster node, the client becomes a cluster client
+  (any node of the cluster will do as the URL).
+- ``sentinel://host:26379;sentinel://host2:26379``: the master of a Redis
+  Sentinel group, spelled as Celery spells its broker URL; the master's name
+  is ``zdelay_redis_options["master_name"]``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from kombu.utils.url import maybe_sanitize_url
 from redis.backoff import AbstractBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from ..config import RetryPolicy, ZDelayConfig
-from ..errors import StoreUnavailableError
+from ..errors import ConfigurationError, StoreUnavailableError
 
-__all__ = ["make_client", "sanitize_url", "unavailable_as_error"]
+__all__ = ["StoreClient", "make_client", "sanitize_url", "unavailable_as_error"]
 
 #: Seconds to wait for a TCP connection to the store before retrying.
 DEFAULT_CONNECT_TIMEOUT = 5.0
 #: Seconds to wait for a reply; scripts are bounded to milliseconds.
 DEFAULT_SOCKET_TIMEOUT = 10.0
 
-_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+#: A client of one server (standalone or Sentinel master) or of a cluster.
+StoreClient = redis.Redis | RedisCluster
+
+UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+
+#: Options that choose the deployment rather than configure connections.
+_SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs")
 
 
 class _PolicyBackoff(AbstractBackoff):
@@ -34,29 +59,83 @@ class _PolicyBackoff(AbstractBackoff):
         pass
 
     def compute(self, failures: int) -> float:
-        return self._intervals[min(failures, len(self._intervals)) - 1]
+        return self._intervals[min(max(failures, 1), len(self._intervals)) - 1]
 
 
-def make_client(config: ZDelayConfig) -> redis.Redis:
+def make_client(config: ZDelayConfig) -> StoreClient:
     """Return a client of the store at ``config.redis_url``.
 
     Responses stay bytes: payloads are opaque and may hold any byte.
+
+    Raises:
+        StoreUnavailableError: the store could not be reached to find out
+            whether it is a cluster.
+        ConfigurationError: a Sentinel URL without ``master_name``.
     """
     options: dict[str, Any] = {
         "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT,
         "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
-        "health_check_interval": 30,
     }
     options.update(config.redis_options)
     options["decode_responses"] = False
-    options["retry"] = Retry(_PolicyBackoff(config.retry_policy), config.retry_policy.max_retries)
-    options["retry_on_error"] = list(_UNAVAILABLE)
-    return redis.Redis.from_url(config.redis_url, **options)
+    retry = Retry(_PolicyBackoff(config.retry_policy), config.retry_policy.max_retries)
+    if urlsplit(config.redis_url).scheme == "sentinel":
+        return _sentinel_master(config.redis_url, options, retry)
+    for name in _SENTINEL_OPTIONS:
+        options.pop(name, None)
+    client = redis.Redis.from_url(
+        config.redis_url,
+        retry=retry,
+        retry_on_error=list(UNAVAILABLE),
+        health_check_interval=30,
+        **options,
+    )
+    with unavailable_as_error(config.redis_url):
+        cluster_enabled = client.info("cluster").get("cluster_enabled")
+    if not cluster_enabled:
+        return client
+    client.close()
+    # The cluster client follows MOVED/ASK itself and retries per node.
+    return RedisCluster.from_url(config.redis_url, **options)
+
+
+def _sentinel_master(url: str, options: dict[str, Any], retry: Retry) -> redis.Redis:
+    master_name = options.pop("master_name", None)
+    if not master_name:
+        raise ConfigurationError(
+            "zdelay_redis_url is a sentinel:// URL: set zdelay_redis_options = "
+            '{"master_name": "<the name Sentinel knows the master by>"}.'
+        )
+    sentinel_kwargs = options.pop("sentinel_kwargs", None)
+    hosts = []
+    password = username = None
+    db = 0
+    for part in url.split(";"):
+        parsed = urlsplit(part.strip())
+        hosts.append((parsed.hostname or "localhost", parsed.port or 26379))
+        password = unquote(parsed.password) if parsed.password else password
+        username = unquote(parsed.username) if parsed.username else username
+        if parsed.path.strip("/").isdigit():
+            db = int(parsed.path.strip("/"))
+    if password is not None:
+        options.setdefault("password", password)
+    if username is not None:
+        options.setdefault("username", username)
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **options)  # type: ignore[no-untyped-call]
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        master_name, db=db, retry=retry, retry_on_error=list(UNAVAILABLE)
+    )
+    return master
+
+
+def is_cluster(client: StoreClient) -> bool:
+    """Return whether *client* talks to a Redis Cluster."""
+    return isinstance(client, RedisCluster)
 
 
 def sanitize_url(url: str) -> str:
     """Return *url* with its password hidden, for logs and messages."""
-    return str(maybe_sanitize_url(url))
+    return ";".join(str(maybe_sanitize_url(part)) for part in url.split(";"))
 
 
 @contextmanager
@@ -64,9 +143,9 @@ def unavailable_as_error(url: str) -> Iterator[None]:
     """Turn redis-py's connection failures into :class:`StoreUnavailableError`."""
     try:
         yield
-    except _UNAVAILABLE as exc:
+    except UNAVAILABLE as exc:
         raise StoreUnavailableError(
             f"Cannot reach the celery-zdelay store at {sanitize_url(url)}: {exc}. "
             "Check that Redis is running and that zdelay_redis_url points to it; "
-            "nothing was changed by this call."
+            "the call did not complete, and repeating it is safe."
         ) from exc

@@ -5,8 +5,9 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-import redis
 from redis.commands.core import Script
+
+from .client import StoreClient
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "script_source"]
 
@@ -15,6 +16,7 @@ SCRIPT_NAMES = (
     "park",
     "claim",
     "handoff",
+    "push",
     "ack",
     "unclaim",
     "extend",
@@ -35,13 +37,14 @@ def script_source(name: str) -> str:
 class Scripts:
     """The scripts registered on one client (EVALSHA, loaded on first use)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: StoreClient) -> None:
         for name in SCRIPT_NAMES:
             setattr(self, name, client.register_script(script_source(name)))
 
     park: Script
     claim: Script
     handoff: Script
+    push: Script
     ack: Script
     unclaim: Script
     extend: Script

@@ -13,11 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from ..config import ZDelayConfig
 from ..schedule import Due
-from .client import make_client, unavailable_as_error
+from .client import StoreClient, is_cluster, make_client, unavailable_as_error
 from .keys import ShardKeys, shard_keys, shard_of
 from .scripts import Scripts
 
@@ -73,10 +71,13 @@ class ClaimResult:
 class Store:
     """The store of one app configuration, on one Redis (or Redis Cluster)."""
 
-    def __init__(self, config: ZDelayConfig, client: redis.Redis | None = None) -> None:
+    def __init__(self, config: ZDelayConfig, client: StoreClient | None = None) -> None:
         self.config = config
         self.url = config.redis_url
         self.client = client if client is not None else make_client(config)
+        #: On a Redis Cluster each shard lives on its own node: calls on
+        #: different shards cannot share a pipeline or a transaction.
+        self.cluster = is_cluster(self.client)
         self.scripts = Scripts(self.client)
         self._keys = [shard_keys(config.key_prefix, s) for s in range(config.shards)]
 
@@ -104,15 +105,18 @@ class Store:
         """Park *requests* atomically per shard; return each entry's due ms.
 
         With several shards on one Redis server the whole call is one
-        transaction: either every entry is parked or none is.
+        transaction: either every entry is parked or none is. On a Redis
+        Cluster each shard's part is atomic on its own.
         """
         by_shard: dict[int, list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             by_shard[self.shard_of(request.task_id)].append(index)
         with unavailable_as_error(self.url):
-            if len(by_shard) == 1:
-                ((shard, indexes),) = by_shard.items()
-                replies = [self._park_call(shard, [requests[i] for i in indexes], self.client)]
+            if len(by_shard) == 1 or self.cluster:
+                replies = [
+                    self._park_call(shard, [requests[i] for i in indexes], self.client)
+                    for shard, indexes in by_shard.items()
+                ]
             else:
                 with self.client.pipeline(transaction=True) as pipe:
                     for shard, indexes in by_shard.items():
@@ -176,14 +180,15 @@ class Store:
         tests use it (:mod:`celery_zdelay.testing`).
         """
         keys = self._keys[shard]
-        with unavailable_as_error(self.url), self.client.pipeline(transaction=False) as pipe:
-            self._recover_call(keys, limit, pipe)
-            self.scripts.claim(
+        reply = self._after_recover(
+            keys,
+            limit,
+            lambda client: self.scripts.claim(
                 keys=[keys.due, keys.msg, keys.lease, keys.leased],
                 args=[lease_ms, limit, advance_ms],
-                client=pipe,
-            )
-            _, reply = pipe.execute()
+                client=client,
+            ),
+        )
         return _claim_result(reply, offset=4)
 
     def handoff(
@@ -203,9 +208,10 @@ class Store:
         :meth:`claim`.
         """
         keys = self._keys[shard]
-        with unavailable_as_error(self.url), self.client.pipeline(transaction=False) as pipe:
-            self._recover_call(keys, limit, pipe)
-            self.scripts.handoff(
+        reply = self._after_recover(
+            keys,
+            limit,
+            lambda client: self.scripts.handoff(
                 keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.tags, *dests],
                 args=[
                     lease_ms,
@@ -215,9 +221,9 @@ class Store:
                     "1" if fresh else "0",
                     advance_ms,
                 ],
-                client=pipe,
-            )
-            _, reply = pipe.execute()
+                client=client,
+            ),
+        )
         n_leased = int(reply[5])
         end = 6 + 3 * n_leased
         result = _claim_result(reply[:end], offset=6)
@@ -225,10 +231,43 @@ class Store:
         result.needs_dests = bool(int(reply[4]))
         return result
 
-    def _recover_call(self, keys: ShardKeys, limit: int, client: Any) -> Any:
-        return self.scripts.recover(
-            keys=[keys.lease, keys.leased, keys.due], args=[limit], client=client
-        )
+    def _after_recover(self, keys: ShardKeys, limit: int, call: Any) -> Any:
+        """Recover the shard's expired leases, then make *call*: one round trip."""
+
+        def recover(client: Any) -> Any:
+            return self.scripts.recover(
+                keys=[keys.lease, keys.leased, keys.due], args=[limit], client=client
+            )
+
+        with unavailable_as_error(self.url):
+            if self.cluster:
+                recover(self.client)
+                return call(self.client)
+            with self.client.pipeline(transaction=False) as pipe:
+                recover(pipe)
+                call(pipe)
+                return pipe.execute()[1]
+
+    def push(self, shard: int, token: int, routes: Sequence[tuple[str, str]]) -> list[str]:
+        """Hand claimed entries off to broker lists: *routes* are (id, list key).
+
+        Returns the ids pushed; an id this claim no longer owns is skipped.
+        """
+        if not routes:
+            return []
+        keys = self._keys[shard]
+        dests = sorted({dest for _, dest in routes})
+        index = {dest: i + 1 for i, dest in enumerate(dests)}
+        args: list[Any] = [token, keys.tag_prefix]
+        for task_id, dest in routes:
+            args += [task_id, index[dest]]
+        with unavailable_as_error(self.url):
+            pushed = self.scripts.push(
+                keys=[keys.lease, keys.leased, keys.msg, keys.tags, *dests],
+                args=args,
+                client=self.client,
+            )
+        return [task_id.decode() for task_id in pushed]
 
     def dests(self, shard: int) -> list[str]:
         """Return the broker list keys parked entries of *shard* name."""

@@ -1,0 +1,235 @@
+"""Private Redis deployments for the tests: a 3-master Cluster and Sentinel."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import time
+
+import redis
+
+from celery_zdelay.testing import RedisServer, free_port
+
+
+def _cluster_port() -> int:
+    """A free port below 55536: a cluster node also listens on port + 10000."""
+    while True:
+        port = random.randint(20000, 50000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+class LocalCluster:
+    """A Redis Cluster of *masters* private redis-server processes on loopback."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self.nodes = [
+            RedisServer(
+                port=_cluster_port(),
+                cluster_enabled="yes",
+                cluster_config_file="nodes.conf",
+                cluster_node_timeout="2000",
+            )
+            for _ in range(masters)
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self) -> LocalCluster:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> LocalCluster:
+        for node in self.nodes:
+            node.start()
+        redis_cli = shutil.which("redis-cli")
+        assert redis_cli, "redis-cli is needed to create the test cluster"
+        subprocess.run(
+            [
+                redis_cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        for node in self.nodes:
+            client = node.client()
+            try:
+                while client.info("cluster").get("cluster_enabled") != 1 or (
+                    client.execute_command("CLUSTER INFO").get("cluster_state") != "ok"
+                ):
+                    assert time.monotonic() < deadline, "the test cluster did not converge"
+                    time.sleep(0.05)
+            finally:
+                client.close()
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def key_counts(self) -> list[int]:
+        """Return how many keys each node holds."""
+        counts = []
+        for node in self.nodes:
+            client = node.client()
+            try:
+                counts.append(int(client.dbsize()))
+            finally:
+                client.close()
+        return counts
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalSentinel:
+    """One Redis master watched by one Sentinel, under the name ``zdelay-master``."""
+
+    master_name = "zdelay-master"
+
+    def __init__(self) -> None:
+        self.master = RedisServer()
+        self.sentinel_port = free_port()
+        self._sentinel: RedisServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sentinel://127.0.0.1:{self.sentinel_port}"
+
+    def start(self) -> LocalSentinel:
+        self.master.start()
+        # redis-server --sentinel needs its configuration in a writable file.
+        sentinel = RedisServer(port=self.sentinel_port)
+        config = sentinel._dir / "sentinel.conf"
+        config.write_text(
+            f"port {self.sentinel_port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {sentinel._dir}\n"
+            f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {self.master_name} 5000\n"
+        )
+        sentinel._process = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._sentinel = sentinel
+        deadline = time.monotonic() + 30
+        client = redis.Redis(host="127.0.0.1", port=self.sentinel_port)
+        try:
+            while True:
+                try:
+                    if client.sentinel_get_master_addr_by_name(self.master_name):
+                        break
+                except redis.exceptions.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "the test Sentinel did not start"
+                time.sleep(0.05)
+        finally:
+            client.close()
+        return self
+
+    def stop(self) -> None:
+        if self._sentinel is not None:
+            self._sentinel.stop()
+        self.master.stop()
+
+    def __enter__(self) -> LocalSentinel:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalTLSRedis:
+    """A redis-server that accepts TLS only, with a throwaway CA; an ACL user ``zd``."""
+
+    username = "zd"
+    password = "tls-s3cret"
+
+    def __init__(self) -> None:
+        self.server = RedisServer()
+        self.port = self.server.port
+        self.ca = self.server._dir / "ca.crt"
+
+    @property
+    def url(self) -> str:
+        return (
+            f"rediss://{self.username}:{self.password}@127.0.0.1:{self.port}/0"
+            f"?ssl_ca_certs={self.ca}&ssl_cert_reqs=required"
+        )
+
+    def start(self) -> LocalTLSRedis:
+        folder = self.server._dir
+        openssl = shutil.which("openssl")
+        assert openssl, "openssl is needed to make the test certificates"
+
+        def run(command: str) -> None:
+            subprocess.run([openssl, *command.split()], cwd=folder, check=True, capture_output=True)
+
+        run("req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=ca")
+        run("req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1")
+        (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+        run(
+            "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+            "-out server.crt -days 2 -extfile ext.cnf"
+        )
+        options = (
+            f"--port 0 --tls-port {self.port} --bind 127.0.0.1 --tls-auth-clients no "
+            f"--tls-cert-file {folder / 'server.crt'} --tls-key-file {folder / 'server.key'} "
+            f"--tls-ca-cert-file {self.ca} --appendonly no --dir {folder}"
+        )
+        self.server._process = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", *options.split(), "--save", ""],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with self.admin() as client:
+                    rules = f"on >{self.password} ~* &* +@all".split()
+                    client.execute_command("ACL", "SETUSER", self.username, *rules)
+                return self
+            except redis.exceptions.ConnectionError:
+                assert time.monotonic() < deadline, "the TLS test Redis did not start"
+                time.sleep(0.05)
+
+    def admin(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, ssl=True, ssl_ca_certs=str(self.ca))
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def __enter__(self) -> LocalTLSRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
