@@ -51,8 +51,12 @@ class TaskMessage:
     priority: int
     exchange: str
     routing_key: str
-    #: Queues to declare first: names of the app's queues, or ``Queue.as_dict()``.
+    #: Names of the app's queues to declare before publishing.
     declare: list[Any] = field(default_factory=list)
+    #: The Redis broker list the handoff may push to, and the transport
+    #: layout fingerprint it was computed under (see redis_layout.py).
+    handoff_dest: str | None = None
+    handoff_layout: str | None = None
 
     @property
     def task_id(self) -> str:
@@ -144,6 +148,8 @@ def decode_entry(payload: bytes | None, signing_keys: tuple[bytes, ...] = ()) ->
             exchange=delivery_info["exchange"],
             routing_key=delivery_info["routing_key"],
             declare=list(meta.get("q") or []),
+            handoff_dest=meta.get("k"),
+            handoff_layout=meta.get("l"),
         )
     except EntryError:
         raise

@@ -25,7 +25,7 @@ from .. import __version__, signals
 from ..config import get_config
 from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError, StoreUnavailableError
-from ..store import ClaimResult, Store
+from ..store import Claimed, ClaimResult, Store
 from ..store.client import sanitize_url
 from ..store.keys import companions_key
 from .handoff import Handoff, detect_handoff
@@ -231,7 +231,10 @@ class Companion:
         self._note_next_event(result, report)
 
     def _claim(self, shard: int, *, fresh: bool, advance_ms: int = 0) -> ClaimResult:
-        if self._handoff is not None:
+        # With signing on, every entry is leased and verified in Python first
+        # (then pushed atomically by push.lua): handoff.lua cannot check an
+        # HMAC, so it must not see entries before they are verified.
+        if self._handoff is not None and not self.config.signing_keys:
             return self.store.handoff(
                 shard,
                 dests=self._handoff.dests(self.store, shard, refresh=fresh),
@@ -248,49 +251,87 @@ class Companion:
     def _release_leased(
         self, shard: int, result: ClaimResult, report: PassReport, claimed_at: float
     ) -> None:
-        """Publish leased entries through kombu; ack, give back or dead-letter each."""
+        """Release leased entries: hand off, publish, give back or dead-letter each."""
         token = result.token
-        messages: list[TaskMessage] = []
-        ids: list[str] = []
-        dues: list[int] = []
         dead: list[tuple[str, dict[str, Any]]] = []
+        pushable: list[tuple[Claimed, TaskMessage]] = []
+        generic: list[tuple[Claimed, TaskMessage]] = []
         for entry in result.entries:
             try:
                 message = decode_entry(entry.payload, self.config.signing_keys)
             except EntryError as exc:
                 dead.append((entry.task_id, self._dead_reason(exc.reason, entry.due_ms)))
                 continue
-            messages.append(message)
-            ids.append(entry.task_id)
-            dues.append(entry.due_ms)
+            if self._can_push(message):
+                pushable.append((entry, message))
+            else:
+                generic.append((entry, message))
 
-        outcome = self.publisher.publish(messages)
+        if pushable:
+            self._push(shard, result, report, pushable, claimed_at)
+        if generic:
+            dead += self._publish(shard, result, report, generic, claimed_at)
+        if dead:
+            self._dead_letter(shard, token, report, dead)
+
+    def _can_push(self, message: TaskMessage) -> bool:
+        """Whether a leased (signed) entry can still go through the atomic handoff."""
+        handoff = self._handoff
+        return (
+            handoff is not None
+            and message.handoff_dest is not None
+            and message.handoff_layout == handoff.layout.fingerprint
+        )
+
+    def _push(
+        self,
+        shard: int,
+        result: ClaimResult,
+        report: PassReport,
+        entries: list[tuple[Claimed, TaskMessage]],
+        claimed_at: float,
+    ) -> None:
+        routes = [(entry.task_id, str(message.handoff_dest)) for entry, message in entries]
+        pushed = set(self.store.push(shard, result.token, routes))
+        released_ms = result.now_ms + round((time.perf_counter() - claimed_at) * 1000)
+        lateness = [released_ms - entry.due_ms for entry, _ in entries if entry.task_id in pushed]
+        report.handed_off += len(lateness)
+        report.lateness_ms += lateness
+        if pushed:
+            self._send(
+                signals.batch_released,
+                shard=shard,
+                path="handoff",
+                count=len(pushed),
+                lateness_ms=lateness,
+                task_ids=sorted(pushed),
+            )
+
+    def _publish(
+        self,
+        shard: int,
+        result: ClaimResult,
+        report: PassReport,
+        entries: list[tuple[Claimed, TaskMessage]],
+        claimed_at: float,
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Publish through kombu; ack what the broker accepted, give back the rest.
+
+        Returns the entries the broker refused for good, to dead-letter.
+        """
+        outcome = self.publisher.publish([message for _, message in entries])
         # On the Redis clock: the claim's time plus what publishing took.
         published_ms = result.now_ms + round((time.perf_counter() - claimed_at) * 1000)
-        accepted = [ids[i] for i in outcome.accepted]
-        for index, refusal in outcome.rejected.items():
-            dead.append((ids[index], self._dead_reason(refusal, dues[index])))
+        accepted = [entries[i][0].task_id for i in outcome.accepted]
         settled = set(outcome.accepted) | set(outcome.rejected)
-        returned = [ids[i] for i in range(len(ids)) if i not in settled]
+        returned = [entry.task_id for i, (entry, _) in enumerate(entries) if i not in settled]
 
-        self.store.ack(shard, token, accepted)
+        self.store.ack(shard, result.token, accepted)
         if returned:
-            self.store.unclaim(shard, token, returned)
+            self.store.unclaim(shard, result.token, returned)
             report.returned += len(returned)
             report.failed = True
-        if dead:
-            self.store.dead_letter(shard, token, dead)
-            report.dead_lettered += len(dead)
-            for task_id, reason in dead:
-                logger.error("Dead-lettered %s on shard %d: %s", task_id, shard, reason["reason"])
-                self._send(
-                    signals.task_dead_lettered,
-                    shard=shard,
-                    task_id=task_id,
-                    reason=reason["reason"],
-                    due_ms=reason["due_ms"],
-                )
-        lateness = [published_ms - dues[i] for i in outcome.accepted]
+        lateness = [published_ms - entries[i][0].due_ms for i in outcome.accepted]
         report.published += len(accepted)
         report.lateness_ms += lateness
         if accepted:
@@ -303,11 +344,35 @@ class Companion:
                 task_ids=accepted,
             )
         for index in outcome.accepted:
+            entry, message = entries[index]
             logger.debug(
                 "Released %s[%s] %d ms after due",
-                messages[index].task_name,
-                ids[index],
-                published_ms - dues[index],
+                message.task_name,
+                entry.task_id,
+                published_ms - entry.due_ms,
+            )
+        return [
+            (entries[i][0].task_id, self._dead_reason(refusal, entries[i][0].due_ms))
+            for i, refusal in outcome.rejected.items()
+        ]
+
+    def _dead_letter(
+        self,
+        shard: int,
+        token: int,
+        report: PassReport,
+        dead: list[tuple[str, dict[str, Any]]],
+    ) -> None:
+        self.store.dead_letter(shard, token, dead)
+        report.dead_lettered += len(dead)
+        for task_id, reason in dead:
+            logger.error("Dead-lettered %s on shard %d: %s", task_id, shard, reason["reason"])
+            self._send(
+                signals.task_dead_lettered,
+                shard=shard,
+                task_id=task_id,
+                reason=reason["reason"],
+                due_ms=reason["due_ms"],
             )
 
     def _dead_reason(self, reason: str, due_ms: int) -> dict[str, Any]:
