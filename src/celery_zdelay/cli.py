@@ -1,31 +1,55 @@
 """``celery -A proj zdelay``: run the companion, and inspect or steer the store.
 
 The command only parses options and wires the pieces together; the work is
-done by :mod:`celery_zdelay.companion` and :mod:`celery_zdelay.store`.
+done by :mod:`celery_zdelay.companion`, :mod:`celery_zdelay.store.admin` and
+:mod:`celery_zdelay.metrics`, and the printing by :mod:`celery_zdelay._views`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import click
 from celery.bin.base import LOG_LEVEL, CeleryCommand, CeleryOption, handle_preload_options
 
+from . import _views
+from ._format import count, counted, parse_duration_ms, relative_due, utc
+from .config import get_config
 from .errors import ConfigurationError, StoreUnavailableError
+from .schedule import Due, due_from
+from .store import Store, admin
 
-__all__ = ["EXIT_CONFIG", "EXIT_OK", "EXIT_UNAVAILABLE", "zdelay"]
+__all__ = [
+    "EXIT_CHECK_FAILED",
+    "EXIT_CONFIG",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "zdelay",
+]
 
 #: Clean exit, including after SIGTERM/SIGINT.
 EXIT_OK = 0
-#: A check failed (``status --check``).
+#: A check failed (``status --check``), or a confirmation was declined.
 EXIT_CHECK_FAILED = 1
+#: The command line is wrong (click's own code for usage errors).
+EXIT_USAGE = 2
+#: An id given to ``cancel``, ``reschedule`` or ``dead requeue|purge`` was not found.
+EXIT_NOT_FOUND = 3
 #: The store (Redis) could not be reached (sysexits EX_UNAVAILABLE).
 EXIT_UNAVAILABLE = 69
 #: A setting or option is invalid (sysexits EX_CONFIG).
 EXIT_CONFIG = 78
+
+#: ``status --check`` fails when an entry is overdue by more than this (seconds).
+DEFAULT_MAX_OVERDUE_S = 60.0
 
 _LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
 
@@ -34,7 +58,97 @@ Examples:
   celery -A proj zdelay                      run the companion
   celery -A proj zdelay -l DEBUG             ... logging every batch
   celery -A proj zdelay --shards 0,1         ... releasing shards 0 and 1 only
+  celery -A proj zdelay --metrics-port 9808  ... serving Prometheus metrics
+  celery -A proj zdelay status               what is parked, late, in flight, dead
+  celery -A proj zdelay list --limit 20      the next 20 entries due
+  celery -A proj zdelay dead list            what could not be published, and why
 """
+
+_STATUS_EPILOG = """\b
+Examples:
+  celery -A proj zdelay status
+  celery -A proj zdelay status --per-shard
+  celery -A proj zdelay status --json | jq .overdue
+  celery -A proj zdelay status --check --max-overdue 120   # Kubernetes probe
+
+\b
+Exit codes: 0 ok; 1 --check failed; 69 Redis unreachable; 78 bad setting.
+"""
+
+_LIST_EPILOG = """\b
+Examples:
+  celery -A proj zdelay list
+  celery -A proj zdelay list --task proj.orders.cancel_unpaid --limit 20
+  celery -A proj zdelay list --task 'proj.orders.*' --due-before 1h
+  celery -A proj zdelay list --due-before now              # overdue entries
+  celery -A proj zdelay list --due-after 2025-06-01T00:00:00Z --json
+
+\b
+WHEN is "now", a duration from now (30s, 15m, 1h30m, -10m, 2d) or an ISO 8601
+time (naive times are UTC). Entries due in [--due-after, --due-before) match.
+"""
+
+_CANCEL_EPILOG = """\b
+Examples:
+  celery -A proj zdelay cancel 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55
+  celery -A proj zdelay list --task proj.reminders.send --json \\
+      | jq -r '.entries[].id' | xargs celery -A proj zdelay cancel
+
+\b
+Exit codes: 0 all cancelled; 3 some id was not parked (unknown, released,
+or being released right now).
+"""
+
+_RESCHEDULE_EPILOG = """\b
+Examples:
+  celery -A proj zdelay reschedule 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55 --countdown 600
+  celery -A proj zdelay reschedule 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55 --countdown 0
+  celery -A proj zdelay reschedule 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55 \\
+      --eta 2025-06-01T09:00:00+02:00
+
+\b
+Exit codes: 0 rescheduled; 3 the id is not parked.
+"""
+
+_DEAD_EPILOG = """\b
+Examples:
+  celery -A proj zdelay dead list
+  celery -A proj zdelay dead requeue 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55
+  celery -A proj zdelay dead requeue --all
+  celery -A proj zdelay dead purge --yes
+"""
+
+_DEAD_LIST_EPILOG = """\b
+Examples:
+  celery -A proj zdelay dead list
+  celery -A proj zdelay dead list --limit 10
+  celery -A proj zdelay dead list --json | jq -r '.entries[] | "\\(.id) \\(.reason)"'
+"""
+
+_DEAD_REQUEUE_EPILOG = """\b
+Examples:
+  celery -A proj zdelay dead requeue 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55
+  celery -A proj zdelay dead requeue --all
+
+\b
+Requeued entries are due at once, with the message they were parked with.
+Exit codes: 0 all requeued; 3 some id was not dead-lettered, had no message,
+or was parked again meanwhile.
+"""
+
+_DEAD_PURGE_EPILOG = """\b
+Examples:
+  celery -A proj zdelay dead purge 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55
+  celery -A proj zdelay dead purge            # all of them, after a question
+  celery -A proj zdelay dead purge --yes      # all of them, no question
+
+\b
+Exit codes: 0 purged; 1 you answered no; 3 some id was not dead-lettered.
+"""
+
+_CONTEXT = {"max_content_width": 100}
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ZDelayGroup(CeleryCommand, click.Group):  # type: ignore[misc]
@@ -43,6 +157,25 @@ class ZDelayGroup(CeleryCommand, click.Group):  # type: ignore[misc]
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         CeleryCommand.format_options(self, ctx, formatter)
         self.format_commands(ctx, formatter)
+
+
+def _parse_when(ctx: click.Context, param: click.Parameter, value: str | None) -> Due | None:
+    """Read ``now``, a duration from now (``15m``, ``-10s``) or an ISO 8601 time."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.lower() == "now":
+        return Due("r", 0)
+    offset = parse_duration_ms(text)
+    if offset is not None:
+        return Due("r", offset)
+    try:
+        return due_from(eta=text)
+    except ConfigurationError:
+        raise click.BadParameter(
+            f"{value!r}: use now, a duration such as 30s, 15m, 1h30m or -10m, "
+            "or an ISO 8601 time such as 2025-06-01T09:00:00Z"
+        ) from None
 
 
 def _parse_shards(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
@@ -54,11 +187,25 @@ def _parse_shards(ctx: click.Context, param: click.Parameter, value: str | None)
         raise click.BadParameter("use shard numbers separated by commas, e.g. 0,1,2") from None
 
 
+def _json_option(what: str) -> Callable[[F], F]:
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        cls=CeleryOption,
+        help_group="Output Options",
+        help=f"Print {what} as one JSON document (fields: docs/cli.rst).",
+    )
+
+
+# -- the companion --------------------------------------------------------------
+
+
 @click.group(
     cls=ZDelayGroup,
     invoke_without_command=True,
     epilog=_EPILOG,
-    context_settings={"max_content_width": 100},
+    context_settings=_CONTEXT,
 )
 @click.option(
     "--shards",
@@ -76,13 +223,36 @@ def _parse_shards(ctx: click.Context, param: click.Parameter, value: str | None)
     help_group="Companion Options",
     help="Logging level.",
 )
+@click.option(
+    "--metrics-port",
+    cls=CeleryOption,
+    type=click.IntRange(0, 65535),
+    help_group="Metrics Options",
+    help="Serve Prometheus metrics on this port (needs celery-zdelay[prometheus]; "
+    "0 picks a free port).",
+)
+@click.option(
+    "--metrics-addr",
+    cls=CeleryOption,
+    default="0.0.0.0",
+    show_default=True,
+    help_group="Metrics Options",
+    help="Address the metrics server listens on.",
+)
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
-def zdelay(ctx: click.Context, shards: list[int] | None, loglevel: Any) -> None:
+def zdelay(
+    ctx: click.Context,
+    shards: list[int] | None,
+    loglevel: Any,
+    metrics_port: int | None,
+    metrics_addr: str,
+) -> None:
     """Release parked delayed tasks to the broker when they are due.
 
     Without a subcommand, runs the companion until SIGTERM or SIGINT, then
-    finishes the batch in hand and exits 0.
+    finishes the batch in hand and exits 0. The subcommands inspect and
+    steer what is parked.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -101,14 +271,318 @@ def zdelay(ctx: click.Context, shards: list[int] | None, loglevel: Any) -> None:
                 f"--shards {','.join(map(str, invalid))}: zdelay_shards is "
                 f"{companion.config.shards}, so shards run from 0 to {companion.config.shards - 1}."
             )
+        metrics = None
+        if metrics_port is not None:
+            from .metrics import serve_metrics
+
+            metrics = serve_metrics(companion, port=metrics_port, addr=metrics_addr)
 
         def request_stop(signum: int, frame: Any) -> None:
             companion.stop()
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-        companion.run()
+        try:
+            companion.run()
+        finally:
+            if metrics is not None:
+                metrics.close()
     ctx.exit(EXIT_OK)
+
+
+# -- status ---------------------------------------------------------------------
+
+
+@zdelay.command(cls=CeleryCommand, epilog=_STATUS_EPILOG, context_settings=_CONTEXT)
+@_json_option("the status")
+@click.option(
+    "--per-shard",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Output Options",
+    help="Also show the counts of each shard.",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Check Options",
+    help="Print OK or FAIL and exit 1 when no companion is alive, a shard has none, "
+    "or an entry is overdue by more than --max-overdue.",
+)
+@click.option(
+    "--max-overdue",
+    type=click.FloatRange(0),
+    default=DEFAULT_MAX_OVERDUE_S,
+    show_default=True,
+    metavar="SECONDS",
+    cls=CeleryOption,
+    help_group="Check Options",
+    help="Oldest overdue entry --check accepts.",
+)
+@click.pass_context
+def status(
+    ctx: click.Context, as_json: bool, per_shard: bool, check: bool, max_overdue: float
+) -> None:
+    """Show what is parked, overdue, in flight and dead; live companions; Redis safety."""
+    with _store(ctx) as store:
+        current = admin.status(store)
+    shards = len(current.counts.shards)
+    max_overdue_ms = round(max_overdue * 1000)
+    problems = admin.check(current, max_overdue_ms=max_overdue_ms) if check else None
+    if as_json:
+        document = _views.status_json(
+            current, shards=shards, problems=problems, max_overdue_ms=max_overdue_ms
+        )
+        _echo_json(document)
+    elif problems is not None:
+        click.echo(_views.check_text(problems, current))
+    else:
+        click.echo(_views.status_text(current, shards=shards, per_shard=per_shard))
+    ctx.exit(EXIT_CHECK_FAILED if problems else EXIT_OK)
+
+
+# -- list -----------------------------------------------------------------------
+
+
+@zdelay.command("list", cls=CeleryCommand, epilog=_LIST_EPILOG, context_settings=_CONTEXT)
+@click.option(
+    "--task",
+    metavar="NAME",
+    cls=CeleryOption,
+    help_group="Filter Options",
+    help="Only entries of this task: a name or a glob pattern such as 'proj.orders.*'.",
+)
+@click.option(
+    "--due-before",
+    metavar="WHEN",
+    callback=_parse_when,
+    cls=CeleryOption,
+    help_group="Filter Options",
+    help="Only entries due before WHEN.",
+)
+@click.option(
+    "--due-after",
+    metavar="WHEN",
+    callback=_parse_when,
+    cls=CeleryOption,
+    help_group="Filter Options",
+    help="Only entries due at or after WHEN.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, admin.MAX_LIST_LIMIT),
+    default=admin.DEFAULT_LIST_LIMIT,
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Output Options",
+    help="Most entries to show.",
+)
+@_json_option("the entries")
+@click.pass_context
+def list_(
+    ctx: click.Context,
+    task: str | None,
+    due_before: Due | None,
+    due_after: Due | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List parked entries in due order: task, id, due time, queue, arguments.
+
+    Arguments are Celery's argsrepr/kwargsrepr headers; message bodies are
+    never decoded.
+    """
+    with _store(ctx) as store:
+        now_ms = store.time_ms() if _relative(due_before, due_after) else 0
+        listing = admin.list_parked(
+            store,
+            task=task,
+            due_after_ms=_resolve(due_after, now_ms),
+            due_before_ms=_resolve(due_before, now_ms),
+            limit=limit,
+        )
+        show_shard = store.config.shards > 1
+    if as_json:
+        _echo_json(_views.listing_json(listing))
+    else:
+        click.echo(_views.listing_text(listing, show_shard=show_shard))
+
+
+# -- cancel and reschedule ----------------------------------------------------------
+
+
+@zdelay.command(cls=CeleryCommand, epilog=_CANCEL_EPILOG, context_settings=_CONTEXT)
+@click.argument("task_ids", nargs=-1, required=True, metavar="ID...")
+@click.pass_context
+def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
+    """Cancel parked tasks by id, before they are released."""
+    with _store(ctx) as store:
+        found = store.cancel(task_ids)
+    for task_id, was_parked in zip(task_ids, found, strict=True):
+        if was_parked:
+            click.echo(f"cancelled   {task_id}")
+        else:
+            click.echo(f"not parked  {task_id} (unknown, released, or being released)")
+    ctx.exit(EXIT_OK if all(found) else EXIT_NOT_FOUND)
+
+
+@zdelay.command(cls=CeleryCommand, epilog=_RESCHEDULE_EPILOG, context_settings=_CONTEXT)
+@click.argument("task_id", metavar="ID")
+@click.option(
+    "--countdown",
+    type=float,
+    metavar="SECONDS",
+    cls=CeleryOption,
+    help_group="When Options",
+    help="Due this many seconds from now.",
+)
+@click.option(
+    "--eta",
+    metavar="ISO",
+    cls=CeleryOption,
+    help_group="When Options",
+    help="Due at this ISO 8601 time (naive times are UTC).",
+)
+@click.pass_context
+def reschedule(ctx: click.Context, task_id: str, countdown: float | None, eta: str | None) -> None:
+    """Move a parked task to a new due time."""
+    if (countdown is None) == (eta is None):
+        raise click.UsageError("Give exactly one of --countdown SECONDS or --eta ISO.")
+    try:
+        due = due_from(countdown=countdown, eta=eta)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--countdown/--eta") from None
+    with _store(ctx) as store:
+        due_ms = store.reschedule(task_id, due)
+        now_ms = store.time_ms()
+    if due_ms is None:
+        click.echo(f"not parked  {task_id} (unknown, released, or being released)")
+        ctx.exit(EXIT_NOT_FOUND)
+    click.echo(f"rescheduled {task_id}: due {relative_due(due_ms, now_ms)} ({utc(due_ms)})")
+
+
+# -- dead letters -------------------------------------------------------------------
+
+
+@zdelay.group(cls=ZDelayGroup, epilog=_DEAD_EPILOG, context_settings=_CONTEXT)
+def dead() -> None:
+    """Entries that could not be published: list, requeue or purge them."""
+
+
+@dead.command("list", cls=CeleryCommand, epilog=_DEAD_LIST_EPILOG, context_settings=_CONTEXT)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, admin.MAX_LIST_LIMIT),
+    default=admin.DEFAULT_LIST_LIMIT,
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Output Options",
+    help="Most entries to show.",
+)
+@_json_option("the entries")
+@click.pass_context
+def dead_list(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """List dead-lettered entries, most recent first, with the reason."""
+    with _store(ctx) as store:
+        listing = admin.list_dead(store, limit=limit)
+        show_shard = store.config.shards > 1
+    if as_json:
+        _echo_json(_views.dead_json(listing))
+    else:
+        click.echo(_views.dead_text(listing, show_shard=show_shard))
+
+
+@dead.command("requeue", cls=CeleryCommand, epilog=_DEAD_REQUEUE_EPILOG, context_settings=_CONTEXT)
+@click.argument("task_ids", nargs=-1, metavar="[ID...]")
+@click.option(
+    "--all",
+    "requeue_all",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Requeue Options",
+    help="Requeue every dead-lettered entry.",
+)
+@click.pass_context
+def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: bool) -> None:
+    """Park dead-lettered entries again, due now, with their original message."""
+    if bool(task_ids) == requeue_all:
+        raise click.UsageError("Give the ids to requeue, or --all.")
+    with _store(ctx) as store:
+        if requeue_all:
+            requeued, left = admin.requeue_all_dead(store)
+            click.echo(f"requeued {counted(requeued, 'entry', 'entries')}, due now")
+            if left:
+                click.echo(
+                    f"left {counted(left, 'entry', 'entries')} dead-lettered: no message, "
+                    "or the id was parked again (see: zdelay dead list)"
+                )
+            ctx.exit(EXIT_OK)
+        flags = admin.requeue_dead(store, task_ids)
+    for task_id, done in zip(task_ids, flags, strict=True):
+        if done:
+            click.echo(f"requeued      {task_id}, due now")
+        else:
+            click.echo(f"not requeued  {task_id} (not dead-lettered, no message, or parked again)")
+    ctx.exit(EXIT_OK if all(flags) else EXIT_NOT_FOUND)
+
+
+@dead.command("purge", cls=CeleryCommand, epilog=_DEAD_PURGE_EPILOG, context_settings=_CONTEXT)
+@click.argument("task_ids", nargs=-1, metavar="[ID...]")
+@click.option(
+    "-y",
+    "--yes",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Purge Options",
+    help="Purge everything without asking.",
+)
+@click.pass_context
+def dead_purge(ctx: click.Context, task_ids: tuple[str, ...], yes: bool) -> None:
+    """Delete dead-lettered entries for good: the given ids, or all of them."""
+    with _store(ctx) as store:
+        if task_ids:
+            purged = admin.purge_dead(store, task_ids)
+            click.echo(f"purged {count(purged)} of {counted(len(task_ids), 'entry', 'entries')}")
+            ctx.exit(EXIT_OK if purged == len(set(task_ids)) else EXIT_NOT_FOUND)
+        total = admin.counts(store).dead
+        if total == 0:
+            click.echo("No dead-lettered entries.")
+            ctx.exit(EXIT_OK)
+        question = f"Delete all {counted(total, 'dead-lettered entry', 'dead-lettered entries')}?"
+        if not yes and not click.confirm(question):
+            click.echo("Nothing purged.")
+            ctx.exit(EXIT_CHECK_FAILED)
+        purged = admin.purge_dead(store)
+    click.echo(f"purged {counted(purged, 'entry', 'entries')}")
+
+
+# -- helpers --------------------------------------------------------------------
+
+
+@contextmanager
+def _store(ctx: click.Context) -> Iterator[Store]:
+    """Open the app's store for one command and close it after."""
+    with _exit_codes(ctx):
+        store = Store(get_config(ctx.obj.app))
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+def _relative(*whens: Due | None) -> bool:
+    return any(w is not None and w.mode == "r" for w in whens)
+
+
+def _resolve(when: Due | None, now_ms: int) -> int | None:
+    if when is None:
+        return None
+    return now_ms + when.ms if when.mode == "r" else when.ms
+
+
+def _echo_json(document: Any) -> None:
+    click.echo(json.dumps(document, indent=2, sort_keys=False))
 
 
 class _exit_codes:
