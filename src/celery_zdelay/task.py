@@ -7,6 +7,7 @@ from typing import Any
 import celery
 
 from .parking import park_task
+from .transparent import install
 
 __all__ = ["DelayedTaskMixin", "Task"]
 
@@ -44,6 +45,17 @@ class DelayedTaskMixin:
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
         return park_task(self, args, kwargs, countdown, eta, options)
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Turn transparent mode on when the app sets ``zdelay_threshold``.
+
+        Celery calls this when a task class is bound to its app, in producers
+        and workers alike, before either publishes: the app's ``amqp`` class
+        becomes :class:`~celery_zdelay.TransparentAMQP`.
+        """
+        install(app)
+        super().on_bound(app)  # type: ignore[misc]
 
 
 class Task(DelayedTaskMixin, celery.Task):  # type: ignore[misc]
