@@ -270,12 +270,11 @@ def server_health(store: Store) -> ServerHealth:
     unreadable: str | None = None
     with unavailable_as_error(store.url):
         try:
-            with store.client.pipeline(transaction=False) as pipe:
-                # One CONFIG GET per name: Redis before 7.0 takes one pattern only.
-                for name in _CONFIG_NAMES:
-                    pipe.config_get(name)
-                for reply in pipe.execute():
-                    config.update({_text(k): _text(v) for k, v in reply.items()})
+            # One CONFIG GET per name: Redis before 7.0 takes one pattern only,
+            # and a cluster client cannot pipeline CONFIG.
+            for name in _CONFIG_NAMES:
+                reply = store.client.config_get(name)
+                config.update({_text(k): _text(v) for k, v in reply.items()})
         except redis.exceptions.ResponseError as exc:
             unreadable = str(exc)
         try:

@@ -1,0 +1,540 @@
+"""``celery -A proj zdelay status|list|cancel|reschedule|dead`` against a real Redis.
+
+Most commands run in-process through click (the same ``zdelay`` group Celery
+loads from the entry point, on the test app); the probe and the entry point
+itself run as real ``celery`` subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+import pytest
+from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner, Result
+
+from celery_zdelay import cli
+from celery_zdelay.cli import (
+    EXIT_CHECK_FAILED,
+    EXIT_CONFIG,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    zdelay,
+)
+from celery_zdelay.companion import Companion
+from celery_zdelay.config import get_config
+from celery_zdelay.store import Store, admin
+from celery_zdelay.testing import RedisServer, free_port
+from tests.conftest import AppFactory
+from tests.helpers import ROOT, CeleryProcess, wait_for
+from tests.project import app_env
+from tests.test_admin import Stock, put_raw, stock, write_heartbeat
+
+pytestmark = pytest.mark.timeout(90)
+
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+
+
+def run(app: Celery, *args: str, input: str | None = None) -> Result:
+    """Run ``celery -A <app> zdelay <args>`` in this process."""
+    return CliRunner().invoke(
+        zdelay,
+        list(args),
+        obj=CLIContext(app=app, no_color=True, workdir=None),
+        input=input,
+        prog_name="celery zdelay",
+        catch_exceptions=False,
+    )
+
+
+def run_celery(app: Celery, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real ``celery -A tests.project.worker_app zdelay <args>`` command."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.project.worker_app", "zdelay", *args],
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **app_env(app)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def stocked(app: Celery) -> Stock:
+    return stock(app)
+
+
+@pytest.fixture
+def store(app: Celery) -> Iterator[Store]:
+    opened = Store(get_config(app))
+    yield opened
+    opened.close()
+
+
+def lines(result: Result) -> list[str]:
+    return result.stdout.splitlines()
+
+
+# -- status -----------------------------------------------------------------------
+
+
+def test_status_shows_every_state_companions_and_the_redis_warning(
+    app: Celery, stocked: Stock, redis_server: RedisServer
+) -> None:
+    result = run(app, "status")
+
+    assert result.exit_code == EXIT_OK, result.output
+    out = result.stdout
+    assert lines(result)[0] == f"Store:  {redis_server.url}/0 (prefix zdelay, 1 shard)"
+    assert re.search(
+        r"^Redis:  \d+\.\d+\.\d+, maxmemory-policy noeviction, appendonly no, "
+        r'appendfsync everysec, save ""$',
+        out,
+        re.M,
+    )
+    assert re.search(rf"^Parked     5  next due in (59s|1m 0s) \({ISO}\)$", out, re.M), out
+    assert re.search(r"^Overdue    1  oldest overdue [5-9]s$", out, re.M), out
+    assert "In flight  1  claimed, not yet acknowledged" in lines(result)
+    assert "Dead       1  see: zdelay dead list" in lines(result)
+    assert "Companions: none alive (start one with: celery -A proj zdelay)" in lines(result)
+    assert (
+        'Warning: Redis persistence is off (appendonly no, save ""); every parked task is '
+        "lost when Redis restarts. Set appendonly yes and appendfsync everysec."
+    ) in lines(result)
+    assert stocked.dead
+
+
+def test_status_per_shard_adds_a_table_of_each_shard(make_test_app: AppFactory) -> None:
+    app = make_test_app(conf={"zdelay_shards": 2})
+    for i in range(10):
+        app.tasks["tests.record"].apply_delayed((i,), countdown=0 if i < 4 else 600)
+    store = Store(get_config(app))
+    try:
+        counted = admin.counts(store)
+    finally:
+        store.close()
+
+    result = run(app, "status", "--per-shard")
+
+    assert result.exit_code == EXIT_OK
+    out = lines(result)
+    header = out.index("SHARD  PARKED  OVERDUE  OLDEST OVERDUE  IN FLIGHT  DEAD  NEXT DUE")
+    for shard, row in zip(counted.shards, out[header + 1 : header + 3], strict=True):
+        cells = row.split()
+        assert cells[:3] == [str(shard.shard), str(shard.parked), str(shard.overdue)]
+    assert sum(int(row.split()[1]) for row in out[header + 1 : header + 3]) == 10
+    assert "(prefix zdelay, 2 shards)" in out[0]
+
+
+def test_status_json_is_one_document_with_every_count(app: Celery, stocked: Stock) -> None:
+    result = run(app, "status", "--json")
+
+    assert result.exit_code == EXIT_OK
+    document = json.loads(result.stdout)
+    assert {k: document[k] for k in ("parked", "overdue", "in_flight", "dead")} == {
+        "parked": 5,
+        "overdue": 1,
+        "in_flight": 1,
+        "dead": 1,
+    }
+    assert 5_000 <= document["oldest_overdue_age_ms"] < 30_000
+    assert 0 < document["next_due_ms"] - document["now_ms"] <= 60_000
+    assert document["store"] == {
+        "url": get_config(app).redis_url,
+        "key_prefix": "zdelay",
+        "shards": 1,
+    }
+    (shard,) = document["shards"]
+    assert shard["shard"] == 0
+    assert shard["parked"] == 5
+    assert document["companions"] == []
+    assert document["redis"]["maxmemory_policy"] == "noeviction"
+    assert document["redis"]["warnings"][0].startswith("Redis persistence is off")
+    assert "check" not in document
+    assert stocked.in_flight
+
+
+def test_status_hides_the_store_password(make_test_app: AppFactory, redis_server: Any) -> None:
+    client = redis_server.client()
+    client.config_set("requirepass", "s3cret")
+    try:
+        app = make_test_app(
+            conf={"zdelay_redis_url": f"redis://:s3cret@127.0.0.1:{redis_server.port}/0"}
+        )
+        result = run(app, "status", "--json")
+        text = run(app, "status")
+    finally:
+        client.execute_command("AUTH", "s3cret")
+        client.config_set("requirepass", "")
+        client.close()
+
+    assert result.exit_code == EXIT_OK
+    assert "s3cret" not in result.stdout
+    assert "s3cret" not in text.stdout
+    assert json.loads(result.stdout)["store"]["url"].startswith("redis://:**@127.0.0.1")
+
+
+# -- status --check, the probe ------------------------------------------------------------
+
+
+def test_check_passes_while_a_companion_runs_and_fails_once_it_stops(
+    app: Celery, companion: Callable[..., CeleryProcess]
+) -> None:
+    # Given no companion, the probe fails
+    probe = run_celery(app, "status", "--check")
+    assert (probe.returncode, probe.stdout.strip()) == (
+        EXIT_CHECK_FAILED,
+        "FAIL: no companion is alive",
+    )
+
+    # When a companion runs, the probe passes once its heartbeat is in
+    process = companion(app)
+    wait_for(lambda: run(app, "status", "--check").exit_code == EXIT_OK, timeout=20)
+    probe = run_celery(app, "status", "--check")
+    assert (probe.returncode, probe.stdout.strip()) == (
+        EXIT_OK,
+        "OK: 1 companion alive, nothing overdue",
+    )
+    document = json.loads(run(app, "status", "--check", "--json").stdout)
+    assert document["check"] == {"ok": True, "problems": [], "max_overdue_ms": 60_000}
+    (beat,) = document["companions"]
+    assert (beat["pid"], beat["alive"], beat["shards"]) == (process.pid, True, [0])
+    human = run(app, "status").stdout
+    assert "Companions: 1 alive" in human
+    assert re.search(rf"^\S+:{process.pid}:\S+\s+alive\s+\S+\s+{process.pid}\s+0\s", human, re.M)
+
+    # When it stops, it removes its heartbeat and the probe fails again
+    assert process.terminate() == 0
+    result = run(app, "status", "--check")
+    assert (result.exit_code, result.stdout.strip()) == (
+        EXIT_CHECK_FAILED,
+        "FAIL: no companion is alive",
+    )
+
+
+def test_check_fails_when_an_entry_is_overdue_longer_than_allowed(
+    app: Celery, store: Store
+) -> None:
+    write_heartbeat(store, "live-1", seen_ago_ms=0)
+    put_raw(store, "late-1", b"x", due_in_ms=-90_000)
+
+    strict = run(app, "status", "--check", "--max-overdue", "60")
+    lenient = run(app, "status", "--check", "--max-overdue", "300")
+
+    assert strict.exit_code == EXIT_CHECK_FAILED
+    assert strict.stdout.startswith("FAIL: the oldest overdue entry is 1m 3")
+    assert strict.stdout.rstrip().endswith("overdue (limit 1m 0s)")
+    assert lenient.exit_code == EXIT_OK
+    assert lenient.stdout.startswith("OK: 1 companion alive, oldest overdue 1m 3")
+
+
+def test_a_companion_killed_without_cleanup_shows_as_stale_and_fails_the_check(
+    app: Celery, store: Store
+) -> None:
+    write_heartbeat(store, "host-a:4242:dead0000", seen_ago_ms=120_000)
+
+    result = run(app, "status")
+    check = run(app, "status", "--check")
+
+    assert "Companions: 0 alive, 1 stale" in lines(result)
+    assert re.search(
+        r"^host-a:4242:dead0000\s+stale\s+host-a\s+4242\s+0\s+on\s+7\s+1\s", result.stdout, re.M
+    )
+    assert re.search(r"\s2m 0s ago$", result.stdout, re.M)
+    assert (check.exit_code, check.stdout.strip()) == (
+        EXIT_CHECK_FAILED,
+        "FAIL: no companion is alive",
+    )
+
+
+# -- list ---------------------------------------------------------------------------------
+
+
+def test_list_shows_entries_in_due_order_with_relative_times(app: Celery, stocked: Stock) -> None:
+    result = run(app, "list")
+
+    assert result.exit_code == EXIT_OK
+    out = lines(result)
+    assert re.fullmatch(r"DUE\s+DUE AT \(UTC\)\s+TASK\s+ID\s+QUEUE\s+ARGS", out[0])
+    rows = [row.split("  ") for row in out[1:-1]]
+    cells = [[c.strip() for c in row if c.strip()] for row in rows]
+    assert [row[3] for row in cells] == [stocked.overdue, stocked.soon, *stocked.later]
+    assert re.fullmatch(r"overdue [5-9]s", cells[0][0])
+    assert cells[0][2:] == ["tests.record", stocked.overdue, "celery", "('late',) {'x': 1}"]
+    assert re.fullmatch(r"in (59s|1m 0s)", cells[1][0])
+    assert cells[1][2:] == ["tests.add", stocked.soon, "celery", "(2, 3)"]
+    assert all(re.fullmatch(r"in (29m 5\d|30m \d)s", row[0]) for row in cells[2:])
+    assert all(re.fullmatch(ISO, row[1]) for row in cells)
+    assert [row[4] for row in cells[2:]] == ["orders"] * 3
+    assert out[-1] == "5 parked entries."
+    # Columns line up: every row starts its TASK cell where the header does.
+    task_column = out[0].index("TASK")
+    assert all(row[task_column - 2 : task_column] == "  " for row in out[1:-1])
+
+
+def test_list_json_is_stable_and_complete(app: Celery, stocked: Stock) -> None:
+    result = run(app, "list", "--json", "--limit", "2")
+
+    document = json.loads(result.stdout)
+    assert document["more"] is True
+    assert [e["id"] for e in document["entries"]] == [stocked.overdue, stocked.soon]
+    first = document["entries"][0]
+    assert set(first) == {
+        "id",
+        "task",
+        "shard",
+        "due_ms",
+        "queue",
+        "argsrepr",
+        "kwargsrepr",
+        "expires",
+        "error",
+    }
+    assert (first["task"], first["queue"], first["argsrepr"], first["kwargsrepr"]) == (
+        "tests.record",
+        "celery",
+        "('late',)",
+        "{'x': 1}",
+    )
+    assert first["due_ms"] < document["now_ms"]
+    assert first["error"] is None
+    human = run(app, "list", "--limit", "2")
+    assert lines(human)[-1] == "Showing the first 2 parked entries; more match (raise --limit)."
+
+
+def test_list_filters_by_task_and_due_window(app: Celery, stocked: Stock) -> None:
+    def ids(*args: str) -> list[str]:
+        result = run(app, "list", "--json", *args)
+        assert result.exit_code == EXIT_OK, result.output
+        return [e["id"] for e in json.loads(result.stdout)["entries"]]
+
+    assert ids("--task", "tests.add") == [stocked.soon]
+    assert ids("--task", "tests.rec*") == [stocked.overdue, *stocked.later]
+    assert ids("--due-before", "now") == [stocked.overdue]
+    assert ids("--due-after", "now", "--due-before", "10m") == [stocked.soon]
+    assert ids("--due-after", "20m") == stocked.later
+    assert ids("--due-after", "-1h", "--due-before", "-1s") == [stocked.overdue]
+    assert ids("--due-after", "2000-01-01T00:00:00Z", "--task", "tests.add") == [stocked.soon]
+    assert run(app, "list", "--task", "nothing").stdout.strip() == "No parked entries match."
+
+
+@pytest.mark.parametrize("bad", ["soon", "10 minutes", "2025-13-45"])
+def test_list_refuses_a_time_it_cannot_read(app: Celery, bad: str) -> None:
+    result = run(app, "list", "--due-before", bad)
+
+    assert result.exit_code == EXIT_USAGE
+    assert "use now, a duration such as 30s" in result.stderr
+
+
+# -- cancel and reschedule ----------------------------------------------------------------
+
+
+def test_cancel_reports_each_id_and_exits_3_when_one_was_not_parked(
+    app: Celery, stocked: Stock
+) -> None:
+    result = run(app, "cancel", stocked.soon, stocked.in_flight, "no-such-id")
+
+    assert result.exit_code == EXIT_NOT_FOUND
+    assert lines(result) == [
+        f"cancelled   {stocked.soon}",
+        f"not parked  {stocked.in_flight} (unknown, released, or being released)",
+        "not parked  no-such-id (unknown, released, or being released)",
+    ]
+    assert run(app, "cancel", stocked.overdue).exit_code == EXIT_OK
+    remaining = json.loads(run(app, "list", "--json").stdout)["entries"]
+    assert [e["id"] for e in remaining] == stocked.later
+
+
+def test_reschedule_by_countdown_or_eta(app: Celery, stocked: Stock) -> None:
+    by_countdown = run(app, "reschedule", stocked.overdue, "--countdown", "600")
+    by_eta = run(app, "reschedule", stocked.soon, "--eta", "2030-01-01T00:00:00Z")
+
+    assert by_countdown.exit_code == EXIT_OK
+    assert re.fullmatch(
+        rf"rescheduled {stocked.overdue}: due in (10m 0s|9m 59s) \({ISO}\)\n",
+        by_countdown.stdout,
+    )
+    assert by_eta.exit_code == EXIT_OK
+    assert by_eta.stdout.endswith("(2030-01-01T00:00:00Z)\n")
+    entries = {e["id"]: e for e in json.loads(run(app, "list", "--json").stdout)["entries"]}
+    assert entries[stocked.soon]["due_ms"] == 1_893_456_000_000
+    assert list(entries)[-1] == stocked.soon
+
+
+def test_reschedule_needs_exactly_one_time_and_a_parked_id(app: Celery, stocked: Stock) -> None:
+    neither = run(app, "reschedule", stocked.soon)
+    both = run(app, "reschedule", stocked.soon, "--countdown", "5", "--eta", "2030-01-01")
+    bad_eta = run(app, "reschedule", stocked.soon, "--eta", "tomorrow")
+    unknown = run(app, "reschedule", "no-such-id", "--countdown", "5")
+
+    assert neither.exit_code == both.exit_code == bad_eta.exit_code == EXIT_USAGE
+    assert "Give exactly one of --countdown SECONDS or --eta ISO." in both.stderr
+    assert "eta must be a datetime or an ISO 8601 string" in bad_eta.stderr
+    assert unknown.exit_code == EXIT_NOT_FOUND
+    assert unknown.stdout.startswith("not parked  no-such-id")
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+
+def test_dead_list_shows_when_why_and_what(app: Celery, stocked: Stock) -> None:
+    human = run(app, "dead", "list")
+    document = json.loads(run(app, "dead", "list", "--json").stdout)
+
+    assert human.exit_code == EXIT_OK
+    out = lines(human)
+    assert re.fullmatch(r"DIED\s+TASK\s+ID\s+QUEUE\s+REASON", out[0])
+    assert re.fullmatch(
+        r"\d+m?s ago\s+\(unreadable\)\s+damaged-1\s+-\s+foreign entry: the payload does not "
+        r"start with celery-zde\.\.\.",
+        out[1],
+    )
+    assert out[2] == "1 dead-lettered entry."
+    (entry,) = document["entries"]
+    assert entry["id"] == stocked.dead
+    assert entry["reason"] == (
+        "foreign entry: the payload does not start with celery-zdelay metadata"
+    )
+    assert entry["due_ms"] < entry["died_ms"] <= document["now_ms"]
+    assert entry["companion"]
+    assert document["more"] is False
+
+
+def test_dead_requeue_by_id_or_all(app: Celery, store: Store, stocked: Stock) -> None:
+    put_raw(store, "no-message-1", None, due_in_ms=-1000)
+    with Companion(app, store=store) as companion:
+        assert companion.release_due().dead_lettered == 1
+
+    one = run(app, "dead", "requeue", stocked.dead, "no-such-id")
+    assert one.exit_code == EXIT_NOT_FOUND
+    assert lines(one) == [
+        f"requeued      {stocked.dead}, due now",
+        "not requeued  no-such-id (not dead-lettered, no message, or parked again)",
+    ]
+    assert [
+        e["id"]
+        for e in json.loads(run(app, "list", "--json", "--due-before", "now").stdout)["entries"]
+    ] == [stocked.dead]
+
+    with Companion(app, store=store) as companion:
+        assert companion.release_due().dead_lettered == 1  # still damaged: dead again
+    everything = run(app, "dead", "requeue", "--all")
+    assert everything.exit_code == EXIT_OK
+    assert lines(everything) == [
+        "requeued 1 entry, due now",
+        "left 1 entry dead-lettered: no message, or the id was parked again "
+        "(see: zdelay dead list)",
+    ]
+    assert run(app, "dead", "requeue").exit_code == EXIT_USAGE
+    assert run(app, "dead", "requeue", "x", "--all").exit_code == EXIT_USAGE
+
+
+def test_dead_purge_asks_before_deleting_everything(app: Celery, store: Store) -> None:
+    for i in range(3):
+        put_raw(store, f"damaged-{i}", b"damaged", due_in_ms=-1000)
+    with Companion(app, store=store) as companion:
+        assert companion.release_due().dead_lettered == 3
+
+    by_id = run(app, "dead", "purge", "damaged-0", "no-such-id")
+    declined = run(app, "dead", "purge", input="n\n")
+    accepted = run(app, "dead", "purge", input="y\n")
+    nothing = run(app, "dead", "purge", "--yes")
+
+    assert (by_id.exit_code, by_id.stdout) == (EXIT_NOT_FOUND, "purged 1 of 2 entries\n")
+    assert declined.exit_code == EXIT_CHECK_FAILED
+    assert declined.stdout == "Delete all 2 dead-lettered entries? [y/N]: n\nNothing purged.\n"
+    assert accepted.exit_code == EXIT_OK
+    assert accepted.stdout.endswith("purged 2 entries\n")
+    assert (nothing.exit_code, nothing.stdout) == (EXIT_OK, "No dead-lettered entries.\n")
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def test_an_unreachable_store_exits_69_naming_it_without_the_password(
+    make_test_app: AppFactory,
+) -> None:
+    port = free_port()
+    app = make_test_app(
+        conf={
+            "zdelay_redis_url": f"redis://:s3cret@127.0.0.1:{port}/0",
+            "zdelay_retry_policy": {"max_retries": 0},
+        }
+    )
+
+    for args in (["status"], ["list"], ["cancel", "x"], ["dead", "list"]):
+        result = run(app, *args)
+        assert result.exit_code == EXIT_UNAVAILABLE, args
+        assert f"127.0.0.1:{port}" in result.stderr
+        assert "s3cret" not in result.output
+
+
+def test_an_invalid_setting_exits_78(make_test_app: AppFactory) -> None:
+    app = make_test_app(conf={"zdelay_shards": 0})
+
+    result = run(app, "status")
+
+    assert result.exit_code == EXIT_CONFIG
+    assert "zdelay_shards must be an integer from 1 to 1024" in result.stderr
+
+
+# -- help and the entry point --------------------------------------------------------------
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    yield path
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name)
+
+
+def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
+    paths = list(_commands(zdelay))
+    assert (
+        len(paths) == 9
+    )  # zdelay, cancel, dead, dead list|purge|requeue, list, reschedule, status
+
+    for path in paths:
+        result = run(app, *path, "--help")
+        assert result.exit_code == EXIT_OK, path
+        assert "Examples:" in result.stdout, path
+        examples = result.stdout.split("Examples:", 1)[1]
+        assert f"celery -A proj zdelay {' '.join(path)}".rstrip() in examples, path
+
+
+def test_exit_codes_are_named_and_distinct() -> None:
+    codes = {name: getattr(cli, name) for name in cli.__all__ if name.startswith("EXIT_")}
+
+    assert codes == {
+        "EXIT_OK": 0,
+        "EXIT_CHECK_FAILED": 1,
+        "EXIT_USAGE": 2,
+        "EXIT_NOT_FOUND": 3,
+        "EXIT_UNAVAILABLE": 69,
+        "EXIT_CONFIG": 78,
+    }
+
+
+def test_the_celery_entry_point_runs_the_subcommands(app: Celery, stocked: Stock) -> None:
+    status = run_celery(app, "status", "--json")
+    listing = run_celery(app, "list", "--json", "--task", "tests.add")
+    usage = run_celery(app, "--help")
+
+    assert status.returncode == EXIT_OK, status.stderr
+    assert json.loads(status.stdout)["parked"] == 5
+    assert [e["id"] for e in json.loads(listing.stdout)["entries"]] == [stocked.soon]
+    for name in ("status", "list", "cancel", "reschedule", "dead"):
+        assert re.search(rf"^  {name}\s", usage.stdout, re.M), name
