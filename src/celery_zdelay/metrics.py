@@ -83,6 +83,7 @@ _PATHS = ("handoff", "publish")
 def _prometheus() -> Any:
     try:
         import prometheus_client
+        import prometheus_client.core  # the collector's metric families
     except ImportError as exc:
         raise ConfigurationError(
             "Metrics need the prometheus-client package: pip install 'celery-zdelay[prometheus]'."
