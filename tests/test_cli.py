@@ -538,3 +538,21 @@ def test_the_celery_entry_point_runs_the_subcommands(app: Celery, stocked: Stock
     assert [e["id"] for e in json.loads(listing.stdout)["entries"]] == [stocked.soon]
     for name in ("status", "list", "cancel", "reschedule", "dead"):
         assert re.search(rf"^  {name}\s", usage.stdout, re.M), name
+
+
+def test_the_companion_logs_json_lines_on_request(
+    app: Celery, store: Store, companion: Callable[..., CeleryProcess]
+) -> None:
+    process = companion(app, "--log-format", "json")
+    put_raw(store, "damaged-1", b"damaged", due_in_ms=0)
+    process.wait_for_log("Dead-lettered damaged-1")
+
+    records = [json.loads(line) for line in process.log().splitlines() if line.strip()]
+
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    started = next(r for r in records if " started: " in r["message"])
+    assert (started["level"], started["logger"]) == ("INFO", "celery_zdelay.companion.loop")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", started["time"])
+    dead = next(r for r in records if r["message"].startswith("Dead-lettered"))
+    assert dead["level"] == "ERROR"
+    assert "damaged-1" in dead["message"]

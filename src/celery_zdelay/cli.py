@@ -20,6 +20,7 @@ from celery.bin.base import LOG_LEVEL, CeleryCommand, CeleryOption, handle_prelo
 
 from . import _views
 from ._format import count, counted, parse_duration_ms, relative_due, utc
+from ._logjson import JsonFormatter
 from .config import get_config
 from .errors import ConfigurationError, StoreUnavailableError
 from .schedule import Due, due_from
@@ -59,6 +60,7 @@ Examples:
   celery -A proj zdelay -l DEBUG             ... logging every batch
   celery -A proj zdelay --shards 0,1         ... releasing shards 0 and 1 only
   celery -A proj zdelay --metrics-port 9808  ... serving Prometheus metrics
+  celery -A proj zdelay --log-format json    ... logging JSON lines
   celery -A proj zdelay status               what is parked, late, in flight, dead
   celery -A proj zdelay list --limit 20      the next 20 entries due
   celery -A proj zdelay dead list            what could not be published, and why
@@ -151,11 +153,37 @@ _CONTEXT = {"max_content_width": 100}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _format_options(
+    command: click.Command, ctx: click.Context, formatter: click.HelpFormatter
+) -> None:
+    """Write the options under their help groups, as Celery's own commands do.
+
+    Arguments are left out: they are named in the usage line, and newer
+    click versions would list them under "Options" with no text.
+    """
+    sections: dict[str, list[tuple[str, str]]] = {}
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+        if record is not None:
+            group = getattr(param, "help_group", None) or "Options"
+            sections.setdefault(str(group), []).append(record)
+    for name, records in sections.items():
+        with formatter.section(name):
+            formatter.write_dl(records)
+
+
+class ZDelayCommand(CeleryCommand):  # type: ignore[misc]
+    """A command laid out like Celery's own (option help groups)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        _format_options(self, ctx, formatter)
+
+
 class ZDelayGroup(CeleryCommand, click.Group):  # type: ignore[misc]
     """A click group laid out like Celery's own commands (option help groups)."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        CeleryCommand.format_options(self, ctx, formatter)
+        _format_options(self, ctx, formatter)
         self.format_commands(ctx, formatter)
 
 
@@ -224,12 +252,21 @@ def _json_option(what: str) -> Callable[[F], F]:
     help="Logging level.",
 )
 @click.option(
+    "--log-format",
+    cls=CeleryOption,
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help_group="Companion Options",
+    help="json: one JSON object per line (time, level, logger, message, task_id...).",
+)
+@click.option(
     "--metrics-port",
     cls=CeleryOption,
     type=click.IntRange(0, 65535),
     help_group="Metrics Options",
-    help="Serve Prometheus metrics on this port (needs celery-zdelay[prometheus]; "
-    "0 picks a free port).",
+    help="Serve Prometheus metrics on this port (0: any free port). "
+    "Needs the prometheus extra of celery-zdelay.",
 )
 @click.option(
     "--metrics-addr",
@@ -245,6 +282,7 @@ def zdelay(
     ctx: click.Context,
     shards: list[int] | None,
     loglevel: Any,
+    log_format: str,
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
@@ -257,8 +295,14 @@ def zdelay(
     if ctx.invoked_subcommand is not None:
         return
     app = ctx.obj.app
-    # Our own loggers at the level asked for; libraries stay at WARNING.
-    logging.basicConfig(level=logging.WARNING, format=_LOG_FORMAT, stream=sys.stderr)
+    # Our own loggers at the level asked for; libraries stay at WARNING. A
+    # project that configured logging itself (in the module -A imports) keeps
+    # its handlers: basicConfig does nothing once the root logger has one.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter(_LOG_FORMAT)
+    )
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("celery_zdelay").setLevel(loglevel)
 
     from .companion import Companion
@@ -293,7 +337,7 @@ def zdelay(
 # -- status ---------------------------------------------------------------------
 
 
-@zdelay.command(cls=CeleryCommand, epilog=_STATUS_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(cls=ZDelayCommand, epilog=_STATUS_EPILOG, context_settings=_CONTEXT)
 @_json_option("the status")
 @click.option(
     "--per-shard",
@@ -345,7 +389,7 @@ def status(
 # -- list -----------------------------------------------------------------------
 
 
-@zdelay.command("list", cls=CeleryCommand, epilog=_LIST_EPILOG, context_settings=_CONTEXT)
+@zdelay.command("list", cls=ZDelayCommand, epilog=_LIST_EPILOG, context_settings=_CONTEXT)
 @click.option(
     "--task",
     metavar="NAME",
@@ -412,7 +456,7 @@ def list_(
 # -- cancel and reschedule ----------------------------------------------------------
 
 
-@zdelay.command(cls=CeleryCommand, epilog=_CANCEL_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(cls=ZDelayCommand, epilog=_CANCEL_EPILOG, context_settings=_CONTEXT)
 @click.argument("task_ids", nargs=-1, required=True, metavar="ID...")
 @click.pass_context
 def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
@@ -427,7 +471,7 @@ def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
     ctx.exit(EXIT_OK if all(found) else EXIT_NOT_FOUND)
 
 
-@zdelay.command(cls=CeleryCommand, epilog=_RESCHEDULE_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(cls=ZDelayCommand, epilog=_RESCHEDULE_EPILOG, context_settings=_CONTEXT)
 @click.argument("task_id", metavar="ID")
 @click.option(
     "--countdown",
@@ -470,7 +514,7 @@ def dead() -> None:
     """Entries that could not be published: list, requeue or purge them."""
 
 
-@dead.command("list", cls=CeleryCommand, epilog=_DEAD_LIST_EPILOG, context_settings=_CONTEXT)
+@dead.command("list", cls=ZDelayCommand, epilog=_DEAD_LIST_EPILOG, context_settings=_CONTEXT)
 @click.option(
     "--limit",
     type=click.IntRange(1, admin.MAX_LIST_LIMIT),
@@ -493,7 +537,7 @@ def dead_list(ctx: click.Context, limit: int, as_json: bool) -> None:
         click.echo(_views.dead_text(listing, show_shard=show_shard))
 
 
-@dead.command("requeue", cls=CeleryCommand, epilog=_DEAD_REQUEUE_EPILOG, context_settings=_CONTEXT)
+@dead.command("requeue", cls=ZDelayCommand, epilog=_DEAD_REQUEUE_EPILOG, context_settings=_CONTEXT)
 @click.argument("task_ids", nargs=-1, metavar="[ID...]")
 @click.option(
     "--all",
@@ -527,7 +571,7 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
     ctx.exit(EXIT_OK if all(flags) else EXIT_NOT_FOUND)
 
 
-@dead.command("purge", cls=CeleryCommand, epilog=_DEAD_PURGE_EPILOG, context_settings=_CONTEXT)
+@dead.command("purge", cls=ZDelayCommand, epilog=_DEAD_PURGE_EPILOG, context_settings=_CONTEXT)
 @click.argument("task_ids", nargs=-1, metavar="[ID...]")
 @click.option(
     "-y",
