@@ -1,0 +1,244 @@
+"""P1/P2: release rate of one companion, and the native ETA path beside it.
+
+Release rate
+    N tasks are parked already due; ``Companion(app).release_due()`` (the
+    pass the ``celery zdelay`` loop runs) is timed in this process from call
+    to return, and every message is then counted in the broker (LLEN of the
+    kombu list, or the RabbitMQ queue's message count). Three brokers:
+
+    * handoff: the broker is the store's own Redis database (handoff.lua);
+    * generic, Redis: the broker is another redis-server (claim.lua, kombu's
+      batch publishing, ack.lua);
+    * generic, RabbitMQ: publisher confirms, collected per batch.
+
+    Redis-side cost comes from INFO commandstats (EVALSHA calls and their
+    server time) on the store.
+
+Native ETA, end to end
+    Celery's native path has no release step: the message sits in the worker
+    from the start, and "release" is the worker's timer turning a held ETA
+    task into an execution. So the comparison is end to end on equal terms:
+    N tasks due at one instant T, one solo worker, rate = N / (time the
+    N-th execution finished - T). Native: the worker holds all N before T
+    (checked). celery-zdelay: a ``celery zdelay`` process hands them into the
+    queue at T and the same kind of worker runs them. Both count executions
+    with one INCR per run in a separate Redis database.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kombu import Connection
+
+from celery_zdelay.companion import Companion
+
+from .common import Sizes, eta_for, median_run, now_ms, park_bulk
+from .infra import (
+    RABBITMQ_URL,
+    BenchmarkError,
+    MachineLoad,
+    Resources,
+    ScriptTimer,
+    reset_stats,
+    script_stats,
+    unique,
+    wait_for,
+)
+from .proj import DONE_KEY, make_app
+
+MODES = ("handoff", "generic-redis", "generic-rabbitmq")
+
+
+def release_rate(mode: str, n: int, *, profiler: Any = None) -> dict[str, Any]:
+    """Park *n* due tasks, then time one companion releasing them all (in-process).
+
+    *profiler* (a ``cProfile.Profile``) is enabled around the release only.
+    """
+    with Resources() as res:
+        store_server = res.redis()
+        store_url = f"{store_server.url}/0"
+        queue = unique("zbench") if mode == "generic-rabbitmq" else "bench"
+        if mode == "handoff":
+            broker = store_url
+        elif mode == "generic-redis":
+            broker = f"{res.redis().url}/0"
+        else:
+            broker = RABBITMQ_URL
+        app = make_app(broker=broker, store=store_url, queue=queue)
+        res.callback(app.close)
+        store = store_server.client()
+        res.callback(store.close)
+        if mode == "generic-rabbitmq":
+            _declare_rabbit_queue(app, queue)
+            res.callback(_delete_rabbit_queue, app, queue)
+
+        companion = Companion(app)
+        res.callback(companion.close)
+        # Connected and past handoff detection before the clock starts, as a
+        # running companion is.
+        companion.release_due()
+        companion.publisher.publish([])
+        park_s = park_bulk(app, n, now_ms() - 1000)
+        reset_stats(store)
+        timer = ScriptTimer(store)
+        load = MachineLoad()
+        if profiler is not None:
+            profiler.enable()
+        started = time.perf_counter()
+        released = passes = 0
+        while released < n:
+            passes += 1
+            report = companion.release_due()
+            if report.failed or report.released == 0:
+                raise BenchmarkError(f"{mode}: release stalled at {released}/{n}")
+            released += report.released
+        seconds = time.perf_counter() - started
+        if profiler is not None:
+            profiler.disable()
+        machine = load.stop()
+        stats = script_stats(store)
+        per_script = timer.summary()
+        in_broker = _count_in_broker(mode, app, queue, broker)
+        if in_broker != n:
+            raise BenchmarkError(f"{mode}: {in_broker} messages in the broker, expected {n}")
+        return {
+            "mode": mode,
+            "n": n,
+            "seconds": round(seconds, 4),
+            "rate": round(n / seconds),
+            "park_seconds": round(park_s, 3),
+            "handoff_state": companion.handoff_state,
+            "passes": passes,
+            "handed_off": companion.totals.handed_off,
+            "published": companion.totals.published,
+            "redis_scripts": stats,
+            "redis_script_calls": per_script,
+            "machine": machine,
+        }
+
+
+def run_release(sizes: Sizes, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+    """P1/P2: the release rate on each path, median of ``release_repeat`` runs."""
+    results: dict[str, Any] = {}
+    for mode in modes:
+        n = sizes.release_rabbit_n if mode == "generic-rabbitmq" else sizes.release_n
+        try:
+            runs = [release_rate(mode, n) for _ in range(sizes.release_repeat)]
+        except BenchmarkError as exc:
+            results[mode] = {"error": str(exc)}
+            continue
+        best = median_run(runs, "rate")
+        results[mode] = {**best, "runs": [run["rate"] for run in runs]}
+    return results
+
+
+#: Worker pools the end-to-end comparison runs: (name, pool, concurrency).
+E2E_POOLS = (("solo", "solo", 1), ("prefork-2", "prefork", 2))
+
+
+def run_end_to_end(sizes: Sizes) -> dict[str, Any]:
+    """N tasks due at one instant, executed by one worker: native ETA vs celery-zdelay."""
+    results: dict[str, Any] = {}
+    for label, pool, concurrency in E2E_POOLS:
+        for kind, measure in (("native", _e2e_native), ("zdelay", _e2e_zdelay)):
+            try:
+                result = measure(sizes.e2e_n, pool, concurrency, sizes.e2e_cap_seconds)
+            except BenchmarkError as exc:
+                result = {"error": str(exc)}
+            results[f"{kind}-{label}"] = {"pool": pool, "concurrency": concurrency, **result}
+    return results
+
+
+def _e2e_native(n: int, pool: str, concurrency: int, cap_s: float) -> dict[str, Any]:
+    with Resources() as res:
+        server = res.redis()
+        url = f"{server.url}/0"
+        app = make_app(broker=url, store=url, record=f"{server.url}/1")
+        res.callback(app.close)
+        client, record = server.client(0), server.client(1)
+        res.callback(client.close)
+        res.callback(record.close)
+        worker = res.worker(app, pool=pool, concurrency=concurrency)
+        # A warm stop would restore every held task to the queue: not measured.
+        res.callback(lambda: worker.stop(timeout=5, kill=True))
+        # Due late enough that the worker holds every task first (checked below).
+        due_ms = now_ms() + 1500 + n * 2 // 3
+        noop = app.tasks["bench.noop"]
+        with app.producer_or_acquire() as producer:
+            for seq in range(n):
+                noop.apply_async((seq, due_ms), eta=eta_for(due_ms), producer=producer)
+        wait_for(
+            lambda: client.hlen("unacked") >= n,
+            timeout=max(0.0, (due_ms - now_ms()) / 1000),
+            interval=0.05,
+            what=f"the worker to hold all {n} ETA tasks before they are due",
+        )
+        return _measure_executions(record, n, due_ms, cap_s)
+
+
+def _e2e_zdelay(n: int, pool: str, concurrency: int, cap_s: float) -> dict[str, Any]:
+    with Resources() as res:
+        server = res.redis()
+        url = f"{server.url}/0"
+        app = make_app(broker=url, store=url, record=f"{server.url}/1")
+        res.callback(app.close)
+        record = server.client(1)
+        res.callback(record.close)
+        res.worker(app, pool=pool, concurrency=concurrency)
+        res.companion(app)
+        due_ms = now_ms() + 1000 + n // 10
+        park_bulk(app, n, due_ms)
+        if now_ms() >= due_ms:
+            raise BenchmarkError("parking took longer than the margin before the due time")
+        return _measure_executions(record, n, due_ms, cap_s)
+
+
+def _measure_executions(record: Any, n: int, due_ms: int, cap_s: float) -> dict[str, Any]:
+    """Wait until *n* executions or *cap_s* seconds after the due time; return the rate."""
+
+    def done() -> int:
+        return int(record.get(DONE_KEY) or 0)
+
+    time.sleep(max(0.0, (due_ms - now_ms()) / 1000))
+    load = MachineLoad()
+    deadline_ms = due_ms + int(cap_s * 1000)
+    executed = done()
+    while executed < n and now_ms() < deadline_ms:
+        time.sleep(0.005)
+        executed = done()
+    end_ms = now_ms()
+    seconds = (end_ms - due_ms) / 1000
+    return {
+        "n": n,
+        "executed": executed,
+        "completed": executed >= n,
+        "seconds_after_due": round(seconds, 3),
+        "rate": round(executed / seconds) if seconds > 0 else None,
+        "machine": load.stop(),
+    }
+
+
+def _declare_rabbit_queue(app: Any, name: str) -> None:
+    with Connection(RABBITMQ_URL) as connection:
+        app.amqp.queues[name].bind(connection.default_channel).declare()
+
+
+def _delete_rabbit_queue(app: Any, name: str) -> None:
+    with Connection(RABBITMQ_URL) as connection:
+        app.amqp.queues[name].bind(connection.default_channel).delete()
+
+
+def _count_in_broker(mode: str, app: Any, queue: str, broker: str) -> int:
+    if mode == "generic-rabbitmq":
+        with Connection(RABBITMQ_URL) as connection:
+            bound = app.amqp.queues[queue].bind(connection.default_channel)
+            return int(bound.queue_declare(passive=True).message_count)
+    import redis
+
+    client = redis.Redis.from_url(broker)
+    try:
+        return int(client.llen(queue))
+    finally:
+        client.close()

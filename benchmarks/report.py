@@ -1,0 +1,682 @@
+"""Turn a results JSON into the target verdicts, a console table, docs and a plot.
+
+Everything here reads only the JSON a run wrote, so the docs can be
+regenerated from any run (``python -m benchmarks --render-docs FILE``)
+without measuring again.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS_PAGE = ROOT / "docs" / "performance.rst"
+DOCS_PLOT = ROOT / "docs" / "_static" / "lateness.png"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One row of the summary: a target, what was measured, and whether it is met."""
+
+    target_id: str
+    what: str
+    measured: str
+    comparison: str
+    target: str
+    #: "met", "missed", or "not measured".
+    status: str
+    #: How far from the target, e.g. "1.9x better" or "4.0x short".
+    margin: str
+    #: Set when the run was smaller than the target's own size (quick mode).
+    note: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+# -- formatting ------------------------------------------------------------------------
+
+
+def fmt_int(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _ratio_margin(measured: float, target: float, *, higher_is_better: bool) -> tuple[bool, str]:
+    """Return whether *measured* meets *target*, and by how much, as a factor."""
+    if measured <= 0 or target <= 0:
+        met = (measured >= target) if higher_is_better else (measured <= target)
+        return met, ""
+    if higher_is_better:
+        factor = measured / target
+        return factor >= 1, (
+            f"{factor:.2f}x the target" if factor >= 1 else f"{1 / factor:.2f}x short"
+        )
+    factor = target / measured
+    return factor >= 1, (
+        f"{factor:.2f}x under the limit" if factor >= 1 else f"{1 / factor:.2f}x over the limit"
+    )
+
+
+def _get(results: dict[str, Any], *path: str) -> Any:
+    node: Any = results
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+# -- verdicts --------------------------------------------------------------------------
+
+
+def verdicts(run: dict[str, Any]) -> list[Verdict]:
+    """Judge each of DESIGN §7's targets P1-P8 from a run's results."""
+    results = run.get("results", {})
+    rows: list[Verdict] = []
+    for build in _VERDICTS:
+        rows.extend(build(results))
+    return rows
+
+
+def _missing(target_id: str, what: str, target: str, why: str = "not run") -> Verdict:
+    return Verdict(target_id, what, "n/a", "", target, "not measured", why)
+
+
+def _release_verdicts(results: dict[str, Any]) -> list[Verdict]:
+    release = results.get("release") or {}
+    e2e = results.get("end_to_end") or {}
+    native = []
+    for label in ("solo", "prefork-2"):
+        rate = _get(e2e, f"native-{label}", "rate")
+        if rate is not None:
+            native.append(f"native ETA {label}: {fmt_int(rate)}/s")
+    comparison = "; ".join(native) + (" (end to end, see below)" if native else "")
+    rows = []
+    specs = [
+        ("P1", "handoff", "release rate, atomic handoff (broker = store's Redis db)", 50_000),
+        ("P2", "generic-redis", "release rate, generic path, Redis broker", 10_000),
+        ("P2", "generic-rabbitmq", "release rate, generic path, RabbitMQ + confirms", 5_000),
+    ]
+    for target_id, mode, what, target in specs:
+        entry = release.get(mode)
+        target_text = f">= {target:,}/s"
+        if not entry or "rate" not in entry:
+            reason = (entry or {}).get("error", "not run")
+            rows.append(_missing(target_id, what, target_text, reason))
+            continue
+        met, margin = _ratio_margin(entry["rate"], target, higher_is_better=True)
+        runs = entry.get("runs") or [entry["rate"]]
+        measured = f"{fmt_int(entry['rate'])}/s"
+        if len(runs) > 1:
+            measured += f" (median of {len(runs)})"
+        rows.append(
+            Verdict(
+                target_id,
+                what,
+                measured,
+                comparison if mode == "handoff" else "",
+                target_text,
+                "met" if met else "missed",
+                margin,
+                f"N={entry['n']:,}",
+            )
+        )
+    return rows
+
+
+def _lateness_verdicts(results: dict[str, Any]) -> list[Verdict]:
+    entry = results.get("lateness")
+    what = "lateness at a steady 1,000 due/s (p50 / p99 / max)"
+    target = "p50 <= 2 ms, p99 <= 10 ms"
+    if not entry or "observed_ms" not in entry:
+        return [_missing("P3", what, target, (entry or {}).get("error", "not run"))]
+    observed, reported = entry["observed_ms"], entry.get("reported_ms") or {}
+    met50, m50 = _ratio_margin(observed["p50"], 2.0, higher_is_better=False)
+    met99, m99 = _ratio_margin(observed["p99"], 10.0, higher_is_better=False)
+    measured = (
+        f"{fmt_ms(observed['p50'])} / {fmt_ms(observed['p99'])} / {fmt_ms(observed['max'])} ms"
+    )
+    comparison = (
+        f"companion's own report: {fmt_ms(reported.get('p50'))} / "
+        f"{fmt_ms(reported.get('p99'))} / {fmt_ms(reported.get('max'))} ms"
+        if reported
+        else ""
+    )
+    early = f"; {entry['early']} early" if entry.get("early") else "; none early"
+    return [
+        Verdict(
+            "P3",
+            what,
+            measured,
+            comparison,
+            target,
+            "met" if met50 and met99 else "missed",
+            f"p50 {m50}, p99 {m99}",
+            f"{entry['n']:,} tasks over {entry['seconds']:g} s{early}",
+        )
+    ]
+
+
+def _burst_verdicts(results: dict[str, Any]) -> list[Verdict]:
+    entry = results.get("burst")
+    what = "burst: tasks due at one instant, due -> all in the queue"
+    target = "<= 3 s for 100,000"
+    if not entry or "seconds" not in entry:
+        return [_missing("P4", what, target, (entry or {}).get("error", "not run"))]
+    met, margin = _ratio_margin(entry["seconds"], 3.0, higher_is_better=False)
+    note = f"N={entry['n']:,}"
+    if entry["n"] < 100_000:
+        note += " (quick: smaller than the target's 100,000)"
+    return [
+        Verdict(
+            "P4",
+            what,
+            f"{entry['seconds']:.2f} s ({fmt_int(entry['rate'])}/s)",
+            "",
+            target,
+            "met" if met else "missed",
+            margin,
+            note,
+        )
+    ]
+
+
+def _producer_verdicts(results: dict[str, Any]) -> list[Verdict]:
+    entry = results.get("producer")
+    what_call = "apply_delayed vs apply_async(countdown=) per call, same Redis"
+    what_bulk = "bulk parking, celery_zdelay.batch (1,000 per block)"
+    if not entry or "ratio" not in entry:
+        reason = (entry or {}).get("error", "not run")
+        return [
+            _missing("P5", what_call, "<= 1.0x", reason),
+            _missing("P5", what_bulk, ">= 20,000/s", reason),
+        ]
+    met_ratio, margin_ratio = _ratio_margin(entry["ratio"], 1.0, higher_is_better=False)
+    met_bulk, margin_bulk = _ratio_margin(entry["bulk_rate"], 20_000, higher_is_better=True)
+    plain_rate = 1e6 / entry["apply_async_us"] if entry["apply_async_us"] else None
+    return [
+        Verdict(
+            "P5",
+            what_call,
+            f"{entry['ratio']:.2f}x ({entry['apply_delayed_us']:.0f} us per call)",
+            f"apply_async(countdown=): {entry['apply_async_us']:.0f} us per call",
+            "<= 1.0x",
+            "met" if met_ratio else "missed",
+            margin_ratio,
+            f"median of {entry['rounds']} rounds of {entry['call_n']:,} calls",
+        ),
+        Verdict(
+            "P5",
+            what_bulk,
+            f"{fmt_int(entry['bulk_rate'])}/s",
+            f"apply_async one by one: {fmt_int(plain_rate)}/s",
+            ">= 20,000/s",
+            "met" if met_bulk else "missed",
+            margin_bulk,
+            f"N={entry['bulk_n']:,}",
+        ),
+    ]
+
+
+def _memory_verdicts(results: dict[str, Any]) -> list[Verdict]:
+    entry = results.get("memory")
+    what_rss = "worker RSS added by N delayed tasks (solo worker)"
+    what_redis = "Redis memory per delayed small task"
+    if not entry or "zdelay" not in entry:
+        reason = (entry or {}).get("error", "not run")
+        return [
+            _missing("P6", what_rss, "< 5 MB", reason),
+            _missing("P7", what_redis, "<= 800 B", reason),
+        ]
+    z, native, n = entry["zdelay"], entry["native"], entry["n"]
+    note = f"N={n:,}" + (" (quick: smaller than the target's 100,000)" if n < 100_000 else "")
+    added_mb = z["worker_rss_added_mib"] * 1024 * 1024 / 1e6
+    met_rss = added_mb < 5
+    met_redis, margin_redis = _ratio_margin(z["redis_bytes_per_task"], 800, higher_is_better=False)
+    return [
+        Verdict(
+            "P6",
+            what_rss,
+            f"{z['worker_rss_added_mib']:.1f} MiB",
+            f"native ETA held by the worker: +{native['worker_rss_added_mib']:,.0f} MiB "
+            f"({fmt_int(native['worker_rss_bytes_per_task'])} B per task)",
+            "< 5 MB",
+            "met" if met_rss else "missed",
+            f"{added_mb:.1f} MB added" if met_rss else f"{added_mb - 5:.1f} MB over",
+            note,
+        ),
+        Verdict(
+            "P7",
+            what_redis,
+            f"{fmt_int(z['redis_bytes_per_task'])} B",
+            f"native ETA: {fmt_int(native['queue_list_bytes_per_task'])} B in the queue list, "
+            f"{fmt_int(native['held_bytes_per_task'])} B held (unacked + unacked_index)",
+            "<= 800 B",
+            "met" if met_redis else "missed",
+            margin_redis,
+            f"{note}; a parked payload is {fmt_int(z['mean_payload_bytes'])} B",
+        ),
+    ]
+
+
+def _idle_verdicts(results: dict[str, Any]) -> list[Verdict]:
+    entry = results.get("idle")
+    what = "companion CPU with nothing due"
+    if not entry or "empty" not in entry:
+        return [_missing("P8", what, "< 1 % of a core", (entry or {}).get("error", "not run"))]
+    empty, parked = entry["empty"], entry["parked"]
+    met, margin = _ratio_margin(max(empty["companion_cpu_pct"], 1e-9), 1.0, higher_is_better=False)
+    return [
+        Verdict(
+            "P8",
+            what,
+            f"{empty['companion_cpu_pct']:.2f} % (empty store)",
+            f"with {entry['parked_n']:,} parked an hour ahead: {parked['companion_cpu_pct']:.2f} %",
+            "< 1 % of a core",
+            "met" if met else "missed",
+            margin if empty["companion_cpu_pct"] > 0 else "no CPU tick in the window",
+            f"over {entry['seconds']:g} s",
+        )
+    ]
+
+
+_VERDICTS: list[Callable[[dict[str, Any]], list[Verdict]]] = [
+    _release_verdicts,
+    _lateness_verdicts,
+    _burst_verdicts,
+    _producer_verdicts,
+    _memory_verdicts,
+    _idle_verdicts,
+]
+
+
+# -- console ---------------------------------------------------------------------------
+
+
+def console_table(run: dict[str, Any]) -> str:
+    """Return the summary as a plain-text table for the terminal."""
+    rows = list(verdicts(run))
+    headers = ("#", "what", "celery-zdelay", "target", "status", "comparison / notes")
+    table = [
+        (
+            v.target_id,
+            v.what,
+            v.measured,
+            v.target,
+            f"{v.status} ({v.margin})" if v.margin else v.status,
+            "; ".join(filter(None, [v.comparison, v.note])),
+        )
+        for v in rows
+    ]
+    widths = [min(max(len(str(row[i])) for row in [headers, *table]), 60) for i in range(5)]
+    lines = []
+
+    def line(cells: tuple[str, ...]) -> str:
+        head = "  ".join(
+            str(cell).ljust(widths[i])[: widths[i]] for i, cell in enumerate(cells[:5])
+        )
+        return f"{head}  {cells[5]}"
+
+    lines.append(line(headers))
+    lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 20)
+    lines.extend(line(row) for row in table)
+    lines.extend(_console_extras(run))
+    return "\n".join(lines)
+
+
+def _console_extras(run: dict[str, Any]) -> list[str]:
+    results = run.get("results", {})
+    lines = []
+    e2e = results.get("end_to_end")
+    if e2e:
+        lines.append("")
+        lines.append("End to end, N tasks due at one instant, executed by one worker:")
+        for key, entry in e2e.items():
+            if "rate" in entry:
+                lines.append(
+                    f"  {key:18} {fmt_int(entry['executed'])}/{fmt_int(entry['n'])} executed in "
+                    f"{entry['seconds_after_due']:.2f} s after due = {fmt_int(entry['rate'])}/s"
+                )
+            else:
+                lines.append(f"  {key:18} error: {entry.get('error')}")
+    for name in ("release", "burst", "lateness"):
+        entry = results.get(name)
+        if not entry:
+            continue
+        scripts = _scripts_of(name, entry)
+        for label, stats in scripts:
+            lines.append(
+                f"  Redis time per script call, {label}: "
+                + ", ".join(
+                    f"{script} {s['mean_ms']:.3f} ms mean / {s['max_ms']:.3f} max ({s['calls']})"
+                    for script, s in stats.items()
+                )
+            )
+    load = run.get("load", {})
+    if load:
+        lines.append("")
+        lines.append(
+            f"Machine load: loadavg before {load.get('before')}, after {load.get('after')}"
+        )
+    return lines
+
+
+def _scripts_of(name: str, entry: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    if name == "release":
+        return [
+            (f"release {mode}", value["redis_script_calls"])
+            for mode, value in entry.items()
+            if isinstance(value, dict) and value.get("redis_script_calls")
+        ]
+    stats = entry.get("redis_scripts")
+    return [(name, stats)] if stats else []
+
+
+# -- docs -------------------------------------------------------------------------------
+
+
+def render_docs(run: dict[str, Any], run_path: Path, plot: Path | None) -> Path:
+    """Refresh the generated regions of docs/performance.rst from *run*; copy the plot."""
+    text = DOCS_PAGE.read_text() if DOCS_PAGE.exists() else ""
+    regions = {
+        "summary": rst_summary(run, run_path),
+        "machine": rst_machine(run),
+        "details": rst_details(run),
+    }
+    for name, body in regions.items():
+        pattern = re.compile(
+            rf"(\.\. begin-generated: {name}\n)(.*?)(\.\. end-generated: {name}\n)", re.S
+        )
+        if not pattern.search(text):
+            raise SystemExit(
+                f"{DOCS_PAGE} has no '.. begin-generated: {name}' / '.. end-generated: {name}' "
+                "markers; restore them to render the results."
+            )
+        text = pattern.sub(lambda m, body=body: m.group(1) + "\n" + body + "\n" + m.group(3), text)
+    DOCS_PAGE.write_text(text)
+    if plot is not None and plot.exists():
+        DOCS_PLOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(plot, DOCS_PLOT)
+    return DOCS_PAGE
+
+
+def _rst_escape(text: str) -> str:
+    return text.replace("*", r"\*").replace("|", r"\|").replace("`", r"\`")
+
+
+def _list_table(headers: list[str], rows: list[list[str]], widths: list[int]) -> str:
+    out = [
+        ".. list-table::",
+        "   :header-rows: 1",
+        f"   :widths: {' '.join(map(str, widths))}",
+        "",
+    ]
+    for row in [headers, *rows]:
+        for i, cell in enumerate(row):
+            prefix = "   * - " if i == 0 else "     - "
+            out.append(prefix + (_rst_escape(cell) if cell else r"\ "))
+    return "\n".join(out) + "\n"
+
+
+def rst_summary(run: dict[str, Any], run_path: Path) -> str:
+    rows = [
+        [
+            v.target_id,
+            v.what,
+            v.measured,
+            v.target,
+            f"**{v.status}**" if v.status != "met" else v.status,
+            "; ".join(filter(None, [v.margin, v.comparison, v.note])),
+        ]
+        for v in verdicts(run)
+    ]
+    # Bold markers must survive escaping: apply them after.
+    table = _list_table(
+        ["#", "what", "celery-zdelay", "target", "status", "margin, comparison (same run), notes"],
+        [[*row[:4], row[4].replace("**", ""), row[5]] for row in rows],
+        [4, 24, 14, 12, 8, 38],
+    )
+    for row in rows:
+        if row[4].startswith("**"):
+            status = row[4].replace("**", "")
+            table = table.replace(f"     - {status}\n", f"     - **{status}**\n", 1)
+    load = run.get("load", {})
+    header = (
+        f"Measured {run.get('started', '?')} in {run.get('mode', '?')} mode "
+        f"(``{run_path.name}``), {run.get('duration_s', 0):.0f} s in all. "
+        f"Machine load average (1/5/15 min) before: {_loadavg(load.get('before'))}, "
+        f"after: {_loadavg(load.get('after'))}.\n"
+    )
+    return header + "\n" + table
+
+
+def _loadavg(values: Any) -> str:
+    return " / ".join(f"{v:.2f}" for v in values) if values else "n/a"
+
+
+def rst_machine(run: dict[str, Any]) -> str:
+    m = run.get("machine", {})
+    git = m.get("git") or {}
+    commit = (git.get("commit") or "unknown")[:12]
+    if git.get("src_dirty"):
+        commit += " (with uncommitted changes under src/)"
+    rows = [
+        ["CPU", f"{m.get('cpu_model')}, {m.get('cpu_count')} cores visible"],
+        ["RAM", f"{m.get('ram_gib')} GiB"],
+        ["OS", f"{m.get('os')}"],
+        ["Python", str(m.get("python"))],
+        ["Redis server", str(m.get("redis_server"))],
+        ["RabbitMQ", str(m.get("rabbitmq") or "not reachable")],
+        [
+            "Celery / kombu",
+            f"{m.get('celery')} / {m.get('kombu')} (redis-py {m.get('redis_py')}, "
+            f"py-amqp {m.get('amqp')})",
+        ],
+        ["celery-zdelay", f"{m.get('celery_zdelay')}, commit {commit}"],
+    ]
+    return _list_table(["", ""], rows, [20, 80])
+
+
+def rst_details(run: dict[str, Any]) -> str:
+    results = run.get("results", {})
+    parts = []
+    release = results.get("release") or {}
+    if release:
+        rows = []
+        for mode, entry in release.items():
+            if "rate" not in entry:
+                rows.append([mode, "error", entry.get("error", ""), "", "", ""])
+                continue
+            stats = entry.get("redis_script_calls") or {}
+            lua_ms = sum(s["total_ms"] for s in stats.values())
+            rows.append(
+                [
+                    mode,
+                    fmt_int(entry["n"]),
+                    f"{entry['seconds']:.3f}",
+                    f"{fmt_int(entry['rate'])}/s",
+                    ", ".join(fmt_int(r) for r in entry.get("runs", [])),
+                    f"{lua_ms:.0f} ms ({100 * lua_ms / 1000 / entry['seconds']:.0f} %)",
+                ]
+            )
+        parts.append("**Release rate** (one companion pass, in-process)\n")
+        parts.append(
+            _list_table(
+                ["path", "tasks", "seconds", "rate", "all runs (/s)", "store's Lua time (share)"],
+                rows,
+                [18, 10, 10, 12, 26, 24],
+            )
+        )
+    e2e = results.get("end_to_end") or {}
+    if e2e:
+        rows = []
+        for key, entry in e2e.items():
+            if "rate" not in entry:
+                rows.append([key, "error", entry.get("error", ""), ""])
+                continue
+            rows.append(
+                [
+                    key,
+                    f"{fmt_int(entry['executed'])} of {fmt_int(entry['n'])}",
+                    f"{entry['seconds_after_due']:.2f}",
+                    f"{fmt_int(entry['rate'])}/s",
+                ]
+            )
+        parts.append("**End to end**: N tasks due at one instant, executed by one worker\n")
+        parts.append(
+            _list_table(
+                ["path, worker pool", "executed", "seconds after due", "executions/s"],
+                rows,
+                [30, 20, 20, 20],
+            )
+        )
+    lateness = results.get("lateness") or {}
+    if "observed_ms" in lateness:
+        rows = []
+        for label, key in (
+            ("consumer-observed", "observed_ms"),
+            ("companion-reported", "reported_ms"),
+        ):
+            q = lateness.get(key) or {}
+            if q:
+                rows.append(
+                    [
+                        label,
+                        *(fmt_ms(q.get(p)) for p in ("min", "p50", "p90", "p99", "p99_9", "max")),
+                    ]
+                )
+        parts.append(
+            f"**Lateness** at {lateness['rate']:,} due/s for {lateness['seconds']:g} s "
+            f"({lateness['n']:,} tasks, {lateness.get('early', 0)} early), in ms\n"
+        )
+        parts.append(
+            _list_table(
+                ["", "min", "p50", "p90", "p99", "p99.9", "max"], rows, [22, 9, 9, 9, 9, 9, 9]
+            )
+        )
+        parts.append(
+            ".. image:: _static/lateness.png\n   :alt: Distribution of lateness at 1,000 due/s\n"
+        )
+    scripts_rows = []
+    for name in ("release", "lateness", "burst"):
+        for label, stats in _scripts_of(name, results.get(name) or {}):
+            for script, s in stats.items():
+                scripts_rows.append(
+                    [
+                        f"{label}: {script}.lua",
+                        fmt_int(s["calls"]),
+                        f"{s['mean_ms']:.3f}",
+                        f"{s['p50_ms']:.3f}",
+                        f"{s['p99_ms']:.3f}",
+                        f"{s['max_ms']:.3f}",
+                    ]
+                )
+    if scripts_rows:
+        parts.append("**Redis time per script call** (SLOWLOG, server-side), in ms\n")
+        parts.append(
+            _list_table(
+                ["benchmark: script", "calls", "mean", "p50", "p99", "max"],
+                scripts_rows,
+                [30, 10, 10, 10, 10, 10],
+            )
+        )
+    memory = results.get("memory") or {}
+    if "zdelay" in memory:
+        z, native = memory["zdelay"], memory["native"]
+        rows = [
+            [
+                "celery-zdelay, parked",
+                f"{fmt_int(z['redis_bytes_per_task'])}",
+                f"due zset {fmt_int(z['due_zset_bytes_per_task'])}, message hash "
+                f"{fmt_int(z['msg_hash_bytes_per_task'])}; "
+                f"payload {fmt_int(z['mean_payload_bytes'])} B",
+                f"+{z['worker_rss_added_mib']:.1f} MiB (idle {z['worker_rss_idle_mib']:.1f} MiB)",
+            ],
+            [
+                "native, in the queue list",
+                f"{fmt_int(native['queue_list_bytes_per_task'])}",
+                f"message {fmt_int(native['mean_message_bytes'])} B",
+                "(no worker)",
+            ],
+            [
+                "native, held by the worker",
+                f"{fmt_int(native['held_bytes_per_task'])}",
+                f"unacked hash {fmt_int(native['unacked_hash_bytes_per_task'])}, unacked_index "
+                f"{fmt_int(native['unacked_index_bytes_per_task'])}",
+                f"+{native['worker_rss_added_mib']:,.0f} MiB "
+                f"({fmt_int(native['worker_rss_bytes_per_task'])} B per task)",
+            ],
+        ]
+        parts.append(f"**Memory** of {memory['n']:,} delayed tasks\n")
+        parts.append(
+            _list_table(
+                [
+                    "where the tasks wait",
+                    "Redis B per task",
+                    "Redis breakdown (MEMORY USAGE)",
+                    "solo worker RSS",
+                ],
+                rows,
+                [24, 14, 38, 24],
+            )
+        )
+    return "\n".join(parts)
+
+
+# -- plot -------------------------------------------------------------------------------
+
+
+def plot_lateness(run: dict[str, Any], path: Path) -> Path | None:
+    """Draw the lateness distribution of the steady-load run as a PNG at *path*."""
+    lateness = (run.get("results") or {}).get("lateness") or {}
+    samples = lateness.get("samples_ms")
+    if not samples:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    q = lateness["observed_ms"]
+    fig, (hist, tail) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
+    upper = max(samples)
+    bins = [i * 0.1 for i in range(int(upper / 0.1) + 2)]
+    hist.hist(samples, bins=bins, color="#3b75af")
+    hist.set_yscale("log")
+    hist.set_xlabel("lateness (ms): reached the queue - due")
+    hist.set_ylabel("tasks (log)")
+    hist.set_title(f"{q['n']:,} tasks at {lateness['rate']:,} due/s")
+    for label, value, color in (("p50", q["p50"], "#2ca02c"), ("p99", q["p99"], "#d62728")):
+        hist.axvline(value, color=color, linestyle="--", linewidth=1)
+        hist.text(value, hist.get_ylim()[1] * 0.5, f" {label} {value:.2f}", color=color)
+    ordered = sorted(samples)
+    n = len(ordered)
+    tail.plot(ordered, [1 - i / n for i in range(n)], color="#3b75af")
+    tail.set_yscale("log")
+    tail.set_xlabel("lateness (ms)")
+    tail.set_ylabel("share of tasks later than x")
+    tail.set_title("tail (complementary CDF)")
+    for target, color in ((2.0, "#2ca02c"), (10.0, "#d62728")):
+        if target <= upper * 1.5:
+            tail.axvline(target, color=color, linestyle=":", linewidth=1)
+    machine = run.get("machine", {})
+    fig.suptitle(
+        f"celery-zdelay handoff lateness ({run.get('mode')} run {run.get('started', '')}, "
+        f"{machine.get('cpu_count')} cores, Redis {machine.get('redis_server')})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
