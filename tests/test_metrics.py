@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -237,3 +239,27 @@ def test_a_taken_metrics_port_is_refused_with_the_fix(app: Celery) -> None:
     assert code == EXIT_CONFIG
     assert f"Cannot serve metrics on 127.0.0.1:{port}" in stderr
     assert "Choose another --metrics-port, or 0 for a free one." in stderr
+
+
+def test_the_grafana_dashboard_queries_only_metrics_that_exist(store: Store) -> None:
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    expressions = [
+        target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])
+    ]
+    used = {name for expr in expressions for name in re.findall(r"\b(?:zdelay|process)_\w+", expr)}
+    metrics = Metrics(store)
+    http = MetricsServer(metrics, port=0, addr="127.0.0.1")
+    try:
+        exported = {name for name, _ in scrape(http.url)}
+    finally:
+        http.close()
+
+    assert used <= exported, used - exported
+    assert {
+        "zdelay_parked_tasks",
+        "zdelay_overdue_tasks",
+        "zdelay_in_flight_tasks",
+        "zdelay_dead_tasks",
+        "zdelay_released_total",
+        "zdelay_release_lateness_seconds_bucket",
+    } <= used
