@@ -135,6 +135,7 @@ def test_status_per_shard_adds_a_table_of_each_shard(make_test_app: AppFactory) 
         assert cells[:3] == [str(shard.shard), str(shard.parked), str(shard.overdue)]
     assert sum(int(row.split()[1]) for row in out[header + 1 : header + 3]) == 10
     assert "(prefix zdelay, 2 shards)" in out[0]
+    assert "SHARD  PARKED  OVERDUE" in run(app, "status", "--shards").stdout  # the alias
 
 
 def test_status_json_is_one_document_with_every_count(app: Celery, stocked: Stock) -> None:

@@ -341,6 +341,8 @@ def zdelay(
 @_json_option("the status")
 @click.option(
     "--per-shard",
+    "--shards",
+    "per_shard",
     is_flag=True,
     cls=CeleryOption,
     help_group="Output Options",
