@@ -1,0 +1,234 @@
+"""``celery_zdelay.contrib.django.Task`` in a real Django project, real transactions.
+
+Given a task parked with ``apply_delayed_on_commit`` inside a database
+transaction, when the transaction commits, then the task is parked with the
+id returned at call time; when it rolls back (or only its savepoint does),
+then nothing is parked. Celery's own ``delay_on_commit`` and
+``apply_async_on_commit`` keep working.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_zdelay import StoreUnavailableError
+from celery_zdelay.companion import Companion
+from celery_zdelay.entry import entry_headers
+from celery_zdelay.testing import RedisServer, free_port
+from tests.project import close_app
+
+pytestmark = pytest.mark.timeout(60)
+
+DUE, MSG = "{zdelay:0}:due", "{zdelay:0}:msg"
+
+
+@contextmanager
+def rolled_back() -> Iterator[None]:
+    """A transaction (or savepoint) that rolls back when the block ends."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        yield
+        transaction.set_rollback(True)
+
+
+@pytest.fixture(scope="module")
+def django_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Django on tests/django_project with a SQLite file of this process, migrated.
+
+    When another project already set Django up in this process (the
+    example project's tests), its database is used: these tests need only
+    the auth app's tables, which both projects have.
+    """
+    import django
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connections
+
+    if not settings.configured:
+        from tests.django_project import settings as project
+
+        values = {name: getattr(project, name) for name in dir(project) if name.isupper()}
+        database = tmp_path_factory.mktemp("django") / "db.sqlite3"
+        values["DATABASES"] = {"default": {**project.DATABASES["default"], "NAME": str(database)}}
+        settings.configure(**values)
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+    yield
+    connections.close_all()
+
+
+@pytest.fixture
+def groups(django_db: None) -> Iterator[Any]:
+    """The auth Group model; rows the test wrote are deleted afterwards."""
+    from django.contrib.auth.models import Group
+
+    yield Group
+    Group.objects.filter(name__startswith="zdelay-").delete()
+
+
+@pytest.fixture
+def django_app(redis_server: RedisServer) -> Iterator[Celery]:
+    """An app whose tasks are celery_zdelay.contrib.django.Task, on the test Redis."""
+    app = Celery(
+        "djangotest",
+        broker=f"{redis_server.url}/0",
+        task_cls="celery_zdelay.contrib.django:Task",
+        set_as_current=False,
+    )
+    app.conf.zdelay_redis_url = f"{redis_server.url}/0"
+
+    @app.task(name="shop.welcome", shared=False)
+    def welcome(group_id: int) -> int:
+        return group_id
+
+    yield app
+    gc.collect()
+    close_app(app)
+
+
+def _parked(client: redis.Redis) -> list[dict[str, Any]]:
+    """The Celery headers of every parked entry, in due order."""
+    parked = []
+    for task_id in client.zrange(DUE, 0, -1):
+        payload = client.hget(MSG, task_id)
+        assert payload is not None
+        parked.append(entry_headers(payload))
+    return parked
+
+
+def test_a_committed_transaction_parks_the_task_with_the_id_returned_at_once(
+    django_app: Celery, groups: Any, redis_client: redis.Redis
+) -> None:
+    from django.db import transaction
+
+    welcome = django_app.tasks["shop.welcome"]
+    with transaction.atomic():
+        group = groups.objects.create(name="zdelay-committed")
+        result = welcome.apply_delayed_on_commit((group.pk,), countdown=1800)
+        assert result.id
+        assert _parked(redis_client) == []
+
+    (headers,) = _parked(redis_client)
+    assert headers["id"] == result.id
+    assert headers["task"] == "shop.welcome"
+    assert headers["argsrepr"] == repr((group.pk,))
+    due_ms = int(redis_client.zscore(DUE, result.id) or 0) // 1024
+    seconds, micros = redis_client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    assert 1_799_000 < due_ms - now_ms <= 1_800_000
+
+
+def test_a_rolled_back_transaction_parks_nothing(
+    django_app: Celery, groups: Any, redis_client: redis.Redis
+) -> None:
+
+    welcome = django_app.tasks["shop.welcome"]
+    with rolled_back():
+        group = groups.objects.create(name="zdelay-rolled-back")
+        result = welcome.apply_delayed_on_commit((group.pk,), countdown=1800)
+
+    assert result.id
+    assert not groups.objects.filter(name="zdelay-rolled-back").exists()
+    assert _parked(redis_client) == []
+
+
+def test_a_rolled_back_savepoint_drops_only_the_tasks_parked_inside_it(
+    django_app: Celery, groups: Any, redis_client: redis.Redis
+) -> None:
+    from django.db import transaction
+
+    welcome = django_app.tasks["shop.welcome"]
+    with transaction.atomic():
+        kept = groups.objects.create(name="zdelay-kept")
+        outer = welcome.apply_delayed_on_commit((kept.pk,), countdown=60)
+        with rolled_back():
+            dropped = groups.objects.create(name="zdelay-dropped")
+            welcome.apply_delayed_on_commit((dropped.pk,), countdown=60)
+
+    assert [h["id"] for h in _parked(redis_client)] == [outer.id]
+    assert list(
+        groups.objects.filter(name__startswith="zdelay-").values_list("name", flat=True)
+    ) == ["zdelay-kept"]
+
+
+def test_outside_a_transaction_the_task_is_parked_at_once(
+    django_app: Celery, groups: Any, redis_client: redis.Redis
+) -> None:
+    welcome = django_app.tasks["shop.welcome"]
+    result = welcome.apply_delayed_on_commit((1,), countdown=60, task_id="welcome-1")
+
+    assert result.id == "welcome-1"
+    assert [h["id"] for h in _parked(redis_client)] == ["welcome-1"]
+
+
+def test_the_parked_task_is_released_to_the_broker_with_its_id(
+    django_app: Celery, groups: Any, redis_client: redis.Redis
+) -> None:
+    from django.db import transaction
+
+    welcome = django_app.tasks["shop.welcome"]
+    with transaction.atomic():
+        group = groups.objects.create(name="zdelay-released")
+        result = welcome.apply_delayed_on_commit((group.pk,), countdown=0)
+
+    with Companion(django_app) as companion:
+        assert companion.release_due().released == 1
+    (raw,) = redis_client.lrange("celery", 0, -1)
+    assert json.loads(raw)["headers"]["id"] == result.id
+
+
+def test_celerys_own_on_commit_methods_still_work(
+    django_app: Celery, groups: Any, redis_client: redis.Redis
+) -> None:
+    from django.db import transaction
+
+    welcome = django_app.tasks["shop.welcome"]
+    with rolled_back():
+        welcome.delay_on_commit(1)
+    with transaction.atomic():
+        assert welcome.delay_on_commit(2) is None
+        welcome.apply_async_on_commit((3,))
+        assert redis_client.llen("celery") == 0
+
+    sent = [json.loads(raw)["headers"]["argsrepr"] for raw in redis_client.lrange("celery", 0, -1)]
+    assert sorted(sent) == ["(2,)", "(3,)"]
+    assert _parked(redis_client) == []
+
+
+def test_when_parking_fails_at_commit_the_data_is_committed_and_the_error_raised(
+    django_app: Celery,
+    groups: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from django.db import transaction
+
+    nothing_listens = f"redis://127.0.0.1:{free_port()}/0"
+    django_app.conf.update(zdelay_redis_url=nothing_listens, zdelay_retry_policy={"max_retries": 0})
+    welcome = django_app.tasks["shop.welcome"]
+
+    def create_and_park() -> None:
+        with transaction.atomic():
+            groups.objects.create(name="zdelay-raises")
+            welcome.apply_delayed_on_commit((1,), countdown=60)
+
+    with pytest.raises(StoreUnavailableError):
+        create_and_park()
+    assert groups.objects.filter(name="zdelay-raises").exists()
+
+    # robust=True: Django logs the error and runs the commit's other callbacks.
+    with caplog.at_level(logging.ERROR, logger="django.db.backends.base"), transaction.atomic():
+        groups.objects.create(name="zdelay-robust")
+        welcome.apply_delayed_on_commit((2,), countdown=60, robust=True)
+    assert groups.objects.filter(name="zdelay-robust").exists()
+    assert "shop.welcome[" in caplog.text
+    assert "StoreUnavailableError" in caplog.text
