@@ -51,7 +51,7 @@ def run_profile(sizes: Sizes, out_dir: Path) -> str:
         n = sizes.release_rabbit_n if mode == "generic-rabbitmq" else sizes.release_n
         profiler = cProfile.Profile()
         try:
-            result = release_rate(mode, n, profiler=profiler)
+            result = release_rate(mode, n, profiler=profiler)[0]
         except Exception as exc:
             sections[f"release {mode}"] = {"error": f"{type(exc).__name__}: {exc}"}
             continue

@@ -51,10 +51,15 @@ from .proj import DONE_KEY, make_app
 MODES = ("handoff", "generic-redis", "generic-rabbitmq")
 
 
-def release_rate(mode: str, n: int, *, profiler: Any = None) -> dict[str, Any]:
+def release_rate(
+    mode: str, n: int, *, repeat: int = 1, profiler: Any = None
+) -> list[dict[str, Any]]:
     """Park *n* due tasks, then time one companion releasing them all (in-process).
 
-    *profiler* (a ``cProfile.Profile``) is enabled around the release only.
+    The tasks are parked once; for each of *repeat* runs the store's keys are
+    restored from a DUMP taken after parking and the broker's queue emptied,
+    so every run releases the same *n* entries. *profiler* (a
+    ``cProfile.Profile``) is enabled around the releases only.
     """
     with Resources() as res:
         store_server = res.redis()
@@ -81,42 +86,65 @@ def release_rate(mode: str, n: int, *, profiler: Any = None) -> dict[str, Any]:
         companion.release_due()
         companion.publisher.publish([])
         park_s = park_bulk(app, n, now_ms() - 1000)
-        reset_stats(store)
-        timer = ScriptTimer(store)
-        load = MachineLoad()
-        if profiler is not None:
-            profiler.enable()
-        started = time.perf_counter()
-        released = passes = 0
-        while released < n:
-            passes += 1
-            report = companion.release_due()
-            if report.failed or report.released == 0:
-                raise BenchmarkError(f"{mode}: release stalled at {released}/{n}")
-            released += report.released
-        seconds = time.perf_counter() - started
-        if profiler is not None:
-            profiler.disable()
-        machine = load.stop()
-        stats = script_stats(store)
-        per_script = timer.summary()
-        in_broker = _count_in_broker(mode, app, queue, broker)
-        if in_broker != n:
-            raise BenchmarkError(f"{mode}: {in_broker} messages in the broker, expected {n}")
-        return {
-            "mode": mode,
-            "n": n,
-            "seconds": round(seconds, 4),
-            "rate": round(n / seconds),
-            "park_seconds": round(park_s, 3),
-            "handoff_state": companion.handoff_state,
-            "passes": passes,
-            "handed_off": companion.totals.handed_off,
-            "published": companion.totals.published,
-            "redis_scripts": stats,
-            "redis_script_calls": per_script,
-            "machine": machine,
-        }
+        snapshot = {key: store.dump(key) for key in store.keys("*")}
+        runs = []
+        for run_no in range(repeat):
+            if run_no:
+                _empty_broker(mode, app, queue, broker)
+                store.flushdb()
+                for key, value in snapshot.items():
+                    store.restore(key, 0, value)
+            runs.append(_release_once(mode, n, app, queue, broker, companion, store, profiler))
+            runs[-1]["park_seconds"] = round(park_s, 3)
+        return runs
+
+
+def _release_once(
+    mode: str,
+    n: int,
+    app: Any,
+    queue: str,
+    broker: str,
+    companion: Companion,
+    store: Any,
+    profiler: Any,
+) -> dict[str, Any]:
+    before = (companion.totals.handed_off, companion.totals.published)
+    reset_stats(store)
+    timer = ScriptTimer(store)
+    load = MachineLoad()
+    if profiler is not None:
+        profiler.enable()
+    started = time.perf_counter()
+    released = passes = 0
+    while released < n:
+        passes += 1
+        report = companion.release_due()
+        if report.failed or report.released == 0:
+            raise BenchmarkError(f"{mode}: release stalled at {released}/{n}")
+        released += report.released
+    seconds = time.perf_counter() - started
+    if profiler is not None:
+        profiler.disable()
+    machine = load.stop()
+    stats = script_stats(store)
+    per_script = timer.summary()
+    in_broker = _count_in_broker(mode, app, queue, broker)
+    if in_broker != n:
+        raise BenchmarkError(f"{mode}: {in_broker} messages in the broker, expected {n}")
+    return {
+        "mode": mode,
+        "n": n,
+        "seconds": round(seconds, 4),
+        "rate": round(n / seconds),
+        "handoff_state": companion.handoff_state,
+        "passes": passes,
+        "handed_off": companion.totals.handed_off - before[0],
+        "published": companion.totals.published - before[1],
+        "redis_scripts": stats,
+        "redis_script_calls": per_script,
+        "machine": machine,
+    }
 
 
 def run_release(sizes: Sizes, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
@@ -125,7 +153,7 @@ def run_release(sizes: Sizes, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     for mode in modes:
         n = sizes.release_rabbit_n if mode == "generic-rabbitmq" else sizes.release_n
         try:
-            runs = [release_rate(mode, n) for _ in range(sizes.release_repeat)]
+            runs = release_rate(mode, n, repeat=sizes.release_repeat)
         except BenchmarkError as exc:
             results[mode] = {"error": str(exc)}
             continue
@@ -139,60 +167,69 @@ E2E_POOLS = (("solo", "solo", 1), ("prefork-2", "prefork", 2))
 
 
 def run_end_to_end(sizes: Sizes) -> dict[str, Any]:
-    """N tasks due at one instant, executed by one worker: native ETA vs celery-zdelay."""
+    """N tasks due at one instant, executed by one worker: native ETA vs celery-zdelay.
+
+    Per pool, one Redis and one worker serve both: celery-zdelay first (it
+    always runs to completion), then native ETA (which may hit the time cap
+    and leave tasks behind in the worker).
+    """
     results: dict[str, Any] = {}
     for label, pool, concurrency in E2E_POOLS:
-        for kind, measure in (("native", _e2e_native), ("zdelay", _e2e_zdelay)):
+        meta = {"pool": pool, "concurrency": concurrency}
+        with Resources() as res:
+            server = res.redis()
+            url = f"{server.url}/0"
+            app = make_app(broker=url, store=url, record=f"{server.url}/1")
+            res.callback(app.close)
+            client, record = server.client(0), server.client(1)
+            res.callback(client.close)
+            res.callback(record.close)
             try:
-                result = measure(sizes.e2e_n, pool, concurrency, sizes.e2e_cap_seconds)
+                worker = res.worker(app, pool=pool, concurrency=concurrency)
+                # A warm stop would restore every held task to the queue: not measured.
+                res.callback(lambda worker=worker: worker.stop(timeout=5, kill=True))
             except BenchmarkError as exc:
-                result = {"error": str(exc)}
-            results[f"{kind}-{label}"] = {"pool": pool, "concurrency": concurrency, **result}
-    return results
+                for kind in ("zdelay", "native"):
+                    results[f"{kind}-{label}"] = {**meta, "error": str(exc)}
+                continue
+            for kind, measure in (("zdelay", _e2e_zdelay), ("native", _e2e_native)):
+                record.delete(DONE_KEY)
+                try:
+                    result = measure(res, app, client, record, sizes)
+                except BenchmarkError as exc:
+                    result = {"error": str(exc)}
+                results[f"{kind}-{label}"] = {**meta, **result}
+    order = [f"{kind}-{label}" for label, _, _ in E2E_POOLS for kind in ("native", "zdelay")]
+    return {key: results[key] for key in order if key in results}
 
 
-def _e2e_native(n: int, pool: str, concurrency: int, cap_s: float) -> dict[str, Any]:
-    with Resources() as res:
-        server = res.redis()
-        url = f"{server.url}/0"
-        app = make_app(broker=url, store=url, record=f"{server.url}/1")
-        res.callback(app.close)
-        client, record = server.client(0), server.client(1)
-        res.callback(client.close)
-        res.callback(record.close)
-        worker = res.worker(app, pool=pool, concurrency=concurrency)
-        # A warm stop would restore every held task to the queue: not measured.
-        res.callback(lambda: worker.stop(timeout=5, kill=True))
-        # Due late enough that the worker holds every task first (checked below).
-        due_ms = now_ms() + 1500 + n * 2 // 3
-        noop = app.tasks["bench.noop"]
-        with app.producer_or_acquire() as producer:
-            for seq in range(n):
-                noop.apply_async((seq, due_ms), eta=eta_for(due_ms), producer=producer)
-        wait_for(
-            lambda: client.hlen("unacked") >= n,
-            timeout=max(0.0, (due_ms - now_ms()) / 1000),
-            interval=0.05,
-            what=f"the worker to hold all {n} ETA tasks before they are due",
-        )
-        return _measure_executions(record, n, due_ms, cap_s)
+def _e2e_native(res: Resources, app: Any, client: Any, record: Any, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.e2e_n
+    # Due late enough that the worker holds every task first (checked below).
+    due_ms = now_ms() + 1500 + n * 2 // 3
+    noop = app.tasks["bench.noop"]
+    with app.producer_or_acquire() as producer:
+        for seq in range(n):
+            noop.apply_async((seq, due_ms), eta=eta_for(due_ms), producer=producer)
+    wait_for(
+        lambda: client.hlen("unacked") >= n,
+        timeout=max(0.0, (due_ms - now_ms()) / 1000),
+        interval=0.05,
+        what=f"the worker to hold all {n} ETA tasks before they are due",
+    )
+    return _measure_executions(record, n, due_ms, sizes.e2e_cap_seconds)
 
 
-def _e2e_zdelay(n: int, pool: str, concurrency: int, cap_s: float) -> dict[str, Any]:
-    with Resources() as res:
-        server = res.redis()
-        url = f"{server.url}/0"
-        app = make_app(broker=url, store=url, record=f"{server.url}/1")
-        res.callback(app.close)
-        record = server.client(1)
-        res.callback(record.close)
-        res.worker(app, pool=pool, concurrency=concurrency)
-        res.companion(app)
-        due_ms = now_ms() + 1000 + n // 10
-        park_bulk(app, n, due_ms)
-        if now_ms() >= due_ms:
-            raise BenchmarkError("parking took longer than the margin before the due time")
-        return _measure_executions(record, n, due_ms, cap_s)
+def _e2e_zdelay(res: Resources, app: Any, client: Any, record: Any, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.e2e_n
+    companion = res.companion(app)
+    due_ms = now_ms() + 1000 + n // 10
+    park_bulk(app, n, due_ms)
+    if now_ms() >= due_ms:
+        raise BenchmarkError("parking took longer than the margin before the due time")
+    result = _measure_executions(record, n, due_ms, sizes.e2e_cap_seconds)
+    companion.stop()
+    return result
 
 
 def _measure_executions(record: Any, n: int, due_ms: int, cap_s: float) -> dict[str, Any]:
@@ -228,6 +265,20 @@ def _declare_rabbit_queue(app: Any, name: str) -> None:
 def _delete_rabbit_queue(app: Any, name: str) -> None:
     with Connection(RABBITMQ_URL) as connection:
         app.amqp.queues[name].bind(connection.default_channel).delete()
+
+
+def _empty_broker(mode: str, app: Any, queue: str, broker: str) -> None:
+    if mode == "generic-rabbitmq":
+        with Connection(RABBITMQ_URL) as connection:
+            app.amqp.queues[queue].bind(connection.default_channel).purge()
+        return
+    import redis
+
+    client = redis.Redis.from_url(broker)
+    try:
+        client.delete(queue)
+    finally:
+        client.close()
 
 
 def _count_in_broker(mode: str, app: Any, queue: str, broker: str) -> int:

@@ -57,6 +57,14 @@ def _lateness(sizes: Sizes) -> dict[str, Any]:
     return run_lateness(sizes)
 
 
+def _lateness_generic(sizes: Sizes) -> dict[str, Any]:
+    from .lateness import run_lateness
+
+    result = run_lateness(sizes, path="generic-redis")
+    result.pop("samples_ms", None)
+    return result
+
+
 def _burst(sizes: Sizes) -> dict[str, Any]:
     from .lateness import run_burst
 
@@ -86,6 +94,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "release": ("P1 P2", _release),
     "end_to_end": ("P1 P2 (native comparison)", _end_to_end),
     "lateness": ("P3", _lateness),
+    "lateness_generic": ("P3 (generic path, full runs only)", _lateness_generic),
     "burst": ("P4", _burst),
     "producer": ("P5", _producer),
     "memory": ("P6 P7", _memory),
@@ -93,14 +102,18 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
 }
 
 
-def _selected(only: str | None) -> list[str]:
+def _selected(only: str | None, *, quick: bool) -> list[str]:
     if not only:
-        return list(BENCHMARKS)
+        return [name for name in BENCHMARKS if name != "lateness_generic" or not quick]
     wanted = {part.strip().lower() for part in only.split(",") if part.strip()}
     chosen = [
         name
         for name, (targets, _) in BENCHMARKS.items()
-        if name in wanted or any(t.lower() in wanted for t in targets.split())
+        if name in wanted
+        or (
+            any(t.lower() in wanted for t in targets.split())
+            and not (quick and name == "lateness_generic")
+        )
     ]
     unknown = wanted - set(BENCHMARKS) - {f"p{i}" for i in range(1, 9)}
     if unknown or not chosen:
@@ -220,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             print(run_profile(sizes, args.out))
             return 0
         try:
-            run, path = run_suite(sizes, mode, _selected(args.only), args.out)
+            run, path = run_suite(sizes, mode, _selected(args.only, quick=args.quick), args.out)
         except KeyboardInterrupt:
             print("\ninterrupted: every server and process started was stopped", file=sys.stderr)
             return 130
