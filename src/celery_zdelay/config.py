@@ -55,6 +55,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_signing_key": "HMAC key (or list, newest first) signing entries",
     "zdelay_retry_policy": "how producers retry an unreachable store",
     "zdelay_worker_dedupe": "workers drop a second delivery of a released id",
+    "zdelay_shard_leases": "companions own shards instead of all claiming from all",
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -91,6 +92,7 @@ class ZDelayConfig:
     signing_keys: tuple[bytes, ...]
     retry_policy: RetryPolicy
     worker_dedupe: bool
+    shard_leases: bool
 
 
 def get_config(app: Celery) -> ZDelayConfig:
@@ -179,6 +181,7 @@ def _build(
         signing_keys=_signing_keys(raw["zdelay_signing_key"]),
         retry_policy=_retry_policy(raw["zdelay_retry_policy"]),
         worker_dedupe=_flag("zdelay_worker_dedupe", raw["zdelay_worker_dedupe"]),
+        shard_leases=_flag("zdelay_shard_leases", raw["zdelay_shard_leases"]),
     )
 
 

@@ -26,9 +26,11 @@ from ..config import get_config
 from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError, StoreUnavailableError
 from ..store import Claimed, ClaimResult, Store
+from ..store.admin import COMPANION_ALIVE_MS, log_server_warnings
 from ..store.client import sanitize_url
 from ..store.keys import companions_key
 from .handoff import Handoff, detect_handoff
+from .ownership import ShardOwnership
 from .publish import Publisher, make_publisher
 from .wakeup import Wakeup
 
@@ -45,6 +47,8 @@ MAX_IDLE_SECONDS = 1.0
 SLEEP_SLICE_SECONDS = 0.1
 #: Seconds between heartbeats in the companions hash.
 HEARTBEAT_SECONDS = 5.0
+#: A companion whose heartbeat is older than this counts as gone (as in status).
+HEARTBEAT_LIVE_SECONDS = COMPANION_ALIVE_MS / 1000
 #: Heartbeats older than this are removed from the companions hash.
 HEARTBEAT_PRUNE_SECONDS = 3600.0
 #: Pauses after a failure (store or broker unreachable), doubling up to the last.
@@ -96,6 +100,12 @@ class Companion:
         self._stopping = threading.Event()
         self._started_ms = int(time.time() * 1000)
         self._last_heartbeat = 0.0
+        self._live_companions = 1
+        self._ownership = (
+            ShardOwnership(self.store, self.id, self.shards, lease_ms=self.lease_ms)
+            if self.config.shard_leases
+            else None
+        )
         self.totals = PassReport()
 
     # -- running ----------------------------------------------------------------
@@ -112,27 +122,33 @@ class Companion:
             sanitize_url(self.publisher.broker_url),
             self.handoff_state,
         )
+        # Parked tasks are only as durable as Redis: say so when they are at risk.
+        log_server_warnings(self.store)
         wakeup = Wakeup(self.store.client, [self.store.keys(s).wake for s in self.shards])
         wakeup.start()
         self._send(signals.companion_started)
         failures = 0
         try:
             while not self._stopping.is_set():
-                report = self.release_due()
                 self._heartbeat()
+                report = self._renew_ownership() or self.release_due()
                 if report.failed:
                     pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                     failures += 1
                     self._sleep(wakeup, pause, wake_early=False)
                     continue
                 failures = 0
-                wait = report.next_event_s
-                self._sleep(
-                    wakeup, MAX_IDLE_SECONDS if wait is None else min(wait, MAX_IDLE_SECONDS)
-                )
+                wait = MAX_IDLE_SECONDS
+                if report.next_event_s is not None:
+                    wait = min(wait, report.next_event_s)
+                if self._ownership is not None:
+                    wait = min(wait, self._ownership.check_seconds)
+                self._sleep(wakeup, wait)
         finally:
             wakeup.close()
             self.close()
+            if self._ownership is not None:
+                self._ownership.release_all()
             self._forget_heartbeat()
             self._send(signals.companion_stopped)
             logger.info(
@@ -180,7 +196,7 @@ class Companion:
         try:
             if not self._handoff_known:
                 self._detect_handoff()
-            for shard in self.shards:
+            for shard in self._ownership.shards() if self._ownership else self.shards:
                 self._release_shard(shard, report, advance_ms)
                 if report.failed:
                     break
@@ -350,6 +366,7 @@ class Companion:
                 message.task_name,
                 entry.task_id,
                 published_ms - entry.due_ms,
+                extra={"task_id": entry.task_id, "task_name": message.task_name, "shard": shard},
             )
         return [
             (entries[i][0].task_id, self._dead_reason(refusal, entries[i][0].due_ms))
@@ -366,7 +383,13 @@ class Companion:
         self.store.dead_letter(shard, token, dead)
         report.dead_lettered += len(dead)
         for task_id, reason in dead:
-            logger.error("Dead-lettered %s on shard %d: %s", task_id, shard, reason["reason"])
+            logger.error(
+                "Dead-lettered %s on shard %d: %s",
+                task_id,
+                shard,
+                reason["reason"],
+                extra={"task_id": task_id, "shard": shard, "reason": reason["reason"]},
+            )
             self._send(
                 signals.task_dead_lettered,
                 shard=shard,
@@ -390,6 +413,17 @@ class Companion:
                 report.next_event_s = seconds
 
     # -- helpers --------------------------------------------------------------
+
+    def _renew_ownership(self) -> PassReport | None:
+        """Keep shard leases up to date; a failed report when the store is down."""
+        if self._ownership is None:
+            return None
+        try:
+            self._ownership.maybe_renew(self._live_companions)
+        except StoreUnavailableError as exc:
+            logger.warning("Store unreachable, retrying with backoff: %s", exc)
+            return PassReport(failed=True)
+        return None
 
     def _detect_handoff(self) -> None:
         try:
@@ -428,7 +462,7 @@ class Companion:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "version": __version__,
-            "shards": self.shards,
+            "shards": self._ownership.shards() if self._ownership else self.shards,
             "handoff": self.handoff_state,
             "started_ms": self._started_ms,
             "seen_ms": int(time.time() * 1000),
@@ -438,10 +472,15 @@ class Companion:
         try:
             client = self.store.client
             client.hset(key, self.id, json.dumps(beat))
-            stale_before = int(time.time() * 1000) - HEARTBEAT_PRUNE_SECONDS * 1000
+            now_ms = int(time.time() * 1000)
+            live = 0
             for companion, raw in client.hgetall(key).items():
-                if json.loads(raw).get("seen_ms", 0) < stale_before:
+                seen_ms = json.loads(raw).get("seen_ms", 0)
+                if seen_ms < now_ms - HEARTBEAT_PRUNE_SECONDS * 1000:
                     client.hdel(key, companion)
+                elif seen_ms >= now_ms - HEARTBEAT_LIVE_SECONDS * 1000:
+                    live += 1
+            self._live_companions = max(live, 1)
         except Exception as exc:
             logger.debug("Heartbeat failed: %r", exc)
 

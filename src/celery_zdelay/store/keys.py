@@ -6,6 +6,7 @@ Cluster a shard lives on one node and each script's keys are in one slot.
 
 from __future__ import annotations
 
+import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -38,6 +39,12 @@ class ShardKeys:
     wake: str
     #: Prefix of kombu delivery tags the handoff makes (unique per shard).
     tag_prefix: str
+    #: STRING companion id owning the shard (with zdelay_shard_leases).
+    owner: str
+
+    def marker(self) -> str:
+        """Return a new STRING key marking one park call (expires on its own)."""
+        return f"{self.due[: -len(':due')]}:parked:{uuid.uuid4().hex}"
 
 
 def shard_keys(prefix: str, shard: int) -> ShardKeys:
@@ -55,6 +62,7 @@ def shard_keys(prefix: str, shard: int) -> ShardKeys:
         tags=f"{tag}:tags",
         wake=f"{tag}:wake",
         tag_prefix=f"{prefix}.{shard}.",
+        owner=f"{tag}:owner",
     )
 
 

@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "cancel",
     "reschedule",
     "requeue",
+    "own",
 )
 
 
@@ -53,3 +54,4 @@ class Scripts:
     cancel: Script
     reschedule: Script
     requeue: Script
+    own: Script

@@ -21,6 +21,10 @@ from .scripts import Scripts
 
 __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
 
+#: How long a park call is remembered, so a retry after a lost reply is a
+#: no-op: longer than the producer's retries take (timeouts included).
+PARK_MARKER_MS = 120_000
+
 
 @dataclass(frozen=True)
 class ParkRequest:
@@ -130,7 +134,7 @@ class Store:
 
     def _park_call(self, shard: int, requests: Sequence[ParkRequest], client: Any) -> Any:
         keys = self._keys[shard]
-        args: list[Any] = [keys.wake]
+        args: list[Any] = [keys.wake, PARK_MARKER_MS]
         for request in requests:
             args += [
                 request.task_id,
@@ -140,7 +144,7 @@ class Store:
                 request.dest or "",
             ]
         return self.scripts.park(
-            keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.dests],
+            keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.dests, keys.marker()],
             args=args,
             client=client,
         )
@@ -330,6 +334,24 @@ class Store:
                     client=self.client,
                 )
             )
+
+    def own(self, shard: int, companion_id: str, action: str, *, lease_ms: int) -> bool:
+        """Acquire, renew or release the ownership lease of *shard*.
+
+        Returns whether *companion_id* owns the shard afterwards.
+        """
+        keys = self._keys[shard]
+        with unavailable_as_error(self.url):
+            owned = self.scripts.own(
+                keys=[keys.owner], args=[companion_id, action, lease_ms], client=self.client
+            )
+        return bool(owned)
+
+    def owner(self, shard: int) -> str | None:
+        """Return the id of the companion owning *shard*, if any."""
+        with unavailable_as_error(self.url):
+            owner = self.client.get(self._keys[shard].owner)
+        return owner.decode() if isinstance(owner, bytes) else owner
 
     def time_ms(self) -> int:
         """Return the Redis server's clock in milliseconds."""

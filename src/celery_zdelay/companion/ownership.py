@@ -1,0 +1,99 @@
+"""Shard ownership leases: companions split the shards instead of contending.
+
+Without them every companion claims from every shard: claims are atomic, so
+nothing is released twice, but companions woken by the same due time race
+for the same entries and most of their calls come back empty. With
+``zdelay_shard_leases`` each companion owns its fair share of the shards (an
+expiring ``{prefix:N}:owner`` key per shard) and claims only from those.
+
+- Fair share: the shard count divided by the live companions (heartbeats).
+- A companion renews its leases every third of a lease, gives up shards above
+  its share (so a new companion gets some) and takes unowned shards up to its
+  share.
+- A shard that stays unowned for two looks in a row is taken by whoever sees
+  it, share or not: a companion that dies hands its shards over within one
+  ``zdelay_lease_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+
+from ..store import Store
+
+__all__ = ["ShardOwnership"]
+
+logger = logging.getLogger(__name__)
+
+#: Shortest shard lease, in ms.
+MIN_OWNER_LEASE_MS = 1000
+
+
+class ShardOwnership:
+    """The shards one companion owns, kept up to date by :meth:`maybe_renew`."""
+
+    def __init__(
+        self, store: Store, companion_id: str, shards: Sequence[int], *, lease_ms: int
+    ) -> None:
+        self.store = store
+        self.companion_id = companion_id
+        self.candidates = list(shards)
+        # Half a lease, checked every sixth: an owner that died is replaced
+        # (after two looks at its unowned shards) well within one lease.
+        self.owner_lease_ms = max(MIN_OWNER_LEASE_MS, lease_ms // 2)
+        self.check_seconds = self.owner_lease_ms / 3000
+        self.owned: set[int] = set()
+        self._seen_unowned: set[int] = set()
+        self._next_check = 0.0
+
+    def shards(self) -> list[int]:
+        """Return the shards this companion releases now."""
+        return sorted(self.owned)
+
+    def maybe_renew(self, live_companions: int) -> None:
+        """Renew, give up and take shard leases, at most every check interval."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self.check_seconds
+        share = math.ceil(len(self.candidates) / max(live_companions, 1))
+        before = set(self.owned)
+        for shard in sorted(self.owned):
+            if not self._own(shard, "renew"):
+                self.owned.discard(shard)
+        for shard in sorted(self.owned, reverse=True)[: max(0, len(self.owned) - share)]:
+            self._own(shard, "release")
+            self.owned.discard(shard)
+        unowned = set()
+        for shard in self.candidates:
+            if shard in self.owned or self.store.owner(shard) is not None:
+                continue
+            unowned.add(shard)
+            orphaned = shard in self._seen_unowned
+            if (len(self.owned) < share or orphaned) and self._own(shard, "acquire"):
+                self.owned.add(shard)
+        self._seen_unowned = unowned - self.owned
+        if self.owned != before:
+            logger.info(
+                "Companion %s now owns shards %s (share %d of %d, %d live companions)",
+                self.companion_id,
+                ",".join(map(str, sorted(self.owned))) or "none",
+                share,
+                len(self.candidates),
+                live_companions,
+            )
+
+    def release_all(self) -> None:
+        """Give up every lease, so others take the shards at once."""
+        for shard in sorted(self.owned):
+            try:
+                self._own(shard, "release")
+            except Exception:  # the store is down: the leases expire on their own
+                logger.debug("Could not release shard %d", shard, exc_info=True)
+        self.owned.clear()
+
+    def _own(self, shard: int, action: str) -> bool:
+        return self.store.own(shard, self.companion_id, action, lease_ms=self.owner_lease_ms)
