@@ -42,6 +42,9 @@ local function destination(payload)
   if not ok or type(meta) ~= 'table' or meta.v ~= 1 then return nil end
   if type(meta.k) ~= 'string' or meta.l ~= layout or meta.s ~= nil then return nil end
   if #payload - nl ~= meta.n then return nil end
+  -- A cheap sanity check of the envelope itself; anything odd goes to the
+  -- companion, which reads it fully and dead-letters what is damaged.
+  if string.sub(payload, nl + 1, nl + 9) ~= '{"body":"' then return nil end
   return meta.k, nl
 end
 

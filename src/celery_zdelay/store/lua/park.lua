@@ -5,14 +5,27 @@
 -- KEYS[3] lease zset    id -> lease expiry ms (entries being released)
 -- KEYS[4] leased hash   id -> due score at claim time
 -- KEYS[5] dests set     kombu list keys named by parked entries (for handoff)
+-- KEYS[6] call marker   unique to this park call; makes a retried call a no-op
 -- ARGV[1] wake channel, published to when the earliest due time moves earlier
--- ARGV[2..] five per entry: id, mode, ms, payload, dest
+-- ARGV[2] ms the call marker lives (longer than the caller's retries take)
+-- ARGV[3..] five per entry: id, mode, ms, payload, dest
 --           mode "r": due ms after the Redis clock; "a": absolute epoch ms
 --           dest "": no handoff destination
 -- returns the due ms of each entry, in argument order
 if redis.replicate_commands then redis.replicate_commands() end
 
-local due, msg, lease, leased, dests = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local due, msg, lease, leased, dests, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+
+-- A client whose reply was lost (Redis restarted) retries the call; if the
+-- first attempt ran, its entries may already be released: parking them again
+-- would release them twice. The marker remembers the first attempt.
+local done = redis.call('GET', marker)
+if done then
+  local previous = {}
+  for ms in string.gmatch(done, '[^,]+') do previous[#previous + 1] = tonumber(ms) end
+  return previous
+end
+
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -41,7 +54,7 @@ end
 
 local before = head_score()
 local result = {}
-for i = 2, #ARGV, 5 do
+for i = 3, #ARGV, 5 do
   local id, mode, ms, payload, dest = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
   local due_ms = ms
   if mode == 'r' then due_ms = now_ms + ms end
@@ -60,4 +73,5 @@ local after = head_score()
 if after and (not before or after < before) then
   redis.call('PUBLISH', ARGV[1], math.floor(after / 1024))
 end
+redis.call('SET', marker, table.concat(result, ','), 'PX', ARGV[2])
 return result

@@ -1,0 +1,278 @@
+"""Faults: corrupt entries, the broker down, Redis restarted, companions
+SIGKILLed over and over. Each test counts every task id afterwards."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+import celery_zdelay
+from celery_zdelay.companion import Companion
+from celery_zdelay.testing import RedisServer
+from tests.conftest import AppFactory
+from tests.helpers import CeleryProcess, Runs, start_companion, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+DUE, MSG, LEASE = "{zdelay:0}:due", "{zdelay:0}:msg", "{zdelay:0}:lease"
+
+
+@pytest.fixture
+def broker_server() -> Iterator[RedisServer]:
+    """A second private Redis as the broker: releases take the generic path."""
+    with RedisServer() as server:
+        yield server
+
+
+def _dead(client: redis.Redis) -> dict[str, str]:
+    return {
+        task_id.decode(): json.loads(stored.split(b"\n", 1)[0])["reason"]
+        for task_id, stored in client.hgetall("{zdelay:0}:dead_msg").items()
+    }
+
+
+@pytest.mark.parametrize("path", ["handoff", "generic"])
+def test_corrupt_and_foreign_entries_are_dead_lettered_and_hold_nothing_up(
+    make_test_app: AppFactory, redis_server: RedisServer, redis_client: redis.Redis, path: str
+) -> None:
+    app = make_test_app(broker=None if path == "handoff" else f"{redis_server.url}/3")
+    record = app.tasks["tests.record"]
+    good = [record.apply_delayed((i,), countdown=0).id for i in range(5)]
+    template = redis_client.hget(MSG, good[0])
+    assert template is not None
+    meta, envelope = template.split(b"\n", 1)
+    corrupt = {
+        "foreign": b"\x80\x04\x95 not ours at all",
+        "unknown-version": meta.replace(b'"v":1', b'"v":99') + b"\n" + envelope,
+        "truncated": meta + b"\n" + envelope[:-20],
+        "not-an-envelope": meta.replace(
+            f'"n":{len(envelope)}'.encode(), f'"n":{len(b"x" * len(envelope))}'.encode()
+        )
+        + b"\n"
+        + b"x" * len(envelope),
+    }
+    score = redis_client.zscore(DUE, good[0])
+    for task_id, payload in corrupt.items():
+        redis_client.hset(MSG, task_id, payload)
+        redis_client.zadd(DUE, {task_id: score})
+    redis_client.zadd(DUE, {"missing": score})  # parked without a payload
+    good += [record.apply_delayed((i,), countdown=0).id for i in range(5, 10)]
+
+    with Companion(app) as companion:
+        report = companion.release_due()
+
+    assert report.released == 10
+    dead = _dead(redis_client)
+    assert set(dead) == {*corrupt, "missing"}
+    assert dead["foreign"].startswith("foreign entry")
+    assert dead["unknown-version"].startswith("unknown schema version 99")
+    assert dead["truncated"].startswith("damaged payload")
+    assert dead["not-an-envelope"].startswith("damaged payload")
+    assert dead["missing"].startswith("payload missing")
+    assert redis_client.zcard(DUE) == 0
+    assert redis_client.zcard(LEASE) == 0
+
+
+def test_while_the_broker_is_down_entries_wait_and_then_all_run(
+    make_test_app: AppFactory,
+    broker_server: RedisServer,
+    redis_client: redis.Redis,
+    worker,
+    companion,
+    runs: Runs,
+) -> None:
+    app = make_test_app(broker=f"{broker_server.url}/0", conf={"zdelay_lease_seconds": 2})
+    record = app.tasks["tests.record"]
+    process = companion(app)
+    broker_server.kill()
+
+    ids = {record.apply_delayed((i,), countdown=0.2 + i * 0.002).id for i in range(300)}
+    process.wait_for_log("Broker unreachable")
+    wait_for(lambda: redis_client.zcard(LEASE) == 0, message="claims given back")
+    assert redis_client.zcard(DUE) + redis_client.zcard(LEASE) == 300
+    assert redis_client.zcard("{zdelay:0}:dead") == 0
+
+    broker_server.start()
+    worker(app)
+    runs.wait_for_count(300, timeout=90)
+    assert set(runs.ids()) == ids
+    assert runs.duplicates() == {}
+
+
+@pytest.fixture
+def aof_server() -> Iterator[RedisServer]:
+    with RedisServer(appendonly="yes", appendfsync="always") as server:
+        yield server
+
+
+def _park_until(
+    app: Celery, stop: threading.Event, acknowledged: list[str], refused: dict[str, str]
+) -> None:
+    """Park tasks one by one until *stop*; sort ids by whether parking returned.
+
+    *refused* maps the ids whose parking raised to the error message.
+    """
+    record = app.tasks["tests.record"]
+    i = 0
+    while not stop.is_set():
+        task_id = f"p-{i}"
+        try:
+            record.apply_delayed((i,), task_id=task_id, countdown=random.random())
+            acknowledged.append(task_id)
+        except celery_zdelay.StoreUnavailableError as exc:
+            refused[task_id] = str(exc)
+            time.sleep(0.01)  # a producer's own pause before its next attempt
+        i += 1
+
+
+@pytest.mark.parametrize("how", ["restart", "kill"])
+def test_redis_restarted_during_parking_and_release_loses_nothing_acknowledged(
+    make_test_app: AppFactory, aof_server: RedisServer, worker, companion, runs: Runs, how: str
+) -> None:
+    # Given a store that is also the broker (atomic handoff), with AOF fsync always
+    url = f"{aof_server.url}/0"
+    app = make_test_app(
+        broker=url,
+        conf={
+            "zdelay_redis_url": url,
+            "zdelay_retry_policy": {"max_retries": 1, "interval_start": 0.05},
+            "task_ignore_result": True,
+        },
+    )
+    releasing = companion(app)
+    acknowledged: list[str] = []
+    refused: dict[str, str] = {}
+    stop = threading.Event()
+    producer = threading.Thread(target=_park_until, args=(app, stop, acknowledged, refused))
+    producer.start()
+    try:
+        wait_for(lambda: len(acknowledged) > 300, message="parking under way")
+        # When Redis goes away mid-stream and comes back
+        if how == "restart":
+            aof_server.restart()
+        else:
+            aof_server.kill()
+            wait_for(lambda: len(refused) > 0, message="a producer seeing the outage")
+            aof_server.start()
+        count = len(acknowledged)
+        wait_for(lambda: len(acknowledged) > count + 300, message="parking again")
+    finally:
+        stop.set()
+        producer.join(timeout=30)
+
+    # Then every acknowledged task reaches the broker queue exactly once. (No
+    # worker consumes during the fault: a worker's own prefetched messages
+    # are the broker transport's business, not the store's.)
+    client = aof_server.client()
+    try:
+        wait_for(
+            lambda: client.zcard(DUE) + client.zcard(LEASE) == 0,
+            timeout=30,
+            message=lambda: f"everything released; companion log:\n{releasing.log()[-3000:]}",
+        )
+        queued = [json.loads(raw)["headers"]["id"] for raw in client.lrange("celery", 0, -1)]
+    finally:
+        client.close()
+    assert set(acknowledged) <= set(queued)
+    assert set(queued) <= set(acknowledged) | set(refused)
+    assert len(queued) == len(set(queued)), "released twice"
+    if how == "kill":
+        assert refused, "producers saw a clear error while Redis was down"
+    for message in refused.values():
+        assert f"Cannot reach the celery-zdelay store at {url}" in message
+
+    # And the released messages run as usual
+    worker(app)
+    runs.wait_for_count(len(queued), timeout=120)
+    assert sorted(runs.ids()) == sorted(queued)
+
+
+def _kill_companions_repeatedly(
+    app: Celery,
+    live: list[CeleryProcess],
+    stop: threading.Event,
+    kills: list[int],
+    errors: list[BaseException],
+) -> None:
+    try:
+        while not stop.is_set():
+            stop.wait(0.4)
+            victim = live.pop(random.randrange(len(live)))
+            victim.kill()
+            kills.append(victim.pid)
+            live.append(start_companion(app))
+    except BaseException as exc:  # surfaced by the test
+        errors.append(exc)
+
+
+@pytest.mark.parametrize(
+    ("path", "dedupe"),
+    [("handoff", False), ("generic", False), ("generic", True)],
+)
+def test_companions_killed_over_and_over_lose_nothing(
+    make_test_app: AppFactory,
+    broker_server: RedisServer,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    processes: list[CeleryProcess],
+    worker,
+    runs: Runs,
+    path: str,
+    dedupe: bool,
+) -> None:
+    # Given 20,000 tasks falling due over ~8 s and 4 companions releasing them
+    broker = f"{redis_server.url}/0" if path == "handoff" else f"{broker_server.url}/0"
+    batch_size = 200
+    app = make_test_app(
+        broker=broker,
+        conf={
+            "zdelay_lease_seconds": 2,
+            "zdelay_batch_size": batch_size,
+            "zdelay_worker_dedupe": dedupe,
+            "task_ignore_result": True,
+        },
+    )
+    record = app.tasks["tests.record"]
+    ids = set()
+    with celery_zdelay.batch(app):
+        for i in range(20_000):
+            ids.add(record.apply_delayed((i,), countdown=2 + (i % 8000) / 1000).id)
+    live = [start_companion(app) for _ in range(4)]
+    worker(app)
+    worker(app)
+
+    # When one of them is SIGKILLed every 0.4 s and replaced
+    stop, kills, errors = threading.Event(), [], []
+    killer = threading.Thread(
+        target=_kill_companions_repeatedly, args=(app, live, stop, kills, errors)
+    )
+    killer.start()
+    try:
+        wait_for(lambda: redis_client.zcard(DUE) == 0 or errors, timeout=120, message="all claimed")
+    finally:
+        stop.set()
+        killer.join(timeout=60)
+        processes.extend(live)
+    assert not errors
+    assert len(kills) >= 5
+
+    # Then every task runs; twice only where the design allows it
+    runs.wait_for_count(len(ids), timeout=120)
+    ran = runs.ids()
+    assert set(ran) == ids
+    duplicates = runs.duplicates()
+    if path == "handoff" or dedupe:
+        assert duplicates == {}
+    else:
+        # Only entries published by a companion killed before its store ack
+        # run twice: at most one batch per kill.
+        assert len(duplicates) <= len(kills) * batch_size
+    wait_for(lambda: redis_client.zcard(LEASE) == 0, timeout=30, message="nothing in flight")
+    assert redis_client.hlen(MSG) == 0
