@@ -1,26 +1,38 @@
-"""The end-to-end demo: ``python -m example_project.demo``.
+"""The shop's story end to end: ``python -m example_project.demo`` (``make demo``).
 
-Starts a Celery worker and the celery-zdelay companion, parks a few hundred
-tasks with countdowns of one to five seconds, waits until they ran and prints
-how late each ran. Uses ``REDIS_URL`` when set, else a private Redis it
-starts (and stops) itself.
+Starts a Celery worker and the celery-zdelay companion, places orders whose
+payment window is a few seconds instead of 30 minutes, pays some of them,
+and prints what happened to each: paid (its parked cancel task removed),
+cancelled automatically when the window closed (and how late the cancel
+ran), or paid in the very last second (the cancel task ran anyway, looked
+at the order again and left it alone).
+
+Uses ``REDIS_URL`` when set, else a private Redis it starts and stops; the
+SQLite database lives in a temporary directory. ``SHOP_PAYMENT_WINDOW_SECONDS``
+sets the window (default here: 3).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TASKS = 300
+#: Orders placed, one every PLACE_EVERY seconds.
+ORDERS = 12
+PLACE_EVERY = 0.1
+#: Seconds to wait for the worker and companion to start, and for the story to end.
+START_TIMEOUT = 60.0
+END_TIMEOUT = 60.0
 
 
 @contextlib.contextmanager
@@ -36,71 +48,213 @@ def redis_url() -> Iterator[str]:
         yield f"{server.url}/0"
 
 
-def start(role: str, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "celery", "-A", "example_project.tasks", *args]
-    print(f"Starting the {role}: celery -A example_project.tasks {' '.join(args)}")
-    return subprocess.Popen(command, cwd=ROOT, env=env)
+def start(role: str, *args: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    print(f"Starting the {role}: celery -A example_project {' '.join(args)}  (log: {log.name})")
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "example_project", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def main() -> int:
-    with redis_url() as url:
-        os.environ["REDIS_URL"] = url
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        from example_project.tasks import _runs, app, remind
+    with redis_url() as url, tempfile.TemporaryDirectory(prefix="zdelay-shop-") as tmp:
+        os.environ.update(
+            REDIS_URL=url,
+            SHOP_DATABASE=str(Path(tmp) / "shop.sqlite3"),
+            DJANGO_SETTINGS_MODULE="example_project.settings",
+        )
+        os.environ.setdefault("SHOP_PAYMENT_WINDOW_SECONDS", "3")
+        import django
+        from django.core.management import call_command
 
-        _runs.delete("demo:runs")
+        django.setup()
+        call_command("migrate", verbosity=0)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        logs = {"worker": Path(tmp) / "worker.log", "companion": Path(tmp) / "companion.log"}
         processes = [
-            start("worker", "worker", "-P", "solo", "-l", "WARNING", env=env),
-            start("companion", "zdelay", "-l", "INFO", env=env),
+            start(
+                "worker",
+                "worker",
+                "-P",
+                "solo",
+                "-l",
+                "WARNING",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                env=env,
+                log=logs["worker"],
+            ),
+            start("companion", "zdelay", "-l", "INFO", env=env, log=logs["companion"]),
         ]
+        status = 1
         try:
-            return run_demo(app, remind, _runs)
+            wait_until_ready(logs["companion"])
+            status = run_story()
         finally:
             for process in processes:
                 process.terminate()
             for process in processes:
                 process.wait(timeout=30)
+            if status:
+                for role, log in logs.items():
+                    print(f"\n--- {role} log ---\n{log.read_text(errors='replace')[-3000:]}")
+        return status
 
 
-def wait_until_ready(app, runs) -> None:  # type: ignore[no-untyped-def]
-    """Wait (at most 60 s) for the worker to answer a ping and the companion's heartbeat."""
-    deadline = time.monotonic() + 60
-    while not app.control.ping(timeout=0.5):
+def wait_until_ready(companion_log: Path) -> None:
+    """Wait for the worker to answer a ping and for the companion's heartbeat."""
+    from celery_zdelay.parking import store_for
+    from celery_zdelay.store.keys import companions_key
+    from example_project import celery_app
+
+    deadline = time.monotonic() + START_TIMEOUT
+    while not celery_app.control.ping(timeout=0.5):
         if time.monotonic() > deadline:
-            raise SystemExit("The worker did not start within 60 s")
-    while not runs.hlen("zdelay:companions"):
+            raise SystemExit(f"The worker did not start within {START_TIMEOUT:g} s")
+    store = store_for(celery_app)
+    while not store.client.hlen(companions_key(store.config.key_prefix)):
         if time.monotonic() > deadline:
-            raise SystemExit("The companion did not start within 60 s")
-        time.sleep(0.1)
+            raise SystemExit(f"The companion did not start within {START_TIMEOUT:g} s")
+        time.sleep(0.05)
+    for line in companion_log.read_text().splitlines():
+        if " started: " in line:
+            print("Companion:", line.split("] ", 1)[-1])
 
 
-def run_demo(app, remind, runs) -> int:  # type: ignore[no-untyped-def]
-    wait_until_ready(app, runs)
-    now = datetime.now(timezone.utc)
+@dataclass
+class Plan:
+    """What the demo does to one order, and when (seconds after it was placed)."""
+
+    kind: str  # "unpaid", "paid", "last second", "too late"
+    pay_after: float | None = None
+
+
+def plans(window: float) -> list[Plan]:
+    """The story: some orders paid in time, one in the last second, one too late."""
+    rng = random.Random(7)
+    story = [Plan("unpaid") for _ in range(ORDERS)]
+    for index in (0, 3, 5, 8, 10):
+        story[index] = Plan("paid", rng.uniform(0.2, window * 0.8))
+    story[6] = Plan("last second", max(0.0, window - 0.05))
+    story[9] = Plan("too late", window + 0.5)
+    return story
+
+
+def run_story() -> int:
+    from django.conf import settings
+    from django.utils import timezone
+
+    from example_project.shop.models import Order
+    from example_project.shop.orders import OrderClosed, pay_order
+
+    window = settings.SHOP_PAYMENT_WINDOW.total_seconds()
+    story = plans(window)
+    print(f"\nPayment window: {window:g} s (SHOP_PAYMENT_WINDOW_SECONDS; 1800 in production)")
+
     started = time.monotonic()
-    for i in range(TASKS):
-        eta = now + timedelta(seconds=1 + random.random() * 4)
-        due_ms = -(-int(eta.timestamp() * 1_000_000) // 1000)  # ceil, as the store does
-        remind.apply_delayed((f"customer-{i}", due_ms), eta=eta)
-    print(f"Parked {TASKS} reminders due in 1-5 s ({time.monotonic() - started:.2f} s to park)")
+    actions: list[tuple[float, Callable[[], None]]] = []
+    orders: list[Order] = []
+    notes: dict[int, str] = {}
 
-    deadline = time.monotonic() + 60
-    while runs.llen("demo:runs") < TASKS and time.monotonic() < deadline:
-        time.sleep(0.2)
-    done = [json.loads(raw) for raw in runs.lrange("demo:runs", 0, -1)]
-    late = sorted(run["late_ms"] for run in done)
-    ids = [run["id"] for run in done]
+    def pay(order: Order, kind: str) -> None:
+        at = f"{(timezone.now() - order.created_at).total_seconds():.2f} s after it was placed"
+        if kind == "last second":
+            # The payment provider's webhook lands just as the window closes
+            # and records the payment without reaching the parked task (as a
+            # payment racing a cancel task that was already released would):
+            # the task must look at the order before cancelling it.
+            Order.objects.filter(pk=order.pk, status=Order.Status.PENDING).update(
+                status=Order.Status.PAID, paid_at=timezone.now()
+            )
+            notes[order.pk] = f"paid {at}, parked task left in place: it re-checked"
+            return
+        try:
+            payment = pay_order(order.pk)
+        except OrderClosed as exc:
+            notes[order.pk] = f"payment {at} refused: {exc}"
+            return
+        removed = "removed" if payment.cancel_task_removed else "already released"
+        notes[order.pk] = f"paid {at}, parked cancel task {removed}"
+
+    print(f"Placing {ORDERS} orders, {PLACE_EVERY:g} s apart, and paying some of them...")
+    for index, plan in enumerate(story):
+        place_at = index * PLACE_EVERY
+        actions.append((place_at, _place(orders)))
+        if plan.pay_after is not None:
+            actions.append((place_at + plan.pay_after, _pay_later(orders, index, plan.kind, pay)))
+    actions.sort(key=lambda action: action[0])
+    for at, action in actions:
+        # The customers' timeline: each action waits for its moment.
+        time.sleep(max(0.0, at - (time.monotonic() - started)))
+        action()
+
+    expected_checks = [o.pk for o, p in zip(orders, story, strict=True) if p.kind != "paid"]
+    deadline = time.monotonic() + END_TIMEOUT
+    while Order.objects.filter(pk__in=expected_checks, cancel_checked_at=None).exists():
+        if time.monotonic() > deadline:
+            print(f"Gave up waiting after {END_TIMEOUT:g} s for the cancel tasks to run")
+            break
+        time.sleep(0.1)
+    return report(orders, story, notes, started)
+
+
+def _place(orders: list[Any]) -> Callable[[], None]:
+    from example_project.shop.orders import place_order
+
+    return lambda: orders.append(place_order(f"customer-{len(orders) + 1}", 4200))
+
+
+def _pay_later(
+    orders: list[Any], index: int, kind: str, pay: Callable[[Any, str], None]
+) -> Callable[[], None]:
+    return lambda: pay(orders[index], kind)
+
+
+def report(orders: list[Any], story: list[Plan], notes: dict[int, str], started: float) -> int:
+    from example_project.shop.models import Order
+
     print()
-    print(f"{'tasks parked':<28}{TASKS:>8}")
-    print(f"{'tasks run':<28}{len(done):>8}")
-    print(f"{'ran twice':<28}{len(ids) - len(set(ids)):>8}")
-    if late:
-        print(f"{'ran early (ms before due)':<28}{sum(1 for ms in late if ms < 0):>8}")
-        for label, q in (("p50", 0.5), ("p99", 0.99)):
-            print(f"{'lateness ' + label + ' (ms)':<28}{late[int(q * (len(late) - 1))]:>8}")
-        print(f"{'lateness max (ms)':<28}{late[-1]:>8}")
-    print("(lateness: the worker's start of the task minus its due time, on the Redis clock)")
-    return 0 if len(done) == TASKS and len(set(ids)) == TASKS else 1
+    print(f"{'order':<7}{'planned':<13}{'final state':<13}{'cancel task ran':<18}what happened")
+    lateness_ms: list[float] = []
+    correct = 0
+    for order, plan in zip(orders, story, strict=True):
+        order.refresh_from_db()
+        ran = "-"
+        if order.cancel_checked_at is not None:
+            late = (order.cancel_checked_at - order.pay_by).total_seconds() * 1000
+            lateness_ms.append(late)
+            ran = f"{late:+.0f} ms"
+        expected = Order.Status.PAID if plan.kind in ("paid", "last second") else "cancelled"
+        correct += order.status == expected
+        note = notes.get(order.pk, "never paid")
+        if order.status == Order.Status.CANCELLED and plan.kind == "unpaid":
+            note = "cancelled automatically when its window closed"
+        print(f"{order.pk:<7}{plan.kind:<13}{order.status:<13}{ran:<18}{note}")
+
+    counts = {status: sum(o.status == status for o in orders) for status in Order.Status}
+    print()
+    print(f"{'orders placed':<40}{len(orders):>6}")
+    print(f"{'paid':<40}{counts[Order.Status.PAID]:>6}")
+    print(f"{'cancelled automatically':<40}{counts[Order.Status.CANCELLED]:>6}")
+    print(f"{'orders in the expected state':<40}{correct:>6}")
+    if lateness_ms:
+        lateness_ms.sort()
+        early = sum(1 for ms in lateness_ms if ms < 0)
+        print(f"{'cancel tasks run':<40}{len(lateness_ms):>6}")
+        print(f"{'  of them before the window closed':<40}{early:>6}")
+        print(f"{'  lateness median (ms)':<40}{lateness_ms[len(lateness_ms) // 2]:>6.0f}")
+        print(f"{'  lateness max (ms)':<40}{lateness_ms[-1]:>6.0f}")
+    print(
+        "(lateness: when the worker started the cancel task minus the end of the "
+        "payment window, on this machine's clock)"
+    )
+    print(f"The story took {time.monotonic() - started:.1f} s.")
+    return 0 if correct == len(orders) else 1
 
 
 if __name__ == "__main__":

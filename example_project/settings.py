@@ -1,0 +1,48 @@
+"""Django settings of the example shop.
+
+``REDIS_URL`` is Celery's broker and, because it is Redis, also where
+celery-zdelay parks delayed tasks. ``SHOP_DATABASE`` is the SQLite file.
+``SHOP_PAYMENT_WINDOW_SECONDS`` is how long an order may stay unpaid: 30
+minutes, or a few seconds in the demo.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+
+SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "example only: not a secret")
+DEBUG = False
+ALLOWED_HOSTS: list[str] = []
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "example_project.shop",
+]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("SHOP_DATABASE", str(BASE_DIR / "shop.sqlite3")),
+        # The demo process and the worker write the same file: wait for the
+        # other's write lock rather than fail with "database is locked".
+        "OPTIONS": {"timeout": 20},
+    }
+}
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+#: How long an order may stay unpaid before it is cancelled.
+SHOP_PAYMENT_WINDOW = timedelta(
+    seconds=float(os.environ.get("SHOP_PAYMENT_WINDOW_SECONDS", "1800"))
+)
+
+CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Parked tasks live in the broker's Redis; set CELERY_ZDELAY_REDIS_URL to
+# park them elsewhere (it must be set when the broker is RabbitMQ).

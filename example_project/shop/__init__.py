@@ -1,0 +1,1 @@
+"""The shop app: orders, payments, and the task that cancels unpaid orders."""
