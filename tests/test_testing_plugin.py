@@ -289,7 +289,7 @@ def celery_app():
 
         def test_a_uses_zdelay(celery_app, zdelay):
             assert APP.conf.zdelay_redis_url != "redis://127.0.0.1:9/3"
-            assert APP.conf.zdelay_key_prefix.startswith("zdelay-test-main-")
+            assert APP.conf.zdelay_key_prefix.startswith("zdelay-test-")
 
 
         def test_b_sees_its_own_settings_again():
