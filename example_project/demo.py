@@ -73,7 +73,8 @@ def main() -> int:
 
         django.setup()
         call_command("migrate", verbosity=0)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
         logs = {"worker": Path(tmp) / "worker.log", "companion": Path(tmp) / "companion.log"}
         processes = [
             start(
