@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from celery_zdelay.testing import RedisServer
+from celery_zdelay.testing import RedisServer, free_port
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.timeout(120)
@@ -347,6 +347,20 @@ def test_without_an_app_the_fixture_says_how_to_name_it(pytester: pytest.Pyteste
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*zdelay fixture needs your Celery app*zdelay_app*"])
+
+
+def test_an_unreachable_test_redis_is_a_clear_error(pytester: pytest.Pytester) -> None:
+    _suite(
+        pytester,
+        BROKER_APP,
+        """
+        def test_needs_redis(zdelay):
+            pass
+        """,
+    )
+    result = pytester.runpytest(f"--zdelay-redis-url=redis://127.0.0.1:{free_port()}/0")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*Cannot reach the celery-zdelay store at redis://127.0.0.1:*"])
 
 
 def test_the_app_can_be_named_in_the_ini_file(
