@@ -22,13 +22,12 @@ from celery import Celery
 
 from celery_zdelay import StoreUnavailableError
 from celery_zdelay.companion import Companion
-from celery_zdelay.entry import entry_headers
+from celery_zdelay.parking import store_for
+from celery_zdelay.store.admin import ParkedEntry, list_parked
 from celery_zdelay.testing import RedisServer, free_port
 from tests.project import close_app
 
 pytestmark = pytest.mark.timeout(60)
-
-DUE, MSG = "{zdelay:0}:due", "{zdelay:0}:msg"
 
 
 @contextmanager
@@ -96,14 +95,9 @@ def django_app(redis_server: RedisServer) -> Iterator[Celery]:
     close_app(app)
 
 
-def _parked(client: redis.Redis) -> list[dict[str, Any]]:
-    """The Celery headers of every parked entry, in due order."""
-    parked = []
-    for task_id in client.zrange(DUE, 0, -1):
-        payload = client.hget(MSG, task_id)
-        assert payload is not None
-        parked.append(entry_headers(payload))
-    return parked
+def _parked(app: Celery) -> list[ParkedEntry]:
+    """What is parked, in due order, as ``celery -A proj zdelay list`` shows it."""
+    return list_parked(store_for(app)).entries
 
 
 def test_a_committed_transaction_parks_the_task_with_the_id_returned_at_once(
@@ -116,16 +110,14 @@ def test_a_committed_transaction_parks_the_task_with_the_id_returned_at_once(
         group = groups.objects.create(name="zdelay-committed")
         result = welcome.apply_delayed_on_commit((group.pk,), countdown=1800)
         assert result.id
-        assert _parked(redis_client) == []
+        assert _parked(django_app) == []
 
-    (headers,) = _parked(redis_client)
-    assert headers["id"] == result.id
-    assert headers["task"] == "shop.welcome"
-    assert headers["argsrepr"] == repr((group.pk,))
-    due_ms = int(redis_client.zscore(DUE, result.id) or 0) // 1024
+    (parked,) = _parked(django_app)
+    assert (parked.task_id, parked.task) == (result.id, "shop.welcome")
+    assert parked.argsrepr == repr((group.pk,))
     seconds, micros = redis_client.time()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    assert 1_799_000 < due_ms - now_ms <= 1_800_000
+    assert 1_799_000 < parked.due_ms - now_ms <= 1_800_000
 
 
 def test_a_rolled_back_transaction_parks_nothing(
@@ -139,7 +131,7 @@ def test_a_rolled_back_transaction_parks_nothing(
 
     assert result.id
     assert not groups.objects.filter(name="zdelay-rolled-back").exists()
-    assert _parked(redis_client) == []
+    assert _parked(django_app) == []
 
 
 def test_a_rolled_back_savepoint_drops_only_the_tasks_parked_inside_it(
@@ -155,7 +147,7 @@ def test_a_rolled_back_savepoint_drops_only_the_tasks_parked_inside_it(
             dropped = groups.objects.create(name="zdelay-dropped")
             welcome.apply_delayed_on_commit((dropped.pk,), countdown=60)
 
-    assert [h["id"] for h in _parked(redis_client)] == [outer.id]
+    assert [p.task_id for p in _parked(django_app)] == [outer.id]
     assert list(
         groups.objects.filter(name__startswith="zdelay-").values_list("name", flat=True)
     ) == ["zdelay-kept"]
@@ -168,7 +160,7 @@ def test_outside_a_transaction_the_task_is_parked_at_once(
     result = welcome.apply_delayed_on_commit((1,), countdown=60, task_id="welcome-1")
 
     assert result.id == "welcome-1"
-    assert [h["id"] for h in _parked(redis_client)] == ["welcome-1"]
+    assert [p.task_id for p in _parked(django_app)] == ["welcome-1"]
 
 
 def test_the_parked_task_is_released_to_the_broker_with_its_id(
@@ -202,7 +194,7 @@ def test_celerys_own_on_commit_methods_still_work(
 
     sent = [json.loads(raw)["headers"]["argsrepr"] for raw in redis_client.lrange("celery", 0, -1)]
     assert sorted(sent) == ["(2,)", "(3,)"]
-    assert _parked(redis_client) == []
+    assert _parked(django_app) == []
 
 
 def test_when_parking_fails_at_commit_the_data_is_committed_and_the_error_raised(

@@ -32,9 +32,9 @@ from celery import states
 
 from ..companion import Companion
 from ..config import get_config
-from ..entry import entry_headers
-from ..errors import ConfigurationError, EntryError, ZDelayError
+from ..errors import ConfigurationError, ZDelayError
 from ..parking import store_for
+from ..store.admin import MAX_LIST_LIMIT, ParkedEntry, list_parked
 from .worker import InProcessWorker
 
 if TYPE_CHECKING:
@@ -194,9 +194,7 @@ class FastForward:
 
     def parked(self, name: str | None = None) -> list[ParkedTask]:
         """Return what is parked, in due order; only tasks called *name* if given."""
-        store = self.store
-        now_ms = store.time_ms()
-        tasks = self._listed(store, now_ms, max_score="+inf")
+        tasks = self._listed(self.store)
         return [t for t in tasks if name is None or t.name == name]
 
     # -- the clock --------------------------------------------------------------
@@ -301,10 +299,9 @@ class FastForward:
 
     def _release_step(self, store: Store) -> list[ReleasedTask]:
         """Release what is due now through the companion; under eager, run it."""
-        now_ms = store.time_ms()
         # Whatever the companion's claim can pick: due now, or within the
         # second it takes to get there.
-        candidates = self._listed(store, now_ms, max_score=(now_ms + 1000) * 1024 + 1023)
+        candidates = self._listed(store, due_within_ms=1000)
         with Companion(self.app, store=store) as companion:
             report = companion.release_due()
         if report.failed:
@@ -360,22 +357,18 @@ class FastForward:
             raise errors[0]
         return results
 
-    def _listed(self, store: Store, now_ms: int, *, max_score: Any) -> list[ParkedTask]:
-        entries: list[tuple[int, ParkedTask]] = []
-        for shard in store.shards:
-            keys = store.keys(shard)
-            members: list[Any] = store.client.zrangebyscore(
-                keys.due, "-inf", max_score, withscores=True
+    def _listed(self, store: Store, *, due_within_ms: int | None = None) -> list[ParkedTask]:
+        """List parked entries through the store's own listing, which reads payloads."""
+        due_before_ms = None
+        if due_within_ms is not None:
+            due_before_ms = store.time_ms() + due_within_ms + 1
+        listing = list_parked(store, due_before_ms=due_before_ms, limit=MAX_LIST_LIMIT)
+        if listing.more:
+            raise ZDelayError(
+                f"More than {MAX_LIST_LIMIT} tasks are parked (or due at once); the "
+                "zdelay fixture lists them all, and is made for tests that park fewer."
             )
-            if not members:
-                continue
-            ids = [member for member, _ in members]
-            payloads: list[Any] = store.client.hmget(keys.msg, ids)
-            for (member, score), payload in zip(members, payloads, strict=True):
-                task_id = member.decode() if isinstance(member, bytes) else str(member)
-                entries.append((int(score), _parked(task_id, int(score), payload, now_ms)))
-        entries.sort(key=lambda pair: pair[0])
-        return [task for _, task in entries]
+        return [_parked(entry, listing.now_ms) for entry in listing.entries]
 
     def _released_ids(self, store: Store, candidates: list[ParkedTask]) -> set[str]:
         gone: set[str] = set()
@@ -386,21 +379,16 @@ class FastForward:
         return gone
 
 
-def _parked(task_id: str, score: int, payload: bytes | None, now_ms: int) -> ParkedTask:
-    due_ms = score // 1024
-    headers: dict[str, Any] = {}
-    if payload is not None:
-        try:
-            headers = entry_headers(payload)
-        except EntryError:
-            logger.warning("Parked entry %s is damaged; listing it without headers", task_id)
+def _parked(entry: ParkedEntry, now_ms: int) -> ParkedTask:
+    if entry.error is not None:
+        logger.warning("Parked entry %s cannot be read: %s", entry.task_id, entry.error)
     return ParkedTask(
-        id=task_id,
-        name=str(headers.get("task") or ""),
-        due=datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc),
-        due_in=(due_ms - now_ms) / 1000,
-        argsrepr=str(headers.get("argsrepr") or ""),
-        kwargsrepr=str(headers.get("kwargsrepr") or ""),
+        id=entry.task_id,
+        name=entry.task or "",
+        due=datetime.fromtimestamp(entry.due_ms / 1000, tz=timezone.utc),
+        due_in=(entry.due_ms - now_ms) / 1000,
+        argsrepr=entry.argsrepr or "",
+        kwargsrepr=entry.kwargsrepr or "",
     )
 
 
