@@ -134,8 +134,8 @@ def _park_bomb(app: Celery, path: Path, task_id: str) -> None:
         exchange="",
         routing_key="celery",
     )
-    payload = encode_entry(message, dest="celery", layout=_layout(app))
-    store_for(app).park([ParkRequest(task_id, Due("r", 0), payload, "celery")])
+    payload, template = encode_entry(message, dest="celery", layout=_layout(app))
+    store_for(app).park([ParkRequest(task_id, Due("r", 0), payload, "celery", template)])
 
 
 def _layout(app: Celery) -> str:

@@ -1,17 +1,31 @@
 """The parked entry: one task message, stored until it is due.
 
-A payload is two parts separated by the first newline::
+What a release publishes is the message in the envelope kombu's Redis
+transport pushes (``{"body": ..., "headers": {...}, "properties": {...}}``),
+with the body still serialized (and compressed, if Celery compressed it):
+nothing here decodes task arguments.
 
-    {"v":1,"n":812,"k":"celery","l":"3f2a9c1e","q":["celery"]}
-    {"body":"W1s0Ml0s...","content-encoding":"utf-8",...,"delivery_tag":"
+Most of an envelope repeats from call to call of a task (header names, task
+name, routing, content type), so it is stored in two parts:
 
-The first line is metadata: schema version ``v``, length ``n`` of the second
-part, and optionally the kombu list key ``k`` and transport layout ``l`` for
-the Redis handoff, the queues ``q`` to declare before publishing, and the
-signature ``s``. The second part is the message in the envelope kombu's Redis
-transport pushes, cut off at the opening quote of the delivery tag, so
-handoff.lua only appends a tag and ``"}}``. The body stays serialized (and
-compressed, if Celery compressed it): nothing here decodes task arguments.
+- a **template**, once per shard: the envelope's JSON text with a NUL byte
+  and a variable number where each per-call value goes, cut off at the
+  opening quote of the delivery tag; its first line holds what the template
+  decides: the variable count ``c`` and, for the Redis handoff, the kombu
+  list key ``k``, the transport layout ``l`` and the queues to declare ``q``;
+- the **entry**: a metadata line (schema version ``v``, template id ``t``,
+  length ``n`` of what follows, optional signature ``s``), a newline, then the
+  per-call values (JSON fragments: body, task id, argsrepr, ...) separated by
+  NUL bytes, which JSON text never contains::
+
+      {"v":1,"t":"9f86d081884c7d65","n":268}
+      "W1s0Ml0sIHt9..."\0"f9fe6d14-431f-..."\0"(42,)"\0...
+
+Expanding an entry gives the classic single-part form that :func:`decode_entry`
+reads: ``{"v":1,"n":812,"k":...,"l":...,"q":[...]}``, a newline, the envelope
+head. Messages with more than :data:`MAX_VARIABLES` per-call values are
+stored that way directly. handoff.lua and push.lua expand entries themselves
+(see ``lua/_expand.lua``) and append a delivery tag and ``"}}``.
 """
 
 from __future__ import annotations
@@ -20,6 +34,8 @@ import base64
 import hashlib
 import hmac
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,14 +44,61 @@ from kombu.utils.json import loads as kombu_loads
 
 from .errors import EntryError
 
-__all__ = ["SCHEMA_VERSION", "TaskMessage", "decode_entry", "encode_entry", "entry_headers"]
+__all__ = [
+    "MAX_VARIABLES",
+    "SCHEMA_VERSION",
+    "TaskMessage",
+    "Template",
+    "decode_entry",
+    "encode_entry",
+    "entry_headers",
+    "expand_entry",
+    "template_id",
+]
 
 #: Version written into every new entry; readers accept this one.
 SCHEMA_VERSION = 1
 
+#: Most per-call values one template holds (the variable number is one byte).
+MAX_VARIABLES = 127
+
 _TAG_TAIL = '"delivery_tag":""}}'
 _COMPACT = (",", ":")
 _SIGNATURE_CONTEXT = b"celery-zdelay entry v1\0"
+_MARKER = re.compile(rb"\x00(.)", re.DOTALL)
+
+#: Headers whose values repeat from call to call: they stay in the template.
+#: Every other header (ids, argsrepr, origin, custom headers...) is per call.
+_TEMPLATE_HEADERS = frozenset(
+    {
+        "lang",
+        "task",
+        "shadow",
+        "eta",
+        "retries",
+        "timelimit",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "compression",
+    }
+)
+#: Properties that stay in the template; correlation_id, reply_to, ... are per call.
+_TEMPLATE_PROPERTIES = frozenset(
+    {"delivery_mode", "delivery_info", "priority", "body_encoding", "delivery_tag"}
+)
+
+TemplateLookup = Callable[[str], "bytes | None"]
+
+
+@dataclass(frozen=True)
+class Template:
+    """The constant part of entries that differ only in per-call values."""
+
+    #: Content hash of :attr:`record`: the same template always has the same id.
+    id: str
+    #: Template metadata line, newline, template text (see the module docstring).
+    record: bytes
 
 
 @dataclass
@@ -73,12 +136,111 @@ def encode_entry(
     dest: str | None = None,
     layout: str | None = None,
     signing_key: bytes | None = None,
-) -> bytes:
-    """Return the payload that parks *message*.
+) -> tuple[bytes, Template | None]:
+    """Return the payload that parks *message*, and the template it refers to.
 
     *dest* and *layout* name the Redis broker list the handoff pushes to;
-    *signing_key* signs the entry so companions can refuse forged ones.
+    *signing_key* signs the entry so companions can refuse forged ones. The
+    template is ``None`` when the message is stored in one part.
     """
+    envelope = _envelope(message)
+    head = _head(envelope)
+    signature = (
+        _signature(signing_key, dest, message.declare or None, head) if signing_key else None
+    )
+    routing: dict[str, Any] = {}
+    if dest is not None:
+        routing["k"] = dest
+        routing["l"] = layout
+    if message.declare:
+        routing["q"] = message.declare
+
+    variables: list[bytes] = []
+    numbers: dict[bytes, int] = {}
+
+    def variable(value: Any) -> str:
+        fragment = kombu_dumps(value, separators=_COMPACT).encode()
+        number = numbers.setdefault(fragment, len(variables) + 1)
+        if number > len(variables):
+            variables.append(fragment)
+        return "\x00" + chr(number)
+
+    templated = {
+        "body": variable(envelope["body"]),
+        "content-encoding": envelope["content-encoding"],
+        "content-type": envelope["content-type"],
+        "headers": {
+            key: value if key in _TEMPLATE_HEADERS else variable(value)
+            for key, value in envelope["headers"].items()
+        },
+        "properties": {
+            key: value if key in _TEMPLATE_PROPERTIES else variable(value)
+            for key, value in envelope["properties"].items()
+        },
+    }
+    if len(variables) > MAX_VARIABLES:
+        meta = {"v": SCHEMA_VERSION, "n": len(head), **routing}
+        if signature is not None:
+            meta["s"] = signature
+        return _line(meta) + b"\n" + head, None
+
+    text = _head(templated)
+    for number in range(1, len(variables) + 1):
+        # Each placeholder became a quoted JSON string: make it NUL + number.
+        sentinel = kombu_dumps("\x00" + chr(number)).encode()
+        text = text.replace(sentinel, b"\x00" + bytes([number]))
+    record = _line({"c": len(variables), **routing}) + b"\n" + text
+    template = Template(id=template_id(record), record=record)
+    blob = b"\x00".join(variables)
+    meta = {"v": SCHEMA_VERSION, "t": template.id, "n": len(blob)}
+    if signature is not None:
+        meta["s"] = signature
+    return _line(meta) + b"\n" + blob, template
+
+
+def template_id(record: bytes) -> str:
+    """Return the id of a template record: a hash of its content."""
+    return hashlib.sha1(record).hexdigest()[:16]
+
+
+def expand_entry(payload: bytes, lookup: TemplateLookup) -> bytes:
+    """Return *payload* in the single-part form, its template filled in.
+
+    *lookup* maps a template id to its record (``None`` when unknown).
+    Single-part payloads are returned as they are.
+
+    Raises:
+        EntryError: the template is unknown, or the values do not fit it.
+    """
+    meta_line, sep, blob = payload.partition(b"\n")
+    if not sep or b'"t":' not in meta_line:
+        return payload
+    meta = _meta(meta_line, blob)
+    template_ref = meta.get("t")
+    if not isinstance(template_ref, str):
+        return payload
+    record = lookup(template_ref)
+    if record is None:
+        raise EntryError(
+            f"template missing: the entry refers to template {template_ref!r}, "
+            "which the store does not hold"
+        )
+    template_line, _, text = record.partition(b"\n")
+    template_meta = json.loads(template_line)
+    values = blob.split(b"\x00")
+    if len(values) != template_meta.get("c"):
+        raise EntryError(
+            f"damaged payload: {len(values)} values for a template of {template_meta.get('c')}"
+        )
+    head = _MARKER.sub(lambda match: values[match.group(1)[0] - 1], text)
+    expanded = {"v": meta["v"], "n": len(head)}
+    expanded.update({k: template_meta[k] for k in ("k", "l", "q") if k in template_meta})
+    if "s" in meta:
+        expanded["s"] = meta["s"]
+    return _line(expanded) + b"\n" + head
+
+
+def _envelope(message: TaskMessage) -> dict[str, Any]:
     properties = dict(message.properties)
     properties["delivery_info"] = {
         "exchange": message.exchange,
@@ -87,38 +249,45 @@ def encode_entry(
     properties["priority"] = message.priority
     properties["body_encoding"] = "base64"
     properties["delivery_tag"] = ""
-    envelope = {
+    return {
         "body": base64.b64encode(message.body).decode("ascii"),
         "content-encoding": message.content_encoding,
         "content-type": message.content_type,
         "headers": message.headers,
         "properties": properties,
     }
+
+
+def _head(envelope: dict[str, Any]) -> bytes:
+    """Return the envelope's JSON up to the opening quote of the delivery tag."""
     text: str = kombu_dumps(envelope, separators=_COMPACT)
     if not text.endswith(_TAG_TAIL):  # pragma: no cover - guards the format
         raise AssertionError("envelope must end with the delivery tag")
-    head = text[:-3].encode()  # drop '"}}', keep the tag's opening quote
-    meta: dict[str, Any] = {"v": SCHEMA_VERSION, "n": len(head)}
-    if dest is not None:
-        meta["k"] = dest
-        meta["l"] = layout
-    if message.declare:
-        meta["q"] = message.declare
-    if signing_key is not None:
-        meta["s"] = _signature(signing_key, meta.get("k"), meta.get("q"), head)
-    return json.dumps(meta, separators=_COMPACT).encode() + b"\n" + head
+    return text[:-3].encode()  # drop '"}}', keep the tag's opening quote
 
 
-def decode_entry(payload: bytes | None, signing_keys: tuple[bytes, ...] = ()) -> TaskMessage:
+def _line(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, separators=_COMPACT).encode()
+
+
+def decode_entry(
+    payload: bytes | None,
+    signing_keys: tuple[bytes, ...] = (),
+    templates: TemplateLookup | None = None,
+) -> TaskMessage:
     """Return the message parked in *payload*.
+
+    *templates* looks up template records (see :meth:`Store.templates
+    <celery_zdelay.store.Store.templates>`).
 
     Raises:
         EntryError: the payload is missing, damaged, of an unknown schema
-            version, or (when *signing_keys* are given) unsigned or forged.
+            version, refers to a template it cannot have, or (when
+            *signing_keys* are given) is unsigned or forged.
     """
     if payload is None:
         raise EntryError("payload missing: the id was parked without a message")
-    meta, head = _split(payload)
+    meta, head = _split(payload, templates)
     if signing_keys:
         signature = meta.get("s")
         if not isinstance(signature, str):
@@ -157,12 +326,13 @@ def decode_entry(payload: bytes | None, signing_keys: tuple[bytes, ...] = ()) ->
         raise EntryError(f"damaged payload: {type(exc).__name__}: {exc}") from exc
 
 
-def entry_headers(payload: bytes) -> dict[str, Any]:
+def entry_headers(payload: bytes, templates: TemplateLookup | None = None) -> dict[str, Any]:
     """Return the Celery headers of *payload* (task name, argsrepr, ...).
 
-    Used to list entries; it never decodes the message body.
+    Used to list entries; it never decodes the message body. *templates* is
+    as for :func:`decode_entry`.
     """
-    _, head = _split(payload)
+    _, head = _split(payload, templates)
     try:
         headers = kombu_loads(head + b'zdelay"}}')["headers"]
     except Exception as exc:
@@ -172,10 +342,21 @@ def entry_headers(payload: bytes) -> dict[str, Any]:
     return headers
 
 
-def _split(payload: bytes) -> tuple[dict[str, Any], bytes]:
-    meta_line, sep, head = payload.partition(b"\n")
+def _split(payload: bytes, templates: TemplateLookup | None) -> tuple[dict[str, Any], bytes]:
+    meta_line, sep, rest = payload.partition(b"\n")
+    meta = _meta(meta_line if sep else b"", rest)
+    if "t" in meta:
+        if templates is None:
+            raise EntryError("template missing: no template lookup was given to read the entry")
+        meta_line, _, rest = expand_entry(payload, templates).partition(b"\n")
+        meta = json.loads(meta_line)
+    return meta, rest
+
+
+def _meta(line: bytes, rest: bytes) -> dict[str, Any]:
+    """Return the checked metadata line of a payload whose remainder is *rest*."""
     try:
-        meta = json.loads(meta_line) if sep else None
+        meta = json.loads(line) if line else None
     except ValueError:
         meta = None
     if not isinstance(meta, dict):
@@ -186,9 +367,9 @@ def _split(payload: bytes) -> tuple[dict[str, Any], bytes]:
             f"unknown schema version {version!r}: this companion reads version "
             f"{SCHEMA_VERSION}; run a celery-zdelay release that knows the newer one"
         )
-    if meta.get("n") != len(head):
+    if meta.get("n") != len(rest):
         raise EntryError("damaged payload: the message is truncated or was changed")
-    return meta, head
+    return meta
 
 
 def _signature(key: bytes, dest: Any, declare: Any, head: bytes) -> str:

@@ -274,7 +274,9 @@ class Companion:
         generic: list[tuple[Claimed, TaskMessage]] = []
         for entry in result.entries:
             try:
-                message = decode_entry(entry.payload, self.config.signing_keys)
+                message = decode_entry(
+                    entry.payload, self.config.signing_keys, self.store.templates(shard)
+                )
             except EntryError as exc:
                 dead.append((entry.task_id, self._dead_reason(exc.reason, entry.due_ms)))
                 continue

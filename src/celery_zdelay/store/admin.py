@@ -23,7 +23,7 @@ from typing import Any, cast
 import redis
 
 from .._format import duration
-from ..entry import entry_headers
+from ..entry import TemplateLookup, entry_headers, expand_entry
 from ..errors import ConfigurationError, EntryError
 from .client import sanitize_url, unavailable_as_error
 from .keys import companions_key
@@ -527,7 +527,7 @@ def _parked_in_shard(
             task_id = _text(member)
             if payload is None and member not in still_parked:
                 continue  # released between the two reads
-            entry = _parked_entry(task_id, shard, int(score), payload)
+            entry = _parked_entry(store, task_id, shard, int(score), payload)
             if task is not None and (entry.task is None or not fnmatchcase(entry.task, task)):
                 continue
             matches.append((int(score), shard, entry))
@@ -538,8 +538,10 @@ def _parked_in_shard(
             return matches, True
 
 
-def _parked_entry(task_id: str, shard: int, score: int, payload: bytes | None) -> ParkedEntry:
-    headers, queue, error = _describe(payload)
+def _parked_entry(
+    store: Store, task_id: str, shard: int, score: int, payload: bytes | None
+) -> ParkedEntry:
+    headers, queue, error = _describe(payload, store.templates(shard))
     return ParkedEntry(
         task_id=task_id,
         shard=shard,
@@ -578,14 +580,16 @@ def list_dead(
             )
         more = more or len(members) > limit
         for (member, died), record in zip(members, stored, strict=True):
-            found.append(_dead_entry(_text(member), shard, int(died), record))
+            found.append(_dead_entry(store, _text(member), shard, int(died), record))
     found.sort(key=lambda e: (-e.died_ms, e.shard, e.task_id))
     if len(found) > limit:
         more = True
     return Listing(now_ms=now_ms, entries=found[:limit], more=more)
 
 
-def _dead_entry(task_id: str, shard: int, died_ms: int, record: bytes | None) -> DeadEntry:
+def _dead_entry(
+    store: Store, task_id: str, shard: int, died_ms: int, record: bytes | None
+) -> DeadEntry:
     reason: dict[str, Any] = {}
     payload: bytes | None = None
     if record is not None:
@@ -595,7 +599,7 @@ def _dead_entry(task_id: str, shard: int, died_ms: int, record: bytes | None) ->
             reason = parsed if isinstance(parsed, dict) else {}
         except ValueError:
             reason = {"reason": reason_line.decode(errors="replace")}
-    headers, queue, error = _describe(payload or None)
+    headers, queue, error = _describe(payload or None, store.templates(shard))
     due_ms = reason.get("due_ms")
     return DeadEntry(
         task_id=task_id,
@@ -722,11 +726,14 @@ def _purge_call(store: Store, shard: int, task_ids: list[str]) -> int:
 # -- helpers ------------------------------------------------------------------
 
 
-def _describe(payload: bytes | None) -> tuple[dict[str, Any], str | None, str | None]:
+def _describe(
+    payload: bytes | None, templates: TemplateLookup
+) -> tuple[dict[str, Any], str | None, str | None]:
     """Return (Celery headers, routing key, error) of *payload*, never decoding the body."""
     if payload is None:
         return {}, None, "payload missing: the id was parked without a message"
     try:
+        payload = expand_entry(payload, templates)
         headers = entry_headers(payload)
     except EntryError as exc:
         return {}, None, exc.reason

@@ -33,6 +33,8 @@ class ShardKeys:
     dead_msg: str
     #: SET of kombu queue list keys parked entries name, for the handoff.
     dests: str
+    #: HASH template id -> template record: what entries of a task share.
+    templates: str
     #: STRING counter of handoff delivery tags.
     tags: str
     #: Pub/sub channel: "an earlier entry was parked", wakes sleeping companions.
@@ -59,6 +61,7 @@ def shard_keys(prefix: str, shard: int) -> ShardKeys:
         dead=f"{tag}:dead",
         dead_msg=f"{tag}:dead_msg",
         dests=f"{tag}:dests",
+        templates=f"{tag}:templates",
         tags=f"{tag}:tags",
         wake=f"{tag}:wake",
         tag_prefix=f"{prefix}.{shard}.",

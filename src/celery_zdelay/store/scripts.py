@@ -29,9 +29,20 @@ SCRIPT_NAMES = (
 )
 
 
+#: Scripts that read entries, loaded with the shared reader ``_expand.lua`` in front.
+_READERS = ("handoff", "push")
+
+
 @cache
 def script_source(name: str) -> str:
     """Return the Lua source of script *name*."""
+    source = _lua_file(name)
+    if name in _READERS:
+        source = _lua_file("_expand") + source
+    return source
+
+
+def _lua_file(name: str) -> str:
     return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
 
 

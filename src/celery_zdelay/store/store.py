@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ZDelayConfig
+from ..entry import Template, TemplateLookup
 from ..schedule import Due
 from .client import StoreClient, is_cluster, make_client, unavailable_as_error
 from .keys import ShardKeys, shard_keys, shard_of
@@ -24,6 +25,9 @@ __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
 #: How long a park call is remembered, so a retry after a lost reply is a
 #: no-op: longer than the producer's retries take (timeouts included).
 PARK_MARKER_MS = 120_000
+#: Template records kept in memory by one Store (they never change: ids are
+#: content hashes).
+TEMPLATE_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class ParkRequest:
     payload: bytes
     #: kombu list key for the Redis handoff, when the broker is Redis.
     dest: str | None = None
+    #: The template *payload* refers to, stored with it if the shard lacks it.
+    template: Template | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class Store:
         self.cluster = is_cluster(self.client)
         self.scripts = Scripts(self.client)
         self._keys = [shard_keys(config.key_prefix, s) for s in range(config.shards)]
+        self._templates: dict[str, bytes] = {}
 
     def close(self) -> None:
         """Close the connections to Redis."""
@@ -134,7 +141,10 @@ class Store:
 
     def _park_call(self, shard: int, requests: Sequence[ParkRequest], client: Any) -> Any:
         keys = self._keys[shard]
-        args: list[Any] = [keys.wake, PARK_MARKER_MS]
+        templates = {r.template.id: r.template.record for r in requests if r.template}
+        args: list[Any] = [keys.wake, PARK_MARKER_MS, len(templates)]
+        for template in templates.items():
+            args += template
         for request in requests:
             args += [
                 request.task_id,
@@ -144,7 +154,15 @@ class Store:
                 request.dest or "",
             ]
         return self.scripts.park(
-            keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.dests, keys.marker()],
+            keys=[
+                keys.due,
+                keys.msg,
+                keys.lease,
+                keys.leased,
+                keys.dests,
+                keys.marker(),
+                keys.templates,
+            ],
             args=args,
             client=client,
         )
@@ -216,7 +234,15 @@ class Store:
             keys,
             limit,
             lambda client: self.scripts.handoff(
-                keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.tags, *dests],
+                keys=[
+                    keys.due,
+                    keys.msg,
+                    keys.lease,
+                    keys.leased,
+                    keys.tags,
+                    keys.templates,
+                    *dests,
+                ],
                 args=[
                     lease_ms,
                     limit,
@@ -267,11 +293,33 @@ class Store:
             args += [task_id, index[dest]]
         with unavailable_as_error(self.url):
             pushed = self.scripts.push(
-                keys=[keys.lease, keys.leased, keys.msg, keys.tags, *dests],
+                keys=[keys.lease, keys.leased, keys.msg, keys.tags, keys.templates, *dests],
                 args=args,
                 client=self.client,
             )
         return [task_id.decode() for task_id in pushed]
+
+    def templates(self, shard: int) -> TemplateLookup:
+        """Return the template lookup of *shard*, for reading its payloads.
+
+        Pass it to :func:`~celery_zdelay.entry.decode_entry` or
+        :func:`~celery_zdelay.entry.entry_headers`. Records are cached: a
+        template id is the hash of its content, so a record never changes.
+        """
+
+        def lookup(template_id: str) -> bytes | None:
+            record = self._templates.get(template_id)
+            if record is None:
+                with unavailable_as_error(self.url):
+                    stored = self.client.hget(self._keys[shard].templates, template_id)
+                if not isinstance(stored, bytes):
+                    return None
+                if len(self._templates) >= TEMPLATE_CACHE_SIZE:
+                    self._templates.clear()
+                record = self._templates[template_id] = stored
+            return record
+
+        return lookup
 
     def dests(self, shard: int) -> list[str]:
         """Return the broker list keys parked entries of *shard* name."""

@@ -9,12 +9,13 @@
 -- KEYS[3] lease zset    id -> lease expiry ms
 -- KEYS[4] leased hash   id -> due score at claim time
 -- KEYS[5] tags counter  source of unique kombu delivery tags
--- KEYS[6..] kombu queue list keys this companion may push to
+-- KEYS[6] templates hash  template id -> template record (see entry.py)
+-- KEYS[7..] kombu queue list keys this companion may push to
 -- ARGV[1] lease length ms (for entries taking the generic path)
 -- ARGV[2] most entries to claim
 -- ARGV[3] the broker's transport layout fingerprint
 -- ARGV[4] delivery tag prefix
--- ARGV[5] "1" when KEYS[6..] were just read from the dests set: an entry
+-- ARGV[5] "1" when KEYS[7..] were just read from the dests set: an entry
 --         naming a list key outside them is leased instead of waiting
 -- ARGV[6] ms to add to the Redis clock when picking due entries: 0, except
 --         in tests that fast-forward time (celery_zdelay.testing)
@@ -23,7 +24,7 @@
 --          due_ms of each entry handed off}
 if redis.replicate_commands then redis.replicate_commands() end
 
-local due, msg, lease, leased, tags = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local due, msg, lease, leased, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local lease_ms, limit, layout, tag_prefix, fresh, advance_ms =
   tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5] == '1', tonumber(ARGV[6] or 0)
 local t = redis.call('TIME')
@@ -31,21 +32,16 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local token = now_ms + lease_ms
 
 local known = {}
-for i = 6, #KEYS do known[KEYS[i]] = true end
+for i = 7, #KEYS do known[KEYS[i]] = true end
 
--- The destination list of a payload, or nil when it must take the generic path.
+-- The destination list and envelope head of a payload, or nil when it must
+-- take the generic path.
 local function destination(payload)
-  if not payload then return nil end
-  local nl = string.find(payload, '\n', 1, true)
-  if not nl then return nil end
-  local ok, meta = pcall(cjson.decode, string.sub(payload, 1, nl - 1))
-  if not ok or type(meta) ~= 'table' or meta.v ~= 1 then return nil end
-  if type(meta.k) ~= 'string' or meta.l ~= layout or meta.s ~= nil then return nil end
-  if #payload - nl ~= meta.n then return nil end
-  -- A cheap sanity check of the envelope itself; anything odd goes to the
-  -- companion, which reads it fully and dead-letters what is damaged.
-  if string.sub(payload, nl + 1, nl + 9) ~= '{"body":"' then return nil end
-  return meta.k, nl
+  local meta, head = zdelay_read(templates, payload)
+  if not meta or type(meta.k) ~= 'string' or meta.l ~= layout or meta.s ~= nil then
+    return nil
+  end
+  return meta.k, head
 end
 
 local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', (now_ms + advance_ms) * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
@@ -60,7 +56,7 @@ local pushes, order, handed, handed_due, generic = {}, {}, {}, {}, {}
 local taken, needs_dests = 0, 0
 for j = 1, #claimed / 2 do
   local id, score, payload = claimed[2 * j - 1], claimed[2 * j], payloads[j]
-  local dest, nl = destination(payload)
+  local dest, head = destination(payload)
   if dest and not known[dest] and not fresh then
     -- Stop here, leaving this entry and later ones parked, so the caller can
     -- reread the dests set and keep the release order.
@@ -71,7 +67,7 @@ for j = 1, #claimed / 2 do
   if dest and known[dest] then
     if not pushes[dest] then pushes[dest] = {}; order[#order + 1] = dest end
     local list = pushes[dest]
-    list[#list + 1] = string.sub(payload, nl + 1)
+    list[#list + 1] = head
     handed[#handed + 1] = id
     handed_due[#handed_due + 1] = math.floor(tonumber(score) / 1024)
   else

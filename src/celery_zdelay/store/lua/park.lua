@@ -6,15 +6,19 @@
 -- KEYS[4] leased hash   id -> due score at claim time
 -- KEYS[5] dests set     kombu list keys named by parked entries (for handoff)
 -- KEYS[6] call marker   unique to this park call; makes a retried call a no-op
+-- KEYS[7] templates     template id -> template record (see entry.py)
 -- ARGV[1] wake channel, published to when the earliest due time moves earlier
 -- ARGV[2] ms the call marker lives (longer than the caller's retries take)
--- ARGV[3..] five per entry: id, mode, ms, payload, dest
+-- ARGV[3] number of templates that follow
+-- ARGV[4..] two per template: id, record (stored once; ids are content hashes)
+-- then five per entry: id, mode, ms, payload, dest
 --           mode "r": due ms after the Redis clock; "a": absolute epoch ms
 --           dest "": no handoff destination
 -- returns the due ms of each entry, in argument order
 if redis.replicate_commands then redis.replicate_commands() end
 
-local due, msg, lease, leased, dests, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local due, msg, lease, leased, dests, marker, templates =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
 -- A client whose reply was lost (Redis restarted) retries the call; if the
 -- first attempt ran, its entries may already be released: parking them again
@@ -52,9 +56,14 @@ local function score_for(due_ms)
   return score
 end
 
+local n_templates = tonumber(ARGV[3])
+for i = 4, 3 + 2 * n_templates, 2 do
+  redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1])
+end
+
 local before = head_score()
 local result = {}
-for i = 3, #ARGV, 5 do
+for i = 4 + 2 * n_templates, #ARGV, 5 do
   local id, mode, ms, payload, dest = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
   local due_ms = ms
   if mode == 'r' then due_ms = now_ms + ms end

@@ -7,24 +7,24 @@
 -- KEYS[2] leased hash   id -> due score at claim time
 -- KEYS[3] msg hash      id -> payload
 -- KEYS[4] tags counter  source of unique kombu delivery tags
--- KEYS[5..] kombu queue list keys
+-- KEYS[5] templates hash  template id -> template record (see entry.py)
+-- KEYS[6..] kombu queue list keys
 -- ARGV[1] claim token
 -- ARGV[2] delivery tag prefix
--- ARGV[3..] pairs: id, index of its list key among KEYS[5..] (1 = KEYS[5])
+-- ARGV[3..] pairs: id, index of its list key among KEYS[6..] (1 = KEYS[6])
 -- returns the ids pushed
-local lease, leased, msg, tags = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lease, leased, msg, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, tag_prefix = tonumber(ARGV[1]), ARGV[2]
 local pushed = {}
 local bodies = {}
 for i = 3, #ARGV, 2 do
-  local id, dest = ARGV[i], KEYS[4 + tonumber(ARGV[i + 1])]
+  local id, dest = ARGV[i], KEYS[5 + tonumber(ARGV[i + 1])]
   local score = redis.call('ZSCORE', lease, id)
-  local payload = redis.call('HGET', msg, id)
-  if dest and score and tonumber(score) == token and payload then
-    local nl = string.find(payload, '\n', 1, true)
-    if nl then
+  if dest and score and tonumber(score) == token then
+    local _, head = zdelay_read(templates, redis.call('HGET', msg, id))
+    if head then
       pushed[#pushed + 1] = id
-      bodies[#bodies + 1] = {dest, string.sub(payload, nl + 1)}
+      bodies[#bodies + 1] = {dest, head}
     end
   end
 end
