@@ -19,6 +19,7 @@ from celery.canvas import Signature, _chain, chord, group, maybe_signature
 
 from .capture import capture
 from .config import ZDelayConfig, get_config
+from .dedupe import mark_parked
 from .entry import TaskMessage, encode_entry
 from .errors import ConfigurationError
 from .redis_layout import RedisLayout
@@ -56,13 +57,14 @@ def park_task(
 ) -> Any:
     """Park one call of *task*; the body of ``Task.apply_delayed``."""
     app = task._get_app()
-    if app.conf.task_always_eager:
+    if _runs_now(app):
         return task.apply_async(args, kwargs, countdown=countdown, eta=eta, **options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)
-    result, messages = capture(
-        app, lambda producer: task.apply_async(args, kwargs, producer=producer, **options)
-    )
+    with _not_eager(app):
+        result, messages = capture(
+            app, lambda producer: task.apply_async(args, kwargs, producer=producer, **options)
+        )
     park_messages(app, messages, due)
     return result
 
@@ -88,14 +90,15 @@ def apply_delayed(
     if countdown is None and eta is None:
         countdown = signature.options.get("countdown")
         eta = signature.options.get("eta")
-    if app.conf.task_always_eager:
+    if _runs_now(app):
         return signature.apply_async(countdown=countdown, eta=eta, **options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)
     signature = _without_schedule(signature)
-    result, messages = capture(
-        app, lambda producer: signature.apply_async(producer=producer, **options)
-    )
+    with _not_eager(app):
+        result, messages = capture(
+            app, lambda producer: signature.apply_async(producer=producer, **options)
+        )
     park_messages(app, messages, due)
     return result
 
@@ -113,9 +116,10 @@ def send_delayed(
     """Park a task by name, as ``app.send_task`` would send it."""
     _reject_connection_options(options)
     due = due_from(countdown, eta)
-    result, messages = capture(
-        app, lambda producer: app.send_task(name, args, kwargs, producer=producer, **options)
-    )
+    with _not_eager(app):
+        result, messages = capture(
+            app, lambda producer: app.send_task(name, args, kwargs, producer=producer, **options)
+        )
     park_messages(app, messages, due)
     return result
 
@@ -209,18 +213,20 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
     signing_key = parking.config.signing_keys[0] if parking.config.signing_keys else None
     requests = []
     for message in messages:
+        if parking.config.worker_dedupe:
+            mark_parked(message.headers)
         if message.headers.get("eta") is not None:
             # A canvas member carried its own countdown; the delayed call's
             # due time wins, as the outer countdown does in Celery.
             message.headers["eta"] = None
         dest = _handoff_dest(app, parking.layout, message)
-        payload = encode_entry(
+        payload, template = encode_entry(
             message,
             dest=dest,
             layout=parking.layout.fingerprint if parking.layout and dest else None,
             signing_key=signing_key,
         )
-        requests.append(ParkRequest(message.task_id, due, payload, dest))
+        requests.append(ParkRequest(message.task_id, due, payload, dest, template))
     pending = _current_batch.get()
     if pending is not None and pending.app is app:
         pending.requests.extend(requests)
@@ -245,6 +251,40 @@ def _handoff_dest(app: Celery, layout: RedisLayout | None, message: TaskMessage)
     if queue is not None and queue.expires is not None:
         return None
     return layout.list_key(message.routing_key, message.priority)
+
+
+def _runs_now(app: Celery) -> bool:
+    """Whether a delayed call of *app* runs at once instead of being parked.
+
+    Under ``task_always_eager`` it runs, as ``apply_async`` does, unless
+    :mod:`celery_zdelay.testing` bound the app to a test (it sets
+    ``app._zdelay_park_when_eager``): then it is parked as in production, so
+    the test can fast-forward it.
+    """
+    return bool(app.conf.task_always_eager) and not getattr(app, "_zdelay_park_when_eager", False)
+
+
+@contextmanager
+def _not_eager(app: Celery) -> Iterator[None]:
+    """Let Celery build the message it would publish, even under eager.
+
+    Production is never eager; under ``task_always_eager`` Celery would run
+    the task instead of handing its message to the capturing producer (and
+    ``send_task`` would warn). Only a test binding parks under eager.
+    """
+    if not app.conf.task_always_eager:
+        yield
+        return
+    changes = app.conf.changes
+    saved = changes.get("task_always_eager")
+    app.conf.task_always_eager = False
+    try:
+        yield
+    finally:
+        if saved is None:
+            changes.pop("task_always_eager", None)
+        else:
+            changes["task_always_eager"] = saved
 
 
 def _reject_connection_options(options: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import celery
 
+from .dedupe import refuse_second_delivery
 from .parking import park_task
 from .transparent import install
 
@@ -37,7 +38,9 @@ class DelayedTaskMixin:
         *countdown* is seconds from now (on the Redis clock), *eta* a
         datetime (naive means UTC, as in Celery). Every other option of
         ``apply_async`` is accepted and ends up in the parked message. Under
-        ``task_always_eager`` this runs the task now, as ``apply_async`` does.
+        ``task_always_eager`` this runs the task now, as ``apply_async`` does,
+        unless a test bound the app with :mod:`celery_zdelay.testing` (the
+        ``zdelay`` fixture): then it is parked, and the test releases it.
 
         Raises:
             kombu.exceptions.EncodeError: an argument cannot be serialized;
@@ -45,6 +48,15 @@ class DelayedTaskMixin:
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
         return park_task(self, args, kwargs, countdown, eta, options)
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Drop a second delivery of a released task (``zdelay_worker_dedupe``).
+
+        Celery calls this in the worker just before the task runs; raising
+        ``Ignore`` here skips the run. See :mod:`celery_zdelay.dedupe`.
+        """
+        refuse_second_delivery(self)
+        super().before_start(task_id, args, kwargs)  # type: ignore[misc]
 
     @classmethod
     def on_bound(cls, app: Any) -> None:

@@ -1,0 +1,53 @@
+"""The worker-side guard (zdelay_worker_dedupe) runs a released task once even
+when the broker delivers it twice, and leaves retries alone."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from celery_zdelay.companion import Companion
+from tests.conftest import AppFactory
+from tests.helpers import Runs, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _release_and_duplicate(app, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    """Release what is due, then deliver the released message a second time,
+    as a companion killed between the broker's ack and its store ack would."""
+    with Companion(app) as companion:
+        assert companion.release_due().released == 1
+    (message,) = redis_client.lrange("celery", 0, -1)
+    redis_client.lpush("celery", message)
+
+
+@pytest.mark.parametrize("dedupe", [True, False])
+def test_a_second_delivery_of_a_released_task_is_dropped_when_the_guard_is_on(
+    make_test_app: AppFactory, redis_client: redis.Redis, worker, runs: Runs, dedupe: bool
+) -> None:
+    app = make_test_app(conf={"zdelay_worker_dedupe": dedupe})
+    result = app.tasks["tests.record"].apply_delayed(("once",), countdown=0)
+    _release_and_duplicate(app, redis_client)
+    process = worker(app)
+
+    if dedupe:
+        process.wait_for_log("Dropped a second delivery of tests.record")
+        assert runs.ids() == [result.id]
+    else:
+        runs.wait_for_count(2)
+        assert runs.ids() == [result.id, result.id]
+
+
+def test_retries_of_a_guarded_task_still_run(
+    make_test_app: AppFactory, worker, companion, runs: Runs
+) -> None:
+    app = make_test_app(conf={"zdelay_worker_dedupe": True})
+    worker(app)
+    companion(app)
+
+    result = app.tasks["tests.retry_once"].apply_delayed((0.1,), countdown=0.1)
+
+    assert result.get(timeout=30) == "retried"
+    wait_for(lambda: runs.count() == 2, message="the first run and its retry")
+    assert [run["retries"] for run in runs.all()] == [0, 1]
