@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -162,3 +163,34 @@ def median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """Return the run whose *key* is the median (the lower middle one for even counts)."""
     ordered = sorted(runs, key=lambda run: run[key])
     return ordered[(len(ordered) - 1) // 2]
+
+
+#: A prepared run must be ready this long before its due time to count.
+READY_GUARD_MS = 300
+
+
+def prepare_before_due(
+    prepare: Callable[[int], bool],
+    reset: Callable[[], None],
+    margin_s: float,
+    *,
+    what: str,
+    attempts: int = 3,
+) -> int:
+    """Run *prepare(due_ms)* with a due time it can finish before; return that due time.
+
+    *prepare* parks or publishes what the benchmark needs, due at *due_ms*,
+    and returns whether it is ready. When it is not ready in time (a busy
+    machine parks slower than estimated), *reset* undoes it and the next
+    attempt allows twice as long as this one took.
+    """
+    from .infra import BenchmarkError
+
+    for _ in range(attempts):
+        due_ms = now_ms() + int(margin_s * 1000)
+        started = time.monotonic()
+        if prepare(due_ms) and now_ms() < due_ms - READY_GUARD_MS:
+            return due_ms
+        reset()
+        margin_s = (time.monotonic() - started) * 2 + 1.0
+    raise BenchmarkError(f"{what}: not ready before the due time in {attempts} attempts")

@@ -37,8 +37,23 @@ import redis
 
 from celery_zdelay.parking import store_for
 
-from .common import PARK_CHUNK, Sizes, now_ms, park_bulk, parked_due_range, quantiles
-from .infra import BenchmarkError, MachineLoad, Resources, ScriptTimer, wait_for
+from .common import (
+    PARK_CHUNK,
+    Sizes,
+    now_ms,
+    park_bulk,
+    parked_due_range,
+    prepare_before_due,
+    quantiles,
+)
+from .infra import (
+    BenchmarkError,
+    CeleryProcess,
+    MachineLoad,
+    Resources,
+    ScriptTimer,
+    wait_for,
+)
 from .proj import make_app
 
 #: Seconds between the end of parking and the first due time.
@@ -65,20 +80,26 @@ def run_lateness(
         broker_client = redis.Redis.from_url(broker)
         res.callback(store.close)
         res.callback(broker_client.close)
-        lateness_file = _temp_path(res)
-        companion = res.companion(app, env={"ZBENCH_LATENESS_FILE": lateness_file})
-
-        t0 = _first_due(app, n)
+        companion = _Companion(res, app)
         interval_us = 1_000_000 // rate
+
+        def prepare(t0: int) -> bool:
+            park_bulk(app, n, lambda seq: t0 + seq * interval_us // 1000)
+            return True
+
+        def reset() -> None:
+            companion.stop()
+            store.flushdb()
+            broker_client.flushdb()
+            companion.start()
+
+        t0 = prepare_before_due(prepare, reset, _parking_margin(app, n), what="lateness: parking")
 
         def due_of(seq: int) -> int:
             return t0 + seq * interval_us // 1000
 
-        park_bulk(app, n, due_of)
         if parked_due_range(store, app) != (due_of(0), due_of(n - 1)):
             raise BenchmarkError("parked due times differ from the ones meant")
-        if now_ms() >= t0:
-            raise BenchmarkError("parking overran the first due time; nothing is measured")
         timer = ScriptTimer(store)
         if on_start is not None:
             on_start(companion.pid, (due_of(n - 1) - now_ms()) / 1000 + 0.5)
@@ -90,7 +111,7 @@ def run_lateness(
         scripts = timer.summary()
         companion.stop()
         observed, early = consumer.lateness_ms()
-        reported = _reported_lateness(lateness_file)
+        reported = _reported_lateness(companion.lateness_file)
     if len(observed) != n:
         raise BenchmarkError(f"the consumer saw {len(observed)} of {n} messages")
     return {
@@ -118,12 +139,18 @@ def run_burst(sizes: Sizes) -> dict[str, Any]:
         res.callback(app.close)
         client = server.client()
         res.callback(client.close)
-        lateness_file = _temp_path(res)
-        companion = res.companion(app, env={"ZBENCH_LATENESS_FILE": lateness_file})
-        due_ms = _first_due(app, n)
-        park_bulk(app, n, due_ms)
-        if now_ms() >= due_ms:
-            raise BenchmarkError("parking overran the due time; nothing is measured")
+        companion = _Companion(res, app)
+
+        def prepare(due_ms: int) -> bool:
+            park_bulk(app, n, due_ms)
+            return True
+
+        def reset() -> None:
+            companion.stop()
+            client.flushdb()
+            companion.start()
+
+        due_ms = prepare_before_due(prepare, reset, _parking_margin(app, n), what="burst: parking")
         timer = ScriptTimer(client)
         time.sleep(max(0.0, (due_ms - now_ms()) / 1000 - 0.05))
         load = MachineLoad()
@@ -142,7 +169,7 @@ def run_burst(sizes: Sizes) -> dict[str, Any]:
         machine = load.stop()
         scripts = timer.summary()
         companion.stop()
-        reported = _reported_lateness(lateness_file)
+        reported = _reported_lateness(companion.lateness_file)
     return {
         "n": n,
         "seconds": round((stamp - due_ms) / 1000, 3),
@@ -154,8 +181,8 @@ def run_burst(sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def _first_due(app: Any, n: int) -> int:
-    """Return a first due time that leaves room to park *n* tasks before it.
+def _parking_margin(app: Any, n: int) -> float:
+    """Return seconds that should be enough to park *n* tasks (retried if not).
 
     The parking rate is sampled on a twin app whose entries live under
     another key prefix, so the companion never sees them.
@@ -171,8 +198,32 @@ def _first_due(app: Any, n: int) -> int:
     finally:
         store_for(twin).close()
         twin.close()
-    per_task = seconds / sample
-    return now_ms() + int((per_task * n * 1.3 + LEAD_SECONDS) * 1000)
+    return seconds / sample * n * 1.5 + LEAD_SECONDS
+
+
+class _Companion:
+    """A ``celery zdelay`` process that writes its self-reported lateness to a file."""
+
+    def __init__(self, res: Resources, app: Any) -> None:
+        self.res, self.app = res, app
+        self.process: CeleryProcess | None = None
+        self.lateness_file = ""
+        self.start()
+
+    def start(self) -> None:
+        self.lateness_file = _temp_path(self.res)
+        self.process = self.res.companion(
+            self.app, env={"ZBENCH_LATENESS_FILE": self.lateness_file}
+        )
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
 
 
 class _Consumer(threading.Thread):

@@ -34,7 +34,15 @@ from kombu import Connection
 
 from celery_zdelay.companion import Companion
 
-from .common import Sizes, eta_for, median_run, now_ms, park_bulk
+from .common import (
+    READY_GUARD_MS,
+    Sizes,
+    eta_for,
+    median_run,
+    now_ms,
+    park_bulk,
+    prepare_before_due,
+)
 from .infra import (
     RABBITMQ_URL,
     BenchmarkError,
@@ -44,7 +52,6 @@ from .infra import (
     reset_stats,
     script_stats,
     unique,
-    wait_for,
 )
 from .proj import DONE_KEY, make_app
 
@@ -184,18 +191,10 @@ def run_end_to_end(sizes: Sizes) -> dict[str, Any]:
             client, record = server.client(0), server.client(1)
             res.callback(client.close)
             res.callback(record.close)
-            try:
-                worker = res.worker(app, pool=pool, concurrency=concurrency)
-                # A warm stop would restore every held task to the queue: not measured.
-                res.callback(lambda worker=worker: worker.stop(timeout=5, kill=True))
-            except BenchmarkError as exc:
-                for kind in ("zdelay", "native"):
-                    results[f"{kind}-{label}"] = {**meta, "error": str(exc)}
-                continue
-            for kind, measure in (("zdelay", _e2e_zdelay), ("native", _e2e_native)):
-                record.delete(DONE_KEY)
+            e2e = _EndToEnd(res, app, client, record, sizes, pool, concurrency)
+            for kind, measure in (("zdelay", e2e.zdelay), ("native", e2e.native)):
                 try:
-                    result = measure(res, app, client, record, sizes)
+                    result = measure()
                 except BenchmarkError as exc:
                     result = {"error": str(exc)}
                 results[f"{kind}-{label}"] = {**meta, **result}
@@ -203,33 +202,79 @@ def run_end_to_end(sizes: Sizes) -> dict[str, Any]:
     return {key: results[key] for key in order if key in results}
 
 
-def _e2e_native(res: Resources, app: Any, client: Any, record: Any, sizes: Sizes) -> dict[str, Any]:
-    n = sizes.e2e_n
-    # Due late enough that the worker holds every task first (checked below).
-    due_ms = now_ms() + 1500 + n * 2 // 3
-    noop = app.tasks["bench.noop"]
-    with app.producer_or_acquire() as producer:
-        for seq in range(n):
-            noop.apply_async((seq, due_ms), eta=eta_for(due_ms), producer=producer)
-    wait_for(
-        lambda: client.hlen("unacked") >= n,
-        timeout=max(0.0, (due_ms - now_ms()) / 1000),
-        interval=0.05,
-        what=f"the worker to hold all {n} ETA tasks before they are due",
-    )
-    return _measure_executions(record, n, due_ms, sizes.e2e_cap_seconds)
+class _EndToEnd:
+    """One pool's end-to-end runs on one Redis; restarts the worker when needed."""
 
+    def __init__(
+        self,
+        res: Resources,
+        app: Any,
+        client: Any,
+        record: Any,
+        sizes: Sizes,
+        pool: str,
+        concurrency: int,
+    ) -> None:
+        self.res, self.app, self.client, self.record = res, app, client, record
+        self.sizes, self.pool, self.concurrency = sizes, pool, concurrency
+        self.worker: Any = None
 
-def _e2e_zdelay(res: Resources, app: Any, client: Any, record: Any, sizes: Sizes) -> dict[str, Any]:
-    n = sizes.e2e_n
-    companion = res.companion(app)
-    due_ms = now_ms() + 1000 + n // 10
-    park_bulk(app, n, due_ms)
-    if now_ms() >= due_ms:
-        raise BenchmarkError("parking took longer than the margin before the due time")
-    result = _measure_executions(record, n, due_ms, sizes.e2e_cap_seconds)
-    companion.stop()
-    return result
+    def _start_worker(self) -> None:
+        self.worker = self.res.worker(self.app, pool=self.pool, concurrency=self.concurrency)
+        # A warm stop would restore every held task to the queue: not measured.
+        self.res.callback(lambda worker=self.worker: worker.stop(timeout=5, kill=True))
+
+    def _restart_clean(self) -> None:
+        """Kill the worker (and what it holds), empty Redis, start a fresh worker."""
+        if self.worker is not None:
+            self.worker.stop(timeout=5, kill=True)
+        self.client.flushall()
+        self._start_worker()
+
+    def zdelay(self) -> dict[str, Any]:
+        n = self.sizes.e2e_n
+        if self.worker is None:
+            self._start_worker()
+        companion = self.res.companion(self.app)
+
+        def prepare(due_ms: int) -> bool:
+            park_bulk(self.app, n, due_ms)
+            return True
+
+        def reset() -> None:
+            self.client.flushdb()
+            time.sleep(1)  # let the few tasks a worker prefetched finish
+            self.record.delete(DONE_KEY)
+
+        self.record.delete(DONE_KEY)
+        due_ms = prepare_before_due(prepare, reset, 1.0 + n / 5000, what="celery-zdelay e2e")
+        result = _measure_executions(self.record, n, due_ms, self.sizes.e2e_cap_seconds)
+        companion.stop()
+        return result
+
+    def native(self) -> dict[str, Any]:
+        n = self.sizes.e2e_n
+        noop = self.app.tasks["bench.noop"]
+
+        def prepare(due_ms: int) -> bool:
+            with self.app.producer_or_acquire() as producer:
+                for seq in range(n):
+                    noop.apply_async((seq, due_ms), eta=eta_for(due_ms), producer=producer)
+            # The worker must hold every task before they are due.
+            deadline = due_ms - READY_GUARD_MS
+            while now_ms() < deadline:
+                if self.client.hlen("unacked") >= n:
+                    return True
+                time.sleep(0.05)
+            return False
+
+        if self.worker is None or self.client.llen("bench") or self.client.hlen("unacked"):
+            self._restart_clean()  # no tasks left over from the celery-zdelay run
+        self.record.delete(DONE_KEY)
+        due_ms = prepare_before_due(
+            prepare, self._restart_clean, 1.5 + n / 1500, what="native ETA e2e"
+        )
+        return _measure_executions(self.record, n, due_ms, self.sizes.e2e_cap_seconds)
 
 
 def _measure_executions(record: Any, n: int, due_ms: int, cap_s: float) -> dict[str, Any]:
