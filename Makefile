@@ -1,7 +1,8 @@
 # The two commands of the README's quick start, and what they need.
 #   make demo   run the example project end to end
-#   make test   lint, type-check and run the whole test suite
+#   make test   lint, type-check, build the docs and run the whole test suite
 # Each creates .venv and installs what it needs on first use.
+#   make matrix the suite again on the oldest supported Python and Celery (CI)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +10,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types pytest docs install clean
+.PHONY: demo test lint types pytest docs matrix install clean
+
+# Python 3.10-3.13 as pyenv installs them, for tox (its shims serve one version).
+PYENV_BINS := $(shell ls -d $$HOME/.pyenv/versions/3.1[0-3].*/bin 2>/dev/null | tr '\n' ':')
+#: The oldest Python and Celery supported; make test covers the newest Celery.
+MATRIX_ENVS ?= py310-celery53
+LINTED := src tests example_project benchmarks docs/examples
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +34,8 @@ demo: $(STAMP)
 	$(BIN)/python -m example_project.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests example_project
-	$(BIN)/ruff format --check src tests example_project
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 types: $(STAMP)
 	$(BIN)/mypy
@@ -40,6 +47,9 @@ docs: $(STAMP)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 test: lint types pytest docs
+
+matrix: $(STAMP)
+	PATH="$(PYENV_BINS)$$PATH" $(BIN)/tox run -e $(MATRIX_ENVS) --skip-missing-interpreters false
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

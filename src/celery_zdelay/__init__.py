@@ -9,6 +9,7 @@ from __future__ import annotations
 from .errors import ConfigurationError, StoreUnavailableError, ZDelayError
 from .parking import apply_delayed, batch, cancel, reschedule, send_delayed
 from .task import DelayedTaskMixin, Task
+from .transparent import TransparentAMQP
 
 __version__ = "0.1.0"
 
@@ -17,6 +18,7 @@ __all__ = [
     "DelayedTaskMixin",
     "StoreUnavailableError",
     "Task",
+    "TransparentAMQP",
     "ZDelayError",
     "__version__",
     "apply_delayed",

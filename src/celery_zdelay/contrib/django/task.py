@@ -12,15 +12,29 @@ with that id when the transaction commits, and never if it rolls back.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from celery.contrib.django.task import DjangoTask
+import celery
 from celery.utils import uuid
 from django.db import transaction
 
 from ...task import DelayedTaskMixin
 
 __all__ = ["Task"]
+
+try:
+    from celery.contrib.django.task import DjangoTask
+except ImportError:  # Celery < 5.4 has no DjangoTask: the same two methods.
+
+    class DjangoTask(celery.Task):  # type: ignore[misc,no-redef]
+        """``delay_on_commit`` and ``apply_async_on_commit`` as Celery 5.4 has them."""
+
+        def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
+            transaction.on_commit(functools.partial(self.delay, *args, **kwargs))
+
+        def apply_async_on_commit(self, *args: Any, **kwargs: Any) -> None:
+            transaction.on_commit(functools.partial(self.apply_async, *args, **kwargs))
 
 
 class Task(DelayedTaskMixin, DjangoTask):  # type: ignore[misc]
