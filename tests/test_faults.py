@@ -174,7 +174,7 @@ def test_redis_restarted_during_parking_and_release_loses_nothing_acknowledged(
     try:
         wait_for(
             lambda: client.zcard(DUE) + client.zcard(LEASE) == 0,
-            timeout=30,
+            timeout=90,
             message=lambda: f"everything released; companion log:\n{releasing.log()[-3000:]}",
         )
         queued = [json.loads(raw)["headers"]["id"] for raw in client.lrange("celery", 0, -1)]

@@ -92,7 +92,7 @@ class Companion:
         self.shards = list(shards) if shards is not None else list(self.store.shards)
         self.batch_size = self.config.batch_size
         self.lease_ms = self.config.lease_ms
-        self.publisher: Publisher = make_publisher(app)
+        self.publisher: Publisher = make_publisher(app, lease_ms=self.config.lease_ms)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._handoff: Handoff | None = None
         self._handoff_known = False

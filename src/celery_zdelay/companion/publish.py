@@ -27,8 +27,9 @@ __all__ = ["PublishOutcome", "Publisher", "make_publisher"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds to wait for the broker to confirm a batch before giving up on it.
-CONFIRM_TIMEOUT = 30.0
+#: Longest wait for the broker, in seconds, whatever the lease: a batch given
+#: up on is handed back and retried.
+MAX_BROKER_WAIT = 30.0
 
 
 @dataclass
@@ -46,8 +47,12 @@ class PublishOutcome:
 class Publisher:
     """Publishes batches of task messages to the app's broker."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, broker_wait: float = MAX_BROKER_WAIT) -> None:
         self.app = app
+        #: Seconds a batch may wait on the broker (connect, send, confirm).
+        #: Kept under the lease, so a stalled broker never lets the lease
+        #: lapse while this companion still means to publish the batch.
+        self.broker_wait = min(broker_wait, MAX_BROKER_WAIT)
         self._connection: Connection | None = None
         self._producer: Producer | None = None
 
@@ -85,8 +90,12 @@ class Publisher:
         if self._producer is None:
             # No AMQP heartbeats: the companion may sleep for long stretches
             # without draining events; a dead connection is replaced on error.
-            connection = self.app.connection_for_write(heartbeat=0)
+            connection = self.app.connection_for_write(
+                heartbeat=0, connect_timeout=self.broker_wait
+            )
             connection.transport_options.pop("confirm_publish", None)
+            # Redis brokers: a frozen server must time out, not hang forever.
+            connection.transport_options.setdefault("socket_timeout", self.broker_wait)
             connection.ensure_connection(max_retries=1)
             self._connection = connection
             self._producer = Producer(connection.default_channel, auto_declare=False)
@@ -143,6 +152,7 @@ class Publisher:
             declare=self._declare(message.declare),
             expiration=expiration,
             retry=False,
+            timeout=self.broker_wait,
             **properties,
         )
 
@@ -212,13 +222,13 @@ class AmqpConfirmPublisher(Publisher):
             self._published += 1
             sequence[index] = self._published
         assert self._connection is not None
-        deadline = time.monotonic() + CONFIRM_TIMEOUT
+        deadline = time.monotonic() + self.broker_wait
         while self._acked < self._published:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
                     f"RabbitMQ confirmed {self._acked - first + 1} of {len(sequence)} "
-                    f"messages within {CONFIRM_TIMEOUT:g}s"
+                    f"messages within {self.broker_wait:g}s"
                 )
             self._connection.drain_events(timeout=remaining)
         # A nacked message is not accepted: it is given back and retried.
@@ -226,12 +236,13 @@ class AmqpConfirmPublisher(Publisher):
         self._nacked.clear()
 
 
-def make_publisher(app: Celery) -> Publisher:
-    """Return the publisher for *app*'s broker."""
+def make_publisher(app: Celery, *, lease_ms: int) -> Publisher:
+    """Return the publisher for *app*'s broker, waiting at most half a lease."""
     transport = app.connection_for_write().transport
+    publisher = Publisher
     if transport.driver_type == "amqp" and transport.driver_name == "amqp":
-        return AmqpConfirmPublisher(app)
-    return Publisher(app)
+        publisher = AmqpConfirmPublisher
+    return publisher(app, broker_wait=lease_ms / 2000)
 
 
 def _remaining_seconds(expires: Any) -> float | None:

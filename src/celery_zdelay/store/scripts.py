@@ -19,7 +19,6 @@ SCRIPT_NAMES = (
     "push",
     "ack",
     "unclaim",
-    "extend",
     "recover",
     "deadletter",
     "cancel",
@@ -59,7 +58,6 @@ class Scripts:
     push: Script
     ack: Script
     unclaim: Script
-    extend: Script
     recover: Script
     deadletter: Script
     cancel: Script

@@ -355,15 +355,6 @@ class Store:
                 )
             )
 
-    def extend(self, shard: int, token: int, task_ids: Sequence[str], *, lease_ms: int) -> int:
-        """Extend the lease of claimed entries; return the new claim token."""
-        keys = self._keys[shard]
-        with unavailable_as_error(self.url):
-            new_token, _ = self.scripts.extend(
-                keys=[keys.lease], args=[token, lease_ms, *task_ids], client=self.client
-            )
-        return int(new_token)
-
     def dead_letter(
         self, shard: int, token: int, reasons: Sequence[tuple[str, dict[str, Any]]]
     ) -> int:
