@@ -69,6 +69,15 @@ class Runs:
         )
         return self.all()
 
+    def wait_for_ids(self, expected: set[str], *, timeout: float = 30.0) -> list[str]:
+        """Wait until every id in *expected* ran (duplicates do not count)."""
+        wait_for(
+            lambda: expected <= set(self.ids()),
+            timeout=timeout,
+            message=lambda: f"{len(expected - set(self.ids()))} of {len(expected)} ids to run",
+        )
+        return self.ids()
+
     def duplicates(self) -> dict[str, int]:
         return {i: c for i, c in Counter(self.ids()).items() if c > 1}
 

@@ -30,7 +30,15 @@ def make_app(
     queues: list[dict[str, Any]] | None = None,
 ) -> Celery:
     """Return the test app; *queues* are kombu Queue keyword arguments."""
-    app = Celery("zdelaytest", broker=broker, backend=backend, task_cls="celery_zdelay:Task")
+    # Not the current app: test modules build many apps in one process, and
+    # shared tasks elsewhere (example_project) must keep resolving to theirs.
+    app = Celery(
+        "zdelaytest",
+        broker=broker,
+        backend=backend,
+        task_cls="celery_zdelay:Task",
+        set_as_current=False,
+    )
     app.conf.update(
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
