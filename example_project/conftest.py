@@ -52,4 +52,7 @@ def zdelay_app(monkeypatch: pytest.MonkeyPatch) -> Celery:
     """The shop's Celery app, bound by the zdelay fixture; tasks run eagerly."""
     monkeypatch.setitem(celery_app.conf, "task_always_eager", True)
     monkeypatch.setitem(celery_app.conf, "task_eager_propagates", True)
+    # Shared tasks resolve against the current app. In a project there is
+    # one; this repository's test run builds many apps in one process.
+    celery_app.set_current()
     return celery_app

@@ -197,6 +197,7 @@ def test_redis_restarted_during_parking_and_release_loses_nothing_acknowledged(
 def _kill_companions_repeatedly(
     app: Celery,
     live: list[CeleryProcess],
+    processes: list[CeleryProcess],
     stop: threading.Event,
     kills: list[int],
     errors: list[BaseException],
@@ -208,7 +209,9 @@ def _kill_companions_repeatedly(
             victim.kill()
             kills.append(victim.pid)
             # The replacement is not waited for: kills keep coming meanwhile.
-            live.append(CeleryProcess(app, "zdelay", "-l", "DEBUG").start())
+            replacement = CeleryProcess(app, "zdelay", "-l", "DEBUG").start()
+            processes.append(replacement)  # stopped at teardown
+            live.append(replacement)
     except BaseException as exc:  # surfaced by the test
         errors.append(exc)
 
@@ -228,7 +231,7 @@ def test_companions_killed_over_and_over_lose_nothing(
     path: str,
     dedupe: bool,
 ) -> None:
-    # Given 20,000 tasks falling due over ~8 s and 4 companions releasing them
+    # Given 4 companions, and 20,000 tasks parked to fall due over ~15 s
     broker = f"{redis_server.url}/0" if path == "handoff" else f"{broker_server.url}/0"
     batch_size = 200
     app = make_test_app(
@@ -241,18 +244,21 @@ def test_companions_killed_over_and_over_lose_nothing(
         },
     )
     record = app.tasks["tests.record"]
+    live = []
+    for _ in range(4):
+        live.append(start_companion(app))
+        processes.append(live[-1])  # stopped at teardown
+    worker(app)
+    worker(app)
     ids = set()
     with celery_zdelay.batch(app):
         for i in range(20_000):
-            ids.add(record.apply_delayed((i,), countdown=2 + (i % 8000) / 1000).id)
-    live = [start_companion(app) for _ in range(4)]
-    worker(app)
-    worker(app)
+            ids.add(record.apply_delayed((i,), countdown=1 + (i % 15_000) / 1000).id)
 
     # When one of them is SIGKILLed every 0.4 s and replaced
     stop, kills, errors = threading.Event(), [], []
     killer = threading.Thread(
-        target=_kill_companions_repeatedly, args=(app, live, stop, kills, errors)
+        target=_kill_companions_repeatedly, args=(app, live, processes, stop, kills, errors)
     )
     killer.start()
     try:
@@ -260,7 +266,6 @@ def test_companions_killed_over_and_over_lose_nothing(
     finally:
         stop.set()
         killer.join(timeout=60)
-        processes.extend(live)
     assert not errors
     assert len(kills) >= 5
 

@@ -59,6 +59,8 @@ def shop(shop_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> ModuleTyp
 @pytest.fixture
 def flask_app(shop: ModuleType) -> Iterator[Flask]:
     app: Flask = shop.create_app()
+    # Shared tasks resolve against the current app; this test run has many.
+    app.extensions["celery"].set_current()
     yield app
     close_app(app.extensions["celery"])
 
@@ -148,6 +150,7 @@ def test_a_task_runs_at_once_under_task_always_eager(
 ) -> None:
     app = shop.create_app({"ORDER_TIMEOUT": 1800})
     celery_app = app.extensions["celery"]
+    celery_app.set_current()
     celery_app.conf.task_always_eager = True
     try:
         client = app.test_client()

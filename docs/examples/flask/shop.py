@@ -80,7 +80,7 @@ def init_db() -> None:
 # -- the task -------------------------------------------------------------------
 
 
-@shared_task
+@shared_task(name="flask_shop.cancel_unpaid")
 def cancel_unpaid(order_id: int) -> None:
     # Re-check in the database: the payment may have landed at the last moment.
     get_db().execute(
