@@ -19,6 +19,7 @@ from kombu import Connection, Queue
 from celery_zdelay.testing import RedisServer
 from tests.helpers import CeleryProcess, Runs, start_companion, start_worker
 from tests.project import close_app, make_app
+from tests.servers import LocalCluster
 
 #: Shared RabbitMQ of the machine (CI has it; local runs skip without it).
 RABBITMQ_URL = os.environ.get("ZDELAY_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
@@ -39,6 +40,20 @@ def _clean_redis(request: pytest.FixtureRequest) -> None:
         server: RedisServer = request.getfixturevalue("redis_server")
         if server.running:
             server.client().flushall()
+
+
+@pytest.fixture
+def broker_server() -> Iterator[RedisServer]:
+    """A second private Redis as the broker: releases take the generic path."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def cluster() -> Iterator[LocalCluster]:
+    """A private 3-master Redis Cluster."""
+    with LocalCluster() as local_cluster:
+        yield local_cluster
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,18 +16,6 @@ from tests.test_admin import stock
 from tests.test_cli import run
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster() as local_cluster:
-        yield local_cluster
-
-
-@pytest.fixture
-def broker_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def test_status_list_and_dead_letters_work_on_a_redis_cluster(

@@ -3,8 +3,6 @@ never release an entry twice."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
@@ -15,13 +13,6 @@ from tests.helpers import Runs, wait_for
 pytestmark = pytest.mark.timeout(120)
 
 LEASE = "{zdelay:0}:lease"
-
-
-@pytest.fixture
-def broker_server() -> Iterator[RedisServer]:
-    """A second private Redis as the broker, so releases take the generic path."""
-    with RedisServer() as server:
-        yield server
 
 
 def test_a_companion_killed_after_claiming_loses_nothing(

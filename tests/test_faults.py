@@ -24,13 +24,6 @@ pytestmark = pytest.mark.timeout(240)
 DUE, MSG, LEASE = "{zdelay:0}:due", "{zdelay:0}:msg", "{zdelay:0}:lease"
 
 
-@pytest.fixture
-def broker_server() -> Iterator[RedisServer]:
-    """A second private Redis as the broker: releases take the generic path."""
-    with RedisServer() as server:
-        yield server
-
-
 def _dead(client: redis.Redis) -> dict[str, str]:
     return {
         task_id.decode(): json.loads(stored.split(b"\n", 1)[0])["reason"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
@@ -17,18 +15,6 @@ from tests.helpers import Runs
 from tests.servers import LocalCluster, LocalSentinel
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster() as local_cluster:
-        yield local_cluster
-
-
-@pytest.fixture
-def broker_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def test_shards_spread_entries_by_task_id(app_factory_shards, redis_client: redis.Redis) -> None:

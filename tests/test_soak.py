@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,18 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 SOAK_SECONDS = float(os.environ.get("ZDELAY_SOAK_SECONDS", "60"))
 PRODUCERS = 3
 SHARDS = 12
-
-
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster() as local_cluster:
-        yield local_cluster
-
-
-@pytest.fixture
-def broker_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def test_a_minute_of_mixed_load_on_a_cluster_accounts_for_every_task(

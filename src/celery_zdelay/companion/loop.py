@@ -311,19 +311,8 @@ class Companion:
     ) -> None:
         routes = [(entry.task_id, str(message.handoff_dest)) for entry, message in entries]
         pushed = set(self.store.push(shard, result.token, routes))
-        released_ms = result.now_ms + round((time.perf_counter() - claimed_at) * 1000)
-        lateness = [released_ms - entry.due_ms for entry, _ in entries if entry.task_id in pushed]
-        report.handed_off += len(lateness)
-        report.lateness_ms += lateness
-        if pushed:
-            self._send(
-                signals.batch_released,
-                shard=shard,
-                path="handoff",
-                count=len(pushed),
-                lateness_ms=lateness,
-                task_ids=sorted(pushed),
-            )
+        released = [(entry, message) for entry, message in entries if entry.task_id in pushed]
+        self._released(shard, "handoff", released, result, claimed_at, report)
 
     def _publish(
         self,
@@ -338,42 +327,58 @@ class Companion:
         Returns the entries the broker refused for good, to dead-letter.
         """
         outcome = self.publisher.publish([message for _, message in entries])
-        # On the Redis clock: the claim's time plus what publishing took.
-        published_ms = result.now_ms + round((time.perf_counter() - claimed_at) * 1000)
-        accepted = [entries[i][0].task_id for i in outcome.accepted]
+        accepted = [entries[i] for i in outcome.accepted]
         settled = set(outcome.accepted) | set(outcome.rejected)
         returned = [entry.task_id for i, (entry, _) in enumerate(entries) if i not in settled]
 
-        self.store.ack(shard, result.token, accepted)
+        self.store.ack(shard, result.token, [entry.task_id for entry, _ in accepted])
         if returned:
             self.store.unclaim(shard, result.token, returned)
             report.returned += len(returned)
             report.failed = True
-        lateness = [published_ms - entries[i][0].due_ms for i in outcome.accepted]
-        report.published += len(accepted)
-        report.lateness_ms += lateness
-        if accepted:
-            self._send(
-                signals.batch_released,
-                shard=shard,
-                path="publish",
-                count=len(accepted),
-                lateness_ms=lateness,
-                task_ids=accepted,
-            )
-        for index in outcome.accepted:
-            entry, message = entries[index]
-            logger.debug(
-                "Released %s[%s] %d ms after due",
-                message.task_name,
-                entry.task_id,
-                published_ms - entry.due_ms,
-                extra={"task_id": entry.task_id, "task_name": message.task_name, "shard": shard},
-            )
+        self._released(shard, "publish", accepted, result, claimed_at, report)
         return [
             (entries[i][0].task_id, self._dead_reason(refusal, entries[i][0].due_ms))
             for i, refusal in outcome.rejected.items()
         ]
+
+    def _released(
+        self,
+        shard: int,
+        path: str,
+        released: list[tuple[Claimed, TaskMessage]],
+        result: ClaimResult,
+        claimed_at: float,
+        report: PassReport,
+    ) -> None:
+        """Count, log and signal leased entries that reached the broker."""
+        if not released:
+            return
+        # On the Redis clock: the claim's time plus what releasing took.
+        released_ms = result.now_ms + round((time.perf_counter() - claimed_at) * 1000)
+        lateness = [released_ms - entry.due_ms for entry, _ in released]
+        if path == "handoff":
+            report.handed_off += len(released)
+        else:
+            report.published += len(released)
+        report.lateness_ms += lateness
+        task_ids = [entry.task_id for entry, _ in released]
+        self._send(
+            signals.batch_released,
+            shard=shard,
+            path=path,
+            count=len(released),
+            lateness_ms=lateness,
+            task_ids=task_ids,
+        )
+        for (entry, message), late_ms in zip(released, lateness, strict=True):
+            logger.debug(
+                "Released %s[%s] %d ms after due",
+                message.task_name,
+                entry.task_id,
+                late_ms,
+                extra={"task_id": entry.task_id, "task_name": message.task_name, "shard": shard},
+            )
 
     def _dead_letter(
         self,
