@@ -349,11 +349,11 @@ def machine_info(redis_version: str | None, rabbitmq_version: str | None) -> dic
         "redis_py": redis.__version__,
         "amqp": amqp.__version__,
         "celery_zdelay": celery_zdelay.__version__,
-        "git": _git_describe(),
+        "git": git_describe(),
     }
 
 
-def _git_describe() -> dict[str, Any]:
+def git_describe() -> dict[str, Any]:
     def git(*args: str) -> str:
         result = subprocess.run(
             ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
@@ -438,7 +438,11 @@ class ScriptTimer:
 
 
 def _script_names() -> dict[str, str]:
-    """Map the SHA1 of each of celery-zdelay's Lua scripts to its file name."""
+    """Map the SHA1 of each of celery-zdelay's Lua scripts to its name.
+
+    Scripts are loaded as ``celery_zdelay.store.scripts.script_source`` builds
+    them (some with a shared prelude); the bare ``.lua`` files are mapped too.
+    """
     import hashlib
     from importlib import resources
 
@@ -447,4 +451,11 @@ def _script_names() -> dict[str, str]:
         if entry.name.endswith(".lua"):
             sha = hashlib.sha1(entry.read_text().encode()).hexdigest()
             names[sha] = entry.name.removesuffix(".lua")
+    try:
+        from celery_zdelay.store.scripts import SCRIPT_NAMES, script_source
+    except ImportError:  # pragma: no cover - a later layout of the package
+        return names
+    for name in SCRIPT_NAMES:
+        with contextlib.suppress(Exception):
+            names[hashlib.sha1(script_source(name).encode()).hexdigest()] = name
     return names

@@ -52,6 +52,7 @@ from .infra import (
     MachineLoad,
     Resources,
     ScriptTimer,
+    cpu_seconds,
     wait_for,
 )
 from .proj import make_app
@@ -106,7 +107,16 @@ def run_lateness(
         consumer = _Consumer(broker_client, "bench", n, deadline_ms=due_of(n - 1) + 30_000)
         consumer.start()
         load = MachineLoad()
+        assert store_server._process is not None
+        cpu_pids = {"companion": companion.pid, "store_redis": store_server._process.pid}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in cpu_pids.items()}
+        wall_started = time.monotonic()
         consumer.join()
+        wall = time.monotonic() - wall_started
+        cpu = {
+            f"{name}_cpu_pct": round(100 * (cpu_seconds(pid) - cpu_before[name]) / wall, 1)
+            for name, pid in cpu_pids.items()
+        }
         machine = load.stop()
         scripts = timer.summary()
         companion.stop()
@@ -123,6 +133,9 @@ def run_lateness(
         "early": early,
         "reported_ms": quantiles([float(x) for x in reported]),
         "redis_scripts": scripts,
+        # CPU of the companion process and of the store's redis-server while
+        # the tasks fell due (from the first due until the consumer had all).
+        "cpu": cpu,
         "machine": machine,
         # Kept for the plot; rounded to microseconds.
         "samples_ms": [round(x, 3) for x in observed],

@@ -8,7 +8,8 @@ cProfile (deterministic, in this process) wraps:
 * N ``apply_delayed`` calls and N ``apply_async(countdown=)`` calls;
 * bulk parking inside ``celery_zdelay.batch``.
 
-py-spy (sampling, another process), when installed, records the real
+py-spy (sampling, another process; only samples holding the GIL, i.e. Python
+CPU, not waits), when installed, records the real
 ``celery zdelay`` process during the steady 1,000 due/s run.
 
 cProfile slows Python code down (roughly 1.5-2x), so its rates are not
@@ -148,7 +149,7 @@ def _spy_companion(sizes: Sizes) -> dict[str, Any]:
             subprocess.Popen(
                 [
                     *(spy, "record", "-p", str(pid), "-d", str(max(1, round(seconds)))),
-                    *("-r", "500", "-f", "raw", "-o", str(raw), "--nonblocking", "--threads"),
+                    *("-r", "500", "-f", "raw", "-o", str(raw), "--nonblocking", "--gil"),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

@@ -363,6 +363,12 @@ def _console_extras(run: dict[str, Any]) -> list[str]:
                     for script, s in stats.items()
                 )
             )
+    for note in run.get("notes_added_after_run") or []:
+        lines.append("")
+        lines.append(f"NOTE (added after the run): {note}")
+    if run.get("code_changed_during_run"):
+        lines.append("")
+        lines.append("WARNING: the code under src/ changed during this run (commit or edits).")
     load = run.get("load", {})
     if load:
         lines.append("")
@@ -374,13 +380,25 @@ def _console_extras(run: dict[str, Any]) -> list[str]:
 
 def _scripts_of(name: str, entry: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     if name == "release":
-        return [
+        found = [
             (f"release {mode}", value["redis_script_calls"])
             for mode, value in entry.items()
             if isinstance(value, dict) and value.get("redis_script_calls")
         ]
-    stats = entry.get("redis_scripts")
-    return [(name, stats)] if stats else []
+    else:
+        stats = entry.get("redis_scripts")
+        found = [(name, stats)] if stats else []
+    return [(label, _named_scripts(stats)) for label, stats in found]
+
+
+def _named_scripts(stats: dict[str, Any]) -> dict[str, Any]:
+    """Name scripts a run recorded by SHA prefix, when today's source has that SHA."""
+    if not any(re.fullmatch(r"[0-9a-f]{12}", key) for key in stats):
+        return stats
+    from .infra import _script_names
+
+    names = {sha[:12]: name for sha, name in _script_names().items()}
+    return {names.get(key, key): value for key, value in stats.items()}
 
 
 # -- docs -------------------------------------------------------------------------------
@@ -458,6 +476,15 @@ def rst_summary(run: dict[str, Any], run_path: Path) -> str:
         f"Machine load average (1/5/15 min) before: {_loadavg(load.get('before'))}, "
         f"after: {_loadavg(load.get('after'))}.\n"
     )
+    for note in run.get("notes_added_after_run") or []:
+        header += f"\n.. note:: {_rst_escape(note)}\n"
+    if run.get("code_changed_during_run"):
+        header += (
+            "\n.. warning:: The code under ``src/`` changed while this run went on (commit "
+            f"{(run['machine']['git'].get('commit') or '?')[:12]} at the start, "
+            f"{(run['git_end'].get('commit') or '?')[:12]} at the end, or uncommitted edits): "
+            "figures of different benchmarks may come from different code.\n"
+        )
     misses = [v for v in verdicts(run) if v.status != "met"]
     if misses:
         lines = ["Not met in this run:", ""]
@@ -571,9 +598,16 @@ def rst_details(run: dict[str, Any]) -> str:
                         *(fmt_ms(q.get(p)) for p in ("min", "p50", "p90", "p99", "p99_9", "max")),
                     ]
                 )
+        cpu = lateness.get("cpu") or {}
+        cpu_text = (
+            f"; meanwhile the companion used {cpu['companion_cpu_pct']:g} % of a core and "
+            f"the store's redis-server {cpu['store_redis_cpu_pct']:g} %"
+            if cpu
+            else ""
+        )
         parts.append(
             f"**Lateness** at {lateness['rate']:,} due/s for {lateness['seconds']:g} s "
-            f"({lateness['n']:,} tasks, {lateness.get('early', 0)} early), in ms\n"
+            f"({lateness['n']:,} tasks, {lateness.get('early', 0)} early{cpu_text}), in ms\n"
         )
         parts.append(
             _list_table(

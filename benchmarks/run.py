@@ -26,6 +26,7 @@ from .common import FULL, QUICK, Sizes
 from .infra import (
     RESULTS_DIR,
     LoadSampler,
+    git_describe,
     interrupts_as_keyboard_interrupt,
     loadavg,
     machine_info,
@@ -163,6 +164,9 @@ def run_suite(
             run["timings_s"][name] = round(time.monotonic() - began, 1)
     finally:
         run["duration_s"] = round(time.monotonic() - t0, 1)
+        # Others may commit or edit src/ while a long run goes on: say so.
+        run["git_end"] = git_describe()
+        run["code_changed_during_run"] = run["git_end"] != run["machine"]["git"]
         run["load"]["after"] = loadavg()
         run["load"]["samples"] = sampler.stop()
         from .report import plot_lateness, verdicts
