@@ -728,8 +728,13 @@ def plot_lateness(run: dict[str, Any], path: Path) -> Path | None:
     q = lateness["observed_ms"]
     fig, (hist, tail) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
     upper = max(samples)
-    bins = [i * 0.1 for i in range(int(upper / 0.1) + 2)]
-    hist.hist(samples, bins=bins, color="#3b75af")
+    # The histogram shows the body; a long tail is counted, and drawn on the right.
+    shown = min(upper, max(q["p99"] * 1.5, 10.0))
+    bins = [i * shown / 100 for i in range(101)]
+    beyond = sum(1 for x in samples if x > shown)
+    hist.hist([x for x in samples if x <= shown], bins=bins, color="#3b75af")
+    if beyond:
+        hist.plot([], [], " ", label=f"{beyond:,} later than {shown:.1f} ms (not shown)")
     hist.set_yscale("log")
     hist.set_xlabel("lateness (ms): reached the queue - due")
     hist.set_ylabel("tasks (log)")
@@ -745,7 +750,11 @@ def plot_lateness(run: dict[str, Any], path: Path) -> Path | None:
     # P3's limits as points the curve must pass under: at most half of the
     # tasks later than 2 ms, at most 1 % later than 10 ms.
     tail.plot([2.0, 10.0], [0.5, 0.01], "o", color="#d62728", label="P3 limits (p50, p99)")
-    tail.set_xlim(0, max(upper, 10.0) * 1.05)
+    if upper > 30:
+        tail.set_xscale("log")
+        tail.set_xlim(max(min(ordered), 0.05), upper * 1.2)
+    else:
+        tail.set_xlim(0, max(upper, 10.0) * 1.05)
     tail.set_yscale("log")
     tail.set_xlabel("lateness (ms)")
     tail.set_ylabel("share of tasks later than x")
