@@ -27,7 +27,7 @@ DEFAULT_KEY_PREFIX = "zdelay"
 #: Number of shards entries are spread over by task id.
 DEFAULT_SHARDS = 1
 #: Most entries one claim call moves; bounds the Redis time of each call.
-DEFAULT_BATCH_SIZE = 500
+DEFAULT_BATCH_SIZE = 200
 #: Seconds a companion owns the entries it claimed before others may take them.
 DEFAULT_LEASE_SECONDS = 30.0
 #: How producers retry an unreachable store before raising (Celery's keys).
@@ -59,6 +59,8 @@ SETTINGS: Mapping[str, str] = {
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
+#: Keys whose change (set on ``app.conf``) means the settings must be read again.
+_WATCHED = (*SETTINGS, "broker_url", "broker_write_url", "broker_transport_options")
 
 
 @dataclass(frozen=True)
@@ -102,18 +104,21 @@ def get_config(app: Celery) -> ZDelayConfig:
         ConfigurationError: a ``zdelay_*`` setting is invalid or unknown; the
             message names it.
     """
-    raw = (
-        *(_lookup(app, key) for key in SETTINGS),
-        app.conf.broker_transport_options,
-        _broker_url(app),
-    )
+    # Reading a Celery setting costs microseconds, and this runs on every
+    # park: the settings are read again only when the app's configuration
+    # object is replaced (config_from_object) or a watched key is set on it.
+    # (A dict value changed in place goes unnoticed: assign a new dict.)
+    conf = app.conf
+    changes = conf.changes
+    stamp = (id(conf), *(changes.get(key) for key in _WATCHED))
     cached = getattr(app, "_zdelay_config", None)
-    if cached is not None and cached[0] == raw:
+    if cached is not None and cached[0] == stamp:
         config: ZDelayConfig = cached[1]
         return config
     _reject_unknown(app)
-    config = _build(dict(zip(SETTINGS, raw[:-2], strict=True)), raw[-2], raw[-1])
-    app._zdelay_config = (raw, config)
+    raw = {key: _lookup(app, key) for key in SETTINGS}
+    config = _build(raw, conf.broker_transport_options, _broker_url(app))
+    app._zdelay_config = (stamp, config)
     return config
 
 

@@ -31,6 +31,7 @@ stored that way directly. handoff.lua and push.lua expand entries themselves
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -66,6 +67,8 @@ _TAG_TAIL = '"delivery_tag":""}}'
 _COMPACT = (",", ":")
 _SIGNATURE_CONTEXT = b"celery-zdelay entry v1\0"
 _MARKER = re.compile(rb"\x00(.)", re.DOTALL)
+#: json's own (C) string encoder, as json.dumps uses it with ensure_ascii.
+_encode_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
 #: Headers whose values repeat from call to call: they stay in the template.
 #: Every other header (ids, argsrepr, origin, custom headers...) is per call.
@@ -89,6 +92,11 @@ _TEMPLATE_PROPERTIES = frozenset(
 )
 
 TemplateLookup = Callable[[str], "bytes | None"]
+
+#: The JSON text of each variable's placeholder string, by variable number.
+_SENTINELS = [b""] + [
+    kombu_dumps("\x00" + chr(number)).encode() for number in range(1, MAX_VARIABLES + 1)
+]
 
 
 @dataclass(frozen=True)
@@ -144,10 +152,6 @@ def encode_entry(
     template is ``None`` when the message is stored in one part.
     """
     envelope = _envelope(message)
-    head = _head(envelope)
-    signature = (
-        _signature(signing_key, dest, message.declare or None, head) if signing_key else None
-    )
     routing: dict[str, Any] = {}
     if dest is not None:
         routing["k"] = dest
@@ -159,7 +163,7 @@ def encode_entry(
     numbers: dict[bytes, int] = {}
 
     def variable(value: Any) -> str:
-        fragment = kombu_dumps(value, separators=_COMPACT).encode()
+        fragment = _fragment(value)
         number = numbers.setdefault(fragment, len(variables) + 1)
         if number > len(variables):
             variables.append(fragment)
@@ -179,23 +183,41 @@ def encode_entry(
         },
     }
     if len(variables) > MAX_VARIABLES:
+        head = _head(envelope)
         meta = {"v": SCHEMA_VERSION, "n": len(head), **routing}
-        if signature is not None:
-            meta["s"] = signature
+        if signing_key:
+            meta["s"] = _signature(signing_key, dest, message.declare or None, head)
         return _line(meta) + b"\n" + head, None
 
     text = _head(templated)
     for number in range(1, len(variables) + 1):
         # Each placeholder became a quoted JSON string: make it NUL + number.
-        sentinel = kombu_dumps("\x00" + chr(number)).encode()
-        text = text.replace(sentinel, b"\x00" + bytes([number]))
+        text = text.replace(_SENTINELS[number], b"\x00" + bytes([number]))
     record = _line({"c": len(variables), **routing}) + b"\n" + text
     template = Template(id=template_id(record), record=record)
     blob = b"\x00".join(variables)
-    meta = {"v": SCHEMA_VERSION, "t": template.id, "n": len(blob)}
-    if signature is not None:
-        meta["s"] = signature
+    if not signing_key:
+        # The common case, spelled out: json.dumps of the dict costs more.
+        line = b'{"v":%d,"t":"%s","n":%d}' % (SCHEMA_VERSION, template.id.encode(), len(blob))
+        return line + b"\n" + blob, template
+    # Signed as the companion will check it: the envelope as released.
+    head = _MARKER.sub(lambda match: variables[match.group(1)[0] - 1], text)
+    signature = _signature(signing_key, dest, message.declare or None, head)
+    meta = {"v": SCHEMA_VERSION, "t": template.id, "n": len(blob), "s": signature}
     return _line(meta) + b"\n" + blob, template
+
+
+def _fragment(value: Any) -> bytes:
+    """Return *value* as compact JSON, as part of the envelope's JSON."""
+    # Most per-call values are strings, ints or null: skip the generic encoder.
+    kind = type(value)
+    if kind is str:
+        return _encode_string(value).encode()
+    if value is None:
+        return b"null"
+    if kind is int:
+        return str(value).encode()
+    return kombu_dumps(value, separators=_COMPACT).encode()  # type: ignore[no-any-return]
 
 
 def template_id(record: bytes) -> str:
@@ -215,18 +237,22 @@ def expand_entry(payload: bytes, lookup: TemplateLookup) -> bytes:
     meta_line, sep, blob = payload.partition(b"\n")
     if not sep or b'"t":' not in meta_line:
         return payload
-    meta = _meta(meta_line, blob)
+    meta, head = _expanded(_meta(meta_line, blob), blob, lookup)
+    return _line({**meta, "n": len(head)}) + b"\n" + head
+
+
+def _expanded(
+    meta: dict[str, Any], blob: bytes, lookup: TemplateLookup
+) -> tuple[dict[str, Any], bytes]:
+    """Return the single-part metadata and envelope head of a two-part entry."""
     template_ref = meta.get("t")
-    if not isinstance(template_ref, str):
-        return payload
-    record = lookup(template_ref)
+    record = lookup(template_ref) if isinstance(template_ref, str) else None
     if record is None:
         raise EntryError(
             f"template missing: the entry refers to template {template_ref!r}, "
             "which the store does not hold"
         )
-    template_line, _, text = record.partition(b"\n")
-    template_meta = json.loads(template_line)
+    template_meta, text = _parsed_template(record)
     values = blob.split(b"\x00")
     if len(values) != template_meta.get("c"):
         raise EntryError(
@@ -237,7 +263,17 @@ def expand_entry(payload: bytes, lookup: TemplateLookup) -> bytes:
     expanded.update({k: template_meta[k] for k in ("k", "l", "q") if k in template_meta})
     if "s" in meta:
         expanded["s"] = meta["s"]
-    return _line(expanded) + b"\n" + head
+    return expanded, head
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_template(record: bytes) -> tuple[dict[str, Any], bytes]:
+    # Records never change (their id is their hash): parse each once.
+    template_line, _, text = record.partition(b"\n")
+    template_meta = json.loads(template_line)
+    if not isinstance(template_meta, dict):
+        raise EntryError("damaged template: its first line is not a mapping")
+    return template_meta, text
 
 
 def _envelope(message: TaskMessage) -> dict[str, Any]:
@@ -348,8 +384,7 @@ def _split(payload: bytes, templates: TemplateLookup | None) -> tuple[dict[str, 
     if "t" in meta:
         if templates is None:
             raise EntryError("template missing: no template lookup was given to read the entry")
-        meta_line, _, rest = expand_entry(payload, templates).partition(b"\n")
-        meta = json.loads(meta_line)
+        return _expanded(meta, rest, templates)
     return meta, rest
 
 

@@ -149,26 +149,36 @@ class Publisher:
             content_encoding=message.content_encoding,
             headers=message.headers,
             priority=message.priority,
-            declare=self._declare(message.declare),
+            declare=self._declare(message.declare, producer),
             expiration=expiration,
             retry=False,
             timeout=self.broker_wait,
             **properties,
         )
 
-    def _declare(self, names: Sequence[Any]) -> list[Any]:
+    def _declare(self, names: Sequence[Any], producer: Producer) -> list[Any]:
+        """Return the queues to declare before publishing, each once per channel.
+
+        kombu remembers what it declared, but still copies every entity to
+        find out: at thousands of messages a second that was a quarter of
+        the generic path's time.
+        """
+        declared: set[str] = producer.__dict__.setdefault("_zdelay_declared", set())
         queues = self.app.amqp.queues
-        declared = []
+        wanted = []
         for name in names:
+            if name in declared:
+                continue
             try:
-                declared.append(queues[name])
+                wanted.append(queues[name])
             except KeyError:
                 logger.warning(
                     "Queue %s is not configured on this companion (task_queues) and "
                     "task_create_missing_queues is off; publishing without declaring it",
                     name,
                 )
-        return declared
+            declared.add(name)
+        return wanted
 
     def _is_connection_error(self, exc: BaseException) -> bool:
         from kombu.exceptions import OperationalError

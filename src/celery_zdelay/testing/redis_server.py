@@ -96,7 +96,11 @@ class RedisServer:
         for name, value in self.config.items():
             args += [f"--{name.replace('_', '-')}", value]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self._wait_until_ready()
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.kill()  # never leave a half-started server behind
+            raise
         return self
 
     def _wait_until_ready(self) -> None:

@@ -33,12 +33,6 @@ end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function head_score()
-  local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-  if head[2] then return tonumber(head[2]) end
-  return nil
-end
-
 -- Same-millisecond entries keep parking order: each takes the next of the
 -- 1024 sequence slots of its millisecond (the last slot is shared once full).
 local last_seq = {}
@@ -61,26 +55,34 @@ for i = 4, 3 + 2 * n_templates, 2 do
   redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1])
 end
 
-local before = head_score()
+local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+local before = tonumber(head[2])
+local lowest = nil
 local result = {}
+local named = {}
 for i = 4 + 2 * n_templates, #ARGV, 5 do
   local id, mode, ms, payload, dest = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
   local due_ms = ms
   if mode == 'r' then due_ms = now_ms + ms end
   -- A new park of an id that is being released takes the id over: the
   -- release in flight can no longer acknowledge (and delete) the new payload.
-  redis.call('ZREM', lease, id)
-  redis.call('HDEL', leased, id)
-  redis.call('ZREM', due, id)
-  redis.call('ZADD', due, score_for(due_ms), id)
+  if redis.call('ZSCORE', lease, id) then
+    redis.call('ZREM', lease, id)
+    redis.call('HDEL', leased, id)
+  end
+  local score = score_for(due_ms)
+  redis.call('ZADD', due, score, id)  -- replaces the score of an id parked before
   redis.call('HSET', msg, id, payload)
-  if dest ~= '' then redis.call('SADD', dests, dest) end
+  if dest ~= '' and not named[dest] then
+    named[dest] = true
+    redis.call('SADD', dests, dest)
+  end
+  if not lowest or score < lowest then lowest = score end
   result[#result + 1] = due_ms
 end
 
-local after = head_score()
-if after and (not before or after < before) then
-  redis.call('PUBLISH', ARGV[1], math.floor(after / 1024))
+if lowest and (not before or lowest < before) then
+  redis.call('PUBLISH', ARGV[1], math.floor(lowest / 1024))
 end
 redis.call('SET', marker, table.concat(result, ','), 'PX', ARGV[2])
 return result
