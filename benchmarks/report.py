@@ -363,6 +363,16 @@ def _console_extras(run: dict[str, Any]) -> list[str]:
                     for script, s in stats.items()
                 )
             )
+    contention = results.get("contention")
+    if contention and "error" not in contention:
+        lines.append("")
+        lines.append("Several companions on 16 shards, N tasks due at one instant (handoff):")
+        for label, entry in contention.items():
+            lines.append(
+                f"  {label:28} {entry['redis_ms']:8.1f} ms of Redis time "
+                f"({entry['redis_us_per_task']:.2f} µs a task, {entry['handoff_calls']} calls), "
+                f"all released {entry['seconds']:.2f} s after due"
+            )
     for note in run.get("notes_added_after_run") or []:
         lines.append("")
         lines.append(f"NOTE (added after the run): {note}")
@@ -578,6 +588,30 @@ def rst_details(run: dict[str, Any]) -> str:
                 ["path, worker pool", "executed", "seconds after due", "executions/s"],
                 rows,
                 [30, 20, 20, 20],
+            )
+        )
+    contention = results.get("contention") or {}
+    if contention and "error" not in contention:
+        rows = [
+            [
+                label,
+                fmt_int(entry["n"]),
+                f"{entry['redis_ms']:.1f}",
+                f"{entry['redis_us_per_task']:.2f}",
+                fmt_int(entry["handoff_calls"]),
+                f"{entry['seconds']:.2f}",
+            ]
+            for label, entry in contention.items()
+        ]
+        parts.append(
+            "**Several companions** on 16 shards: N tasks due at one instant, handed off; "
+            "the store's Lua time from the due time to the last task queued\n"
+        )
+        parts.append(
+            _list_table(
+                ["companions", "tasks", "Redis ms", "µs a task", "handoff calls", "seconds"],
+                rows,
+                [30, 12, 12, 12, 14, 12],
             )
         )
     lateness = results.get("lateness") or {}

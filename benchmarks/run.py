@@ -78,6 +78,12 @@ def _producer(sizes: Sizes) -> dict[str, Any]:
     return run_producer(sizes)
 
 
+def _contention(sizes: Sizes) -> dict[str, Any]:
+    from .contention import run_contention
+
+    return run_contention(sizes)
+
+
 def _memory(sizes: Sizes) -> dict[str, Any]:
     from .memory import run_memory
 
@@ -100,6 +106,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "producer": ("P5", _producer),
     "memory": ("P6 P7", _memory),
     "idle": ("P8", _idle),
+    "contention": ("scale-out: several companions, shard leases", _contention),
 }
 
 
