@@ -51,7 +51,7 @@ HEARTBEAT_SECONDS = 5.0
 HEARTBEAT_LIVE_SECONDS = COMPANION_ALIVE_MS / 1000
 #: Heartbeats older than this are removed from the companions hash.
 HEARTBEAT_PRUNE_SECONDS = 3600.0
-#: Pauses after a failure (store or broker unreachable), doubling up to the last.
+#: Pauses after consecutive failures (store or broker unreachable), growing to the last.
 BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
