@@ -9,6 +9,8 @@ the parked message is Celery's own, not a copy of Celery's logic.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -96,10 +98,44 @@ def capture(app: Celery, send: Callable[[CapturingProducer], R]) -> tuple[R, lis
     *send* calls Celery's own publishing API with ``producer=`` set, e.g.
     ``lambda p: task.apply_async(args, producer=p)``. Serialization errors
     (``kombu.exceptions.EncodeError``) propagate before anything is parked.
+
+    Not every canvas passes ``producer=`` on: a chain (and a chord) publishes
+    its first tasks with a producer from ``app.producer_or_acquire()``. So
+    while *send* runs, that method of *app* hands out the capturing producer
+    too, in this thread or task only.
     """
     producer = CapturingProducer(_lazy_connection(app), app.conf.event_exchange)
-    result = send(producer)
+    _route_acquired_producers(app)
+    token = _capturing.set((app, producer))
+    try:
+        result = send(producer)
+    finally:
+        _capturing.reset(token)
     return result, producer.messages
+
+
+#: The app being captured in this context, and its capturing producer.
+_capturing: contextvars.ContextVar[tuple[Any, CapturingProducer] | None] = contextvars.ContextVar(
+    "celery_zdelay_capturing", default=None
+)
+
+
+def _route_acquired_producers(app: Celery) -> None:
+    """Make ``app.producer_or_acquire`` return the capturing producer during a capture."""
+    if getattr(app, "_zdelay_routes_producers", False):
+        return
+    acquire = app.producer_or_acquire
+
+    def producer_or_acquire(producer: Any = None) -> Any:
+        current = _capturing.get()
+        if current is not None and current[0] is app:
+            return contextlib.nullcontext(current[1])
+        return acquire(producer)
+
+    # An attribute of this app only: other apps, and this app outside a
+    # capture, acquire producers from the pool as before.
+    app.producer_or_acquire = producer_or_acquire
+    app._zdelay_routes_producers = True
 
 
 def _lazy_connection(app: Celery) -> Connection:

@@ -101,6 +101,8 @@ class Companion:
         self._started_ms = int(time.time() * 1000)
         self._last_heartbeat = 0.0
         self._live_companions = 1
+        #: Routes (exchange, routing key) whose generic-path choice was logged.
+        self._generic_routes: set[tuple[str, str]] = set()
         self._ownership = (
             ShardOwnership(self.store, self.id, self.shards, lease_ms=self.lease_ms)
             if self.config.shard_leases
@@ -283,6 +285,7 @@ class Companion:
             if self._can_push(message):
                 pushable.append((entry, message))
             else:
+                self._note_generic(message)
                 generic.append((entry, message))
 
         if pushable:
@@ -299,6 +302,31 @@ class Companion:
             handoff is not None
             and message.handoff_dest is not None
             and message.handoff_layout == handoff.layout.fingerprint
+        )
+
+    def _note_generic(self, message: TaskMessage) -> None:
+        """Say once per route why its messages take kombu, not the atomic handoff."""
+        handoff = self._handoff
+        route = (message.exchange, message.routing_key)
+        if handoff is None or route in self._generic_routes:
+            return
+        self._generic_routes.add(route)
+        if message.handoff_dest is None:
+            why = (
+                "they name an exchange (or a queue with an expiry) that only kombu can "
+                "route, or their producer's broker was not Redis"
+            )
+        else:
+            why = (
+                "they were parked under other Redis transport options "
+                "(sep, priority_steps or global_keyprefix) than this companion's broker"
+            )
+        logger.info(
+            "Messages for exchange %r, routing key %r are published through kombu, "
+            "not handed off atomically: %s",
+            message.exchange,
+            message.routing_key,
+            why,
         )
 
     def _push(

@@ -149,15 +149,15 @@ class Publisher:
             content_encoding=message.content_encoding,
             headers=message.headers,
             priority=message.priority,
-            declare=self._declare(message.declare, producer),
+            declare=self._declare(message, producer),
             expiration=expiration,
             retry=False,
             timeout=self.broker_wait,
             **properties,
         )
 
-    def _declare(self, names: Sequence[Any], producer: Producer) -> list[Any]:
-        """Return the queues to declare before publishing, each once per channel.
+    def _declare(self, message: TaskMessage, producer: Producer) -> list[Any]:
+        """Return what to declare before publishing *message*, each once per channel.
 
         kombu remembers what it declared, but still copies every entity to
         find out: at thousands of messages a second that was a quarter of
@@ -166,7 +166,7 @@ class Publisher:
         declared: set[str] = producer.__dict__.setdefault("_zdelay_declared", set())
         queues = self.app.amqp.queues
         wanted = []
-        for name in names:
+        for name in message.declare:
             if name in declared:
                 continue
             try:
@@ -178,6 +178,12 @@ class Publisher:
                     name,
                 )
             declared.add(name)
+        exchange = message.exchange
+        if exchange and f"exchange:{exchange}" not in declared:
+            # A message sent to an exchange by name (no queue): declare it as
+            # the app's queues define it, so a fresh channel knows its type.
+            declared.add(f"exchange:{exchange}")
+            wanted += [q.exchange for q in queues.values() if q.exchange.name == exchange][:1]
         return wanted
 
     def _is_connection_error(self, exc: BaseException) -> bool:
