@@ -215,10 +215,6 @@ class Companion:
             result = self._claim(shard, fresh=fresh, advance_ms=advance_ms)
             claimed_at = time.perf_counter()
             claim_s = claimed_at - started
-            if result.needs_dests and not fresh:
-                fresh = True
-                continue
-            fresh = False
             claimed = len(result.entries) + len(result.handed_due_ms)
             if result.handed_due_ms:
                 lateness = [result.now_ms - due for due in result.handed_due_ms]
@@ -244,7 +240,16 @@ class Companion:
                     len(result.entries),
                 )
                 self._send(signals.batch_claimed, shard=shard, claimed=claimed, seconds=claim_s)
-            if report.failed or self._stopping.is_set() or claimed < self.batch_size:
+            if report.failed or self._stopping.is_set():
+                break
+            if result.needs_dests and not fresh:
+                # The call stopped at an entry for a queue list parked since
+                # the list of them was read: read it again and go on from there
+                # (what the call released or leased before it is dealt with).
+                fresh = True
+                continue
+            fresh = False
+            if claimed < self.batch_size:
                 break
         self._note_next_event(result, report)
 
