@@ -4,7 +4,9 @@
 it, runs ``before_task_publish`` (so tracing headers are added), serializes
 and compresses it, and hands it to that producer. :class:`CapturingProducer`
 is a kombu producer that keeps what it is handed instead of sending it, so
-the parked message is Celery's own, not a copy of Celery's logic.
+the parked message is Celery's own, not a copy of Celery's logic. (Chains
+and chords do not pass ``producer=`` on to the tasks they publish first, so
+:func:`capture` also routes the app's ``producer_or_acquire`` to it.)
 """
 
 from __future__ import annotations
