@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import redis
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from celery_zdelay.testing import RedisServer, free_port
 
@@ -124,6 +125,13 @@ class LocalSentinel:
         return f"sentinel://127.0.0.1:{self.sentinel_port}"
 
     def start(self) -> LocalSentinel:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> LocalSentinel:
         self.master.start()
         # redis-server --sentinel needs its configuration in a writable file.
         sentinel = RedisServer(port=self.sentinel_port)
@@ -142,18 +150,19 @@ class LocalSentinel:
         )
         self._sentinel = sentinel
         deadline = time.monotonic() + 30
-        client = redis.Redis(host="127.0.0.1", port=self.sentinel_port)
+        sentinels = Sentinel([("127.0.0.1", self.sentinel_port)])
         try:
             while True:
                 try:
-                    if client.sentinel_get_master_addr_by_name(self.master_name):
-                        break
-                except redis.exceptions.ConnectionError:
+                    sentinels.discover_master(self.master_name)
+                    break
+                except (redis.exceptions.ConnectionError, MasterNotFoundError):
                     pass
                 assert time.monotonic() < deadline, "the test Sentinel did not start"
                 time.sleep(0.05)
         finally:
-            client.close()
+            for client in sentinels.sentinels:
+                client.close()
         return self
 
     def stop(self) -> None:
@@ -187,6 +196,13 @@ class LocalTLSRedis:
         )
 
     def start(self) -> LocalTLSRedis:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> LocalTLSRedis:
         folder = self.server._dir
         openssl = shutil.which("openssl")
         assert openssl, "openssl is needed to make the test certificates"
@@ -194,9 +210,21 @@ class LocalTLSRedis:
         def run(command: str) -> None:
             subprocess.run([openssl, *command.split()], cwd=folder, check=True, capture_output=True)
 
-        run("req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=ca")
+        # The extensions Python 3.13's strict certificate checks ask for.
+        run(
+            "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=ca "
+            "-addext basicConstraints=critical,CA:TRUE "
+            "-addext keyUsage=critical,keyCertSign,cRLSign -addext subjectKeyIdentifier=hash"
+        )
         run("req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1")
-        (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+        (folder / "ext.cnf").write_text(
+            "subjectAltName=IP:127.0.0.1\n"
+            "basicConstraints=CA:FALSE\n"
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\n"
+            "subjectKeyIdentifier=hash\n"
+            "authorityKeyIdentifier=keyid,issuer\n"
+        )
         run(
             "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
             "-out server.crt -days 2 -extfile ext.cnf"
