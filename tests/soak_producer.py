@@ -14,6 +14,11 @@ import time
 import celery_zdelay
 from tests.project import app_from_env, close_app
 
+#: Tasks parked per second by each producer, at most. Without a cap the load
+#: would grow with the machine's speed and outrun the test's two solo workers
+#: on a loaded machine; the soak is about accounting for every id, not speed.
+PARK_RATE = 80
+
 
 def main(seconds: float, seed: int, output: str) -> None:
     app = app_from_env()
@@ -24,7 +29,11 @@ def main(seconds: float, seed: int, output: str) -> None:
     rescheduled = 0
     deadline = time.monotonic() + seconds
     n = 0
+    started = time.monotonic()
     while time.monotonic() < deadline:
+        if len(parked) > PARK_RATE * (time.monotonic() - started):
+            time.sleep(0.01)  # pacing, not synchronisation
+            continue
         roll = rng.random()
         if roll < 0.6:
             task_id = f"s{seed}-{n}"
