@@ -442,11 +442,11 @@ def test_weak_persistence_is_warned_about(config: dict[str, str], expected: str)
     assert "appendfsync everysec" in warning
 
 
-def test_log_server_warnings_logs_each_and_never_raises(
+def test_log_store_warnings_logs_each_and_never_raises(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="celery_zdelay")
-    warnings = admin.log_server_warnings(store)  # the test server runs without persistence
+    warnings = admin.log_store_warnings(store)  # the test server runs without persistence
 
     assert warnings
     assert [r.getMessage() for r in caplog.records] == warnings
@@ -458,7 +458,7 @@ def test_log_server_warnings_logs_each_and_never_raises(
     try:
         with pytest.raises(StoreUnavailableError):
             admin.server_health(gone)
-        assert admin.log_server_warnings(gone) == []
+        assert admin.log_store_warnings(gone) == []
     finally:
         gone.close()
         app.close()

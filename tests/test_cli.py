@@ -8,6 +8,7 @@ itself run as real ``celery`` subprocesses.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -34,6 +35,7 @@ from celery_zdelay.cli import (
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
+from celery_zdelay.store.keys import shard_of
 from celery_zdelay.testing import RedisServer, free_port
 from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for
@@ -257,6 +259,44 @@ def test_a_companion_killed_without_cleanup_shows_as_stale_and_fails_the_check(
         EXIT_CHECK_FAILED,
         "FAIL: no companion is alive",
     )
+
+
+def test_entries_left_on_shards_beyond_zdelay_shards_are_a_warning_and_fail_the_check(
+    make_test_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given tasks parked over 4 shards, and zdelay_shards then lowered to 2
+    wide = make_test_app(conf={"zdelay_shards": 4})
+    ids = [wide.tasks["tests.record"].apply_delayed((i,), countdown=600).id for i in range(40)]
+    narrow = make_test_app(conf={"zdelay_shards": 2})
+    store = Store(get_config(narrow))
+    try:
+        write_heartbeat(store, "live-1", seen_ago_ms=0, shards=[0, 1])
+        left = sorted({shard_of(task_id, 4) for task_id in ids} - {0, 1})
+        assert left  # 40 random ids leave shards 2 and 3 both empty once in 50,000 runs
+        expected = (
+            f"Shard{'s' if len(left) > 1 else ''} {','.join(map(str, left))} "
+            f"still hold{'' if len(left) > 1 else 's'} entries, but zdelay_shards is 2: "
+            "no companion releases them and cancel does not find them. "
+            f"Set zdelay_shards back to at least {left[-1] + 1}."
+        )
+
+        # Then status, its JSON, the probe and the companion's start-up all say so
+        assert admin.stranded_shards(store) == left
+        assert f"Warning: {expected}" in lines(run(narrow, "status"))
+        assert json.loads(run(narrow, "status", "--json").stdout)["stranded_shards"] == left
+        check = run(narrow, "status", "--check")
+        assert (check.exit_code, check.stdout.strip()) == (EXIT_CHECK_FAILED, f"FAIL: {expected}")
+        caplog.set_level(logging.WARNING, logger="celery_zdelay")
+        assert expected in admin.log_store_warnings(store)
+
+        # And with the setting back at 4 nothing is stranded
+        restored = Store(get_config(wide))
+        try:
+            assert admin.stranded_shards(restored) == []
+        finally:
+            restored.close()
+    finally:
+        store.close()
 
 
 # -- list ---------------------------------------------------------------------------------

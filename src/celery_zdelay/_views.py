@@ -51,6 +51,7 @@ def status_json(
         "shards": [_shard_json(s) for s in current.counts.shards],
         "companions": [_companion_json(c) for c in current.companions],
         "redis": _health_json(current.health),
+        "stranded_shards": list(current.stranded),
     }
     if problems is not None:
         document["check"] = {
@@ -144,7 +145,7 @@ def status_text(current: Status, *, shards: int, per_shard: bool = False) -> str
     if per_shard:
         lines += ["", _shards_table(counts.shards, now)]
     lines += ["", _companions_text(current.companions, now)]
-    for warning in health.warnings:
+    for warning in current.warnings:
         lines += ["", f"Warning: {warning}"]
     return "\n".join(lines)
 

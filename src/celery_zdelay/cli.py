@@ -354,7 +354,8 @@ def zdelay(
     cls=CeleryOption,
     help_group="Check Options",
     help="Print OK or FAIL and exit 1 when no companion is alive, a shard has none, "
-    "or an entry is overdue by more than --max-overdue.",
+    "entries sit on shards beyond zdelay_shards, or an entry is overdue by more than "
+    "--max-overdue.",
 )
 @click.option(
     "--max-overdue",

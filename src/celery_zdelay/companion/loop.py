@@ -26,7 +26,7 @@ from ..config import get_config
 from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError, StoreUnavailableError
 from ..store import Claimed, ClaimResult, Store
-from ..store.admin import COMPANION_ALIVE_MS, log_server_warnings
+from ..store.admin import COMPANION_ALIVE_MS, log_store_warnings
 from ..store.client import sanitize_url
 from ..store.keys import companions_key
 from .handoff import Handoff, detect_handoff
@@ -124,8 +124,9 @@ class Companion:
             sanitize_url(self.publisher.broker_url),
             self.handoff_state,
         )
-        # Parked tasks are only as durable as Redis: say so when they are at risk.
-        log_server_warnings(self.store)
+        # Parked tasks are only as durable as Redis, and only released from the
+        # configured shards: say so when they are at risk.
+        log_store_warnings(self.store)
         wakeup = Wakeup(self.store.client, [self.store.keys(s).wake for s in self.shards])
         wakeup.start()
         self._send(signals.companion_started)

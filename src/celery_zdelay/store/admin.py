@@ -23,10 +23,11 @@ from typing import Any, cast
 import redis
 
 from .._format import duration
+from ..config import MAX_SHARDS
 from ..entry import TemplateLookup, entry_headers, expand_entry
 from ..errors import ConfigurationError, EntryError
 from .client import sanitize_url, unavailable_as_error
-from .keys import companions_key
+from .keys import companions_key, shard_keys
 from .store import Store
 
 __all__ = [
@@ -47,12 +48,14 @@ __all__ = [
     "counts",
     "list_dead",
     "list_parked",
-    "log_server_warnings",
+    "log_store_warnings",
     "purge_dead",
     "requeue_all_dead",
     "requeue_dead",
     "server_health",
     "status",
+    "stranded_shards",
+    "stranded_warning",
 ]
 
 logger = logging.getLogger(__name__)
@@ -328,20 +331,60 @@ def server_health(store: Store) -> ServerHealth:
     )
 
 
-def log_server_warnings(store: Store) -> list[str]:
-    """Log each :func:`server_health` warning at WARNING level; return them.
+# -- entries beyond the configured shards -------------------------------------
+
+
+def stranded_shards(store: Store) -> list[int]:
+    """Return the shards at or beyond ``zdelay_shards`` that still hold entries.
+
+    Lowering ``zdelay_shards`` does not move what is parked: entries of the
+    dropped shards stay under their own keys, where no companion releases
+    them and ``cancel`` does not look. One ``EXISTS`` per shard number the
+    setting allows beyond the configured count, in one pipeline (on a Redis
+    Cluster split by node; a shard's keys share one slot).
+    """
+    beyond = range(store.config.shards, MAX_SHARDS)
+    if not beyond:
+        return []
+    prefix = store.config.key_prefix
+    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+        for shard in beyond:
+            keys = shard_keys(prefix, shard)
+            pipe.exists(keys.due, keys.lease, keys.dead)
+        replies = pipe.execute()
+    return [shard for shard, found in zip(beyond, replies, strict=True) if found]
+
+
+def stranded_warning(stranded: Sequence[int], *, shards: int) -> str | None:
+    """Return the warning for :func:`stranded_shards`, or None when there are none."""
+    if not stranded:
+        return None
+    plural = "s" if len(stranded) > 1 else ""
+    return (
+        f"Shard{plural} {','.join(map(str, stranded))} still hold{'' if plural else 's'} "
+        f"entries, but zdelay_shards is {shards}: no companion releases them and cancel "
+        f"does not find them. Set zdelay_shards back to at least {max(stranded) + 1}."
+    )
+
+
+def log_store_warnings(store: Store) -> list[str]:
+    """Log each :func:`server_health` warning, and stranded shards, at WARNING level.
 
     Meant for start-up: it never raises, because an unreachable store is
-    reported (and retried) by the caller's own first call.
+    reported (and retried) by the caller's own first call. Returns the
+    warnings logged.
     """
     try:
-        health = server_health(store)
+        warnings = list(server_health(store).warnings)
+        stranded = stranded_warning(stranded_shards(store), shards=store.config.shards)
     except Exception as exc:
         logger.debug("Could not check the Redis settings of the store: %r", exc)
         return []
-    for warning in health.warnings:
+    if stranded is not None:
+        warnings.append(stranded)
+    for warning in warnings:
         logger.warning("%s", warning)
-    return health.warnings
+    return warnings
 
 
 # -- status -------------------------------------------------------------------
@@ -356,6 +399,8 @@ class Status:
     counts: Counts
     companions: list[CompanionInfo]
     health: ServerHealth
+    #: Shards beyond ``zdelay_shards`` that still hold entries (:func:`stranded_shards`).
+    stranded: list[int] = field(default_factory=list)
 
     @property
     def now_ms(self) -> int:
@@ -364,6 +409,18 @@ class Status:
     @property
     def alive(self) -> list[CompanionInfo]:
         return [c for c in self.companions if c.alive]
+
+    @property
+    def stranded_problem(self) -> str | None:
+        """The warning about :attr:`stranded` shards, if any."""
+        # status() counts every configured shard.
+        return stranded_warning(self.stranded, shards=len(self.counts.shards))
+
+    @property
+    def warnings(self) -> list[str]:
+        """The server's warnings, and the stranded shards' one."""
+        stranded = self.stranded_problem
+        return self.health.warnings + ([] if stranded is None else [stranded])
 
 
 def status(store: Store) -> Status:
@@ -375,16 +432,19 @@ def status(store: Store) -> Status:
         counts=found,
         companions=companions(store, now_ms=found.now_ms),
         health=server_health(store),
+        stranded=stranded_shards(store),
     )
 
 
 def check(current: Status, *, max_overdue_ms: int) -> list[str]:
     """Return what is wrong for a liveness probe; an empty list means healthy.
 
-    Wrong is: no live companion, a shard no live companion releases, or an
-    overdue entry older than *max_overdue_ms*.
+    Wrong is: no live companion, a shard no live companion releases (a
+    stranded one included), or an overdue entry older than *max_overdue_ms*.
     """
     problems = []
+    if current.stranded_problem is not None:
+        problems.append(current.stranded_problem)
     alive = current.alive
     if not alive:
         problems.append("no companion is alive")
