@@ -7,11 +7,14 @@ import shutil
 import socket
 import subprocess
 import time
+from typing import TypeVar
 
 import redis
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from celery_zdelay.testing import RedisServer, free_port
+
+D = TypeVar("D", bound="_Deployment")
 
 
 def _cluster_port() -> int:
@@ -31,7 +34,35 @@ def _cluster_port() -> int:
         return port
 
 
-class LocalCluster:
+class _Deployment:
+    """Start/stop plumbing shared by the deployments below.
+
+    Subclasses implement ``_start`` and ``stop``; a failed start stops what
+    it had started, so no half-started deployment outlives its test.
+    """
+
+    def start(self: D) -> D:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: D) -> D:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalCluster(_Deployment):
     """A Redis Cluster of *masters* private redis-server processes on loopback."""
 
     def __init__(self, masters: int = 3) -> None:
@@ -49,14 +80,7 @@ class LocalCluster:
     def url(self) -> str:
         return self.nodes[0].url
 
-    def start(self) -> LocalCluster:
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> LocalCluster:
+    def _start(self) -> None:
         for node in self.nodes:
             node.start()
         redis_cli = shutil.which("redis-cli")
@@ -86,7 +110,6 @@ class LocalCluster:
                     time.sleep(0.05)
             finally:
                 client.close()
-        return self
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -103,14 +126,8 @@ class LocalCluster:
                 client.close()
         return counts
 
-    def __enter__(self) -> LocalCluster:
-        return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class LocalSentinel:
+class LocalSentinel(_Deployment):
     """One Redis master watched by one Sentinel, under the name ``zdelay-master``."""
 
     master_name = "zdelay-master"
@@ -124,14 +141,7 @@ class LocalSentinel:
     def url(self) -> str:
         return f"sentinel://127.0.0.1:{self.sentinel_port}"
 
-    def start(self) -> LocalSentinel:
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> LocalSentinel:
+    def _start(self) -> None:
         self.master.start()
         # redis-server --sentinel needs its configuration in a writable file.
         sentinel = RedisServer(port=self.sentinel_port)
@@ -163,21 +173,14 @@ class LocalSentinel:
         finally:
             for client in sentinels.sentinels:
                 client.close()
-        return self
 
     def stop(self) -> None:
         if self._sentinel is not None:
             self._sentinel.stop()
         self.master.stop()
 
-    def __enter__(self) -> LocalSentinel:
-        return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class LocalTLSRedis:
+class LocalTLSRedis(_Deployment):
     """A redis-server that accepts TLS only, with a throwaway CA; an ACL user ``zd``."""
 
     username = "zd"
@@ -195,14 +198,7 @@ class LocalTLSRedis:
             f"?ssl_ca_certs={self.ca}&ssl_cert_reqs=required"
         )
 
-    def start(self) -> LocalTLSRedis:
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> LocalTLSRedis:
+    def _start(self) -> None:
         folder = self.server._dir
         openssl = shutil.which("openssl")
         assert openssl, "openssl is needed to make the test certificates"
@@ -245,7 +241,7 @@ class LocalTLSRedis:
                 with self.admin() as client:
                     rules = f"on >{self.password} ~* &* +@all".split()
                     client.execute_command("ACL", "SETUSER", self.username, *rules)
-                return self
+                return
             except redis.exceptions.ConnectionError:
                 assert time.monotonic() < deadline, "the TLS test Redis did not start"
                 time.sleep(0.05)
@@ -255,9 +251,3 @@ class LocalTLSRedis:
 
     def stop(self) -> None:
         self.server.stop()
-
-    def __enter__(self) -> LocalTLSRedis:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
