@@ -15,6 +15,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from celery_zdelay.config import get_config
+from celery_zdelay.store.keys import shard_keys
+
 from .common import Sizes, now_ms, park_bulk, prepare_before_due
 from .infra import BenchmarkError, MachineLoad, Resources, ScriptTimer, wait_for
 from .proj import DEFAULT_QUEUE, make_app
@@ -49,12 +52,14 @@ def _release(n: int, companions: int, leases: bool) -> dict[str, Any]:
         res.callback(app.close)
         client = server.client()
         res.callback(client.close)
+        prefix = get_config(app).key_prefix
+        keys = [shard_keys(prefix, s) for s in range(SHARDS)]
         for _ in range(companions):
             res.companion(app)
         if leases:
             # Wait until the shards are split: every one owned, by each companion.
             def split() -> bool:
-                owners = [client.get(f"{{zdelay:{s}}}:owner") for s in range(SHARDS)]
+                owners = [client.get(k.owner) for k in keys]
                 return None not in owners and len(set(owners)) == companions
 
             wait_for(split, timeout=60, interval=0.05, what="the shards to be split")
@@ -64,7 +69,7 @@ def _release(n: int, companions: int, leases: bool) -> dict[str, Any]:
             return True
 
         def reset() -> None:
-            client.delete(*[f"{{zdelay:{s}}}:due" for s in range(SHARDS)])
+            client.delete(*[k.due for k in keys])
 
         due_ms = prepare_before_due(prepare, reset, max(2.0, n / 5000), what="contention: parking")
         timer = ScriptTimer(client)
