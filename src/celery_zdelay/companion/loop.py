@@ -405,6 +405,8 @@ class Companion:
             lateness_ms=lateness,
             task_ids=task_ids,
         )
+        if not logger.isEnabledFor(logging.DEBUG):
+            return  # not a dict and a call per released entry for nothing
         for (entry, message), late_ms in zip(released, lateness, strict=True):
             logger.debug(
                 "Released %s[%s] %d ms after due",
