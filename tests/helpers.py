@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -81,18 +82,32 @@ class Runs:
         )
         return self.all()
 
-    def wait_for_ids(self, expected: set[str], *, timeout: float = 30.0) -> list[str]:
-        """Wait until every id in *expected* ran (duplicates do not count)."""
+    def wait_for_ids(self, expected: set[str], *, stall_timeout: float = 30.0) -> list[str]:
+        """Wait until every id in *expected* ran (duplicates do not count).
 
-        def missing() -> set[str]:
+        Fails once no further id of *expected* has run for *stall_timeout*
+        seconds: a large batch on a slow machine gets the time it needs, and
+        a lost task fails the test as soon as the others have run. (The
+        test's own timeout bounds the whole wait.)
+        """
+        self.all()
+        left = len(expected - self._ids)
+        progressed = time.monotonic()
+
+        def all_ran() -> bool:
+            nonlocal left, progressed
             self.all()
-            return expected - self._ids
+            missing = len(expected - self._ids)
+            if missing < left:
+                left, progressed = missing, time.monotonic()
+            elif missing and time.monotonic() - progressed > stall_timeout:
+                raise AssertionError(
+                    f"{missing} of {len(expected)} ids did not run, "
+                    f"and none ran in the last {stall_timeout:g}s"
+                )
+            return not missing
 
-        wait_for(
-            lambda: not missing(),
-            timeout=timeout,
-            message=lambda: f"{len(missing())} of {len(expected)} ids to run",
-        )
+        wait_for(all_ran, timeout=math.inf)
         return self.ids()
 
     def duplicates(self) -> dict[str, int]:

@@ -41,7 +41,7 @@ def test_a_companion_killed_after_claiming_loses_nothing(
     # Then another companion releases everything once the lease expires
     worker(app)
     companion(app)
-    runs.wait_for_ids(ids, timeout=60)
+    runs.wait_for_ids(ids, stall_timeout=60)
     assert set(runs.ids()) == ids
     assert runs.duplicates() == {}
     wait_for(lambda: redis_client.zcard(LEASE) == 0, message="no entry left in flight")
@@ -67,6 +67,6 @@ def test_three_companions_release_each_task_once(
 
     ids = {record.apply_delayed((i,), countdown=0.5 + (i % 10) * 0.05).id for i in range(600)}
 
-    runs.wait_for_ids(ids, timeout=60)
+    runs.wait_for_ids(ids, stall_timeout=60)
     assert set(runs.ids()) == ids
     assert runs.duplicates() == {}

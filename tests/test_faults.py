@@ -281,7 +281,7 @@ def test_companions_killed_over_and_over_lose_nothing(
     assert len(kills) >= 5
 
     # Then every task runs; twice only where the design allows it
-    ran = runs.wait_for_ids(ids, timeout=120)
+    ran = runs.wait_for_ids(ids, stall_timeout=120)
     assert set(ran) == ids
     duplicates = runs.duplicates()
     if path == "handoff" or dedupe:

@@ -69,7 +69,7 @@ def test_a_redis_cluster_store_releases_every_task_once(
     process = companion(app)
     companion(app)
     expected = {r.id for r in results} - cancelled
-    runs.wait_for_ids(expected, timeout=60)
+    runs.wait_for_ids(expected, stall_timeout=60)
     assert set(runs.ids()) == expected
     assert runs.duplicates() == {}
     assert "handoff off (the store is a Redis Cluster, the broker is not)" in process.log()

@@ -72,7 +72,7 @@ def test_a_minute_of_mixed_load_on_a_cluster_accounts_for_every_task(
 
     # Then every parked and not cancelled task runs exactly once
     expected = parked - cancelled
-    runs.wait_for_ids(expected, timeout=120)
+    runs.wait_for_ids(expected, stall_timeout=120)
     ran = runs.ids()
     assert set(ran) == expected
     assert runs.duplicates() == {}
