@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 PYENV_BINS := $(shell ls -d $$HOME/.pyenv/versions/3.1[0-3].*/bin 2>/dev/null | tr '\n' ':')
 #: The oldest Python and Celery supported; make test covers the newest Celery.
 MATRIX_ENVS ?= py310-celery53
-LINTED := src tests example_project benchmarks docs/examples
+LINTED := celery_zdelay tests example_project benchmarks docs/examples
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

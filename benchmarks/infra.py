@@ -362,8 +362,8 @@ def git_describe() -> dict[str, Any]:
 
     return {
         "commit": git("rev-parse", "HEAD") or None,
-        # Uncommitted changes under src/ mean the figures are for code not in the commit.
-        "src_dirty": bool(git("status", "--porcelain", "--", "src")),
+        # Uncommitted changes under celery_zdelay/ mean the figures are for code not in the commit.
+        "src_dirty": bool(git("status", "--porcelain", "--", "celery_zdelay")),
     }
 
 

@@ -178,9 +178,11 @@ def _spy_companion(sizes: Sizes) -> dict[str, Any]:
 
 
 def _where(file: str, line: int, name: str) -> str:
-    for marker in ("site-packages/", "/src/", "/benchmarks/"):
+    # Paths relative to site-packages or the checkout: "celery_zdelay/store/store.py".
+    for marker in ("site-packages/", "/celery_zdelay/", "/benchmarks/"):
         if marker in file:
-            file = file.split(marker, 1)[1]
+            rest = file.split(marker, 1)[1]
+            file = rest if marker == "site-packages/" else marker[1:] + rest
             break
     if file.startswith("~") or file == "<built-in>":
         return name

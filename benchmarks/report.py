@@ -378,7 +378,7 @@ def _console_extras(run: dict[str, Any]) -> list[str]:
         lines.append(f"NOTE (added after the run): {note}")
     if run.get("code_changed_during_run"):
         lines.append("")
-        lines.append("WARNING: the code under src/ changed during this run (commit or edits).")
+        lines.append("WARNING: the package code changed during this run (commit or edits).")
     load = run.get("load", {})
     if load:
         lines.append("")
@@ -490,7 +490,7 @@ def rst_summary(run: dict[str, Any], run_path: Path) -> str:
         header += f"\n.. note:: {_rst_escape(note)}\n"
     if run.get("code_changed_during_run"):
         header += (
-            "\n.. warning:: The code under ``src/`` changed while this run went on (commit "
+            "\n.. warning:: The package code changed while this run went on (commit "
             f"{(run['machine']['git'].get('commit') or '?')[:12]} at the start, "
             f"{(run['git_end'].get('commit') or '?')[:12]} at the end, or uncommitted edits): "
             "figures of different benchmarks may come from different code.\n"
@@ -519,7 +519,7 @@ def rst_machine(run: dict[str, Any]) -> str:
     git = m.get("git") or {}
     commit = (git.get("commit") or "unknown")[:12]
     if git.get("src_dirty"):
-        commit += " (with uncommitted changes under src/)"
+        commit += " (with uncommitted changes under celery_zdelay/)"
     rows = [
         ["CPU", f"{m.get('cpu_model')}, {m.get('cpu_count')} cores visible"],
         ["RAM", f"{m.get('ram_gib')} GiB"],

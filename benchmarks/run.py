@@ -171,7 +171,7 @@ def run_suite(
             run["timings_s"][name] = round(time.monotonic() - began, 1)
     finally:
         run["duration_s"] = round(time.monotonic() - t0, 1)
-        # Others may commit or edit src/ while a long run goes on: say so.
+        # Others may commit or edit celery_zdelay/ while a long run goes on: say so.
         run["git_end"] = git_describe()
         run["code_changed_during_run"] = run["git_end"] != run["machine"]["git"]
         run["load"]["after"] = loadavg()
