@@ -29,6 +29,8 @@ class Sizes:
     release_rabbit_n: int
     #: Repetitions of each release measurement; the median is reported.
     release_repeat: int
+    #: P1 against the limit: tasks moved by the handoff and by a bare Lua move.
+    limit_n: int
     #: End to end (native ETA vs celery-zdelay through one worker): tasks, and
     #: the most seconds after the due time the executions are counted.
     e2e_n: int
@@ -57,6 +59,7 @@ QUICK = Sizes(
     release_n=5_000,
     release_rabbit_n=3_000,
     release_repeat=1,
+    limit_n=5_000,
     e2e_n=1_000,
     e2e_cap_seconds=2.0,
     lateness_seconds=3.0,
@@ -74,6 +77,7 @@ FULL = Sizes(
     release_n=100_000,
     release_rabbit_n=50_000,
     release_repeat=3,
+    limit_n=20_000,
     e2e_n=20_000,
     e2e_cap_seconds=20.0,
     lateness_seconds=30.0,

@@ -135,6 +135,37 @@ def _release_verdicts(results: dict[str, Any]) -> list[Verdict]:
     return rows
 
 
+def _limit_verdicts(results: dict[str, Any]) -> list[Verdict]:
+    """P1 against the limit: the handoff's rate as a share of a bare Lua move's."""
+    entry = results.get("limit")
+    what = "handoff / bare Lua move, batch {}"
+    if not entry or "error" in entry:
+        reason = (entry or {}).get("error", "not run")
+        return [_missing("P1", what.format("200 / 1,000"), "≥ 0.5x", reason)]
+    rows = []
+    for key, value in entry.items():
+        if not key.startswith("batch-"):
+            continue
+        handoff, bare = value["handoff"], value["bare"]
+        met, margin = _ratio_margin(value["ratio"], 0.5, higher_is_better=True)
+        runs = len(handoff.get("runs") or [1])
+        rows.append(
+            Verdict(
+                "P1",
+                what.format(f"{value['batch']:,}"),
+                f"{value['ratio']:.2f}x ({fmt_int(handoff['rate'])}/s)",
+                f"bare move {fmt_int(bare['rate'])}/s; Redis script time per task: handoff "
+                f"{handoff['script_us_per_task']:.2f} µs, bare {bare['script_us_per_task']:.2f} µs",
+                "≥ 0.5x",
+                "met" if met else "missed",
+                margin,
+                f"N={entry['n']:,}, {value['message_bytes']} B messages"
+                + (f", median of {runs}" if runs > 1 else ""),
+            )
+        )
+    return rows
+
+
 def _lateness_verdicts(results: dict[str, Any]) -> list[Verdict]:
     entry = results.get("lateness")
     what = "lateness at a steady 1,000 due/s (p50 / p99 / max)"
@@ -293,6 +324,7 @@ def _idle_verdicts(results: dict[str, Any]) -> list[Verdict]:
 
 _VERDICTS: list[Callable[[dict[str, Any]], list[Verdict]]] = [
     _release_verdicts,
+    _limit_verdicts,
     _lateness_verdicts,
     _burst_verdicts,
     _producer_verdicts,

@@ -46,6 +46,12 @@ def _release(sizes: Sizes) -> dict[str, Any]:
     return results
 
 
+def _limit(sizes: Sizes) -> dict[str, Any]:
+    from .limit import run_limit
+
+    return run_limit(sizes)
+
+
 def _end_to_end(sizes: Sizes) -> dict[str, Any]:
     from .release import run_end_to_end
 
@@ -99,6 +105,7 @@ def _idle(sizes: Sizes) -> dict[str, Any]:
 #: Benchmarks in run order: name -> (targets it covers, function).
 BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "release": ("P1 P2", _release),
+    "limit": ("P1 (handoff vs a bare Lua move)", _limit),
     "end_to_end": ("P1 P2 (native comparison)", _end_to_end),
     "lateness": ("P3", _lateness),
     "lateness_generic": ("P3 (generic path, full runs only)", _lateness_generic),

@@ -1,0 +1,181 @@
+"""P1 against the physical limit: the atomic handoff beside a bare Lua move.
+
+Both run in one process against one private Redis, on the same count of
+messages of the same size:
+
+* handoff: N ``bench.noop`` tasks parked already due (broker = store), then
+  ``Companion(app).release_due()`` hands them into the kombu list, batch by
+  batch (``zdelay_batch_size``), as a running companion does;
+* bare Lua move: N payloads of the mean size of the messages the handoff
+  pushed, in a ZSet (id -> score) and a hash (id -> payload), moved into a
+  list by :data:`BARE_MOVE_LUA`, the least any "move due messages into a
+  queue" script does (ZRANGEBYSCORE ... LIMIT 0 batch, HMGET, LPUSH, ZREM,
+  HDEL), called in a loop of the same batch size.
+
+Reported per path: the rate (wall clock of the calls, in this process),
+Redis script time (``INFO commandstats``, EVALSHA) per released task, and
+the ratio handoff / bare move. Runs alternate which path goes first.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import redis
+
+from celery_zdelay.companion import Companion
+
+from .common import Sizes, median_run, now_ms, park_bulk
+from .infra import BenchmarkError, MachineLoad, Resources, reset_stats, script_stats
+from .proj import DEFAULT_QUEUE, make_app
+
+#: Batch sizes measured: the default (200) and a large one.
+BATCH_SIZES = (200, 1000)
+
+#: The least a script moving due messages from a ZSet+hash into a list does.
+BARE_MOVE_LUA = """
+-- KEYS[1] due zset  id -> score (due ms)
+-- KEYS[2] msg hash  id -> message
+-- KEYS[3] list      the queue the messages go to
+-- ARGV[1] most messages to move
+-- returns how many were moved
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms, 'LIMIT', 0, tonumber(ARGV[1]))
+if #ids == 0 then return 0 end
+local messages = redis.call('HMGET', KEYS[2], unpack(ids))
+redis.call('LPUSH', KEYS[3], unpack(messages))
+redis.call('ZREM', KEYS[1], unpack(ids))
+redis.call('HDEL', KEYS[2], unpack(ids))
+return #ids
+"""
+
+_BARE_KEYS = ("bare:due", "bare:msg", "bare:queue")
+
+
+def run_limit(sizes: Sizes) -> dict[str, Any]:
+    """The handoff and the bare Lua move, per batch size; median of the repeats."""
+    results: dict[str, Any] = {"n": sizes.limit_n, "repeat": sizes.release_repeat}
+    with Resources() as res:
+        server = res.redis()
+        client = server.client()
+        res.callback(client.close)
+        for batch in BATCH_SIZES:
+            results[f"batch-{batch}"] = _compare(res, server.url, client, sizes, batch)
+    return results
+
+
+def _compare(
+    res: Resources, url: str, client: redis.Redis, sizes: Sizes, batch: int
+) -> dict[str, Any]:
+    n = sizes.limit_n
+    client.flushall()
+    app = make_app(broker=f"{url}/0", store=f"{url}/0", conf={"zdelay_batch_size": batch})
+    res.callback(app.close)
+    companion = Companion(app)
+    res.callback(companion.close)
+    companion.release_due()  # connected and past handoff detection, as when running
+    park_bulk(app, n, now_ms() - 1000)
+    parked = {key: client.dump(key) for key in client.keys("*")}
+
+    handoffs: list[dict[str, Any]] = []
+    bares: list[dict[str, Any]] = []
+    message_bytes = 0
+    for run_no in range(sizes.release_repeat):
+        order = ["handoff", "bare"] if run_no % 2 == 0 else ["bare", "handoff"]
+        for path in order:
+            client.flushdb()
+            if path == "handoff":
+                for key, value in parked.items():
+                    client.restore(key, 0, value)
+                handoffs.append(_time_handoff(client, companion, n))
+                message_bytes = message_bytes or _mean_length(client, DEFAULT_QUEUE)
+            else:
+                # The first run is handoff first: it measures the message size.
+                bares.append(_time_bare(client, n, batch, message_bytes))
+    client.flushdb()
+
+    handoff, bare = median_run(handoffs, "rate"), median_run(bares, "rate")
+    return {
+        "batch": batch,
+        "message_bytes": message_bytes,
+        "handoff": {**handoff, "runs": [r["rate"] for r in handoffs]},
+        "bare": {**bare, "runs": [r["rate"] for r in bares]},
+        "ratio": round(handoff["rate"] / bare["rate"], 3),
+        "script_time_ratio": round(handoff["script_us_per_task"] / bare["script_us_per_task"], 2)
+        if bare["script_us_per_task"]
+        else None,
+    }
+
+
+def _time_handoff(client: redis.Redis, companion: Companion, n: int) -> dict[str, Any]:
+    reset_stats(client)
+    load = MachineLoad()
+    started = time.perf_counter()
+    released = passes = 0
+    while released < n:
+        passes += 1
+        report = companion.release_due()
+        if report.failed or report.released == 0:
+            raise BenchmarkError(f"handoff: release stalled at {released}/{n}")
+        if report.handed_off != report.released:
+            raise BenchmarkError("handoff: entries took the generic path; the handoff is off")
+        released += report.released
+    seconds = time.perf_counter() - started
+    return _figures(client, n, seconds, load, DEFAULT_QUEUE, passes=passes)
+
+
+def _time_bare(client: redis.Redis, n: int, batch: int, size: int) -> dict[str, Any]:
+    due, msg, queue = _BARE_KEYS
+    move = client.register_script(BARE_MOVE_LUA)
+    # A unique body per message, padded to the handoff's mean message size.
+    due_ms = now_ms() - 1000
+    with client.pipeline(transaction=False) as pipe:
+        for start in range(0, n, 1000):
+            ids = [f"{seq:08d}-bare-move-task-id" for seq in range(start, min(n, start + 1000))]
+            pipe.zadd(due, dict.fromkeys(ids, due_ms))
+            pipe.hset(msg, mapping={i: i.encode().ljust(size, b"x") for i in ids})
+        pipe.execute()
+    move(keys=list(_BARE_KEYS), args=[0])  # loaded, as the handoff's scripts are
+    reset_stats(client)
+    load = MachineLoad()
+    started = time.perf_counter()
+    moved = calls = 0
+    while moved < n:
+        calls += 1
+        got = int(move(keys=list(_BARE_KEYS), args=[batch]))
+        if got == 0:
+            raise BenchmarkError(f"bare move: stalled at {moved}/{n}")
+        moved += got
+    seconds = time.perf_counter() - started
+    return _figures(client, n, seconds, load, queue, passes=calls)
+
+
+def _figures(
+    client: redis.Redis, n: int, seconds: float, load: MachineLoad, queue: str, *, passes: int
+) -> dict[str, Any]:
+    machine = load.stop()
+    stats = script_stats(client)
+    in_queue = int(client.llen(queue))
+    if in_queue != n:
+        raise BenchmarkError(f"{in_queue} messages in {queue}, expected {n}")
+    return {
+        "n": n,
+        "seconds": round(seconds, 4),
+        "rate": round(n / seconds),
+        "calls": passes,
+        "redis_scripts": stats,
+        "script_us_per_task": round(stats["server_ms"] * 1000 / n, 2),
+        "wall_us_per_task": round(seconds * 1e6 / n, 2),
+        "machine": machine,
+    }
+
+
+def _mean_length(client: redis.Redis, queue: str) -> int:
+    """Mean byte length of the messages in *queue* (a sample of up to 1,000)."""
+    sample = client.lrange(queue, 0, 999)
+    if not sample:
+        raise BenchmarkError(f"no message in {queue} to measure")
+    return round(statistics.fmean(len(m) for m in sample))
