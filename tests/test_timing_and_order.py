@@ -11,7 +11,9 @@ import redis
 from celery import Celery
 
 from celery_zdelay.companion import Companion
-from tests.conftest import AppFactory
+from tests.conftest import RECORD_DB, AppFactory
+from tests.helpers import Runs
+from tests.project import RECEIVED_KEY, RECORD_RECEIVED_ENV
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,9 +30,11 @@ def _due_ms(client: redis.Redis, task_id: str) -> int:
 
 
 @pytest.mark.parametrize("path", ["handoff", "generic"])
-def test_no_entry_is_released_before_its_due_time_on_the_redis_clock(
+def test_the_claim_scripts_never_pick_an_entry_before_its_due_time_on_the_redis_clock(
     make_test_app: AppFactory, redis_server, path: str
 ) -> None:
+    # The scripts themselves, each claim's "now" against each entry's due
+    # time; the test below checks the same promise end to end, at the worker.
     # The generic path runs when the broker is another Redis database.
     broker = None if path == "handoff" else f"{redis_server.url}/3"
     app = make_test_app(broker=broker)
@@ -57,6 +61,39 @@ def test_no_entry_is_released_before_its_due_time_on_the_redis_clock(
                 companion.store.ack(shard, result.token, [e.task_id for e in result.entries])
                 released += len(result.entries)
     assert released == len(dues)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("path", ["handoff", "generic"])
+def test_no_task_reaches_a_worker_before_its_due_time(
+    make_test_app: AppFactory, redis_server, worker, companion, runs: Runs, path: str
+) -> None:
+    # Given a companion and a worker that notes, on the Redis clock, the
+    # moment each message reaches it (before it runs)
+    broker = None if path == "handoff" else f"{redis_server.url}/3"
+    app = make_test_app(broker=broker)
+    worker(app, env={RECORD_RECEIVED_ENV: "1"})
+    companion(app)
+    store = redis_server.client(0)
+
+    # When 500 tasks are parked to fall due over the next 3 seconds
+    record = app.tasks["tests.record"]
+    dues = {}
+    for i in range(500):
+        result = record.apply_delayed((i,), countdown=0.5 + 3.0 * i / 500)
+        dues[result.id] = _due_ms(store, result.id)
+
+    # Then every one runs once, and none reached the worker before it was due
+    runs.wait_for_ids(set(dues))
+    assert runs.duplicates() == {}
+    recorder = redis_server.client(RECORD_DB)
+    received = [json.loads(raw) for raw in recorder.lrange(RECEIVED_KEY, 0, -1)]
+    assert sorted(r["id"] for r in received) == sorted(dues)
+    early = {
+        r["id"]: dues[r["id"]] - r["redis_ms"] for r in received if r["redis_ms"] < dues[r["id"]]
+    }
+    assert early == {}, f"{len(early)} received early, by up to {max(early.values())} ms"
+    assert all(run["redis_ms"] >= dues[run["id"]] for run in runs.all())
 
 
 def test_entries_are_released_in_due_order_and_same_millisecond_in_parking_order(

@@ -19,6 +19,12 @@ from kombu import Exchange, Queue
 
 #: Redis list each run of a recording task is appended to, as JSON.
 RUNS_KEY = "zdelay-test:runs"
+#: Redis list a worker started with :data:`RECORD_RECEIVED_ENV` appends each
+#: message it receives to, as JSON ``{"id", "redis_ms"}``: the moment the
+#: broker handed it over, before the pool runs it.
+RECEIVED_KEY = "zdelay-test:received"
+#: Environment variable (``"1"``) that makes a worker record :data:`RECEIVED_KEY`.
+RECORD_RECEIVED_ENV = "ZDELAY_TEST_RECORD_RECEIVED"
 
 
 def make_app(

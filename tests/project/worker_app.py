@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
-from tests.project import app_from_env
+import json
+import os
+from typing import Any
+
+import redis
+from celery.signals import task_received
+
+from tests.project import RECEIVED_KEY, RECORD_RECEIVED_ENV, app_from_env
 
 app = app_from_env()
+
+if os.environ.get(RECORD_RECEIVED_ENV) == "1":
+    # Opt-in: one more Redis round trip per message, which the tests that
+    # push thousands of tasks through a worker do not need to pay.
+    _recorder = redis.Redis.from_url(os.environ["ZDELAY_TEST_RECORD"])
+
+    @task_received.connect(weak=False)
+    def _record_received(request: Any, **_: Any) -> None:
+        seconds, micros = _recorder.time()
+        redis_ms = int(seconds) * 1000 + int(micros) // 1000
+        _recorder.rpush(RECEIVED_KEY, json.dumps({"id": request.id, "redis_ms": redis_ms}))
