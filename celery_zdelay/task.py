@@ -60,11 +60,12 @@ class DelayedTaskMixin:
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        """Turn transparent mode on when the app sets ``zdelay_threshold``.
+        """Make the app's task sender transparent (see :mod:`celery_zdelay.transparent`).
 
         Celery calls this when a task class is bound to its app, in producers
-        and workers alike, before either publishes: the app's ``amqp`` class
-        becomes :class:`~celery_zdelay.TransparentAMQP`.
+        and workers alike. Importing ``celery_zdelay`` already did it for
+        apps created since; this covers an app created with its own
+        ``fixups=`` before the import.
         """
         install(app)
         super().on_bound(app)  # type: ignore[misc]

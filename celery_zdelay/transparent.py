@@ -3,27 +3,36 @@
 Every way of sending a task ends in one call: ``app.send_task`` hands the
 finished message to ``app.amqp.send_task_message``. ``apply_async``,
 ``Task.retry``, ``app.send_task``, canvas steps and the callbacks a worker
-publishes after a task ran all go through it. :class:`TransparentAMQP` is the
-app's ``amqp`` class (a public seam: ``Celery(amqp=...)``) with a task sender
-that looks at the ``eta`` header of each message. When ``zdelay_threshold``
-is set and the ETA is at least that far away, it runs Celery's own sender
-with a :class:`~celery_zdelay.capture.CapturingProducer` instead of the
-broker's producer and parks what it captured; everything else is published
-by Celery unchanged.
+publishes after a task ran all go through it. Transparent mode wraps that
+sender of the app's ``amqp`` object (whatever its class): when
+``zdelay_threshold`` is set and a message's ETA is at least that far away,
+it runs Celery's own sender with a
+:class:`~celery_zdelay.capture.CapturingProducer` instead of the broker's
+producer and parks what it captured; everything else is published by
+Celery unchanged.
 
-:class:`celery_zdelay.Task` (and :class:`~celery_zdelay.DelayedTaskMixin`)
-call :func:`install` when a task is bound to its app, so setting
-``zdelay_threshold`` is all an app using them needs.
+Setting ``zdelay_threshold`` is all it takes, wherever ``celery_zdelay`` is
+imported: importing it wraps the apps that exist already and registers a
+Celery fix-up, so every app created afterwards is wrapped when it builds its
+``amqp`` object. :class:`celery_zdelay.Task` and the worker bootstep wrap
+their app too. A far-ETA message that still reaches the broker's producer
+of an app with ``zdelay_threshold`` (an app created with its own
+``fixups=`` list, before ``celery_zdelay`` was imported) is logged as an
+error and its app wrapped from then on.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
 import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import celery
+from celery import signals
 from celery.app.amqp import AMQP
 from kombu.utils.imports import symbol_by_name
 from kombu.utils.objects import cached_property
@@ -37,7 +46,7 @@ from .schedule import due_from
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["TransparentAMQP", "install"]
+__all__ = ["TransparentAMQP", "install", "is_transparent"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +58,26 @@ _NATIVE_DELAY_EXCHANGE = "celery_delayed_27"
 _NATIVE_DELAY_BITS = 28
 _NATIVE_DELAY_PREFIX = re.compile(rf"^(?:[01]\.){{{_NATIVE_DELAY_BITS}}}")
 _NO_DELAY_PREFIX = "0." * _NATIVE_DELAY_BITS
+#: The fix-up Celery applies to every app created after celery_zdelay is imported.
+_FIXUP = "celery_zdelay.transparent:fixup"
 
 SendTaskMessage = Callable[..., Any]
+
+#: Set while a message passes through a wrapped sender: a far-ETA message
+#: published without it slipped past transparent mode.
+_in_wrapped_sender: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "celery_zdelay_in_wrapped_sender", default=False
+)
 
 
 class TransparentAMQP(AMQP):  # type: ignore[misc]
     """Celery's ``AMQP`` whose task sender parks messages due far enough ahead.
 
-    With ``zdelay_threshold`` unset it is Celery's ``AMQP`` unchanged. Name
-    it when creating the app where :func:`install` cannot do it for you::
+    With ``zdelay_threshold`` unset it is Celery's ``AMQP`` unchanged.
+    Importing ``celery_zdelay`` already wraps the sender of every app's own
+    ``amqp`` class, so naming this class is optional::
 
-        app = Celery("proj", task_cls="celery_zdelay:Task",
-                     amqp="celery_zdelay:TransparentAMQP")
+        app = Celery("proj", amqp="celery_zdelay:TransparentAMQP")
     """
 
     @cached_property  # type: ignore[untyped-decorator]
@@ -70,45 +87,84 @@ class TransparentAMQP(AMQP):  # type: ignore[misc]
 
 
 def install(app: Celery) -> bool:
-    """Make *app* publish through :class:`TransparentAMQP`; return whether it does.
+    """Wrap *app*'s task sender for transparent mode; return whether it parks now.
 
-    Does nothing unless ``zdelay_threshold`` is set. Sets the app's
-    ``amqp_cls`` when it is Celery's default; logs a warning (once per app)
-    when the app uses another ``amqp`` class, or created its ``amqp``
-    object before the class could be set.
+    Safe to call any number of times, before or after the app created its
+    ``amqp`` object. Returns True when ``zdelay_threshold`` is set (the
+    wrapper looks at the setting on every publish, so setting it later
+    turns transparent mode on without another call).
     """
-    state: bool | None = getattr(app, "_zdelay_transparent", None)
-    if state is not None:
-        return state
+    _hook(app)
     try:
-        threshold_ms = get_config(app).threshold_ms
+        return get_config(app).threshold_ms is not None
     except ConfigurationError:
         # Reported where the settings are used; binding a task is no place for it.
         return False
-    if threshold_ms is None:
+
+
+def is_transparent(app: Celery) -> bool:
+    """Return whether *app* parks far-ETA messages: its sender is wrapped and the threshold set."""
+    try:
+        threshold_ms = get_config(app).threshold_ms
+    except ConfigurationError:
         return False
-    current = symbol_by_name(app.amqp_cls)
-    if current is AMQP:
-        app.amqp_cls = TransparentAMQP
-    elif not issubclass(current, TransparentAMQP):
-        logger.warning(
-            "zdelay_threshold is set but the app's amqp class %s.%s does not derive from "
-            "celery_zdelay.TransparentAMQP: delayed tasks are sent to the broker as ETA "
-            "tasks. Derive it from celery_zdelay.TransparentAMQP.",
-            current.__module__,
-            current.__qualname__,
-        )
-        app._zdelay_transparent = False
-        return False
-    active = isinstance(app.amqp, TransparentAMQP)
-    if not active:
-        logger.warning(
-            "zdelay_threshold is set but the app's amqp object was created before "
-            "celery_zdelay could install its own: delayed tasks are sent to the broker "
-            'as ETA tasks. Create the app with Celery(..., amqp="celery_zdelay:TransparentAMQP").'
-        )
-    app._zdelay_transparent = active
-    return active
+    sender = app.amqp.send_task_message
+    return threshold_ms is not None and bool(getattr(sender, "_zdelay_transparent", False))
+
+
+def fixup(app: Celery) -> None:
+    """Celery fix-up: wrap the sender of *app* when it builds its ``amqp`` object.
+
+    Celery calls it while creating the app, before its configuration can
+    be read, so it only arranges the wrapping.
+    """
+    _hook(app)
+
+
+def _hook(app: Celery) -> None:
+    if "amqp" in vars(app):
+        _wrap(app, app.amqp)
+    elif not isinstance(app.amqp_cls, _TransparentFactory):
+        app.amqp_cls = _TransparentFactory(app.amqp_cls)
+
+
+class _TransparentFactory:
+    """An app's ``amqp_cls``: builds the class the app names, made transparent.
+
+    Celery builds ``app.amqp`` with ``instantiate(app.amqp_cls, app=app)``,
+    which calls whatever it is given. Deriving from the app's own class
+    rather than replacing it keeps an app's own ``AMQP`` subclass working,
+    and the class is only imported when the app first needs it.
+    """
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+
+    def __call__(self, app: Celery) -> AMQP:
+        return _transparent_class(symbol_by_name(self.original))(app=app)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_TransparentFactory, (self.original,))
+
+
+@functools.cache
+def _transparent_class(cls: type[AMQP]) -> type[AMQP]:
+    """Return *cls* with the task sender of :class:`TransparentAMQP`."""
+    if issubclass(cls, TransparentAMQP):
+        return cls
+    return type(cls.__name__, (TransparentAMQP, cls), {"__module__": cls.__module__})
+
+
+def _wrap(app: Celery, amqp: AMQP) -> None:
+    """Make the existing *amqp* object of *app* park far-ETA messages."""
+    if "send_task_message" not in vars(amqp):
+        # Celery has not built the sender yet: it will be TransparentAMQP's.
+        amqp.__class__ = _transparent_class(type(amqp))  # type: ignore[arg-type]
+        return
+    native = amqp.send_task_message
+    if not getattr(native, "_zdelay_transparent", False):
+        # A cached property: setting it replaces the sender Celery reads.
+        amqp.send_task_message = _transparent_sender(app, native)
 
 
 def _transparent_sender(app: Celery, native: SendTaskMessage) -> SendTaskMessage:
@@ -117,13 +173,13 @@ def _transparent_sender(app: Celery, native: SendTaskMessage) -> SendTaskMessage
         eta = headers.get("eta") if isinstance(headers, dict) else None
         if eta is None or isinstance(producer, CapturingProducer):
             # No ETA, or already being captured by apply_delayed: Celery's path.
-            return native(producer, name, message, **options)
+            return _native(native, producer, name, message, options)
         threshold_ms = get_config(app).threshold_ms
         if threshold_ms is None:
-            return native(producer, name, message, **options)
+            return _native(native, producer, name, message, options)
         due = due_from(eta=eta)
         if due.ms - time.time() * 1000 < threshold_ms:
-            return native(producer, name, message, **options)
+            return _native(native, producer, name, message, options)
         # The companion releases the message when it is due: the worker must
         # run it at once, not hold it for an ETA again.
         headers["eta"] = None
@@ -132,7 +188,18 @@ def _transparent_sender(app: Celery, native: SendTaskMessage) -> SendTaskMessage
         park_messages(app, messages, due)
         return result
 
+    send_task_message._zdelay_transparent = True  # type: ignore[attr-defined]
     return send_task_message
+
+
+def _native(
+    native: SendTaskMessage, producer: Any, name: str, message: Any, options: dict[str, Any]
+) -> Any:
+    token = _in_wrapped_sender.set(True)
+    try:
+        return native(producer, name, message, **options)
+    finally:
+        _in_wrapped_sender.reset(token)
 
 
 def _without_native_delay(options: dict[str, Any]) -> dict[str, Any]:
@@ -156,3 +223,54 @@ def _without_native_delay(options: dict[str, Any]) -> dict[str, Any]:
     ):
         return options
     return {**options, "routing_key": _NATIVE_DELAY_PREFIX.sub(_NO_DELAY_PREFIX, routing_key, 1)}
+
+
+# -- making zdelay_threshold enough on its own ---------------------------------
+
+
+@signals.before_task_publish.connect(weak=False)  # type: ignore[untyped-decorator]
+def _report_unparked(sender: Any = None, headers: Any = None, **_: Any) -> None:
+    """Log a far-ETA message that reached a broker without passing transparent mode."""
+    if _in_wrapped_sender.get() or not isinstance(headers, dict) or not headers.get("eta"):
+        return
+    app = celery.current_app
+    try:
+        threshold_ms = get_config(app).threshold_ms
+        due = due_from(eta=headers["eta"])
+    except ConfigurationError:
+        return
+    if threshold_ms is None or due.ms - time.time() * 1000 < threshold_ms:
+        return
+    logger.error(
+        "Task %s[%s] was sent to the broker with an ETA although zdelay_threshold is set: "
+        "the app %r was created before celery_zdelay was imported, with its own fixups= "
+        "list. Import celery_zdelay before creating the app, or name "
+        'amqp="celery_zdelay:TransparentAMQP" when creating it. Later tasks are parked.',
+        headers.get("task", sender),
+        headers.get("id"),
+        app.main,
+        extra={"task_id": headers.get("id")},
+    )
+    install(app)
+
+
+def _install_everywhere() -> None:
+    """Wrap the apps that exist, and have Celery wrap every app created later.
+
+    Celery applies its ``BUILTIN_FIXUPS`` to every new app (the Django
+    fix-up is one); ours only swaps in :class:`_TransparentFactory`, which
+    wraps the sender when the app first builds its ``amqp`` object, before
+    anything is published.
+    """
+    from celery.app import base
+
+    base.BUILTIN_FIXUPS.add(_FIXUP)
+    try:
+        from celery._state import _get_active_apps
+    except ImportError:  # pragma: no cover - every supported Celery has it
+        return
+    for app in list(_get_active_apps()):
+        _hook(app)
+
+
+_install_everywhere()

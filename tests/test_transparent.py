@@ -8,9 +8,11 @@ worker sends after a step ran. Shorter delays keep Celery's native path.
 A parked message reaches the worker without an ETA, so the worker holds
 nothing.
 
-The test process names the amqp class as the documentation says
-(``Celery(amqp="celery_zdelay:TransparentAMQP")``); the workers' app does not,
-so the worker-side paths also show that ``celery_zdelay.Task`` installs it.
+The threshold alone is enough wherever ``celery_zdelay`` is imported: with
+or without ``task_cls``, ``amqp=`` or an app's own ``AMQP`` class, whichever
+way the first message is published. Some tests name the amqp class as older
+documentation said (``Celery(amqp="celery_zdelay:TransparentAMQP")``), which
+keeps working.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import celery
 import pytest
 import redis
 from celery import Celery, chain, group
@@ -30,7 +33,7 @@ from kombu import Connection, Exchange
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
-from celery_zdelay.transparent import TransparentAMQP
+from celery_zdelay.transparent import is_transparent
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import Runs, wait_for
 
@@ -190,7 +193,7 @@ def test_the_threshold_alone_is_enough_once_a_task_is_bound(
 
     result = app.tasks["tests.record"].apply_async(("x",), countdown=3600)
 
-    assert isinstance(app.amqp, TransparentAMQP)
+    assert is_transparent(app)
     assert _parked(redis_client, result.id) is not None
     assert redis_client.llen("celery") == 0
 
@@ -202,7 +205,7 @@ def test_an_app_without_the_threshold_publishes_natively(
 
     app.tasks["tests.record"].apply_async(("x",), countdown=3600)
 
-    assert not isinstance(app.amqp, TransparentAMQP)
+    assert not is_transparent(app)
     assert redis_client.zcard(DUE) == 0
     assert redis_client.llen("celery") == 1
 
@@ -230,29 +233,82 @@ def test_naming_the_amqp_class_parks_send_task_with_no_task_bound(
     assert redis_client.llen("celery") == 0
 
 
-def test_an_app_with_its_own_amqp_class_is_told_how_to_enable_it(
-    redis_server, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_an_app_with_its_own_amqp_class_parks_too(redis_server, redis_client: redis.Redis) -> None:
     class CompanyAMQP(AMQP):  # type: ignore[misc]
         pass
 
-    app = Celery(
-        "own",
-        broker=f"{redis_server.url}/0",
-        task_cls="celery_zdelay:Task",
-        amqp=CompanyAMQP,
-    )
+    app = Celery("own", broker=f"{redis_server.url}/0", amqp=CompanyAMQP, set_as_current=False)
+    app.conf.zdelay_threshold = 60
+    try:
+        result = app.send_task("some.remote.task", (1,), countdown=600)
+
+        assert isinstance(app.amqp, CompanyAMQP)
+        assert _parked(redis_client, result.id) is not None
+        assert redis_client.llen("celery") == 0
+    finally:
+        celery_zdelay.parking.store_for(app).close()
+        app.close()
+
+
+def test_send_task_first_does_not_turn_parking_off_for_later_calls(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Regression: send_task built app.amqp before any task was bound, and
+    # transparent mode then gave up (a warning) for every later call too.
+    app = make_test_app(conf={"zdelay_threshold": 60})
+
+    sent = app.send_task("tests.record", ("sent",), countdown=600)
+    applied = app.tasks["tests.record"].apply_async(("applied",), countdown=600)
+
+    assert _parked(redis_client, sent.id) is not None
+    assert _parked(redis_client, applied.id) is not None
+    assert redis_client.llen("celery") == 0
+
+
+def test_the_threshold_alone_parks_without_task_cls_or_amqp(
+    redis_server, redis_client: redis.Redis
+) -> None:
+    # Regression: with neither task_cls nor amqp= nothing was parked, silently.
+    app = Celery("bare", broker=f"{redis_server.url}/0", set_as_current=False)
     app.conf.zdelay_threshold = 60
 
-    @app.task(shared=False)
+    @app.task(name="bare.noop", shared=False)
     def noop() -> None:
         pass
 
-    with caplog.at_level(logging.WARNING, logger="celery_zdelay.transparent"):
-        app.finalize()
-    app.close()
+    try:
+        sent = app.send_task("bare.noop", countdown=600)
+        applied = noop.apply_async(countdown=600)
 
-    assert "Derive it from celery_zdelay.TransparentAMQP" in caplog.text
+        assert _parked(redis_client, sent.id) is not None
+        assert _parked(redis_client, applied.id) is not None
+        assert redis_client.llen("celery") == 0
+    finally:
+        celery_zdelay.parking.store_for(app).close()
+        app.close()
+
+
+def test_an_app_transparent_mode_could_not_reach_is_reported_loudly(
+    redis_server, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # fixups=[] turns off Celery's fix-ups, ours among them: the first far-ETA
+    # message goes out natively, and that is an error in the log, not silence.
+    previous = celery.current_app._get_current_object()
+    app = Celery("nofixups", broker=f"{redis_server.url}/0", fixups=[], set_as_current=True)
+    app.conf.zdelay_threshold = 60
+    try:
+        with caplog.at_level(logging.ERROR, logger="celery_zdelay.transparent"):
+            first = app.send_task("some.remote.task", countdown=600)
+        second = app.send_task("some.remote.task", countdown=600)
+
+        assert f"some.remote.task[{first.id}] was sent to the broker with an ETA" in caplog.text
+        assert "zdelay_threshold is set" in caplog.text
+        assert redis_client.llen("celery") == 1
+        assert _parked(redis_client, second.id) is not None
+    finally:
+        celery_zdelay.parking.store_for(app).close()
+        app.close()
+        previous.set_current()
 
 
 # -- RabbitMQ quorum queues: Celery's native delayed delivery (Celery >= 5.5) --
