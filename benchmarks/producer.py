@@ -10,12 +10,23 @@ Per call
     script loading).
 
 Bulk
-    ``bulk_n`` tasks parked inside ``with celery_zdelay.batch(app):`` blocks of
-    1,000 calls each; rate = tasks / wall time.
+    ``bulk_n`` tasks on each path, 1,000 calls per block, on one Redis:
+
+    * ``apply_delayed_many``: ``noop.apply_delayed_many(calls, countdown=3600)``;
+    * ``batch``: ``noop.apply_delayed(...)`` calls inside ``celery_zdelay.batch``;
+    * ``apply_async``: ``noop.apply_async(..., countdown=3600)`` one by one,
+      sent to the broker (the same Redis) as Celery sends them;
+    * ``bare park``: the limit of one round trip, :data:`BARE_PARK_LUA` (ZADD +
+      HSET per entry) parking payloads of the mean size the bulk path parked,
+      built from bytes prepared before the clock starts.
+
+    Rate = tasks / wall time; Redis time per task from ``INFO commandstats``
+    (EVALSHA, and every command), reset before each path.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any
@@ -23,8 +34,21 @@ from typing import Any
 import celery_zdelay
 
 from .common import PARK_CHUNK, Sizes
-from .infra import MachineLoad, Resources
+from .infra import MachineLoad, Resources, reset_stats, script_stats
 from .proj import make_app
+
+#: The least a script parking N messages in a ZSet+hash does, one round trip.
+BARE_PARK_LUA = """
+-- KEYS[1] due zset  id -> score
+-- KEYS[2] msg hash  id -> payload
+-- ARGV    three per entry: id, score, payload
+-- returns how many were parked
+for i = 1, #ARGV, 3 do
+  redis.call('ZADD', KEYS[1], ARGV[i + 1], ARGV[i])
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2])
+end
+return #ARGV / 3
+"""
 
 
 def run_producer(sizes: Sizes) -> dict[str, Any]:
@@ -61,14 +85,9 @@ def run_producer(sizes: Sizes) -> dict[str, Any]:
                 offset += sizes.call_n
         calls_machine = load.stop()
 
-        load = MachineLoad()
-        started = time.perf_counter()
-        for chunk in range(0, sizes.bulk_n, PARK_CHUNK):
-            with celery_zdelay.batch(app):
-                for seq in range(chunk, min(chunk + PARK_CHUNK, sizes.bulk_n)):
-                    noop.apply_delayed((offset + seq, 0), countdown=3600)
-        bulk_s = time.perf_counter() - started
-        bulk_machine = load.stop()
+        client = server.client()
+        res.callback(client.close)
+        bulk = _bulk_paths(app, client, sizes.bulk_n, offset)
 
     delayed_us = statistics.median(per_call["apply_delayed"]) * 1e6
     plain_us = statistics.median(per_call["apply_async"]) * 1e6
@@ -82,7 +101,94 @@ def run_producer(sizes: Sizes) -> dict[str, Any]:
         "calls_machine": calls_machine,
         "bulk_n": sizes.bulk_n,
         "bulk_chunk": PARK_CHUNK,
-        "bulk_seconds": round(bulk_s, 3),
-        "bulk_rate": round(sizes.bulk_n / bulk_s),
-        "bulk_machine": bulk_machine,
+        "bulk": bulk,
+        "bulk_rate": bulk["apply_delayed_many"]["rate"],
+        "bulk_limit_ratio": round(
+            bulk["apply_delayed_many"]["rate"] / bulk["bare park"]["rate"], 3
+        ),
     }
+
+
+def _bulk_paths(app: Any, client: Any, n: int, offset: int) -> dict[str, Any]:
+    noop = app.tasks["bench.noop"]
+    due_key = celery_zdelay.parking.store_for(app).keys(0).due
+    msg_key = celery_zdelay.parking.store_for(app).keys(0).msg
+
+    def chunks(base: int) -> list[range]:
+        return [
+            range(base + start, base + min(start + PARK_CHUNK, n))
+            for start in range(0, n, PARK_CHUNK)
+        ]
+
+    def many(base: int) -> None:
+        for chunk in chunks(base):
+            noop.apply_delayed_many([(seq, 0) for seq in chunk], countdown=3600)
+
+    def batch(base: int) -> None:
+        for chunk in chunks(base):
+            with celery_zdelay.batch(app):
+                for seq in chunk:
+                    noop.apply_delayed((seq, 0), countdown=3600)
+
+    def plain(base: int) -> None:
+        with app.producer_or_acquire() as producer:
+            for seq in range(base, base + n):
+                noop.apply_async((seq, 0), countdown=3600, producer=producer)
+
+    many(0)  # warm: scripts loaded, the first call's path recorded
+    paths: dict[str, Any] = {}
+    for name, fn in (("apply_delayed_many", many), ("batch", batch), ("apply_async", plain)):
+        client.flushdb()
+        paths[name] = _timed(client, n, functools.partial(fn, offset))
+        offset += n
+    client.flushdb()
+    many(offset)
+    ids = client.zrange(due_key, 0, 999)
+    size = round(sum(client.hstrlen(msg_key, i) for i in ids) / len(ids))
+    client.flushdb()
+    paths["bare park"] = _bare_park(client, n, size)
+    paths["bare park"]["payload_bytes"] = size
+    return paths
+
+
+def _timed(client: Any, n: int, run: Any) -> dict[str, Any]:
+    reset_stats(client)
+    load = MachineLoad()
+    started = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - started
+    machine = load.stop()
+    scripts = script_stats(client)
+    commands = client.info("commandstats")
+    all_usec = sum(int(v["usec"]) for k, v in commands.items() if k != "cmdstat_config")
+    return {
+        "n": n,
+        "seconds": round(seconds, 3),
+        "rate": round(n / seconds),
+        "wall_us_per_task": round(seconds * 1e6 / n, 1),
+        "script_us_per_task": round(scripts["server_ms"] * 1000 / n, 2),
+        "redis_us_per_task": round(all_usec / n, 2),
+        "redis_scripts": scripts,
+        "machine": machine,
+    }
+
+
+def _bare_park(client: Any, n: int, size: int) -> dict[str, Any]:
+    park = client.register_script(BARE_PARK_LUA)
+    park(keys=["bare:due", "bare:msg"], args=[])
+    calls = []
+    for start in range(0, n, PARK_CHUNK):
+        args: list[Any] = []
+        for seq in range(start, min(n, start + PARK_CHUNK)):
+            task_id = f"{seq:08d}-bare-park-task-id"
+            args += [task_id, seq, task_id.encode().ljust(size, b"x")]
+        calls.append(args)
+
+    def run() -> None:
+        for args in calls:
+            park(keys=["bare:due", "bare:msg"], args=args)
+
+    result = _timed(client, n, run)
+    if client.zcard("bare:due") != n:
+        raise RuntimeError("bare park: not every entry was parked")
+    return result

@@ -226,7 +226,12 @@ def _burst_verdicts(results: dict[str, Any]) -> list[Verdict]:
 def _producer_verdicts(results: dict[str, Any]) -> list[Verdict]:
     entry = results.get("producer")
     what_call = "apply_delayed vs apply_async(countdown=) per call, same Redis"
-    what_bulk = "bulk parking, celery_zdelay.batch (1,000 per block)"
+    bulk = (entry or {}).get("bulk")
+    what_bulk = (
+        "bulk parking, apply_delayed_many (1,000 per call)"
+        if bulk
+        else "bulk parking, celery_zdelay.batch (1,000 per block)"
+    )
     if not entry or "ratio" not in entry:
         reason = (entry or {}).get("error", "not run")
         return [
@@ -236,6 +241,18 @@ def _producer_verdicts(results: dict[str, Any]) -> list[Verdict]:
     met_ratio, margin_ratio = _ratio_margin(entry["ratio"], 1.0, higher_is_better=False)
     met_bulk, margin_bulk = _ratio_margin(entry["bulk_rate"], 20_000, higher_is_better=True)
     plain_rate = 1e6 / entry["apply_async_us"] if entry["apply_async_us"] else None
+    if bulk:
+        many, bare = bulk["apply_delayed_many"], bulk["bare park"]
+        comparison = (
+            f"batch(): {fmt_int(bulk['batch']['rate'])}/s; apply_async one by one: "
+            f"{fmt_int(bulk['apply_async']['rate'])}/s; bare Lua park: "
+            f"{fmt_int(bare['rate'])}/s ({many['rate'] / bare['rate']:.2f}x of it); "
+            f"Redis script time per task {many['script_us_per_task']:.2f} µs "
+            f"(batch() {bulk['batch']['script_us_per_task']:.2f}, "
+            f"bare {bare['script_us_per_task']:.2f})"
+        )
+    else:
+        comparison = f"apply_async one by one: {fmt_int(plain_rate)}/s"
     return [
         Verdict(
             "P5",
@@ -251,7 +268,7 @@ def _producer_verdicts(results: dict[str, Any]) -> list[Verdict]:
             "P5",
             what_bulk,
             f"{fmt_int(entry['bulk_rate'])}/s",
-            f"apply_async one by one: {fmt_int(plain_rate)}/s",
+            comparison,
             "≥ 20,000/s",
             "met" if met_bulk else "missed",
             margin_bulk,
@@ -599,6 +616,26 @@ def rst_details(run: dict[str, Any]) -> str:
                 [18, 10, 10, 12, 26, 24],
             )
         )
+    limits = _limit_rows(results)
+    if limits:
+        parts.append(
+            "**Against the limit**: each path beside the least Redis work that does the "
+            "same (a bare Lua script, same count and message size, measured in the same run "
+            "on the same Redis)\n"
+        )
+        parts.append(
+            _list_table(
+                [
+                    "path",
+                    "rate",
+                    "bare-Redis limit",
+                    "ratio",
+                    "Redis script time per task (path / bare)",
+                ],
+                limits,
+                [30, 12, 26, 8, 24],
+            )
+        )
     e2e = results.get("end_to_end") or {}
     if e2e:
         rows = []
@@ -763,6 +800,47 @@ def rst_details(run: dict[str, Any]) -> str:
         )
         parts.append(_list_table(["benchmark", "seconds", "cores busy"], loads, [30, 20, 30]))
     return "\n".join(parts)
+
+
+def _limit_rows(results: dict[str, Any]) -> list[list[str]]:
+    """Rows of the 'against the limit' table: path, rate, limit, ratio, script µs per task."""
+    rows = []
+    limit = results.get("limit") or {}
+    for key, value in limit.items():
+        if not key.startswith("batch-"):
+            continue
+        handoff, bare = value["handoff"], value["bare"]
+        rows.append(
+            [
+                f"release, atomic handoff (batch {value['batch']:,})",
+                f"{fmt_int(handoff['rate'])}/s",
+                f"{fmt_int(bare['rate'])}/s (bare Lua move, ZSet+hash -> list)",
+                f"{value['ratio']:.2f}",
+                f"{handoff['script_us_per_task']:.2f} / {bare['script_us_per_task']:.2f} µs",
+            ]
+        )
+    bulk = (results.get("producer") or {}).get("bulk") or {}
+    bare = bulk.get("bare park")
+    if bare:
+        labels = {
+            "apply_delayed_many": "parking, apply_delayed_many",
+            "batch": "parking, batch() of apply_delayed",
+            "apply_async": "apply_async(countdown=), to the broker",
+        }
+        for name, label in labels.items():
+            path = bulk[name]
+            rows.append(
+                [
+                    label,
+                    f"{fmt_int(path['rate'])}/s",
+                    f"{fmt_int(bare['rate'])}/s (bare Lua park, ZADD + HSET)",
+                    f"{path['rate'] / bare['rate']:.2f}",
+                    f"{path['script_us_per_task']:.2f} / {bare['script_us_per_task']:.2f} µs"
+                    if path["script_us_per_task"]
+                    else f"no script ({path['redis_us_per_task']:.2f} µs of Redis commands)",
+                ]
+            )
+    return rows
 
 
 def _busy_values(node: Any) -> list[float]:

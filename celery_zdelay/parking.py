@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
 
+from .bulk import build_messages, split_call
 from .capture import capture
 from .config import ZDelayConfig, get_config
 from .dedupe import mark_parked
@@ -34,6 +35,7 @@ __all__ = [
     "apply_delayed",
     "batch",
     "cancel",
+    "park_many",
     "park_messages",
     "park_task",
     "reschedule",
@@ -67,6 +69,28 @@ def park_task(
         )
     park_messages(app, messages, due)
     return result
+
+
+def park_many(
+    task: Task,
+    calls: Any,
+    countdown: Any,
+    eta: Any,
+    options: dict[str, Any],
+) -> list[Any]:
+    """Park many calls of *task*, all due at once; the body of ``Task.apply_delayed_many``."""
+    app = task._get_app()
+    if _runs_now(app):
+        return [
+            task.apply_async(args, kwargs, countdown=countdown, eta=eta, **options)
+            for args, kwargs in map(split_call, calls)
+        ]
+    _reject_connection_options(options)
+    due = due_from(countdown, eta)
+    with _not_eager(app):
+        results, messages = build_messages(task, calls, options)
+    park_messages(app, messages, due)
+    return results
 
 
 def apply_delayed(
