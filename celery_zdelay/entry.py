@@ -128,6 +128,10 @@ class TaskMessage:
     #: layout fingerprint it was computed under (see redis_layout.py).
     handoff_dest: str | None = None
     handoff_layout: str | None = None
+    #: The envelope this message was read from, up to the delivery tag's
+    #: opening quote: what push.lua publishes, byte for byte (empty for a
+    #: message that was not read from an entry).
+    envelope_head: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def task_id(self) -> str:
@@ -310,16 +314,22 @@ def decode_entry(
     payload: bytes | None,
     signing_keys: tuple[bytes, ...] = (),
     templates: TemplateLookup | None = None,
+    *,
+    entry_id: str | None = None,
 ) -> TaskMessage:
     """Return the message parked in *payload*.
 
     *templates* looks up template records (see :meth:`Store.templates
-    <celery_zdelay.store.Store.templates>`).
+    <celery_zdelay.store.Store.templates>`). *entry_id* is the id the entry
+    is parked under: with *signing_keys*, a signed message is accepted only
+    under its own task id, so a captured entry copied to another id is
+    refused as a replay.
 
     Raises:
         EntryError: the payload is missing, damaged, of an unknown schema
             version, refers to a template it cannot have, or (when
-            *signing_keys* are given) is unsigned or forged.
+            *signing_keys* are given) is unsigned, forged or replayed under
+            another id.
     """
     if payload is None:
         raise EntryError("payload missing: the id was parked without a message")
@@ -343,6 +353,14 @@ def decode_entry(
         headers = envelope["headers"]
         if not isinstance(headers, dict) or "id" not in headers:
             raise EntryError("damaged payload: the message has no task id header")
+        if signing_keys and entry_id is not None and str(headers["id"]) != entry_id:
+            # The signature covers the task id header: binding it to the
+            # entry id stops a signed message from being released again
+            # under another id.
+            raise EntryError(
+                f"replayed entry: the signed message is task {headers['id']}, "
+                f"parked under id {entry_id}"
+            )
         return TaskMessage(
             body=base64.b64decode(envelope["body"], validate=True),
             content_type=envelope["content-type"],
@@ -355,6 +373,7 @@ def decode_entry(
             declare=list(meta.get("q") or []),
             handoff_dest=meta.get("k"),
             handoff_layout=meta.get("l"),
+            envelope_head=head,
         )
     except EntryError:
         raise

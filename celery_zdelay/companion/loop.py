@@ -229,6 +229,8 @@ class Companion:
                     lateness_ms=lateness,
                     task_ids=None,
                 )
+            if result.dead:
+                self._report_dead(shard, report, result.dead)
             if result.entries:
                 self._release_leased(shard, result, report, claimed_at)
             if claimed:
@@ -267,6 +269,7 @@ class Companion:
                 lease_ms=self.lease_ms,
                 fresh=fresh,
                 advance_ms=advance_ms,
+                companion_id=self.id,
             )
         return self.store.claim(
             shard, limit=self.batch_size, lease_ms=self.lease_ms, advance_ms=advance_ms
@@ -283,7 +286,10 @@ class Companion:
         for entry in result.entries:
             try:
                 message = decode_entry(
-                    entry.payload, self.config.signing_keys, self.store.templates(shard)
+                    entry.payload,
+                    self.config.signing_keys,
+                    self.store.templates(shard),
+                    entry_id=entry.task_id,
                 )
             except EntryError as exc:
                 dead.append((entry.task_id, self._dead_reason(exc.reason, entry.due_ms)))
@@ -343,10 +349,21 @@ class Companion:
         entries: list[tuple[Claimed, TaskMessage]],
         claimed_at: float,
     ) -> None:
-        routes = [(entry.task_id, str(message.handoff_dest)) for entry, message in entries]
-        pushed = set(self.store.push(shard, result.token, routes))
+        # push.lua pushes the envelope read (and verified) here, not what the
+        # store holds by then: a payload or template rewritten since the claim
+        # is never published.
+        routes = [
+            (entry.task_id, str(message.handoff_dest), message.envelope_head)
+            for entry, message in entries
+        ]
+        pushed_ids, refused = self.store.push(shard, result.token, routes)
+        pushed = set(pushed_ids)
         released = [(entry, message) for entry, message in entries if entry.task_id in pushed]
         self._released(shard, "handoff", released, result, claimed_at, report)
+        if refused:
+            due_ms = {entry.task_id: entry.due_ms for entry, _ in entries}
+            dead = [(task_id, self._dead_reason(why, due_ms[task_id])) for task_id, why in refused]
+            self._dead_letter(shard, result.token, report, dead)
 
     def _publish(
         self,
@@ -424,6 +441,12 @@ class Companion:
         dead: list[tuple[str, dict[str, Any]]],
     ) -> None:
         self.store.dead_letter(shard, token, dead)
+        self._report_dead(shard, report, dead)
+
+    def _report_dead(
+        self, shard: int, report: PassReport, dead: list[tuple[str, dict[str, Any]]]
+    ) -> None:
+        """Count, log and signal entries moved to the dead-letter set."""
         report.dead_lettered += len(dead)
         for task_id, reason in dead:
             logger.error(

@@ -681,7 +681,8 @@ def requeue_dead(store: Store, task_ids: Sequence[str]) -> list[bool]:
     """Park dead-lettered entries again, due now; return, per id, whether it was.
 
     An id is not requeued when it is not dead-lettered, has no message (it
-    died because the message was missing), or was parked again since.
+    died because the message was missing), or was parked again since (and
+    is waiting, or being released right now).
     """
     by_shard: dict[int, list[int]] = {}
     for index, task_id in enumerate(task_ids):
@@ -728,7 +729,7 @@ def _requeue_call(store: Store, shard: int, task_ids: list[str]) -> list[bool]:
     keys = store.keys(shard)
     with unavailable_as_error(store.url):
         reply = store.scripts.requeue(
-            keys=[keys.dead, keys.dead_msg, keys.due, keys.msg],
+            keys=[keys.dead, keys.dead_msg, keys.due, keys.msg, keys.lease],
             args=[keys.wake, *task_ids],
             client=store.client,
         )

@@ -29,16 +29,20 @@ SCRIPT_NAMES = (
 
 
 #: Scripts that read entries, loaded with the shared reader ``_expand.lua`` in front.
-_READERS = ("handoff", "push")
+_READERS = ("handoff",)
 
 
 @cache
 def script_source(name: str) -> str:
-    """Return the Lua source of script *name*."""
+    """Return the Lua source of script *name*.
+
+    Every script gets the checks of ``_guard.lua`` in front (they run before
+    its first write); readers of entries also get ``_expand.lua``.
+    """
     source = _lua_file(name)
     if name in _READERS:
         source = _lua_file("_expand") + source
-    return source
+    return _lua_file("_guard") + source
 
 
 def _lua_file(name: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..config import ZDelayConfig
 from ..entry import Template, TemplateLookup
+from ..entry import template_id as entry_template_id
 from ..schedule import Due
 from .client import StoreClient, is_cluster, make_client, unavailable_as_error
 from .keys import ShardKeys, shard_keys, shard_of
@@ -64,7 +65,8 @@ class ClaimResult:
 
     #: Redis clock when the call ran.
     now_ms: int
-    #: Claim token: the lease expiry of :attr:`entries`; ack with it.
+    #: Claim token of :attr:`entries`, unique per claim (a per-shard
+    #: counter): ack, unclaim, push or dead-letter them with it.
     token: int
     #: Due time of the earliest entry still parked, if any.
     next_due_ms: int | None
@@ -76,6 +78,8 @@ class ClaimResult:
     needs_dests: bool = False
     #: Entries leased for the generic path, in due order.
     entries: list[Claimed] = field(default_factory=list)
+    #: Entries the handoff dead-lettered itself: (id, reason dict).
+    dead: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 class Store:
@@ -206,7 +210,7 @@ class Store:
             keys,
             limit,
             lambda client: self.scripts.claim(
-                keys=[keys.due, keys.msg, keys.lease, keys.leased],
+                keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.tags],
                 args=[lease_ms, limit, advance_ms],
                 client=client,
             ),
@@ -223,11 +227,13 @@ class Store:
         lease_ms: int,
         fresh: bool,
         advance_ms: int = 0,
+        companion_id: str = "",
     ) -> ClaimResult:
         """Recover expired leases, then hand due entries off to the broker's lists.
 
         Entries that cannot be handed off are leased and returned, as by
-        :meth:`claim`.
+        :meth:`claim`; entries whose queue list key holds another type are
+        dead-lettered (:attr:`ClaimResult.dead`, reasons naming *companion_id*).
         """
         keys = self._keys[shard]
         reply = self._after_recover(
@@ -241,6 +247,8 @@ class Store:
                     keys.leased,
                     keys.tags,
                     keys.templates,
+                    keys.dead,
+                    keys.dead_msg,
                     *dests,
                 ],
                 args=[
@@ -250,13 +258,18 @@ class Store:
                     keys.tag_prefix,
                     "1" if fresh else "0",
                     advance_ms,
+                    companion_id,
                 ],
                 client=client,
             ),
         )
-        n_leased = int(reply[5])
-        end = 6 + 3 * n_leased
-        result = _claim_result(reply[:end], offset=6)
+        n_leased, n_dead = int(reply[5]), int(reply[6])
+        end = 7 + 3 * n_leased
+        result = _claim_result(reply[:end], offset=7)
+        result.dead = [
+            (reply[i].decode(), json.loads(reply[i + 1])) for i in range(end, end + 2 * n_dead, 2)
+        ]
+        end += 2 * n_dead
         result.handed_due_ms = [int(ms) for ms in reply[end:]]
         result.needs_dests = bool(int(reply[4]))
         return result
@@ -278,33 +291,43 @@ class Store:
                 call(pipe)
                 return pipe.execute()[1]
 
-    def push(self, shard: int, token: int, routes: Sequence[tuple[str, str]]) -> list[str]:
-        """Hand claimed entries off to broker lists: *routes* are (id, list key).
+    def push(
+        self, shard: int, token: int, routes: Sequence[tuple[str, str, bytes]]
+    ) -> tuple[list[str], list[tuple[str, str]]]:
+        """Push claimed entries into broker lists: *routes* are (id, list key, envelope).
 
-        Returns the ids pushed; an id this claim no longer owns is skipped.
+        The envelope is the message as the companion read (and verified) it,
+        up to the delivery tag's opening quote: push.lua pushes these bytes,
+        never what the store holds by then. Returns the ids pushed and the
+        (id, reason) of those refused (their list key holds another type);
+        an id this claim no longer owns is in neither.
         """
         if not routes:
-            return []
+            return [], []
         keys = self._keys[shard]
-        dests = sorted({dest for _, dest in routes})
+        dests = sorted({dest for _, dest, _ in routes})
         index = {dest: i + 1 for i, dest in enumerate(dests)}
         args: list[Any] = [token, keys.tag_prefix]
-        for task_id, dest in routes:
-            args += [task_id, index[dest]]
+        for task_id, dest, head in routes:
+            args += [task_id, index[dest], head]
         with unavailable_as_error(self.url):
-            pushed = self.scripts.push(
-                keys=[keys.lease, keys.leased, keys.msg, keys.tags, keys.templates, *dests],
+            pushed, refused = self.scripts.push(
+                keys=[keys.lease, keys.leased, keys.msg, keys.tags, *dests],
                 args=args,
                 client=self.client,
             )
-        return [task_id.decode() for task_id in pushed]
+        return [task_id.decode() for task_id in pushed], [
+            (refused[i].decode(), refused[i + 1].decode()) for i in range(0, len(refused), 2)
+        ]
 
     def templates(self, shard: int) -> TemplateLookup:
         """Return the template lookup of *shard*, for reading its payloads.
 
         Pass it to :func:`~celery_zdelay.entry.decode_entry` or
         :func:`~celery_zdelay.entry.entry_headers`. Records are cached: a
-        template id is the hash of its content, so a record never changes.
+        template id is the hash of its content, so a record never changes,
+        and a record in Redis that does not hash to its id (rewritten by
+        someone else) counts as missing.
         """
 
         def lookup(template_id: str) -> bytes | None:
@@ -312,7 +335,7 @@ class Store:
             if record is None:
                 with unavailable_as_error(self.url):
                     stored = self.client.hget(self._keys[shard].templates, template_id)
-                if not isinstance(stored, bytes):
+                if not isinstance(stored, bytes) or entry_template_id(stored) != template_id:
                     return None
                 if len(self._templates) >= TEMPLATE_CACHE_SIZE:
                     self._templates.clear()

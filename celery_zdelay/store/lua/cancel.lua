@@ -5,6 +5,7 @@
 -- ARGV[1..] ids
 -- returns one flag per id: 1 cancelled, 0 not parked (unknown, or released)
 local due, msg = KEYS[1], KEYS[2]
+zdelay_expect(due, 'zset', msg, 'hash')
 local result = {}
 for i = 1, #ARGV do
   local removed = redis.call('ZREM', due, ARGV[i])

@@ -2,37 +2,58 @@
 -- atomic step: there is no moment at which an entry is both in a queue and
 -- still parked, so each is delivered exactly once. Entries that cannot be
 -- handed off (no destination, another transport layout, unknown schema,
--- damaged payload) are leased for the companion's generic path instead.
+-- damaged payload) are leased for the companion's generic path instead;
+-- an entry whose queue list key holds another type (which LPUSH would refuse
+-- halfway through the script) is dead-lettered with that reason. Every check
+-- comes before the first write (_guard.lua).
 --
 -- KEYS[1] due zset      id -> due_ms * 1024 + seq
 -- KEYS[2] msg hash      id -> payload
 -- KEYS[3] lease zset    id -> lease expiry ms
--- KEYS[4] leased hash   id -> due score at claim time
--- KEYS[5] tags counter  source of unique kombu delivery tags
+-- KEYS[4] leased hash   id -> "<due score> <claim token>"
+-- KEYS[5] tags counter  source of unique kombu delivery tags and claim tokens
 -- KEYS[6] templates hash  template id -> template record (see entry.py)
--- KEYS[7..] kombu queue list keys this companion may push to
+-- KEYS[7] dead zset     id -> dead-lettered at ms
+-- KEYS[8] dead hash     id -> reason JSON "\n" payload
+-- KEYS[9..] kombu queue list keys this companion may push to
 -- ARGV[1] lease length ms (for entries taking the generic path)
 -- ARGV[2] most entries to claim
 -- ARGV[3] the broker's transport layout fingerprint
 -- ARGV[4] delivery tag prefix
--- ARGV[5] "1" when KEYS[7..] were just read from the dests set: an entry
+-- ARGV[5] "1" when KEYS[9..] were just read from the dests set: an entry
 --         naming a list key outside them is leased instead of waiting
 -- ARGV[6] ms to add to the Redis clock when picking due entries: 0, except
 --         in tests that fast-forward time (celery_zdelay.testing)
+-- ARGV[7] companion id, written into dead-letter reasons
 -- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, needs_dests,
---          n_leased, id, due_score, payload (n_leased times),
---          due_ms of each entry handed off}
+--          n_leased, n_dead, id, due_score, payload (n_leased times),
+--          id, reason JSON (n_dead times), due_ms of each entry handed off}
 if redis.replicate_commands then redis.replicate_commands() end
 
 local due, msg, lease, leased, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local lease_ms, limit, layout, tag_prefix, fresh, advance_ms =
-  tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5] == '1', tonumber(ARGV[6] or 0)
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local token = now_ms + lease_ms
+local dead, dead_msg = KEYS[7], KEYS[8]
+local lease_ms, limit, layout, tag_prefix, fresh, advance_ms, companion =
+  tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5] == '1', tonumber(ARGV[6] or 0), ARGV[7]
+zdelay_expect(due, 'zset', msg, 'hash', lease, 'zset', leased, 'hash', templates, 'hash',
+  dead, 'zset', dead_msg, 'hash')
+zdelay_expect_counter(tags)
+local now_ms = zdelay_now_ms()
+local expiry = now_ms + lease_ms
 
 local known = {}
-for i = 7, #KEYS do known[KEYS[i]] = true end
+for i = 9, #KEYS do known[KEYS[i]] = true end
+
+-- What each queue list key holds now: a key of another type would make
+-- LPUSH fail after entries were removed from the due set.
+local dest_types = {}
+local function dest_type(dest)
+  local kind = dest_types[dest]
+  if not kind then
+    kind = redis.call('TYPE', dest)['ok']
+    dest_types[dest] = kind
+  end
+  return kind
+end
 
 -- The destination list and envelope head of a payload, or nil when it must
 -- take the generic path.
@@ -52,7 +73,7 @@ if #claimed > 0 then
   payloads = redis.call('HMGET', msg, unpack(ids))
 end
 
-local pushes, order, handed, handed_due, generic = {}, {}, {}, {}, {}
+local pushes, order, handed, handed_due, generic, bad = {}, {}, {}, {}, {}, {}
 local taken, needs_dests = 0, 0
 for j = 1, #claimed / 2 do
   local id, score, payload = claimed[2 * j - 1], claimed[2 * j], payloads[j]
@@ -64,7 +85,13 @@ for j = 1, #claimed / 2 do
     break
   end
   taken = j
-  if dest and known[dest] then
+  local kind = dest and known[dest] and dest_type(dest)
+  if kind and kind ~= 'list' and kind ~= 'none' then
+    local due_ms = math.floor(tonumber(score) / 1024)
+    bad[#bad + 1] = {id, zdelay_reason('queue list ' .. dest .. ' is a ' .. kind ..
+      ' key, not a list, so the Redis broker cannot deliver to it: delete or rename that ' ..
+      'key, then requeue this entry', due_ms, companion), payload}
+  elseif kind then
     if not pushes[dest] then pushes[dest] = {}; order[#order + 1] = dest end
     local list = pushes[dest]
     list[#list + 1] = head
@@ -79,7 +106,9 @@ if taken > 0 then
   redis.call('ZREMRANGEBYRANK', due, 0, taken - 1)
 end
 
-local result = {now_ms, token, -1, -1, needs_dests, #generic}
+local token = 0
+if #generic > 0 then token = redis.call('INCR', tags) end
+local result = {now_ms, token, -1, -1, needs_dests, #generic, #bad}
 if #handed > 0 then
   local last = redis.call('INCRBY', tags, #handed)
   local tag = last - #handed
@@ -103,11 +132,19 @@ if #handed > 0 then
 end
 
 for _, entry in ipairs(generic) do
-  redis.call('ZADD', lease, token, entry[1])
-  redis.call('HSET', leased, entry[1], entry[2])
+  redis.call('ZADD', lease, expiry, entry[1])
+  redis.call('HSET', leased, entry[1], zdelay_leased_value(entry[2], token))
   result[#result + 1] = entry[1]
   result[#result + 1] = tonumber(entry[2])
   result[#result + 1] = entry[3]
+end
+
+for _, entry in ipairs(bad) do
+  redis.call('HSET', dead_msg, entry[1], entry[2] .. '\n' .. (entry[3] or ''))
+  redis.call('ZADD', dead, now_ms, entry[1])
+  redis.call('HDEL', msg, entry[1])
+  result[#result + 1] = entry[1]
+  result[#result + 1] = entry[2]
 end
 
 for _, due_ms in ipairs(handed_due) do result[#result + 1] = due_ms end

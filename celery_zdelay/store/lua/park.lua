@@ -3,7 +3,7 @@
 -- KEYS[1] due zset      id -> due_ms * 1024 + seq
 -- KEYS[2] msg hash      id -> payload
 -- KEYS[3] lease zset    id -> lease expiry ms (entries being released)
--- KEYS[4] leased hash   id -> due score at claim time
+-- KEYS[4] leased hash   id -> "<due score> <claim token>"
 -- KEYS[5] dests set     kombu list keys named by parked entries (for handoff)
 -- KEYS[6] call marker   unique to this park call; makes a retried call a no-op
 -- KEYS[7] templates     template id -> template record (see entry.py)
@@ -30,8 +30,17 @@ if done then
   return previous
 end
 
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+zdelay_expect(due, 'zset', msg, 'hash', lease, 'zset', leased, 'hash', dests, 'set',
+  templates, 'hash')
+local n_templates = tonumber(ARGV[3])
+local first_entry = 4 + 2 * n_templates
+for i = first_entry, #ARGV, 5 do
+  local mode = ARGV[i + 1]
+  if not tonumber(ARGV[i + 2]) or (mode ~= 'r' and mode ~= 'a') then
+    error({err = 'ERR celery-zdelay park: entry ' .. ARGV[i] .. ' has no valid due time'})
+  end
+end
+local now_ms = zdelay_now_ms()
 
 -- Same-millisecond entries keep parking order: each takes the next of the
 -- 1024 sequence slots of its millisecond (the last slot is shared once full).
@@ -50,7 +59,6 @@ local function score_for(due_ms)
   return score
 end
 
-local n_templates = tonumber(ARGV[3])
 for i = 4, 3 + 2 * n_templates, 2 do
   redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1])
 end
@@ -60,7 +68,7 @@ local before = tonumber(head[2])
 local lowest = nil
 local result = {}
 local named = {}
-for i = 4 + 2 * n_templates, #ARGV, 5 do
+for i = first_entry, #ARGV, 5 do
   local id, mode, ms, payload, dest = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
   local due_ms = ms
   if mode == 'r' then due_ms = now_ms + ms end

@@ -1,30 +1,45 @@
 -- Hand claimed entries off into the Redis broker's queue lists, after the
--- companion has checked them (signed entries are verified in Python, as Lua
--- has no HMAC-SHA256). Removing the lease and pushing happen in this one
--- script, so each entry is delivered exactly once.
+-- companion has read and checked them (signed entries are verified in
+-- Python, as Lua has no HMAC-SHA256). The companion sends the envelope it
+-- checked; this script pushes exactly those bytes and never rereads the
+-- payload or its template, so what is published is what was verified, even
+-- if someone rewrote the entry meanwhile. Removing the lease and pushing
+-- happen in this one script, so each entry is delivered exactly once.
 --
 -- KEYS[1] lease zset    id -> lease expiry ms
--- KEYS[2] leased hash   id -> due score at claim time
+-- KEYS[2] leased hash   id -> "<due score> <claim token>"
 -- KEYS[3] msg hash      id -> payload
 -- KEYS[4] tags counter  source of unique kombu delivery tags
--- KEYS[5] templates hash  template id -> template record (see entry.py)
--- KEYS[6..] kombu queue list keys
+-- KEYS[5..] kombu queue list keys
 -- ARGV[1] claim token
 -- ARGV[2] delivery tag prefix
--- ARGV[3..] pairs: id, index of its list key among KEYS[6..] (1 = KEYS[6])
--- returns the ids pushed
-local lease, leased, msg, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- ARGV[3..] triples: id, index of its list key among KEYS[5..] (1 = KEYS[5]),
+--           envelope up to the delivery tag's opening quote
+-- returns {{ids pushed}, {id, reason, ...: entries refused}}; an id this
+--         claim no longer owns is in neither (its new owner releases it)
+local lease, leased, msg, tags = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, tag_prefix = tonumber(ARGV[1]), ARGV[2]
-local pushed = {}
-local bodies = {}
-for i = 3, #ARGV, 2 do
-  local id, dest = ARGV[i], KEYS[5 + tonumber(ARGV[i + 1])]
-  local score = redis.call('ZSCORE', lease, id)
-  if dest and score and tonumber(score) == token then
-    local _, head = zdelay_read(templates, redis.call('HGET', msg, id))
-    if head then
+zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash')
+zdelay_expect_counter(tags)
+
+local kinds, seen = {}, {}
+local pushed, bodies, refused = {}, {}, {}
+for i = 3, #ARGV, 3 do
+  local id, dest, head = ARGV[i], KEYS[4 + tonumber(ARGV[i + 1])], ARGV[i + 2]
+  if dest and not seen[id] and zdelay_owned(lease, leased, id, token) then
+    seen[id] = true
+    local kind = kinds[dest]
+    if not kind then
+      kind = redis.call('TYPE', dest)['ok']
+      kinds[dest] = kind
+    end
+    if kind == 'list' or kind == 'none' then
       pushed[#pushed + 1] = id
       bodies[#bodies + 1] = {dest, head}
+    else
+      refused[#refused + 1] = id
+      refused[#refused + 1] = 'queue list ' .. dest .. ' is a ' .. kind .. ' key, not a list, ' ..
+        'so the Redis broker cannot deliver to it: delete or rename that key, then requeue this entry'
     end
   end
 end
@@ -32,11 +47,13 @@ if #pushed > 0 then
   local tag = redis.call('INCRBY', tags, #pushed) - #pushed
   for k, item in ipairs(bodies) do
     tag = tag + 1
-    -- The stored envelope ends at the delivery tag's opening quote.
     redis.call('LPUSH', item[1], item[2] .. tag_prefix .. tag .. '"}}')
-    redis.call('ZREM', lease, pushed[k])
-    redis.call('HDEL', leased, pushed[k])
-    redis.call('HDEL', msg, pushed[k])
+  end
+  for k = 1, #pushed, 1000 do
+    local last = math.min(k + 999, #pushed)
+    redis.call('ZREM', lease, unpack(pushed, k, last))
+    redis.call('HDEL', leased, unpack(pushed, k, last))
+    redis.call('HDEL', msg, unpack(pushed, k, last))
   end
 end
-return pushed
+return {pushed, refused}

@@ -10,9 +10,10 @@
 if redis.replicate_commands then redis.replicate_commands() end
 local due = KEYS[1]
 local id, mode, ms = ARGV[2], ARGV[3], tonumber(ARGV[4])
+zdelay_expect(due, 'zset')
+if not ms then error({err = 'ERR celery-zdelay reschedule: the due time is not a number'}) end
 if not redis.call('ZSCORE', due, id) then return -1 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = zdelay_now_ms()
 local due_ms = ms
 if mode == 'r' then due_ms = now_ms + ms end
 

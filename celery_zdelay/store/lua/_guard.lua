@@ -1,0 +1,65 @@
+-- Loaded in front of every script (see scripts.py). Redis does not roll a
+-- script back when a command fails halfway, so every script calls these
+-- checks before its first write: after that write, no command it makes can
+-- fail. (Out of memory and read-only replicas refuse the first write only:
+-- once a script has written, Redis lets it finish.)
+
+-- Raise, before any write, when a key holds another type than the script
+-- uses it as; "none" (absent) is always fine. Arguments: key, type, ...
+local function zdelay_expect(...)
+  local spec = {...}
+  for i = 1, #spec, 2 do
+    local actual = redis.call('TYPE', spec[i])['ok']
+    if actual ~= 'none' and actual ~= spec[i + 1] then
+      error({err = 'WRONGTYPE celery-zdelay key ' .. spec[i] .. ' holds a ' .. actual ..
+        ', not a ' .. spec[i + 1] .. ': something else wrote it; give celery-zdelay its own ' ..
+        'zdelay_key_prefix or database, or delete that key'})
+    end
+  end
+end
+
+-- Raise, before any write, when the counter key holds something INCRBY
+-- cannot count on.
+local function zdelay_expect_counter(key)
+  zdelay_expect(key, 'string')
+  local value = redis.call('GET', key)
+  if value and not string.match(value, '^%d+$') then
+    error({err = 'WRONGTYPE celery-zdelay counter ' .. key .. ' holds ' .. string.sub(value, 1, 40) ..
+      ', not a count: delete that key'})
+  end
+end
+
+-- The lease of an in-flight entry is two records: the lease zset scores it
+-- by expiry (for recover.lua), the leased hash holds "<due score> <claim
+-- token>". The token is unique per claim (a counter), so only the claim that
+-- leased an entry can acknowledge, unclaim or dead-letter it.
+local function zdelay_leased_value(score, token)
+  return string.format('%.0f %d', tonumber(score), token)
+end
+
+-- Returns the due score of *id* when claim *token* owns its lease, else nil.
+local function zdelay_owned(lease, leased, id, token)
+  local value = redis.call('HGET', leased, id)
+  if not value then return nil end
+  local score, owner = string.match(value, '^(%S+) (%d+)$')
+  if not owner or tonumber(owner) ~= token then return nil end
+  if not redis.call('ZSCORE', lease, id) then return nil end
+  return score
+end
+
+-- The due score a leased-hash value holds (also the older "<due score>" form).
+local function zdelay_due_score(value)
+  if not value then return nil end
+  return tonumber(string.match(value, '^(%S+)'))
+end
+
+-- A dead-letter reason, as the companion writes them (see loop.py).
+local function zdelay_reason(reason, due_ms, companion)
+  return '{"reason":' .. cjson.encode(reason) .. ',"due_ms":' .. string.format('%.0f', due_ms) ..
+    ',"companion":' .. cjson.encode(companion or '') .. '}'
+end
+
+local function zdelay_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
