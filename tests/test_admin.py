@@ -85,6 +85,13 @@ def put_raw(store: Store, task_id: str, payload: bytes | None, *, due_in_ms: int
     return task_id
 
 
+def due_ms(store: Store, task_id: str) -> int:
+    """Return the due time of the parked entry *task_id*, read from its shard's due set."""
+    score = store.client.zscore(store.keys(store.shard_of(task_id)).due, task_id)
+    assert score is not None, f"{task_id} is not parked"
+    return int(score) // 1024
+
+
 def ids_on_shard(store: Store, shard: int, n: int, prefix: str = "id") -> list[str]:
     """Return *n* task ids that hash to *shard*."""
     found = []
@@ -108,16 +115,19 @@ def store(app: Celery) -> Iterator[Store]:
 
 
 def test_counts_see_parked_overdue_in_flight_and_dead(app: Celery, store: Store) -> None:
+    # Given one entry in each state (5 parked, of which 1 overdue; 1 in flight; 1 dead)
     stocked = stock(app)
 
+    # When they are counted
     counted = admin.counts(store)
 
+    # Then each state has its count; the oldest overdue age is measured from
+    # the overdue entry's due time, and the next due time is the "soon" entry's
     assert (counted.parked, counted.overdue, counted.in_flight, counted.dead) == (5, 1, 1, 1)
-    assert counted.oldest_overdue_age_ms is not None
-    assert 5_000 <= counted.oldest_overdue_age_ms < 30_000
-    assert counted.next_due_ms is not None
+    assert counted.oldest_overdue_age_ms == counted.now_ms - due_ms(store, stocked.overdue)
+    assert counted.oldest_overdue_age_ms >= 5_000
+    assert counted.next_due_ms == due_ms(store, stocked.soon)
     assert 0 < counted.next_due_ms - counted.now_ms <= 60_000
-    assert stocked.soon  # the entry due next
 
 
 def test_an_empty_store_counts_nothing(store: Store) -> None:

@@ -23,6 +23,7 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 from celery_zdelay import cli
+from celery_zdelay._format import parse_duration_ms, utc
 from celery_zdelay.cli import (
     EXIT_CHECK_FAILED,
     EXIT_CONFIG,
@@ -35,12 +36,12 @@ from celery_zdelay.cli import (
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
-from celery_zdelay.store.keys import shard_of
+from celery_zdelay.store.keys import companions_key, shard_of
 from celery_zdelay.testing import RedisServer, free_port
 from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for
 from tests.project import app_env
-from tests.test_admin import Stock, put_raw, stock, write_heartbeat
+from tests.test_admin import Stock, due_ms, put_raw, stock, write_heartbeat
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -88,13 +89,35 @@ def lines(result: Result) -> list[str]:
     return result.stdout.splitlines()
 
 
+def timed(store: Store, command: Callable[[], Result]) -> tuple[Result, int, int]:
+    """Run *command*; return its result and the Redis time just before and after it."""
+    before = store.time_ms()
+    result = command()
+    return result, before, store.time_ms()
+
+
+def assert_shows(text: str, *, at_least_ms: int, at_most_ms: int) -> None:
+    """Assert *text* ("59s", "1m 0s") is a duration that lay between the bounds.
+
+    The CLI rounds durations of a second or more down to the second, and the
+    bounds come from the Redis clock read around the command: however slow
+    the machine, a right answer stays inside them and a wrong one does not.
+    """
+    shown = parse_duration_ms(text.replace(" ", ""))
+    assert shown is not None, f"{text!r} is not a duration"
+    assert at_least_ms >= 1000, "durations under a second are shown to the millisecond"
+    assert at_least_ms // 1000 * 1000 <= shown <= at_most_ms // 1000 * 1000, (
+        f"{text!r} is not between {at_least_ms} and {at_most_ms} ms"
+    )
+
+
 # -- status -----------------------------------------------------------------------
 
 
 def test_status_shows_every_state_companions_and_the_redis_warning(
-    app: Celery, stocked: Stock, redis_server: RedisServer
+    app: Celery, stocked: Stock, store: Store, redis_server: RedisServer
 ) -> None:
-    result = run(app, "status")
+    result, before, after = timed(store, lambda: run(app, "status"))
 
     assert result.exit_code == EXIT_OK, result.output
     out = result.stdout
@@ -105,8 +128,15 @@ def test_status_shows_every_state_companions_and_the_redis_warning(
         out,
         re.M,
     )
-    assert re.search(rf"^Parked     5  next due in (59s|1m 0s) \({ISO}\)$", out, re.M), out
-    assert re.search(r"^Overdue    1  oldest overdue [5-9]s$", out, re.M), out
+    parked = re.search(rf"^Parked     5  next due in (.+) \(({ISO})\)$", out, re.M)
+    assert parked, out
+    soon = due_ms(store, stocked.soon)
+    assert_shows(parked[1], at_least_ms=soon - after, at_most_ms=soon - before)
+    assert parked[2] == utc(soon)
+    overdue = re.search(r"^Overdue    1  oldest overdue (.+)$", out, re.M)
+    assert overdue, out
+    late = due_ms(store, stocked.overdue)
+    assert_shows(overdue[1], at_least_ms=before - late, at_most_ms=after - late)
     assert "In flight  1  claimed, not yet acknowledged" in lines(result)
     assert "Dead       1  see: zdelay dead list" in lines(result)
     assert "Companions: none alive (start one with: celery -A proj zdelay)" in lines(result)
@@ -229,32 +259,48 @@ def test_check_passes_while_a_companion_runs_and_fails_once_it_stops(
 def test_check_fails_when_an_entry_is_overdue_longer_than_allowed(
     app: Celery, store: Store
 ) -> None:
+    # Given a live companion and an entry 90 s overdue
     write_heartbeat(store, "live-1", seen_ago_ms=0)
-    put_raw(store, "late-1", b"x", due_in_ms=-90_000)
+    late = due_ms(store, put_raw(store, "late-1", b"x", due_in_ms=-90_000))
 
-    strict = run(app, "status", "--check", "--max-overdue", "60")
-    lenient = run(app, "status", "--check", "--max-overdue", "300")
+    # When the probe allows 60 s, and then 300 s
+    strict, before, _ = timed(store, lambda: run(app, "status", "--check", "--max-overdue", "60"))
+    lenient, _, after = timed(store, lambda: run(app, "status", "--check", "--max-overdue", "300"))
 
+    # Then the first fails naming the age and the limit, the second passes
     assert strict.exit_code == EXIT_CHECK_FAILED
-    assert strict.stdout.startswith("FAIL: the oldest overdue entry is 1m 3")
-    assert strict.stdout.rstrip().endswith("overdue (limit 1m 0s)")
+    failed = re.fullmatch(
+        r"FAIL: the oldest overdue entry is (.+) overdue \(limit 1m 0s\)\n", strict.stdout
+    )
+    assert failed, strict.stdout
+    assert_shows(failed[1], at_least_ms=before - late, at_most_ms=after - late)
     assert lenient.exit_code == EXIT_OK
-    assert lenient.stdout.startswith("OK: 1 companion alive, oldest overdue 1m 3")
+    passed = re.fullmatch(r"OK: 1 companion alive, oldest overdue (.+)\n", lenient.stdout)
+    assert passed, lenient.stdout
+    assert_shows(passed[1], at_least_ms=before - late, at_most_ms=after - late)
 
 
 def test_a_companion_killed_without_cleanup_shows_as_stale_and_fails_the_check(
     app: Celery, store: Store
 ) -> None:
+    # Given a heartbeat last written 2 minutes ago
     write_heartbeat(store, "host-a:4242:dead0000", seen_ago_ms=120_000)
+    beat = store.client.hget(companions_key("zdelay"), "host-a:4242:dead0000")
+    seen = json.loads(beat)["seen_ms"]
 
-    result = run(app, "status")
+    # When status and the probe look at it
+    result, before, after = timed(store, lambda: run(app, "status"))
     check = run(app, "status", "--check")
+
+    # Then it is stale, last seen 2 minutes ago, and the probe fails
 
     assert "Companions: 0 alive, 1 stale" in lines(result)
     assert re.search(
         r"^host-a:4242:dead0000\s+stale\s+host-a\s+4242\s+0\s+on\s+7\s+1\s", result.stdout, re.M
     )
-    assert re.search(r"\s2m 0s ago$", result.stdout, re.M)
+    last_seen = re.search(r"^host-a:4242:dead0000\s.*\s(\S+ \S+) ago$", result.stdout, re.M)
+    assert last_seen, result.stdout
+    assert_shows(last_seen[1], at_least_ms=before - seen, at_most_ms=after - seen)
     assert (check.exit_code, check.stdout.strip()) == (
         EXIT_CHECK_FAILED,
         "FAIL: no companion is alive",
@@ -302,8 +348,10 @@ def test_entries_left_on_shards_beyond_zdelay_shards_are_a_warning_and_fail_the_
 # -- list ---------------------------------------------------------------------------------
 
 
-def test_list_shows_entries_in_due_order_with_relative_times(app: Celery, stocked: Stock) -> None:
-    result = run(app, "list")
+def test_list_shows_entries_in_due_order_with_relative_times(
+    app: Celery, stocked: Stock, store: Store
+) -> None:
+    result, before, after = timed(store, lambda: run(app, "list"))
 
     assert result.exit_code == EXIT_OK
     out = lines(result)
@@ -311,9 +359,13 @@ def test_list_shows_entries_in_due_order_with_relative_times(app: Celery, stocke
     rows = [row.split("  ") for row in out[1:-1]]
     cells = [[c.strip() for c in row if c.strip()] for row in rows]
     assert [row[3] for row in cells] == [stocked.overdue, stocked.soon, *stocked.later]
-    assert re.fullmatch(r"overdue [5-9]s", cells[0][0])
+    late = due_ms(store, stocked.overdue)
+    assert cells[0][0].startswith("overdue ")
+    assert_shows(cells[0][0][8:], at_least_ms=before - late, at_most_ms=after - late)
     assert cells[0][2:] == ["tests.record", stocked.overdue, "celery", "('late',) {'x': 1}"]
-    assert re.fullmatch(r"in (59s|1m 0s)", cells[1][0])
+    soon = due_ms(store, stocked.soon)
+    assert cells[1][0].startswith("in ")
+    assert_shows(cells[1][0][3:], at_least_ms=soon - after, at_most_ms=soon - before)
     assert cells[1][2:] == ["tests.add", stocked.soon, "celery", "(2, 3)"]
     assert all(re.fullmatch(r"in (29m 5\d|30m \d)s", row[0]) for row in cells[2:])
     assert all(re.fullmatch(ISO, row[1]) for row in cells)
@@ -397,15 +449,21 @@ def test_cancel_reports_each_id_and_exits_3_when_one_was_not_parked(
     assert [e["id"] for e in remaining] == stocked.later
 
 
-def test_reschedule_by_countdown_or_eta(app: Celery, stocked: Stock) -> None:
-    by_countdown = run(app, "reschedule", stocked.overdue, "--countdown", "600")
+def test_reschedule_by_countdown_or_eta(app: Celery, stocked: Stock, store: Store) -> None:
+    by_countdown, before, after = timed(
+        store, lambda: run(app, "reschedule", stocked.overdue, "--countdown", "600")
+    )
     by_eta = run(app, "reschedule", stocked.soon, "--eta", "2030-01-01T00:00:00Z")
 
     assert by_countdown.exit_code == EXIT_OK
-    assert re.fullmatch(
-        rf"rescheduled {stocked.overdue}: due in (10m 0s|9m 59s) \({ISO}\)\n",
-        by_countdown.stdout,
+    said = re.fullmatch(
+        rf"rescheduled {stocked.overdue}: due in (.+) \(({ISO})\)\n", by_countdown.stdout
     )
+    assert said, by_countdown.stdout
+    due = due_ms(store, stocked.overdue)
+    assert before + 600_000 <= due <= after + 600_000
+    assert_shows(said[1], at_least_ms=due - after, at_most_ms=due - before)
+    assert said[2] == utc(due)
     assert by_eta.exit_code == EXIT_OK
     assert by_eta.stdout.endswith("(2030-01-01T00:00:00Z)\n")
     entries = {e["id"]: e for e in json.loads(run(app, "list", "--json").stdout)["entries"]}

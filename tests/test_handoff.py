@@ -4,6 +4,7 @@ callbacks, and messages that must take the generic path instead."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -57,7 +58,11 @@ def test_handoff_names_lists_as_kombu_does_and_a_worker_runs_them(
 
 
 def test_a_topic_exchange_takes_the_generic_path_and_says_so_once(
-    make_test_app: AppFactory, redis_client: redis.Redis, worker, companion, runs: Runs
+    make_test_app: AppFactory,
+    redis_client: redis.Redis,
+    worker,
+    runs: Runs,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = make_test_app(
         queues=[
@@ -71,17 +76,39 @@ def test_a_topic_exchange_takes_the_generic_path_and_says_so_once(
         ],
     )
     record = app.tasks["tests.record"]
-    worker(app, "celery", "events")
-    process = companion(app)
+    # Given the "events" queue bound to its topic exchange, as a worker binds it
+    with app.connection_for_write() as connection:
+        app.amqp.queues["events"].bind(connection.default_channel).declare()
 
+    # When three tasks routed through the topic exchange and three for a plain
+    # queue fall due, and a companion releases them in two passes
     routed = [
-        record.apply_delayed((i,), countdown=0.2, queue="events", routing_key="ev.x")
+        record.apply_delayed((i,), countdown=0, queue="events", routing_key="ev.x")
         for i in range(2)
-    ] + [record.apply_delayed((2,), countdown=0.2, exchange="events", routing_key="ev.x")]
-    direct = [record.apply_delayed((i,), countdown=0.2) for i in range(3)]
+    ]
+    direct = [record.apply_delayed((i,), countdown=0) for i in range(3)]
+    caplog.set_level(logging.INFO, logger="celery_zdelay")
+    with Companion(app) as companion:
+        first = companion.release_due()
+        routed.append(
+            record.apply_delayed((2,), countdown=0, exchange="events", routing_key="ev.x")
+        )
+        second = companion.release_due()
 
+    # Then the plain ones were handed off atomically and the routed ones
+    # published through kombu, each into its own queue, and the reason was
+    # logged once, not once per message or per pass
+    assert (first.handed_off, first.published) == (3, 2)
+    assert (second.handed_off, second.published) == (0, 1)
+    assert redis_client.llen("celery") == 3
+    assert redis_client.llen("events") == 3
+    said = [r for r in caplog.records if "are published through kombu" in r.getMessage()]
+    assert [r.getMessage().split(":")[0] for r in said] == [
+        "Messages for exchange 'events', routing key 'ev.x' are published through kombu, "
+        "not handed off atomically"
+    ]
+
+    # And a worker runs each of them once
+    worker(app, "celery", "events")
     runs.wait_for_ids({r.id for r in routed + direct})
-    log = process.log()
-    assert log.count("Messages for exchange 'events', routing key 'ev.x' are published") == 1
-    assert "handed off" in log
     assert runs.duplicates() == {}
