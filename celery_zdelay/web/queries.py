@@ -1,0 +1,370 @@
+"""What the dashboard reads from the store: bounded reads only.
+
+Every page costs Redis a fixed number of O(log n) commands per shard, however
+many entries are parked: counts are ``ZCARD``/``ZCOUNT``, the timeline is one
+``ZCOUNT`` per bar, and a listing is a ``ZRANGEBYSCORE ... LIMIT`` that starts
+where the previous page stopped (a keyset cursor, never an offset), so page
+10,000 costs what page 1 does. Filters on what only the payload says (task
+name, queue) read at most :data:`SCAN_BOUND` entries per shard per page and
+say where they stopped. Payloads are read only for their Celery headers:
+task arguments are never decoded, and nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from itertools import pairwise
+from typing import Any, cast
+
+from ..entry import entry_headers, expand_entry
+from ..errors import EntryError
+from ..store import Store, admin
+from ..store.admin import ParkedEntry, _parked_entry, _routing_key
+
+__all__ = [
+    "SCAN_BOUND",
+    "TIMELINE_SPANS",
+    "Bar",
+    "Cursor",
+    "EntryDetail",
+    "Filters",
+    "Page",
+    "Timeline",
+    "entry_detail",
+    "parked_page",
+    "timeline",
+]
+
+#: Score slots per millisecond in the due set (score = due_ms * 1024 + seq).
+_SEQ = 1024
+#: Most entries per shard one filtered page reads before it stops and says so.
+SCAN_BOUND = 5_000
+#: Entries read per round trip while a filter scans.
+_SCAN_PAGE = 500
+
+_MINUTE = 60_000
+_HOUR = 60 * _MINUTE
+_DAY = 24 * _HOUR
+#: Timeline spans: name -> (span ms, bar width ms); "all" reaches the last entry.
+TIMELINE_SPANS: dict[str, tuple[int, int]] = {
+    "hour": (_HOUR, 2 * _MINUTE),
+    "day": (_DAY, _HOUR),
+    "week": (7 * _DAY, 6 * _HOUR),
+}
+#: Bars of the "all" timeline.
+_ALL_BARS = 30
+
+
+# -- timeline -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bar:
+    """Entries due in ``[start_ms, end_ms)``; the overdue bar has no start."""
+
+    start_ms: int | None
+    end_ms: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A histogram of due times, read at :attr:`now_ms`."""
+
+    span: str
+    now_ms: int
+    #: The first bar holds what is overdue; the others follow in due order.
+    bars: list[Bar]
+    #: Entries due after the last bar (beyond the span).
+    later: int
+
+    @property
+    def peak(self) -> int:
+        return max((b.count for b in self.bars), default=0)
+
+
+def timeline(store: Store, span: str = "day") -> Timeline:
+    """Count parked entries per due-time bar, one pipelined ``ZCOUNT`` per bar and shard."""
+    now_ms = store.time_ms()
+    shards = list(store.shards)
+    if span == "all":
+        last = _last_due_ms(store, shards)
+        width = max(-(-max((last or now_ms) - now_ms, 1) // _ALL_BARS), 1000)
+        edges = [now_ms + width * i for i in range(_ALL_BARS + 1)]
+    else:
+        total, width = TIMELINE_SPANS[span]
+        edges = [now_ms + width * i for i in range(total // width + 1)]
+    # Each bar is [edge, next edge) in due ms: scores [edge*1024, next*1024).
+    bounds = [("-inf", f"({edges[0] * _SEQ}")]
+    bounds += [(str(a * _SEQ), f"({b * _SEQ}") for a, b in pairwise(edges)]
+    bounds.append((str(edges[-1] * _SEQ), "+inf"))
+    with store.client.pipeline(transaction=False) as pipe:
+        for shard in shards:
+            due = store.keys(shard).due
+            for low, high in bounds:
+                pipe.zcount(due, low, high)
+        replies = pipe.execute()
+    sums = [0] * len(bounds)
+    for index, reply in enumerate(replies):
+        sums[index % len(bounds)] += int(reply)
+    bars = [Bar(None, edges[0], sums[0])]
+    bars += [Bar(a, b, n) for a, b, n in zip(edges[:-1], edges[1:], sums[1:-1], strict=True)]
+    return Timeline(span=span, now_ms=now_ms, bars=bars, later=sums[-1])
+
+
+def _last_due_ms(store: Store, shards: list[int]) -> int | None:
+    with store.client.pipeline(transaction=False) as pipe:
+        for shard in shards:
+            pipe.zrange(store.keys(shard).due, -1, -1, withscores=True)
+        replies = pipe.execute()
+    dues = [int(reply[0][1]) // _SEQ for reply in replies if reply]
+    return max(dues) if dues else None
+
+
+# -- the parked listing -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What a listing selects. Empty strings and None select everything."""
+
+    #: Task name or glob pattern (``proj.orders.*``).
+    task: str = ""
+    #: Routing key (the queue name on the default exchange), exactly.
+    queue: str = ""
+    #: Start of the task id.
+    id_prefix: str = ""
+    #: Due in ``[due_after_ms, due_before_ms)``.
+    due_after_ms: int | None = None
+    due_before_ms: int | None = None
+
+    @property
+    def scans(self) -> bool:
+        """Whether the filter reads payloads (or ids) rather than only the index."""
+        return bool(self.task or self.queue or self.id_prefix)
+
+
+@dataclass(frozen=True, order=True)
+class Cursor:
+    """Where a page stopped: the last entry read, in (score, shard, id) order."""
+
+    score: int
+    shard: int
+    task_id: str
+
+    def encode(self) -> str:
+        return f"{self.score}.{self.shard}.{self.task_id}"
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor | None:
+        score, _, rest = text.partition(".")
+        shard, _, task_id = rest.partition(".")
+        if not (score.isdigit() and shard.isdigit()):
+            return None
+        return cls(int(score), int(shard), task_id)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing, and the cursor of the next one."""
+
+    now_ms: int
+    entries: list[ParkedEntry]
+    #: Where the next page starts; None when nothing is left.
+    next: Cursor | None
+    #: Entries read to fill the page (more than shown when a filter skipped some).
+    scanned: int
+    #: A filtered scan stopped at its bound before filling the page.
+    cut_short: bool = False
+
+
+def parked_page(
+    store: Store, filters: Filters, *, after: Cursor | None = None, limit: int = 50
+) -> Page:
+    """Return up to *limit* parked entries matching *filters*, in due order, after *after*.
+
+    Each shard is read from the cursor on, in due order, until it has given
+    *limit* matches or :data:`SCAN_BOUND` entries; the shards are merged by
+    (score, shard, id). When a shard's scan stops at its bound, the page
+    ends at the earliest point every shard has reached, so the next page
+    misses nothing.
+    """
+    now_ms = store.time_ms()
+    streams: list[list[tuple[int, int, str, ParkedEntry | None]]] = []
+    frontier: Cursor | None = None  # earliest point where a cut-short shard stopped
+    scanned = 0
+    for shard in store.shards:
+        matches, last, count, exhausted = _scan_shard(store, shard, filters, after, limit)
+        scanned += count
+        streams.append(matches)
+        if not exhausted and last is not None and len(matches) <= limit:
+            # This shard stopped at its bound without filling the page.
+            frontier = last if frontier is None else min(frontier, last)
+    merged = list(heapq.merge(*streams, key=lambda m: (m[0], m[1], m[2])))
+    if frontier is not None:
+        merged = [m for m in merged if Cursor(m[0], m[1], m[2]) <= frontier]
+    shown = merged[:limit]
+    entries = [m[3] for m in shown if m[3] is not None]
+    if len(merged) > limit:
+        nxt: Cursor | None = Cursor(*shown[-1][:3])
+    elif frontier is not None:
+        nxt = frontier
+    else:
+        nxt = None
+    return Page(
+        now_ms=now_ms,
+        entries=entries,
+        next=nxt,
+        scanned=scanned,
+        cut_short=frontier is not None and len(merged) <= limit,
+    )
+
+
+def _scan_shard(
+    store: Store, shard: int, filters: Filters, after: Cursor | None, limit: int
+) -> tuple[list[tuple[int, int, str, ParkedEntry | None]], Cursor | None, int, bool]:
+    """Return (matches, last entry read, entries read, reached the end) of one shard."""
+    keys = store.keys(shard)
+    low_ms = filters.due_after_ms
+    low = "-inf" if low_ms is None else str(low_ms * _SEQ)
+    if after is not None and (low_ms is None or after.score >= low_ms * _SEQ):
+        # Entries with the cursor's score come after it only on a later shard,
+        # or on its shard with a larger id (Redis orders equal scores by member).
+        low = str(after.score) if shard >= after.shard else f"({after.score}"
+    high = "+inf" if filters.due_before_ms is None else f"({filters.due_before_ms * _SEQ}"
+    matches: list[tuple[int, int, str, ParkedEntry | None]] = []
+    offset = 0
+    last: Cursor | None = None
+    bound = SCAN_BOUND if filters.scans else limit + 1
+    while True:
+        page = min(_SCAN_PAGE, bound - offset) if filters.scans else limit + 1
+        members = cast(
+            "list[tuple[bytes, float]]",
+            store.client.zrangebyscore(
+                keys.due, low, high, start=offset, num=page, withscores=True
+            ),
+        )
+        offset += len(members)
+        candidates = []
+        for member, raw_score in members:
+            task_id = member.decode(errors="replace")
+            score = int(raw_score)
+            last = Cursor(score, shard, task_id)
+            at_cursor = after is not None and (score, shard) == (after.score, after.shard)
+            if at_cursor and after is not None and task_id <= after.task_id:
+                continue
+            if filters.id_prefix and not task_id.startswith(filters.id_prefix):
+                continue
+            candidates.append((member, task_id, score))
+        payloads = cast(
+            "list[bytes | None]",
+            store.client.hmget(keys.msg, [m for m, _, _ in candidates]) if candidates else [],
+        )
+        for (_, task_id, score), payload in zip(candidates, payloads, strict=True):
+            if payload is None:
+                continue  # released between the two reads
+            entry = _parked_entry(store, task_id, shard, score, payload)
+            if filters.task and (entry.task is None or not fnmatchcase(entry.task, filters.task)):
+                continue
+            if filters.queue and entry.queue != filters.queue:
+                continue
+            matches.append((score, shard, task_id, entry))
+        if len(members) < page:
+            return matches, last, offset, True
+        if len(matches) > limit:
+            return matches, last, offset, False
+        if offset >= bound:
+            return matches, last, offset, False
+
+
+# -- one entry ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EntryDetail:
+    """Everything the store knows about one id, without decoding its arguments."""
+
+    task_id: str
+    shard: int
+    #: "parked", "in flight", "dead" or None when the id is unknown.
+    state: str | None
+    due_ms: int | None = None
+    #: Lease expiry of an in-flight entry.
+    lease_until_ms: int | None = None
+    died_ms: int | None = None
+    reason: dict[str, Any] = field(default_factory=dict)
+    #: Celery headers, as Celery wrote them (argsrepr, kwargsrepr, ...).
+    headers: dict[str, Any] = field(default_factory=dict)
+    queue: str | None = None
+    #: Why the payload cannot be read, if it cannot.
+    error: str | None = None
+
+
+def entry_detail(store: Store, task_id: str) -> EntryDetail:
+    """Look *task_id* up in its shard's parked, in-flight and dead sets."""
+    shard = store.shard_of(task_id)
+    keys = store.keys(shard)
+    with store.client.pipeline(transaction=False) as pipe:
+        pipe.zscore(keys.due, task_id)
+        pipe.hget(keys.msg, task_id)
+        pipe.zscore(keys.lease, task_id)
+        pipe.zscore(keys.dead, task_id)
+        pipe.hget(keys.dead_msg, task_id)
+        due, payload, lease, died, dead_record = pipe.execute()
+    reason: dict[str, Any] = {}
+    if due is not None:
+        state, due_ms = "parked", int(due) // _SEQ
+    elif lease is not None:
+        state, due_ms = "in flight", None
+    elif died is not None:
+        state, due_ms = "dead", None
+        line, _, payload = (dead_record or b"").partition(b"\n")
+        try:
+            parsed = json.loads(line)
+            reason = parsed if isinstance(parsed, dict) else {"reason": str(parsed)}
+        except ValueError:
+            reason = {"reason": line.decode(errors="replace")}
+        if isinstance(reason.get("due_ms"), int):
+            due_ms = reason["due_ms"]
+        payload = payload or None
+    else:
+        return EntryDetail(task_id=task_id, shard=shard, state=None)
+    headers, queue, error = _headers(store, shard, payload)
+    return EntryDetail(
+        task_id=task_id,
+        shard=shard,
+        state=state,
+        due_ms=due_ms,
+        lease_until_ms=int(lease) if lease is not None else None,
+        died_ms=int(died) if died is not None else None,
+        reason=reason,
+        headers=headers,
+        queue=queue,
+        error=error,
+    )
+
+
+def _headers(
+    store: Store, shard: int, payload: bytes | None
+) -> tuple[dict[str, Any], str | None, str | None]:
+    if payload is None:
+        return {}, None, "payload missing: the id was parked without a message"
+    try:
+        expanded = expand_entry(payload, store.templates(shard))
+        return entry_headers(expanded), _routing_key(expanded), None
+    except EntryError as exc:
+        return {}, None, exc.reason
+
+
+def dead_page(store: Store, *, limit: int = 100) -> admin.Listing:
+    """Return the most recent dead letters (a bounded read per shard)."""
+    return admin.list_dead(store, limit=limit)
+
+
+def as_ids(values: Iterable[str]) -> list[str]:
+    """Return the non-empty ids of a form, each once, in their order."""
+    return list(dict.fromkeys(v for v in values if v))

@@ -1,0 +1,240 @@
+"""The dashboard's pages and actions over WSGI, against a real Redis.
+
+The browser tests (test_web_browser.py) prove what an operator sees; these
+prove the reads and writes underneath: pages that walk every entry exactly
+once, bounded filters that say where they stopped, read-only mode,
+authentication, and actions on a whole filter.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+import pytest
+from celery import Celery
+from werkzeug.test import Client
+
+import celery_zdelay
+from celery_zdelay.store import Store
+from celery_zdelay.web import create_app, queries
+from celery_zdelay.web.security import BasicAuth, ProxyHeaderAuth
+from tests.conftest import AppFactory
+from tests.web_support import make_dead_letter, open_store
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store(app: Celery) -> Iterator[Store]:
+    opened = open_store(app)
+    yield opened
+    opened.close()
+
+
+def _form_token(client: Client, path: str) -> str:
+    html = client.get(path).get_data(as_text=True)
+    match = re.search(r'name="csrf_token" value="([0-9a-f]+)"', html)
+    assert match, html[:500]
+    return match.group(1)
+
+
+def test_pages_walk_every_entry_once_in_due_order_across_shards(
+    make_test_app: AppFactory,
+) -> None:
+    # Given 4 shards and 230 entries, many sharing a due millisecond.
+    app = make_test_app(conf={"zdelay_shards": 4})
+    store = open_store(app)
+    try:
+        now = store.time_ms()
+        for i in range(230):
+            due = datetime.fromtimestamp((now + 60_000 + (i % 7) * 1000) / 1000, tz=timezone.utc)
+            app.tasks["tests.record"].apply_delayed((i,), eta=due)
+        # Drop the same-millisecond sequence: equal scores, ordered by id in Redis.
+        for shard in store.shards:
+            due_key = store.keys(shard).due
+            for member, score in store.client.zrange(due_key, 0, -1, withscores=True):
+                store.client.zadd(due_key, {member: int(score) // 1024 * 1024}, xx=True)
+        seen: list[tuple[int, str]] = []
+        cursor = None
+        pages = 0
+        while True:
+            page = queries.parked_page(store, queries.Filters(), after=cursor, limit=25)
+            seen += [(e.due_ms, e.task_id) for e in page.entries]
+            pages += 1
+            if page.next is None:
+                break
+            cursor = page.next
+        assert len(seen) == 230
+        assert len({task_id for _, task_id in seen}) == 230
+        assert [due for due, _ in seen] == sorted(due for due, _ in seen)
+        assert pages == 10
+    finally:
+        store.close()
+
+
+def test_a_filter_that_reads_its_bound_says_so_and_the_next_page_goes_on(
+    app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 60 additions behind 40 recordings, and a scan bound of 20 entries.
+    monkeypatch.setattr(queries, "SCAN_BOUND", 20)
+    record, add = app.tasks["tests.record"], app.tasks["tests.add"]
+    for i in range(40):
+        record.apply_delayed((i,), countdown=100 + i)
+    adds = [add.apply_delayed((i, 1), countdown=200 + i).id for i in range(60)]
+    found: list[str] = []
+    cursor = None
+    cut_short = 0
+    while True:
+        page = queries.parked_page(store, queries.Filters(task="tests.add"), after=cursor, limit=15)
+        found += [e.task_id for e in page.entries]
+        cut_short += page.cut_short
+        assert page.scanned <= 20
+        if page.next is None:
+            break
+        cursor = page.next
+    assert found == adds
+    assert cut_short >= 2  # the first two reads only saw recordings
+
+
+def test_filters_by_queue_id_prefix_and_due_window(app: Celery, store: Store) -> None:
+    record = app.tasks["tests.record"]
+    orders = [record.apply_delayed((i,), countdown=600 + i, queue="orders") for i in range(3)]
+    other = record.apply_delayed((9,), countdown=7200, task_id="abc-other")
+    by_queue = queries.parked_page(store, queries.Filters(queue="orders"))
+    assert [e.task_id for e in by_queue.entries] == [r.id for r in orders]
+    by_prefix = queries.parked_page(store, queries.Filters(id_prefix="abc-"))
+    assert [e.task_id for e in by_prefix.entries] == [other.id]
+    now = store.time_ms()
+    window = queries.Filters(due_after_ms=now + 3600_000, due_before_ms=now + 3 * 3600_000)
+    assert [e.task_id for e in queries.parked_page(store, window).entries] == [other.id]
+    client = Client(create_app(app))
+    html = client.get("/parked?queue=orders&due_before=1h").get_data(as_text=True)
+    assert all(r.id in html for r in orders)
+    assert other.id not in html
+
+
+def test_the_timeline_counts_each_entry_in_its_bar(app: Celery, store: Store) -> None:
+    record = app.tasks["tests.record"]
+    for minutes in (5, 5, 30, 125, 60 * 30):
+        record.apply_delayed((minutes,), countdown=minutes * 60)
+    record.apply_delayed(("late",), countdown=-30)
+    day = queries.timeline(store, "day")
+    assert day.bars[0].count == 1  # overdue
+    assert [b.count for b in day.bars[1:4]] == [3, 0, 1]
+    assert day.later == 1
+    everything = queries.timeline(store, "all")
+    assert sum(b.count for b in everything.bars) + everything.later == 6
+    hour = queries.timeline(store, "hour")
+    assert sum(b.count for b in hour.bars[1:]) == 3
+
+
+def test_a_read_only_dashboard_refuses_every_action(app: Celery, store: Store) -> None:
+    parked = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
+    client = Client(create_app(app, actions=False))
+    html = client.get(f"/entry?id={parked.id}").get_data(as_text=True)
+    assert "entry-actions" not in html
+    assert "read-only" in html
+    reply = client.post("/actions/parked", data={"op": "cancel", "ids": parked.id})
+    assert reply.status_code == 403
+    assert "read-only" in reply.get_data(as_text=True)
+    assert store.client.zscore(store.keys(store.shard_of(parked.id)).due, parked.id) is not None
+
+
+def test_actions_apply_to_every_entry_a_filter_matches(app: Celery, store: Store) -> None:
+    record, add = app.tasks["tests.record"], app.tasks["tests.add"]
+    keep = [record.apply_delayed((i,), countdown=600).id for i in range(5)]
+    drop = [add.apply_delayed((i, i), countdown=600).id for i in range(7)]
+    client = Client(create_app(app, actions=True))
+    token = _form_token(client, "/parked")
+    reply = client.post(
+        "/actions/parked",
+        data={"csrf_token": token, "op": "cancel", "scope": "filter", "task": "tests.add"},
+    )
+    assert reply.status_code == 303
+    assert "cancelled+7+of+7" in reply.headers["Location"]
+    remaining = {e.task_id for e in queries.parked_page(store, queries.Filters()).entries}
+    assert remaining == set(keep)
+    assert not set(drop) & remaining
+
+    # Run now: due at once; reschedule to a date.
+    reply = client.post(
+        "/actions/parked",
+        data={"csrf_token": token, "op": "reschedule", "ids": keep[0], "eta": "2100-01-01T00:00:00Z"},
+    )
+    assert "rescheduled+1+of+1" in reply.headers["Location"]
+    score = store.client.zscore(store.keys(store.shard_of(keep[0])).due, keep[0])
+    assert int(score) // 1024 == 4102444800000
+    client.post("/actions/parked", data={"csrf_token": token, "op": "run", "ids": keep[1]})
+    score = store.client.zscore(store.keys(store.shard_of(keep[1])).due, keep[1])
+    assert int(score) // 1024 <= store.time_ms()
+
+
+def test_dead_letters_are_listed_with_reasons_requeued_and_purged(
+    app: Celery, store: Store
+) -> None:
+    ids = [app.tasks["tests.record"].apply_delayed((i,), countdown=600).id for i in range(3)]
+    for task_id in ids:
+        make_dead_letter(store, task_id, f"refused <{task_id}>")
+    client = Client(create_app(app, actions=True))
+    html = client.get("/dead").get_data(as_text=True)
+    assert all(f"refused &lt;{task_id}&gt;" in html for task_id in ids)
+    token = _form_token(client, "/dead")
+    client.post("/actions/dead", data={"csrf_token": token, "op": "requeue", "ids": ids[0]})
+    assert store.client.zscore(store.keys(store.shard_of(ids[0])).due, ids[0]) is not None
+    reply = client.post("/actions/dead", data={"csrf_token": token, "op": "purge", "scope": "all"})
+    assert "purged+2" in reply.headers["Location"]
+    assert store.client.zcard(store.keys(0).dead) == 0
+
+
+def test_an_action_sends_the_browser_back_within_the_dashboard_only(app: Celery) -> None:
+    client = Client(create_app(app, actions=True))
+    token = _form_token(client, "/dead")
+    for back in ("//evil.example/x", "https://evil.example/", "dead\\@evil", "../../x"):
+        reply = client.post(
+            "/actions/dead",
+            data={"csrf_token": token, "op": "purge", "ids": "none", "back": back},
+        )
+        assert reply.headers["Location"].startswith("/?msg=")
+
+
+def test_basic_auth_and_proxy_header_keep_strangers_out(app: Celery) -> None:
+    client = Client(BasicAuth(create_app(app), "ops", "s3cret"))
+    assert client.get("/").status_code == 401
+    wrong = base64.b64encode(b"ops:nope").decode()
+    assert client.get("/", headers={"Authorization": f"Basic {wrong}"}).status_code == 401
+    right = base64.b64encode(b"ops:s3cret").decode()
+    assert client.get("/", headers={"Authorization": f"Basic {right}"}).status_code == 200
+    proxied = Client(ProxyHeaderAuth(create_app(app), "X-Forwarded-User"))
+    assert proxied.get("/").status_code == 403
+    assert proxied.get("/", headers={"X-Forwarded-User": "alice"}).status_code == 200
+
+
+def test_pages_never_unpickle_and_show_an_unknown_id_as_not_found(
+    make_test_app: AppFactory,
+) -> None:
+    # A pickled task whose argument would run code when unpickled.
+    app = make_test_app(conf={"task_serializer": "pickle"})
+    parked = celery_zdelay.send_delayed(app, "tests.record", args=(Exploit(),), countdown=600)
+    client = Client(create_app(app))
+    for path in ("/", "/parked", f"/entry?id={parked.id}", "/dead"):
+        assert client.get(path).status_code == 200
+    assert not Exploit.unpickled
+    reply = client.get("/entry?id=no-such-id")
+    assert reply.status_code == 404
+    assert "Not found" in reply.get_data(as_text=True)
+
+
+class Exploit:
+    """Records being unpickled, as a hostile payload would run code."""
+
+    unpickled = False
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_mark_unpickled, ())
+
+
+def _mark_unpickled() -> None:
+    Exploit.unpickled = True

@@ -1,0 +1,239 @@
+"""The dashboard in a real headless Chromium, against a real Redis, companion and worker.
+
+Given tasks parked for later, an operator loads the overview and sees the
+timeline, filters the listing, opens an entry, cancels one (gone from
+Redis), reschedules one (new due time shown and stored), and requeues a dead
+letter that a real worker then runs. A hostile entry renders inert, and an
+action without a valid CSRF token changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import celery_zdelay
+from celery_zdelay.store import Store
+from tests.helpers import CeleryProcess, Runs
+from tests.web_support import (
+    CHROMIUM_ARGS,
+    chromium_path,
+    make_dead_letter,
+    open_store,
+    screenshot,
+    serve,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+HOUR_S = 3600
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS
+        )
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(
+        viewport={"width": 1280, "height": 900}, timezone_id="Europe/Paris"
+    )
+    opened = context.new_page()
+    opened.set_default_timeout(20_000)
+    # Confirmation dialogs of the action buttons: the operator says yes.
+    opened.on("dialog", lambda dialog: dialog.accept())
+    yield opened
+    context.close()
+
+
+@pytest.fixture
+def store(app: Celery) -> Iterator[Store]:
+    opened = open_store(app)
+    yield opened
+    opened.close()
+
+
+def test_an_operator_sees_filters_cancels_reschedules_and_requeues(
+    app: Celery,
+    store: Store,
+    page: Any,
+    runs: Runs,
+    companion: Callable[..., CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    tmp_path: Path,
+) -> None:
+    # Given: reminders spread over the next day, two additions, one dead letter.
+    record, add = app.tasks["tests.record"], app.tasks["tests.add"]
+    reminders = [
+        record.apply_delayed((f"reminder {i}",), {"user": i}, countdown=HOUR_S + 97 * i)
+        for i in range(120)
+    ]
+    adds = [add.apply_delayed((i, i), countdown=2 * HOUR_S + i) for i in range(2)]
+    lost = record.apply_delayed(("requeue me",), countdown=HOUR_S)
+    make_dead_letter(store, lost.id, "bad signature: the entry was signed with an old key")
+    companion(app)
+    worker(app)
+
+    with serve(app) as served:
+        # The overview counts them, shows the companion and the timeline.
+        page.goto(served.url + "/")
+        assert page.text_content("#count-parked") == "122"
+        assert page.text_content("#count-dead") == "1"
+        bars = page.locator("#timeline rect")
+        counts = [int(bars.nth(i).get_attribute("data-count")) for i in range(bars.count())]
+        assert sum(counts) == 122
+        assert max(counts) < 122  # spread over several bars of the day
+        # The heartbeat appears by itself: the overview refreshes without a reload.
+        page.evaluate("document.body.dataset.marker = 'same page'")
+        page.wait_for_selector("#companions tr.alive", timeout=30_000)
+        assert page.evaluate("document.body.dataset.marker") == "same page"
+        screenshot(page, "web-overview.png", tmp_path)
+
+        # Filter: only the additions.
+        page.goto(served.url + "/parked")
+        assert page.locator("#parked tbody tr").count() == 50  # one page
+        page.fill("#filters input[name=task]", "tests.add")
+        page.click("#filters button[type=submit]")
+        rows = page.locator("#parked tbody tr")
+        assert rows.count() == 2
+        assert {rows.nth(i).get_attribute("data-id") for i in range(2)} == {a.id for a in adds}
+        page.fill("#filters input[name=task]", "tests.*")
+        page.click("#filters button[type=submit]")
+        screenshot(page, "web-parked.png", tmp_path)
+
+        # Open an entry: headers and reprs as Celery recorded them.
+        page.fill("#filters input[name=task]", "tests.add")
+        page.click("#filters button[type=submit]")
+        page.click(f'#parked tr[data-id="{adds[0].id}"] a.entry-link')
+        assert page.text_content("#entry-id") == adds[0].id
+        assert page.text_content("#entry-task") == "tests.add"
+        assert page.text_content("#entry-argsrepr") == "(0, 0)"
+        assert page.text_content("#entry-state") == "parked"
+
+        # Cancel it: gone from Redis.
+        page.click("#entry-actions button[value=cancel]")
+        page.wait_for_selector("p.message")
+        assert "cancelled 1 of 1" in page.text_content("p.message")
+        keys = store.keys(store.shard_of(adds[0].id))
+        assert store.client.zscore(keys.due, adds[0].id) is None
+        assert store.client.hget(keys.msg, adds[0].id) is None
+
+        # Reschedule the other by a delay: its new due time is shown and stored.
+        page.goto(served.url + "/entry?id=" + adds[1].id)
+        before = page.get_attribute("#entry-due time", "data-ms")
+        page.fill("#entry-actions input[name=delay]", "5h")
+        page.click("#entry-actions button[value=reschedule]")
+        page.wait_for_selector("p.message")
+        assert "rescheduled 1 of 1" in page.text_content("p.message")
+        shown = int(page.get_attribute("#entry-due time", "data-ms"))
+        assert shown != int(before)
+        stored = int(store.client.zscore(store.keys(store.shard_of(adds[1].id)).due, adds[1].id))
+        assert stored // 1024 == shown
+        assert abs(shown - (store.time_ms() + 5 * HOUR_S * 1000)) < 60_000
+        assert "in 4h 59m" in page.text_content("#entry-due")
+
+        # Requeue the dead letter from the dead-letter page: a real worker runs it.
+        page.goto(served.url + "/dead")
+        assert "bad signature" in page.text_content(f'#dead tr[data-id="{lost.id}"] .reason')
+        page.check(f'#dead tr[data-id="{lost.id}"] input[name=ids]')
+        page.click("#dead-form button[value=requeue]")
+        page.wait_for_selector("p.message")
+        assert "requeued 1 of 1" in page.text_content("p.message")
+        runs.wait_for_ids({lost.id})
+        assert runs.by_id()[lost.id]["args"] == ["requeue me"]
+        assert page.locator(f'#dead tr[data-id="{lost.id}"]').count() == 0
+    assert not any(r.id in runs.ids() for r in reminders)
+
+
+HOSTILE = '"><img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+
+
+def test_hostile_ids_names_reprs_and_headers_render_inert(
+    app: Celery, store: Store, page: Any
+) -> None:
+    # Given entries whose every visible field is an attack, and one not even UTF-8.
+    celery_zdelay.send_delayed(
+        app,
+        "<script>window.__xss=3</script>",
+        args=(HOSTILE,),
+        kwargs={"k": HOSTILE},
+        countdown=HOUR_S,
+        task_id="id" + HOSTILE,
+        headers={"x-evil": HOSTILE},
+        queue="q" + HOSTILE,
+    )
+    long_repr = "<b>" + "A" * 100_000
+    app.tasks["tests.record"].apply_delayed((long_repr,), countdown=HOUR_S, task_id="long-one")
+    keys = store.keys(store.shard_of("bad\xff"))
+    raw_id = b"bad-\xff\xfe<script>window.__xss=4</script>"
+    shard_keys = store.keys(0)
+    store.client.hset(shard_keys.msg, raw_id, b"\xff\xfe<script>window.__xss=5</script>")
+    store.client.zadd(shard_keys.due, {raw_id: (store.time_ms() + 1000_000) * 1024})
+    assert keys is not None
+
+    with serve(app) as served:
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: dialogs.append(d.message))
+        for path in ("/", "/parked", "/entry?id=id" + HOSTILE.replace("#", "%23"), "/dead"):
+            page.goto(served.url + path.replace("&", "%26"))
+            assert page.evaluate("window.__xss") is None
+            # Only the dashboard's own script tag exists; no injected element.
+            assert page.evaluate("document.querySelectorAll('script').length") == 1
+            assert page.locator("img").count() == 0
+        page.goto(served.url + "/parked")
+        text = page.text_content("#parked")
+        assert "<script>window.__xss=3</script>" in text
+        assert HOSTILE[:20] in text
+        assert "bad-\ufffd\ufffd<script>" in text  # non-UTF-8 shown replaced, as text
+        page.goto(served.url + "/entry?id=long-one")
+        assert page.text_content("#entry-argsrepr").startswith("('<b>AAAA")
+        assert page.locator("b").count() == 0
+        assert dialogs == []
+
+
+def test_an_action_without_a_valid_csrf_token_is_refused_and_changes_nothing(
+    app: Celery, store: Store, browser: Any
+) -> None:
+    parked = app.tasks["tests.record"].apply_delayed(("keep me",), countdown=HOUR_S)
+    keys = store.keys(store.shard_of(parked.id))
+    with serve(app) as served:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(served.url + "/entry?id=" + parked.id)
+            token = page.get_attribute("#entry-actions input[name=csrf_token]", "value")
+            form = {"op": "cancel", "ids": parked.id}
+            # No token, a wrong token, and a good token from another browser.
+            for fields, ctx in (
+                (form, context),
+                ({**form, "csrf_token": "0" * 64}, context),
+                ({**form, "csrf_token": token}, browser.new_context()),
+            ):
+                reply = ctx.request.post(served.url + "/actions/parked", form=fields)
+                assert reply.status == 403
+                assert "CSRF" in reply.text()
+                assert store.client.zscore(keys.due, parked.id) is not None
+            # A GET never acts.
+            reply = context.request.get(served.url + "/actions/parked?op=cancel&ids=" + parked.id)
+            assert reply.status == 405
+            assert store.client.zscore(keys.due, parked.id) is not None
+            # With the page's own token, the same request works.
+            reply = context.request.post(
+                served.url + "/actions/parked", form={**form, "csrf_token": token}
+            )
+            assert reply.status == 200  # followed the redirect
+            assert store.client.zscore(keys.due, parked.id) is None
+        finally:
+            context.close()

@@ -1,0 +1,100 @@
+"""Helpers of the dashboard tests: a served dashboard and a headless Chromium.
+
+The browser is Debian's ``chromium`` (``make install`` installs it), driven by
+Playwright's Python package through ``executable_path``: Playwright never
+downloads a browser of its own here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from werkzeug.serving import make_server
+
+from celery_zdelay.config import get_config
+from celery_zdelay.store import Store
+from celery_zdelay.web import Dashboard, create_app
+
+CHROMIUM = os.environ.get("ZDELAY_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+#: Set to a directory (e.g. docs/_static) to keep the screenshots the tests take.
+SCREENSHOTS = os.environ.get("ZDELAY_WEB_SCREENSHOTS")
+
+
+class Served:
+    """A dashboard served on a free loopback port by a threaded Werkzeug server."""
+
+    def __init__(self, wsgi: Any, dashboard: Dashboard) -> None:
+        self.dashboard = dashboard
+        self.server = make_server("127.0.0.1", 0, wsgi, threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+        self.dashboard.close()
+
+
+@contextmanager
+def serve(celery_app: Celery, *, actions: bool = True, wrap: Any = None) -> Iterator[Served]:
+    dashboard = create_app(celery_app, actions=actions)
+    with Served(wrap(dashboard) if wrap else dashboard, dashboard) as served:
+        yield served
+
+
+def chromium_path() -> str:
+    """Return the system Chromium, failing (never skipping) when it is missing."""
+    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+        raise AssertionError(
+            f"{CHROMIUM} is missing: run make install (it runs apt-get install -y chromium)."
+        )
+    return CHROMIUM if Path(CHROMIUM).exists() else str(shutil.which("chromium"))
+
+
+def open_store(app: Celery) -> Store:
+    return Store(get_config(app))
+
+
+def make_dead_letter(store: Store, task_id: str, reason: str) -> None:
+    """Move a parked entry to the dead-letter set, as the companion does when it refuses one."""
+    keys = store.keys(store.shard_of(task_id))
+    payload = store.client.hget(keys.msg, task_id)
+    assert payload is not None, task_id
+    died_ms = store.time_ms()
+    store.client.zrem(keys.due, task_id)
+    store.client.hdel(keys.msg, task_id)
+    record = json.dumps({"reason": reason, "due_ms": died_ms, "companion": "test"})
+    store.client.hset(keys.dead_msg, task_id, record.encode() + b"\n" + payload)
+    store.client.zadd(keys.dead, {task_id: died_ms})
+
+
+def screenshot(page: Any, name: str, tmp_path: Path) -> Path:
+    """Take a full-page screenshot; keep it in SCREENSHOTS when that is set."""
+    target = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / name
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 1000
+    return path
