@@ -162,7 +162,7 @@ def test_actions_apply_to_every_entry_a_filter_matches(app: Celery, store: Store
     # Run now: due at once; reschedule to a date.
     reply = client.post(
         "/actions/parked",
-        data={"csrf_token": token, "op": "reschedule", "ids": keep[0], "eta": "2100-01-01T00:00:00Z"},
+        data={"csrf_token": token, "op": "reschedule", "ids": keep[0], "eta": "2100-01-01T00:00Z"},
     )
     assert "rescheduled+1+of+1" in reply.headers["Location"]
     score = store.client.zscore(store.keys(store.shard_of(keep[0])).due, keep[0])
