@@ -25,6 +25,7 @@ from .config import get_config
 from .errors import ConfigurationError, StoreUnavailableError
 from .schedule import Due, due_from
 from .store import Store, admin
+from .web.cli import web
 
 __all__ = [
     "EXIT_CHECK_FAILED",
@@ -602,6 +603,10 @@ def dead_purge(ctx: click.Context, task_ids: tuple[str, ...], yes: bool) -> None
             ctx.exit(EXIT_CHECK_FAILED)
         purged = admin.purge_dead(store)
     click.echo(f"purged {counted(purged, 'entry', 'entries')}")
+
+
+# The dashboard (celery_zdelay.web); its extra is imported only when it runs.
+zdelay.add_command(web)
 
 
 # -- helpers --------------------------------------------------------------------

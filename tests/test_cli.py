@@ -603,8 +603,8 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[
 def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
     paths = list(_commands(zdelay))
     assert (
-        len(paths) == 9
-    )  # zdelay, cancel, dead, dead list|purge|requeue, list, reschedule, status
+        len(paths) == 10
+    )  # zdelay, cancel, dead, dead list|purge|requeue, list, reschedule, status, web
 
     for path in paths:
         result = run(app, *path, "--help")

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import base64
 import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timezone
 
@@ -22,6 +26,7 @@ from celery_zdelay.store import Store
 from celery_zdelay.web import create_app, queries
 from celery_zdelay.web.security import BasicAuth, ProxyHeaderAuth
 from tests.conftest import AppFactory
+from tests.helpers import CeleryProcess
 from tests.web_support import make_dead_letter, open_store
 
 pytestmark = pytest.mark.timeout(60)
@@ -238,3 +243,32 @@ class Exploit:
 
 def _mark_unpickled() -> None:
     Exploit.unpickled = True
+
+
+def test_the_standalone_server_binds_loopback_and_asks_for_a_password(
+    app: Celery, processes: list[CeleryProcess]
+) -> None:
+    server = CeleryProcess(app, "zdelay", "web", "--port", "0", "--auth", "ops:s3cret").start()
+    processes.append(server)
+    server.wait_for_log("dashboard on http://")
+    url = re.search(r"dashboard on (http://[^/]+)/ \(read-only\)", server.log())
+    assert url is not None, server.log()
+    assert url.group(1).startswith("http://127.0.0.1:")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url.group(1) + "/", timeout=10)
+    assert refused.value.code == 401
+    refused.value.close()
+    request = urllib.request.Request(
+        url.group(1) + "/parked",
+        headers={"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()},
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200
+        assert "Parked tasks" in reply.read().decode()
+
+
+def test_the_cli_runs_without_the_web_extra_imported() -> None:
+    # The companion's command line must not need Jinja2 or Werkzeug.
+    code = "import sys, celery_zdelay.cli; print(sorted({'jinja2', 'werkzeug'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
