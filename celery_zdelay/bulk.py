@@ -28,6 +28,7 @@ value), or a first call that did not publish exactly one message.
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -101,14 +102,17 @@ def build_messages(
         return [first, *results], [*messages, *rest]
     create_args, create_kwargs = probe.creates[0]
     _, send_args, send_kwargs = probe.sends[0]
+    # Retrying is about a broker connection, which a capture never uses;
+    # kombu's retry wrapper costs more than the rest of its publish.
+    send_kwargs["retry"] = False
     ignore_result = bool(create_kwargs.get("ignore_result"))
     results = [first]
 
     def publish_rest(producer: Any) -> None:
         # Celery's send_task after the routing, per call: build, notify the
         # result backend, hand to the task sender (signals, kombu publish).
-        create = app.amqp.create_task_message
-        send = app.amqp.send_task_message
+        # Celery's own builder and sender, past the recording wrappers.
+        create, send = app.amqp._zdelay_publishing_calls
         backend = app.backend
         parent = app.current_worker_task
         check = getattr(task, "__header__", None) if task.typing else None
@@ -168,14 +172,23 @@ _probing: contextvars.ContextVar[_Probe | None] = contextvars.ContextVar(
 )
 
 
+_installing = threading.Lock()
+
+
 def _record_publishing_calls(app: Celery) -> None:
     """Wrap *app*'s two publishing seams to record their arguments while probing.
 
     Outside a probe (other threads, other calls) they are Celery's, unchanged.
     """
     amqp = app.amqp
-    if getattr(amqp, "_zdelay_records_calls", False):
+    if getattr(amqp, "_zdelay_publishing_calls", None) is not None:
         return
+    with _installing:
+        if getattr(amqp, "_zdelay_publishing_calls", None) is None:
+            _wrap_publishing_calls(amqp)
+
+
+def _wrap_publishing_calls(amqp: Any) -> None:
     create = amqp.create_task_message
     send = amqp.send_task_message
 
@@ -197,4 +210,4 @@ def _record_publishing_calls(app: Celery) -> None:
     # wrap the sender and builder Celery (or TransparentAMQP) made for this app.
     amqp.create_task_message = create_task_message
     amqp.send_task_message = send_task_message
-    amqp._zdelay_records_calls = True
+    amqp._zdelay_publishing_calls = (create, send)
