@@ -1,29 +1,40 @@
 """The generic path: publish released messages to any broker through kombu.
 
 A message counts as published only once the broker has accepted it: on
-RabbitMQ (py-amqp) by a publisher confirm, on Redis by the reply to the push.
-Confirms are collected per batch, so a batch costs one round trip, not one
-per message.
+RabbitMQ by a publisher confirm, on Redis by the reply to its push. Confirms
+are collected per batch, so a batch costs one round trip, not one per message.
+
+One message the broker refuses never harms another: on RabbitMQ everything a
+message needs (its queues, its exchange) is declared or checked before the
+batch is published, so a channel error is blamed on the message that caused
+it; on Redis each reply of the pipelined push is read on its own.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery.utils.time import maybe_iso8601
-from kombu import Connection, Producer
+from kombu import Connection, Exchange, Producer
+from kombu.exceptions import BatchPublishError
 
 from ..entry import TaskMessage
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["PublishOutcome", "Publisher", "make_publisher"]
+__all__ = [
+    "PublishOutcome",
+    "Publisher",
+    "is_transient_reply",
+    "make_publisher",
+    "supports_confirms",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +51,8 @@ class PublishOutcome:
     accepted: list[int] = field(default_factory=list)
     #: Indexes of messages refused for good, with the reason (dead-letter them).
     rejected: dict[int, str] = field(default_factory=dict)
-    #: Set when the broker could not be reached: the rest should wait.
+    #: Set when the broker could not be reached or did not answer: the rest
+    #: (neither accepted nor rejected) should wait.
     error: BaseException | None = None
 
 
@@ -55,6 +67,8 @@ class Publisher:
         self.broker_wait = min(broker_wait, MAX_BROKER_WAIT)
         self._connection: Connection | None = None
         self._producer: Producer | None = None
+        #: Index (into the batch) of the message being handed to kombu.
+        self._current = -1
 
     @property
     def broker_url(self) -> str:
@@ -67,12 +81,19 @@ class Publisher:
             producer = self._ensure_producer()
             self._publish_batch(producer, messages, outcome)
         except Exception as exc:
-            if not self._is_connection_error(exc):
-                raise
-            logger.warning("Broker unreachable, %d messages wait: %r", len(messages), exc)
-            outcome.accepted.clear()
+            unsettled = max(len(messages) - len(outcome.accepted) - len(outcome.rejected), 0)
+            if self._is_connection_error(exc):
+                logger.warning("Broker unreachable or silent, %d messages wait: %r", unsettled, exc)
+            else:
+                # Unforeseen: the messages are kept (given back), the companion runs on.
+                logger.error(
+                    "Publishing failed unexpectedly, %d messages wait: %r",
+                    unsettled,
+                    exc,
+                    exc_info=True,
+                )
             outcome.error = exc
-            self.close()
+            self._drop()
         return outcome
 
     def close(self) -> None:
@@ -86,6 +107,18 @@ class Publisher:
 
     # -- internals ------------------------------------------------------------
 
+    def _drop(self) -> None:
+        """Forget a broken connection without talking to the broker.
+
+        A broker that stopped answering would not answer a polite close either.
+        """
+        connection, self._connection, self._producer = self._connection, None, None
+        if connection is not None:
+            try:
+                connection.collect()
+            except Exception:  # pragma: no cover - best effort on a dead socket
+                logger.debug("Dropping the broker connection failed", exc_info=True)
+
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
             # No AMQP heartbeats: the companion may sleep for long stretches
@@ -93,17 +126,19 @@ class Publisher:
             connection = self.app.connection_for_write(
                 heartbeat=0, connect_timeout=self.broker_wait
             )
+            # The transport's own confirm_publish waits for each message's
+            # confirm in turn; the confirm publisher collects them per batch.
             connection.transport_options.pop("confirm_publish", None)
             # Redis brokers: a frozen server must time out, not hang forever.
             connection.transport_options.setdefault("socket_timeout", self.broker_wait)
             connection.ensure_connection(max_retries=1)
             self._connection = connection
-            self._producer = Producer(connection.default_channel, auto_declare=False)
-            self._on_connect(self._producer)
+            self._producer = self._open_producer()
         return self._producer
 
-    def _on_connect(self, producer: Producer) -> None:
-        """Prepare a new channel (subclasses enable confirms)."""
+    def _open_producer(self) -> Producer:
+        assert self._connection is not None
+        return Producer(self._connection.default_channel, auto_declare=False)
 
     def _publish_batch(
         self, producer: Producer, messages: Sequence[TaskMessage], outcome: PublishOutcome
@@ -111,14 +146,22 @@ class Publisher:
         batching = getattr(producer, "batch", None)
         if batching is not None and producer.supports_batch_publish:
             # kombu >= 5.7 pipelines the batch into one round trip (Redis).
-            with batching(max_size=max(len(messages), 1)):
+            with batching(max_size=_BATCH_COMMANDS):
                 sent = self._publish_each(producer, messages, outcome)
-            outcome.accepted.extend(sent)
+            outcome.accepted.extend(self._settle_batch(sent, outcome))
             return
         outcome.accepted.extend(self._publish_each(producer, messages, outcome))
 
+    def _settle_batch(self, sent: list[int], outcome: PublishOutcome) -> list[int]:
+        """Return which of *sent* the broker took once the batch is flushed."""
+        return sent
+
     def _publish_each(
-        self, producer: Producer, messages: Sequence[TaskMessage], outcome: PublishOutcome
+        self,
+        producer: Producer,
+        messages: Sequence[TaskMessage],
+        outcome: PublishOutcome,
+        indexes: Sequence[int] | None = None,
     ) -> list[int]:
         """Hand each message to kombu; return the indexes handed over.
 
@@ -126,9 +169,10 @@ class Publisher:
         rejected, so it cannot hold up the others.
         """
         sent = []
-        for index, message in enumerate(messages):
+        for index in range(len(messages)) if indexes is None else indexes:
+            self._current = index
             try:
-                self._publish_one(producer, message)
+                self._publish_one(producer, messages[index])
             except Exception as exc:
                 if self._is_connection_error(exc):
                     raise
@@ -164,45 +208,196 @@ class Publisher:
         the generic path's time.
         """
         declared: set[str] = producer.__dict__.setdefault("_zdelay_declared", set())
-        queues = self.app.amqp.queues
         wanted = []
-        for name in message.declare:
-            if name in declared:
-                continue
-            try:
-                wanted.append(queues[name])
-            except KeyError:
-                logger.warning(
-                    "Queue %s is not configured on this companion (task_queues) and "
-                    "task_create_missing_queues is off; publishing without declaring it",
-                    name,
-                )
-            declared.add(name)
-        exchange = message.exchange
-        if exchange and f"exchange:{exchange}" not in declared:
-            # A message sent to an exchange by name (no queue): declare it as
-            # the app's queues define it, so a fresh channel knows its type.
-            declared.add(f"exchange:{exchange}")
-            wanted += [q.exchange for q in queues.values() if q.exchange.name == exchange][:1]
+        for name, entity in self._entities(message):
+            if name not in declared:
+                declared.add(name)
+                if entity is not None:
+                    wanted.append(entity)
+                elif name.startswith("queue:"):
+                    _warn_undeclared(name)
         return wanted
 
+    def _entities(self, message: TaskMessage) -> list[tuple[str, Any]]:
+        """(name, entity to declare or None) for what *message* needs to exist."""
+        queues = self.app.amqp.queues
+        needed: list[tuple[str, Any]] = []
+        for name in message.declare:
+            needed.append((f"queue:{name}", queues.get(name)))
+        exchange = message.exchange
+        if exchange:
+            # A message sent to an exchange by name (no queue): declare it as
+            # the app's queues define it, so a fresh channel knows its type.
+            known = [q.exchange for q in queues.values() if q.exchange.name == exchange][:1]
+            needed.append((f"exchange:{exchange}", known[0] if known else None))
+        return needed
+
     def _is_connection_error(self, exc: BaseException) -> bool:
+        """Whether *exc* is the broker's state (wait and retry), not the message's."""
         from kombu.exceptions import OperationalError
 
-        if isinstance(exc, (OperationalError, ConnectionError, TimeoutError, OSError)):
+        # BatchPublishError: a pipelined push failed as a whole (its replies
+        # are read one by one otherwise); what it delivered is unknown.
+        uncertain = (OperationalError, BatchPublishError, ConnectionError, TimeoutError, OSError)
+        if isinstance(exc, uncertain) or is_transient_reply(exc):
             return True
         connection = self._connection
         if connection is None:
             return False
-        errors = connection.recoverable_connection_errors + connection.connection_errors
-        return isinstance(exc, errors)
+        if isinstance(exc, connection.connection_errors):
+            return True
+        # kombu counts a virtual transport's channel errors (a Redis error
+        # reply such as WRONGTYPE) as recoverable connection errors too; they
+        # belong to the message that caused them.
+        if isinstance(exc, connection.channel_errors):
+            return False
+        return isinstance(exc, connection.recoverable_connection_errors)
 
 
-class AmqpConfirmPublisher(Publisher):
-    """RabbitMQ through py-amqp, with publisher confirms collected per batch."""
+#: Redis error replies that describe the server's state, not the command:
+#: out of memory, a read-only replica, loading, failing over. The message
+#: waits for the server instead of being dead-lettered.
+TRANSIENT_REPLIES = (
+    "OOM",
+    "READONLY",
+    "LOADING",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "BUSY",
+    "MISCONF",
+    "NOAUTH",
+    "NOPERM",
+)
 
-    def _on_connect(self, producer: Producer) -> None:
+
+def is_transient_reply(exc: BaseException) -> bool:
+    """Whether *exc* is a Redis error reply that should be waited out."""
+    from redis.exceptions import ResponseError
+
+    if not isinstance(exc, ResponseError):
+        return False
+    text = str(exc.args[0]) if exc.args else ""
+    # redis-py prefixes pipeline errors with "Command # N (...) of pipeline caused error: ".
+    text = text.rpartition("caused error: ")[2]
+    return text.startswith(TRANSIENT_REPLIES) or type(exc).__name__ in (
+        "OutOfMemoryError",
+        "ReadOnlyError",
+        "NoPermissionError",
+    )
+
+
+#: Commands buffered before kombu flushes a Redis publish batch: more than a
+#: batch ever holds, so a batch is one round trip.
+_BATCH_COMMANDS = 1 << 30
+
+
+class RedisPublisher(Publisher):
+    """A Redis broker through kombu, each reply of the pipelined push read on its own.
+
+    kombu's publish batch raises on the first error reply of the pipeline,
+    after Redis ran every command: without the replies one bad queue (a key
+    of another type) would leave the whole batch "uncertain" on every pass.
+    """
+
+    def __init__(self, app: Celery, *, broker_wait: float = MAX_BROKER_WAIT) -> None:
+        super().__init__(app, broker_wait=broker_wait)
+        self._batch: Any = None
+
+    def _open_producer(self) -> Producer:
+        producer = super()._open_producer()
         channel = producer.channel
+        if getattr(channel, "create_publish_batch", None) is not None:
+            # kombu's seam for batches: ours keeps the replies it gets.
+            def create_publish_batch(max_size: int) -> Any:
+                self._batch = _reply_keeping_batch(channel, max_size, lambda: self._current)
+                return self._batch
+
+            channel.create_publish_batch = create_publish_batch
+        return producer
+
+    def _settle_batch(self, sent: list[int], outcome: PublishOutcome) -> list[int]:
+        batch, self._batch = self._batch, None
+        failures: dict[int, Exception] = batch.failures if batch is not None else {}
+        for index, error in failures.items():
+            if is_transient_reply(error):
+                # Not pushed; the server, not the message, is at fault: it waits.
+                logger.warning("Redis broker refused a push for now, it waits: %s", error)
+                outcome.error = error
+            else:
+                outcome.rejected[index] = f"refused by Redis: {type(error).__name__}: {error}"
+        return [index for index in sent if index not in failures]
+
+
+def _reply_keeping_batch(channel: Any, max_size: int, owner: Callable[[], int]) -> Any:
+    """Return a kombu Redis publish batch that keeps each command's reply.
+
+    Each command is tagged with the message (*owner()*) it was issued for;
+    replies that are errors land in ``failures`` by message instead of failing
+    the batch. Connection failures still raise.
+    """
+    from kombu.transport.redis import PublishBatch
+
+    class ReplyKeepingBatch(PublishBatch):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(channel, max_size)
+            self.owners: list[int] = []
+            self.failures: dict[int, Exception] = {}
+            kept: Any = getattr(self, "pipeline")  # noqa: B009 - kombu is untyped
+            self.pipeline = _ReplyKeepingPipeline(kept, self)
+
+        def add(self, name: str, *args: Any) -> None:
+            super().add(name, *args)
+            self.owners.append(owner())
+
+    return ReplyKeepingBatch()
+
+
+class _ReplyKeepingPipeline:
+    """A redis-py pipeline whose ``execute`` hands error replies to the batch."""
+
+    def __init__(self, pipeline: Any, batch: Any) -> None:
+        self._pipeline = pipeline
+        self._batch = batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipeline, name)
+
+    def execute(self) -> list[Any]:
+        replies: list[Any] = self._pipeline.execute(raise_on_error=False)
+        batch = self._batch
+        # Commands of a message still being routed are not in this flush.
+        owners, batch.owners = batch.owners[: len(replies)], batch.owners[len(replies) :]
+        for index, reply in zip(owners, replies, strict=True):
+            if isinstance(reply, Exception):
+                batch.failures.setdefault(index, reply)
+        return replies
+
+
+class ConfirmPublisher(Publisher):
+    """A broker with publisher confirms (RabbitMQ): nothing counts before its ack.
+
+    Before a batch is published, what each message needs is declared (its
+    queues) or checked to exist (an exchange it names); a channel error there
+    names its message, which is rejected, and a new channel takes over. Then
+    the batch is published and its confirms awaited: a nack gives the message
+    back to the store; no answer within the broker wait gives back every
+    unconfirmed message of the batch.
+    """
+
+    def __init__(self, app: Celery, *, broker_wait: float = MAX_BROKER_WAIT) -> None:
+        super().__init__(app, broker_wait=broker_wait)
+        #: Entity names declared or found on the broker since this connection opened.
+        self._present: set[str] = set()
+
+    def _ensure_producer(self) -> Producer:
+        if self._producer is None:
+            self._present.clear()
+        return super()._ensure_producer()
+
+    def _open_producer(self) -> Producer:
+        assert self._connection is not None
+        channel = self._connection.channel()
         channel.confirm_select()
         self._published = 0
         self._acked = 0
@@ -210,6 +405,19 @@ class AmqpConfirmPublisher(Publisher):
         self._nacked: set[int] = set()
         channel.events["basic_ack"].add(self._on_ack)
         channel.events["basic_nack"].add(self._on_nack)
+        return Producer(channel, auto_declare=False)
+
+    def _reopen_channel(self) -> Producer:
+        """Replace a channel the broker closed (the connection stays)."""
+        old = self._producer
+        self._producer = None
+        if old is not None:
+            try:
+                old.channel.close()
+            except Exception:
+                logger.debug("Closing a failed channel failed", exc_info=True)
+        self._producer = self._open_producer()
+        return self._producer
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
         # Publisher sequence numbers count from 1 on the channel; "multiple"
@@ -229,36 +437,125 @@ class AmqpConfirmPublisher(Publisher):
         self._nacked.update(range(first, delivery_tag + 1))
         self._on_ack(delivery_tag, multiple)
 
+    def _declare(self, message: TaskMessage, producer: Producer) -> list[Any]:
+        return []  # done by _prepare, message by message, before the batch
+
     def _publish_batch(
         self, producer: Producer, messages: Sequence[TaskMessage], outcome: PublishOutcome
     ) -> None:
-        first = self._published + 1
+        producer, ready = self._prepare(producer, messages, outcome)
         sequence: dict[int, int] = {}  # batch index -> publisher sequence number
-        for index in self._publish_each(producer, messages, outcome):
-            self._published += 1
-            sequence[index] = self._published
-        assert self._connection is not None
-        deadline = time.monotonic() + self.broker_wait
-        while self._acked < self._published:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(
-                    f"RabbitMQ confirmed {self._acked - first + 1} of {len(sequence)} "
-                    f"messages within {self.broker_wait:g}s"
-                )
-            self._connection.drain_events(timeout=remaining)
+        try:
+            for index in self._publish_each(producer, messages, outcome, ready):
+                self._published += 1
+                sequence[index] = self._published
+            self._await_confirms(len(sequence))
+        except Exception as exc:
+            if self._is_channel_error(exc):
+                # Everything was checked first, so this is a race (an exchange
+                # deleted meanwhile): what was confirmed is kept, the rest is
+                # given back, unpublished for all this companion can tell.
+                exc = TimeoutError(f"RabbitMQ closed the channel mid-batch: {exc!r}")
+            outcome.accepted.extend(
+                i for i, seq in sequence.items() if seq <= self._acked and seq not in self._nacked
+            )
+            self._nacked.clear()
+            raise exc from None
         # A nacked message is not accepted: it is given back and retried.
         outcome.accepted.extend(i for i, seq in sequence.items() if seq not in self._nacked)
         self._nacked.clear()
 
+    def _prepare(
+        self, producer: Producer, messages: Sequence[TaskMessage], outcome: PublishOutcome
+    ) -> tuple[Producer, list[int]]:
+        """Declare or check what each message needs; return the ready indexes."""
+        ready = []
+        missing: dict[str, str] = {}  # entity name -> why, for this batch only
+        for index, message in enumerate(messages):
+            refusal = None
+            for name, entity in self._entities(message):
+                if name in self._present:
+                    continue
+                if name not in missing:
+                    try:
+                        self._make_present(producer, name, entity, message)
+                    except Exception as exc:
+                        if not self._is_channel_error(exc):
+                            raise
+                        missing[name] = f"refused by the broker: {type(exc).__name__}: {exc}"
+                        producer = self._reopen_channel()
+                    else:
+                        self._present.add(name)
+                        continue
+                refusal = missing[name]
+                break
+            if refusal is None:
+                ready.append(index)
+            else:
+                outcome.rejected[index] = refusal
+        return producer, ready
+
+    def _make_present(
+        self, producer: Producer, name: str, entity: Any, message: TaskMessage
+    ) -> None:
+        channel = producer.channel
+        if entity is not None:
+            entity.bind(channel).declare()
+        elif name.startswith("exchange:"):
+            # Not ours to declare (its type is unknown here): only check that
+            # it exists, so a message to a missing one fails alone.
+            Exchange(message.exchange, passive=True).bind(channel).declare()
+        else:
+            _warn_undeclared(name)
+
+    def _await_confirms(self, count: int) -> None:
+        assert self._connection is not None
+        deadline = time.monotonic() + self.broker_wait
+        first = self._published - count
+        while self._acked < self._published:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"RabbitMQ confirmed {max(self._acked - first, 0)} of {count} "
+                    f"messages within {self.broker_wait:g}s"
+                )
+            try:
+                self._connection.drain_events(timeout=remaining)
+            except TimeoutError:
+                continue
+
+    def _is_channel_error(self, exc: BaseException) -> bool:
+        connection = self._connection
+        return connection is not None and isinstance(exc, connection.channel_errors)
+
+
+def supports_confirms(transport: Any) -> bool:
+    """Whether *transport*'s channels can confirm publishes (RabbitMQ's extension)."""
+    channel_class = getattr(getattr(transport, "Connection", None), "Channel", None)
+    return callable(getattr(channel_class, "confirm_select", None))
+
 
 def make_publisher(app: Celery, *, lease_ms: int) -> Publisher:
-    """Return the publisher for *app*'s broker, waiting at most half a lease."""
+    """Return the publisher for *app*'s broker, waiting at most half a lease.
+
+    Chosen by what the transport can do, not by its name: a transport whose
+    channels confirm publishes gets the confirm publisher.
+    """
     transport = app.connection_for_write().transport
-    publisher = Publisher
-    if transport.driver_type == "amqp" and transport.driver_name == "amqp":
-        publisher = AmqpConfirmPublisher
+    publisher: type[Publisher] = Publisher
+    if supports_confirms(transport):
+        publisher = ConfirmPublisher
+    elif transport.driver_type == "redis":
+        publisher = RedisPublisher
     return publisher(app, broker_wait=lease_ms / 2000)
+
+
+def _warn_undeclared(name: str) -> None:
+    logger.warning(
+        "Queue %s is not configured on this companion (task_queues) and "
+        "task_create_missing_queues is off; publishing without declaring it",
+        name.removeprefix("queue:"),
+    )
 
 
 def _remaining_seconds(expires: Any) -> float | None:

@@ -1,0 +1,212 @@
+"""Hardening of the generic publish path (issue 11): a message counts as
+published only when the broker has it, one bad message harms no other, and
+the companion survives what its broker and store throw at it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu import Connection, Queue
+
+from celery_zdelay.companion import Companion
+from celery_zdelay.store import admin
+from tests.conftest import AppFactory, RabbitMQ
+from tests.proxy import PausableProxy
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _drain(url: str, queue: str) -> list[str]:
+    """Take every message out of *queue*; return their task ids in order."""
+    ids = []
+    with Connection(url) as connection:
+        bound = Queue(queue, no_declare=True).bind(connection.default_channel)
+        while (message := bound.get(no_ack=True)) is not None:
+            ids.append(message.headers["id"])
+    return ids
+
+
+def _store_ids(app: Celery) -> tuple[int, int, int]:
+    """(parked, in flight, dead) in *app*'s store."""
+    with Companion(app) as probe:
+        counts = admin.counts(probe.store)
+    return counts.parked, counts.in_flight, counts.dead
+
+
+def _dead(app: Celery) -> dict[str, str | None]:
+    with Companion(app) as probe:
+        return {e.task_id: e.reason for e in admin.list_dead(probe.store).entries}
+
+
+# -- 1. publisher confirms on RabbitMQ ---------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["amqp", "pyamqp"])
+def test_a_full_queue_nacks_and_the_refused_tasks_wait_in_the_store(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ, scheme: str
+) -> None:
+    spec = {
+        "name": rabbitmq.queue,
+        "queue_arguments": {"x-max-length": 2, "x-overflow": "reject-publish"},
+    }
+    url = scheme + rabbitmq.url.removeprefix("amqp")
+    app = make_test_app(broker=url, conf={"task_default_queue": rabbitmq.queue}, queues=[spec])
+    add = app.tasks["tests.add"]
+    parked = [add.apply_delayed((i, i), countdown=0).id for i in range(5)]
+
+    with Companion(app) as companion:
+        first = companion.release_due()
+        assert (first.published, first.returned, first.dead_lettered) == (2, 3, 0)
+        assert _store_ids(app) == (3, 0, 0)
+        delivered = _drain(rabbitmq.url, rabbitmq.queue)
+        assert delivered == parked[:2]
+
+        # Room appears: the given-back tasks go out on later passes.
+        while len(delivered) < 5:
+            report = companion.release_due()
+            assert report.published == min(2, 5 - len(delivered))
+            delivered += _drain(rabbitmq.url, rabbitmq.queue)
+
+    assert delivered == parked
+    assert _store_ids(app) == (0, 0, 0)
+
+
+def test_nothing_is_acked_in_the_store_while_the_broker_does_not_confirm(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ
+) -> None:
+    with Connection(rabbitmq.url) as probe:
+        host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
+    with PausableProxy(host, port) as proxy:
+        # A 4 s lease: the companion waits 2 s for confirms, then gives up.
+        app = make_test_app(
+            broker=proxy.url(rabbitmq.url),
+            conf={"task_default_queue": rabbitmq.queue, "zdelay_lease_seconds": 4},
+        )
+        add = app.tasks["tests.add"]
+        with Companion(app) as companion:
+            warmup = add.apply_delayed((0, 0), countdown=0).id
+            assert companion.release_due().published == 1  # connected, channel in confirm mode
+
+            parked = [add.apply_delayed((i, i), countdown=0).id for i in range(5)]
+            proxy.pause()
+            stalled = companion.release_due()
+            assert stalled.failed
+            assert stalled.published == 0
+            assert stalled.returned == 5
+            # Nothing acked: all five are still the store's.
+            assert _store_ids(app) == (5, 0, 0)
+
+            proxy.resume()
+            delivered: list[str] = []
+            while _store_ids(app)[0]:
+                companion.release_due()
+            delivered = _drain(rabbitmq.url, rabbitmq.queue)
+
+    # At least once: the stalled batch reached RabbitMQ too, so ids may repeat.
+    assert set(delivered) == {warmup, *parked}
+
+
+# -- 2. one message to a missing exchange -------------------------------------------
+
+
+def test_a_message_to_a_missing_exchange_is_dead_lettered_and_harms_no_other(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ
+) -> None:
+    app = make_test_app(broker=rabbitmq.url, conf={"task_default_queue": rabbitmq.queue})
+    add = app.tasks["tests.add"]
+    missing = f"zdelay-missing-{uuid.uuid4().hex[:8]}"
+    before = [add.apply_delayed((i, i), countdown=0).id for i in range(3)]
+    bad = add.apply_delayed((9, 9), countdown=0, exchange=missing, routing_key="x").id
+    after = [add.apply_delayed((i, i), countdown=0).id for i in range(3, 8)]
+
+    with Companion(app) as companion:
+        report = companion.release_due()
+        assert (report.published, report.dead_lettered, report.returned) == (8, 1, 0)
+        assert not report.failed
+        again = companion.release_due()  # still running, nothing left
+        assert again.released == again.dead_lettered == 0
+
+    assert _drain(rabbitmq.url, rabbitmq.queue) == before + after
+    dead = _dead(app)
+    assert list(dead) == [bad]
+    assert missing in str(dead[bad])
+    assert "NOT_FOUND" in str(dead[bad])
+    assert _store_ids(app) == (0, 0, 1)
+
+
+def test_a_companion_process_survives_a_missing_exchange_and_runs_every_other_task(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ, worker: Any, companion: Any, runs: Any
+) -> None:
+    app = make_test_app(broker=rabbitmq.url, conf={"task_default_queue": rabbitmq.queue})
+    add = app.tasks["tests.add"]
+    worker(app, rabbitmq.queue)
+    process = companion(app)
+    missing = f"zdelay-missing-{uuid.uuid4().hex[:8]}"
+
+    good = [add.apply_delayed((i, i), countdown=0.2).id for i in range(10)]
+    bad = add.apply_delayed((1, 1), countdown=0.2, exchange=missing, routing_key="x").id
+    good += [add.apply_delayed((i, i), countdown=0.2).id for i in range(10, 20)]
+
+    assert sorted(runs.wait_for_ids(set(good))) == sorted(good)
+    assert runs.duplicates() == {}
+    process.wait_for_log(f"Dead-lettered {bad}")
+    assert list(_dead(app)) == [bad]
+    assert process.process.poll() is None  # still running
+
+
+# -- 6. generic Redis path: one bad reply in the pipelined push ---------------------
+
+
+def test_a_wrongtype_queue_on_a_redis_broker_dead_letters_one_and_publishes_the_rest(
+    make_test_app: AppFactory, broker_server: Any
+) -> None:
+    broker = broker_server.client(0)
+    broker.set("zdelay-not-a-list", "a string where a queue should be")
+    app = make_test_app(broker=f"{broker_server.url}/0")
+    add = app.tasks["tests.add"]
+    good = [add.apply_delayed((i, i), countdown=0).id for i in range(5)]
+    bad = add.apply_delayed((9, 9), countdown=0, queue="zdelay-not-a-list").id
+    good += [add.apply_delayed((i, i), countdown=0).id for i in range(5, 10)]
+
+    with Companion(app) as companion:
+        assert companion.publisher.__class__.__name__ == "RedisPublisher"
+        report = companion.release_due()
+        assert (report.published, report.dead_lettered, report.returned) == (10, 1, 0)
+        assert not report.failed
+        later = add.apply_delayed((1, 2), countdown=0).id
+        assert companion.release_due().published == 1
+
+    queued = [json.loads(raw)["headers"]["id"] for raw in reversed(broker.lrange("celery", 0, -1))]
+    assert queued == [*good, later]
+    dead = _dead(app)
+    assert list(dead) == [bad]
+    assert "WRONGTYPE" in str(dead[bad])
+    assert _store_ids(app) == (0, 0, 1)
+
+
+def test_a_queue_turned_into_a_string_after_declaring_fails_alone_in_the_pipeline(
+    make_test_app: AppFactory, broker_server: Any
+) -> None:
+    """The declare is remembered, so the error comes back in the pipelined replies."""
+    broker = broker_server.client(0)
+    app = make_test_app(broker=f"{broker_server.url}/0")
+    add = app.tasks["tests.add"]
+    with Companion(app) as companion:
+        add.apply_delayed((0, 0), countdown=0, queue="zdelay-turns-bad")
+        assert companion.release_due().published == 1
+        broker.delete("zdelay-turns-bad")
+        broker.set("zdelay-turns-bad", "no longer a list")
+
+        good = [add.apply_delayed((i, i), countdown=0).id for i in range(3)]
+        bad = add.apply_delayed((9, 9), countdown=0, queue="zdelay-turns-bad").id
+        good += [add.apply_delayed((i, i), countdown=0).id for i in range(3, 6)]
+        report = companion.release_due()
+
+    assert (report.published, report.dead_lettered, report.returned) == (6, 1, 0)
+    queued = [json.loads(raw)["headers"]["id"] for raw in reversed(broker.lrange("celery", 0, -1))]
+    assert queued == good
+    assert "WRONGTYPE" in str(_dead(app)[bad])
