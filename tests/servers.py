@@ -1,11 +1,14 @@
-"""Private Redis deployments for the tests: a 3-master Cluster and Sentinel."""
+"""Private servers for the tests: Redis Cluster, Sentinel and TLS; a local SQS."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from typing import TypeVar
 
@@ -251,3 +254,62 @@ class LocalTLSRedis(_Deployment):
 
     def stop(self) -> None:
         self.server.stop()
+
+
+class LocalSQS(_Deployment):
+    """A local SQS endpoint: ``moto.server`` on a free loopback port.
+
+    Every test gets its own server, so queue names and visibility timeouts
+    never meet another test's.
+    """
+
+    #: moto accepts any credentials; these only have to be present.
+    access_key = "zdelay-test"
+    secret_key = "zdelay-test-secret"
+    region = "us-east-1"
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._dir = tempfile.mkdtemp(prefix="zdelay-moto-")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The kombu broker URL (plain HTTP: see :meth:`transport_options`)."""
+        return f"sqs://{self.access_key}:{self.secret_key}@127.0.0.1:{self.port}"
+
+    def transport_options(self, **extra: object) -> dict[str, object]:
+        return {"region": self.region, "is_secure": False, **extra}
+
+    def _start(self) -> None:
+        with open(os.path.join(self._dir, "moto.log"), "wb") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"moto.server exited at start:\n{self.log()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                assert time.monotonic() < deadline, "the local SQS (moto) did not start"
+                time.sleep(0.05)
+
+    def log(self) -> str:
+        path = os.path.join(self._dir, "moto.log")
+        with open(path, errors="replace") as log:
+            return log.read()
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=10)
+        shutil.rmtree(self._dir, ignore_errors=True)

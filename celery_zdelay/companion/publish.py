@@ -129,8 +129,11 @@ class Publisher:
             # The transport's own confirm_publish waits for each message's
             # confirm in turn; the confirm publisher collects them per batch.
             connection.transport_options.pop("confirm_publish", None)
-            # Redis brokers: a frozen server must time out, not hang forever.
-            connection.transport_options.setdefault("socket_timeout", self.broker_wait)
+            if connection.transport.driver_type == "redis":
+                # A frozen Redis must time out, not hang forever. Only Redis
+                # transports take this option: others (SQLAlchemy) pass what
+                # they do not know on, and fail on it.
+                connection.transport_options.setdefault("socket_timeout", self.broker_wait)
             connection.ensure_connection(max_retries=1)
             self._connection = connection
             self._producer = self._open_producer()

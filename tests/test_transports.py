@@ -1,0 +1,136 @@
+"""Given a broker of each kind the docs name, when tasks are parked in the
+Redis store and a companion releases them, then a real worker on that broker
+runs each exactly once.
+
+Redis, RabbitMQ, SQS (a local moto server), SQLAlchemy (sqlite) and the
+filesystem transport: the companion publishes through kombu, so it must pass
+each transport only what that transport understands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from tests.conftest import AppFactory, RabbitMQ
+from tests.helpers import CeleryProcess, Runs
+from tests.servers import LocalSQS
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Tasks parked per transport: enough for more than one release batch.
+TASKS = 12
+
+
+@pytest.fixture
+def sqs() -> Iterator[LocalSQS]:
+    with LocalSQS() as server:
+        yield server
+
+
+def _sqs_conf(sqs: LocalSQS, queue: str, **transport: object) -> dict[str, Any]:
+    return {
+        "task_default_queue": queue,
+        # Remote control and events would need SNS fanout: not what is tested.
+        "worker_enable_remote_control": False,
+        "broker_transport_options": sqs.transport_options(
+            wait_time_seconds=1, polling_interval=0.2, **transport
+        ),
+    }
+
+
+def _every_parked_task_runs_once(
+    app: Celery, worker, companion, runs: Runs, *queues: str
+) -> CeleryProcess:
+    """Park TASKS tasks, start a worker and a companion; check each ran once."""
+    add = app.tasks["tests.add"]
+    results = [add.apply_delayed((i, 100), countdown=0.5) for i in range(TASKS)]
+    worker(app, *queues)
+    process: CeleryProcess = companion(app)
+
+    try:
+        runs.wait_for_ids({r.id for r in results})
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\ncompanion log:\n{process.log()[-3000:]}") from None
+    assert [r.get(timeout=30) for r in results] == [i + 100 for i in range(TASKS)]
+    assert runs.duplicates() == {}
+    assert "dead-letter" not in process.log().lower()
+    return process
+
+
+def test_redis_broker(app: Celery, worker, companion, runs: Runs) -> None:
+    _every_parked_task_runs_once(app, worker, companion, runs)
+
+
+def test_rabbitmq_broker(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ, worker, companion, runs: Runs
+) -> None:
+    app = make_test_app(broker=rabbitmq.url, conf={"task_default_queue": rabbitmq.queue})
+    _every_parked_task_runs_once(app, worker, companion, runs, rabbitmq.queue)
+
+
+def test_sqs_broker(make_test_app: AppFactory, sqs: LocalSQS, worker, companion, runs) -> None:
+    app = make_test_app(broker=sqs.url, conf=_sqs_conf(sqs, "zdelay-sqs"))
+    _every_parked_task_runs_once(app, worker, companion, runs, "zdelay-sqs")
+
+
+def test_sqlalchemy_broker(
+    make_test_app: AppFactory, tmp_path: Path, worker, companion, runs: Runs
+) -> None:
+    app = make_test_app(
+        broker=f"sqla+sqlite:///{tmp_path / 'broker.sqlite'}",
+        conf={"worker_enable_remote_control": False},
+    )
+    _every_parked_task_runs_once(app, worker, companion, runs)
+
+
+def test_filesystem_broker(
+    make_test_app: AppFactory, tmp_path: Path, worker, companion, runs: Runs
+) -> None:
+    folder = tmp_path / "queue"
+    folder.mkdir()
+    app = make_test_app(
+        broker="filesystem://",
+        conf={
+            "worker_enable_remote_control": False,
+            "broker_transport_options": {
+                "data_folder_in": str(folder),
+                "data_folder_out": str(folder),
+                # Fanout exchanges are files too; default: ./control.
+                "control_folder": str(tmp_path / "control"),
+                "polling_interval": 0.1,
+            },
+        },
+    )
+    _every_parked_task_runs_once(app, worker, companion, runs)
+
+
+def test_sqs_native_countdown_past_the_visibility_timeout_runs_twice_parked_once(
+    make_test_app: AppFactory, sqs: LocalSQS, worker, companion, runs: Runs
+) -> None:
+    """SQS redelivers a message the worker has not acked within the queue's
+    visibility timeout; a native ETA task waits unacked in the worker, so a
+    countdown longer than that timeout runs twice. The parked one stays in
+    Redis until due and runs once."""
+    visibility_timeout, countdown = 3, 6
+    app = make_test_app(
+        broker=sqs.url,
+        conf=_sqs_conf(sqs, "zdelay-sqs-vt", visibility_timeout=visibility_timeout),
+    )
+    add = app.tasks["tests.add"]
+    worker(app, "zdelay-sqs-vt")
+    companion(app)
+
+    native = add.apply_async((1, 1), countdown=countdown)
+    parked = add.apply_delayed((2, 2), countdown=countdown)
+    # Runs well after both, once a redelivered copy of either would have run.
+    last = add.apply_delayed((3, 3), countdown=countdown + 3 * visibility_timeout)
+
+    runs.wait_for_ids({native.id, parked.id, last.id})
+    ran = runs.ids()
+    assert ran.count(parked.id) == 1
+    assert ran.count(native.id) >= 2, f"native ETA ran {ran.count(native.id)} time(s)"
