@@ -95,6 +95,11 @@ def django_app(redis_server: RedisServer) -> Iterator[Celery]:
     close_app(app)
 
 
+def _redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def _parked(app: Celery) -> list[ParkedEntry]:
     """What is parked, in due order, as ``celery -A proj zdelay list`` shows it."""
     return list_parked(store_for(app)).entries
@@ -106,18 +111,21 @@ def test_a_committed_transaction_parks_the_task_with_the_id_returned_at_once(
     from django.db import transaction
 
     welcome = django_app.tasks["shop.welcome"]
+    # Given a task parked with a 30-minute countdown inside a transaction
     with transaction.atomic():
         group = groups.objects.create(name="zdelay-committed")
         result = welcome.apply_delayed_on_commit((group.pk,), countdown=1800)
+        # Then its id is known at once, and nothing is parked before the commit
         assert result.id
         assert _parked(django_app) == []
+        before_commit = _redis_ms(redis_client)
+    after_commit = _redis_ms(redis_client)
 
+    # And once committed it is parked, due 30 minutes after the commit
     (parked,) = _parked(django_app)
     assert (parked.task_id, parked.task) == (result.id, "shop.welcome")
     assert parked.argsrepr == repr((group.pk,))
-    seconds, micros = redis_client.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    assert 1_799_000 < parked.due_ms - now_ms <= 1_800_000
+    assert before_commit + 1_800_000 <= parked.due_ms <= after_commit + 1_800_000
 
 
 def test_a_rolled_back_transaction_parks_nothing(

@@ -121,12 +121,22 @@ def test_task_routes_choose_the_queue(make_test_app: AppFactory, redis_client: r
 
 
 def test_a_relative_expiry_stays_absolute(app: Celery, redis_client: redis.Redis) -> None:
+    # Given a task parked with expires=120 (seconds from the call, as Celery reads it)
     before = datetime.now(timezone.utc)
     app.tasks["tests.record"].apply_delayed((1,), countdown=0, expires=120)
+    after = datetime.now(timezone.utc)
+
+    # When it is released two seconds later
+    wait_for(
+        lambda: datetime.now(timezone.utc) > after + timedelta(seconds=2),
+        message="two seconds to pass",
+    )
     _release(app)
+
+    # Then it expires 120 s after the call, not 120 s after the release
     parked = _pop_raw(redis_client, "celery")
     expires = datetime.fromisoformat(parked["headers"]["expires"])
-    assert before + timedelta(seconds=119) < expires < before + timedelta(seconds=122)
+    assert before + timedelta(seconds=120) <= expires <= after + timedelta(seconds=120)
 
 
 @pytest.mark.parametrize("shape", ["chain", "group", "chord", "chain of a group"])
@@ -217,13 +227,19 @@ def test_rabbitmq_receives_the_native_message(
     task_id = str(uuid.uuid4())
     options = {"priority": 3, "headers": {"x_custom": "v"}, "expires": 3600}
 
+    # Given the same call sent natively and parked (each "expires" counted from its own call)
     record.apply_async((1, "a"), task_id=task_id, **options)
     native = _raw_amqp(rabbitmq.url, rabbitmq.queue)
+    before = datetime.now(timezone.utc)
     record.apply_delayed((1, "a"), task_id=task_id, countdown=0, **options)
+    after = datetime.now(timezone.utc)
+
+    # When the companion releases the parked one
     _release(app)
     parked = _raw_amqp(rabbitmq.url, rabbitmq.queue)
 
-    native_expires = datetime.fromisoformat(native["headers"].pop("expires"))
+    # Then RabbitMQ holds the same message, expiring 3600 s after the parking call
+    native["headers"].pop("expires")
     parked_expires = datetime.fromisoformat(parked["headers"].pop("expires"))
-    assert abs((parked_expires - native_expires).total_seconds()) < 5
+    assert before + timedelta(seconds=3600) <= parked_expires <= after + timedelta(seconds=3600)
     assert parked == native
