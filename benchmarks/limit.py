@@ -28,7 +28,14 @@ import redis
 from celery_zdelay.companion import Companion
 
 from .common import Sizes, median_run, now_ms, park_bulk
-from .infra import BenchmarkError, MachineLoad, Resources, reset_stats, script_stats
+from .infra import (
+    BenchmarkError,
+    MachineLoad,
+    Resources,
+    commands_per_task,
+    reset_stats,
+    script_stats,
+)
 from .proj import DEFAULT_QUEUE, make_app
 
 #: Batch sizes measured: the default (200) and a large one.
@@ -158,6 +165,7 @@ def _figures(
 ) -> dict[str, Any]:
     machine = load.stop()
     stats = script_stats(client)
+    commands = commands_per_task(client, n)
     in_queue = int(client.llen(queue))
     if in_queue != n:
         raise BenchmarkError(f"{in_queue} messages in {queue}, expected {n}")
@@ -167,6 +175,7 @@ def _figures(
         "rate": round(n / seconds),
         "calls": passes,
         "redis_scripts": stats,
+        "commands_per_task": commands,
         "script_us_per_task": round(stats["server_ms"] * 1000 / n, 2),
         "wall_us_per_task": round(seconds * 1e6 / n, 2),
         "machine": machine,

@@ -464,13 +464,25 @@ def _named_scripts(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_docs(run: dict[str, Any], run_path: Path, plot: Path | None) -> Path:
-    """Refresh the generated regions of docs/performance.rst from *run*; copy the plot."""
+    """Refresh the generated regions of docs/performance.rst from *run*; copy the plot.
+
+    A run of some benchmarks only (``--only``) refreshes the "against the
+    limit" table alone, when it measured it: the other regions keep the
+    figures of the last full run.
+    """
     text = DOCS_PAGE.read_text() if DOCS_PAGE.exists() else ""
-    regions = {
-        "summary": rst_summary(run, run_path),
-        "machine": rst_machine(run),
-        "details": rst_details(run),
-    }
+    regions = {"limits": rst_limits(run, run_path)}
+    if is_full_suite(run):
+        regions.update(
+            summary=rst_summary(run, run_path),
+            machine=rst_machine(run),
+            details=rst_details(run),
+        )
+    elif not _limit_rows(run.get("results", {})):
+        raise SystemExit(
+            "This run measured some benchmarks only and not the 'limit' or 'producer' ones: "
+            "nothing in the docs comes from it. Render a full run."
+        )
     for name, body in regions.items():
         pattern = re.compile(
             rf"(\.\. begin-generated: {name}\n)(.*?)(\.\. end-generated: {name}\n)", re.S
@@ -482,7 +494,7 @@ def render_docs(run: dict[str, Any], run_path: Path, plot: Path | None) -> Path:
             )
         text = pattern.sub(lambda m, body=body: m.group(1) + "\n" + body + "\n" + m.group(3), text)
     DOCS_PAGE.write_text(text)
-    if plot is not None and plot.exists():
+    if plot is not None and plot.exists() and "summary" in regions:
         DOCS_PLOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(plot, DOCS_PLOT)
     return DOCS_PAGE
@@ -614,26 +626,6 @@ def rst_details(run: dict[str, Any]) -> str:
                 ["path", "tasks", "seconds", "rate", "all runs (/s)", "store's Lua time (share)"],
                 rows,
                 [18, 10, 10, 12, 26, 24],
-            )
-        )
-    limits = _limit_rows(results)
-    if limits:
-        parts.append(
-            "**Against the limit**: each path beside the least Redis work that does the "
-            "same (a bare Lua script, same count and message size, measured in the same run "
-            "on the same Redis)\n"
-        )
-        parts.append(
-            _list_table(
-                [
-                    "path",
-                    "rate",
-                    "bare-Redis limit",
-                    "ratio",
-                    "Redis script time per task (path / bare)",
-                ],
-                limits,
-                [30, 12, 26, 8, 24],
             )
         )
     e2e = results.get("end_to_end") or {}
@@ -800,6 +792,35 @@ def rst_details(run: dict[str, Any]) -> str:
         )
         parts.append(_list_table(["benchmark", "seconds", "cores busy"], loads, [30, 20, 30]))
     return "\n".join(parts)
+
+
+def is_full_suite(run: dict[str, Any]) -> bool:
+    """Whether *run* ran every benchmark of its mode (not ``--only`` a few)."""
+    from .run import BENCHMARKS
+
+    skipped_in_quick = {"lateness_generic"} if run.get("mode") == "quick" else set()
+    return set(BENCHMARKS) - skipped_in_quick <= set(run.get("benchmarks") or [])
+
+
+def rst_limits(run: dict[str, Any], run_path: Path) -> str:
+    """The 'against the limit' table: each path beside a bare Lua script's rate."""
+    rows = _limit_rows(run.get("results", {}))
+    if not rows:
+        return "Not measured in this run.\n"
+    load = run.get("load", {})
+    header = (
+        f"Measured {run.get('started', '?')} in {run.get('mode', '?')} mode "
+        f"(``{run_path.name}``, commit "
+        f"{((run.get('machine') or {}).get('git') or {}).get('commit', '?')[:12]}). "
+        f"Machine load average (1/5/15 min) before: {_loadavg(load.get('before'))}, "
+        f"after: {_loadavg(load.get('after'))}.\n"
+    )
+    table = _list_table(
+        ["path", "rate", "bare-Redis limit", "ratio", "Redis script time per task (path / bare)"],
+        rows,
+        [30, 12, 26, 8, 24],
+    )
+    return header + "\n" + table
 
 
 def _limit_rows(results: dict[str, Any]) -> list[list[str]]:
