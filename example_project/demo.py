@@ -33,6 +33,14 @@ PLACE_EVERY = 0.1
 #: Seconds to wait for the worker and companion to start, and for the story to end.
 START_TIMEOUT = 60.0
 END_TIMEOUT = 60.0
+#: Where the shop serves the celery-zdelay dashboard (example_project/urls.py).
+DASHBOARD_URL = "http://127.0.0.1:8000/admin/zdelay/"
+DASHBOARD_HINT = f"""
+Dashboard of what is parked, for staff users: {DASHBOARD_URL}
+  Serve the shop to see it (REDIS_URL names the Redis it reads):
+    export DJANGO_SETTINGS_MODULE=example_project.settings
+    python -m django migrate && python -m django createsuperuser
+    python -m django runserver 127.0.0.1:8000"""
 
 
 @contextlib.contextmanager
@@ -255,6 +263,7 @@ def report(orders: list[Any], story: list[Plan], notes: dict[int, str], started:
         "payment window, on this machine's clock)"
     )
     print(f"The story took {time.monotonic() - started:.1f} s.")
+    print(DASHBOARD_HINT)
     return 0 if correct == len(orders) else 1
 
 

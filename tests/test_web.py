@@ -272,3 +272,26 @@ def test_the_cli_runs_without_the_web_extra_imported() -> None:
     code = "import sys, celery_zdelay.cli; print(sorted({'jinja2', 'werkzeug'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_flask_app_serves_the_dashboard_under_its_prefix(app: Celery) -> None:
+    from flask import Flask
+
+    from celery_zdelay.web.flask import mount
+
+    site = Flask("shop")
+    site.config["SECRET_KEY"] = "flask secret"
+
+    @site.get("/")
+    def home() -> str:
+        return "the shop"
+
+    parked = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
+    dashboard = mount(site, app, "/zdelay", actions=True)
+    client = Client(site)
+    assert client.get("/").get_data(as_text=True) == "the shop"
+    listing = client.get("/zdelay/parked").get_data(as_text=True)
+    assert f'href="/zdelay/entry?id={parked.id}"' in listing
+    assert 'action="/zdelay/actions/parked"' in listing
+    assert dashboard.secret == b"flask secret"
+    dashboard.close()

@@ -112,10 +112,18 @@ class Dashboard:
 
     @property
     def store(self) -> Store:
-        """The store, opened on first use and shared by every request thread."""
+        """The store, opened on first use and shared by every request thread.
+
+        Opened anew when the app's ``zdelay_*`` settings were set anew, so
+        the dashboard always reads the store the app parks in.
+        """
+        config = get_config(self.celery_app)
         with self._lock:
+            if self._store is not None and self._store.config is not config:
+                self._store.close()
+                self._store = None
             if self._store is None:
-                self._store = Store(get_config(self.celery_app))
+                self._store = Store(config)
             return self._store
 
     def close(self) -> None:

@@ -62,7 +62,11 @@ def dashboard_view(
         body = b"".join(dashboard(environ, start_response))
         response = HttpResponse(body, status=captured["status"])
         for name, value in captured["headers"]:
-            response[name] = value
+            if name.lower() == "set-cookie":
+                # Through Django's cookie jar, which its handlers and test client read.
+                response.cookies.load(value)
+            else:
+                response[name] = value
         return response
 
     if decorator is not None:
