@@ -7,11 +7,16 @@ Workers only ever receive tasks that are due now; see the documentation at
 from __future__ import annotations
 
 from .errors import ConfigurationError, StoreUnavailableError, ZDelayError
+from .hooks import install_everywhere as _install_everywhere
 from .parking import apply_delayed, batch, cancel, reschedule, send_delayed
 from .task import DelayedTaskMixin, Task
 from .transparent import TransparentAMQP
 
 __version__ = "0.1.0"
+
+# zdelay_threshold alone makes an app transparent, and workers report a
+# forgotten companion: see celery_zdelay.hooks.
+_install_everywhere()
 
 __all__ = [
     "ConfigurationError",

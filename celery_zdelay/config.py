@@ -13,15 +13,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from kombu.utils.url import maybe_sanitize_url
+
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["SETTINGS", "RetryPolicy", "ZDelayConfig", "get_config"]
+__all__ = [
+    "SETTINGS",
+    "RetryPolicy",
+    "ZDelayConfig",
+    "get_config",
+    "setting_name",
+    "unknown_settings",
+]
 
-#: Store used when ``zdelay_redis_url`` is unset and the broker is not Redis.
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 #: Prefix of every key celery-zdelay writes (inside the shard hash tag).
 DEFAULT_KEY_PREFIX = "zdelay"
 #: Number of shards entries are spread over by task id.
@@ -84,7 +91,8 @@ class RetryPolicy:
 class ZDelayConfig:
     """Validated ``zdelay_*`` settings of one Celery app."""
 
-    redis_url: str
+    #: ``zdelay_redis_url``, else the broker URL when the broker is Redis.
+    store_url: str | None
     redis_options: Mapping[str, Any]
     key_prefix: str
     shards: int
@@ -95,6 +103,21 @@ class ZDelayConfig:
     retry_policy: RetryPolicy
     worker_dedupe: bool
     shard_leases: bool
+    #: Why there is no store URL (the broker is not Redis and none is set).
+    missing_store: str | None = None
+
+    @property
+    def redis_url(self) -> str:
+        """The store's URL.
+
+        Raises:
+            ConfigurationError: the broker is not Redis and ``zdelay_redis_url``
+                is unset. Parked tasks must not go to whatever Redis happens
+                to answer on localhost, so there is no default.
+        """
+        if self.store_url is None:
+            raise ConfigurationError(self.missing_store or "zdelay_redis_url is not set.")
+        return self.store_url
 
 
 def get_config(app: Celery) -> ZDelayConfig:
@@ -115,9 +138,13 @@ def get_config(app: Celery) -> ZDelayConfig:
     if cached is not None and cached[0] == stamp:
         config: ZDelayConfig = cached[1]
         return config
-    _reject_unknown(app)
+    unknown = unknown_settings(app)
+    if unknown:
+        raise ConfigurationError(unknown[0])
     raw = {key: _lookup(app, key) for key in SETTINGS}
-    config = _build(raw, conf.broker_transport_options, _broker_url(app))
+    config = _build(
+        raw, conf.broker_transport_options, _broker_url(app), setting_name(app, "zdelay_redis_url")
+    )
     app._zdelay_config = (stamp, config)
     return config
 
@@ -142,33 +169,68 @@ def _broker_url(app: Celery) -> str | None:
     return url if isinstance(url, str) else None
 
 
-def _reject_unknown(app: Celery) -> None:
+def setting_name(app: Celery, key: str) -> str:
+    """Return how *app* spells setting *key*: ``CELERY_ZDELAY_…`` under a Django namespace."""
+    namespace = getattr(app, "namespace", None)
+    return f"{namespace}_{key}".upper() if namespace else key
+
+
+def unknown_settings(app: Celery) -> list[str]:
+    """Return one message per ``zdelay_*`` name in *app*'s configuration that is not a setting.
+
+    A misspelt setting is otherwise silently ignored: a misspelt threshold
+    turns transparent mode off. Each message suggests the right spelling, in
+    the spelling of the app's namespace (``CELERY_ZDELAY_THRESHOLD`` in a
+    Django project).
+    """
+    messages = []
     for key in list(app.conf.keys()):
         name = str(key).lower()
         if name.startswith("celery_"):
             name = name[len("celery_") :]
         if name.startswith("zdelay_") and name not in SETTINGS:
+            # Spelled as the user spelled the key: CELERY_ZDELAY_... in Django.
+            prefix = str(key)[: len(str(key)) - len(name)]
+            upper = str(key).isupper()
+            names = [(prefix + s).upper() if upper else prefix + s for s in SETTINGS]
             close = difflib.get_close_matches(name, SETTINGS, n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
-            raise ConfigurationError(
-                f"Unknown setting {key}.{hint} The zdelay_* settings are: "
-                + ", ".join(SETTINGS)
+            hint = f" Did you mean {names[list(SETTINGS).index(close[0])]}?" if close else ""
+            messages.append(
+                f"Unknown setting {key}.{hint} The celery-zdelay settings are: "
+                + ", ".join(names)
                 + "."
             )
+    return messages
 
 
 def _build(
-    raw: dict[str, Any], broker_options: Mapping[str, Any] | None, broker_url: str | None
+    raw: dict[str, Any],
+    broker_options: Mapping[str, Any] | None,
+    broker_url: str | None,
+    url_name: str,
 ) -> ZDelayConfig:
     redis_url = _redis_url(raw["zdelay_redis_url"], broker_url)
     redis_options = dict(_mapping("zdelay_redis_options", raw["zdelay_redis_options"]))
-    if redis_url == broker_url and redis_url.startswith("sentinel://") and broker_options:
+    missing = None
+    if redis_url is None:
+        missing = (
+            f"The broker ({maybe_sanitize_url(broker_url or 'none set')}) is not Redis, so "
+            f"celery-zdelay needs a Redis of its own for parked tasks: set {url_name}, "
+            f'e.g. {url_name} = "redis://localhost:6379/1".'
+        )
+    if (
+        redis_url is not None
+        and redis_url == broker_url
+        and redis_url.startswith("sentinel://")
+        and broker_options
+    ):
         # The store is the broker's Sentinel group: find its master the same way.
         for name in ("master_name", "sentinel_kwargs"):
             if name in broker_options:
                 redis_options.setdefault(name, broker_options[name])
     return ZDelayConfig(
-        redis_url=redis_url,
+        store_url=redis_url,
+        missing_store=missing,
         redis_options=redis_options,
         key_prefix=_key_prefix(raw["zdelay_key_prefix"]),
         shards=_integer("zdelay_shards", raw["zdelay_shards"], DEFAULT_SHARDS, 1, MAX_SHARDS),
@@ -190,11 +252,11 @@ def _build(
     )
 
 
-def _redis_url(value: Any, broker_url: str | None) -> str:
+def _redis_url(value: Any, broker_url: str | None) -> str | None:
     if value is None:
         if broker_url and urlsplit(broker_url).scheme in _REDIS_SCHEMES:
             return broker_url
-        return DEFAULT_REDIS_URL
+        return None
     if not isinstance(value, str) or urlsplit(value).scheme not in _REDIS_SCHEMES:
         raise ConfigurationError(
             "zdelay_redis_url must be a redis://, rediss://, unix:// or sentinel:// URL, "

@@ -22,10 +22,10 @@ from .capture import capture
 from .config import ZDelayConfig, get_config
 from .dedupe import mark_parked
 from .entry import TaskMessage, encode_entry
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ZDelayError
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
-from .store import ParkRequest, Store
+from .store import ParkRequest, Store, admin
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -194,7 +194,7 @@ _current_batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
 )
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Parking:
     """What producers of one app configuration need to turn messages into entries."""
 
@@ -202,6 +202,8 @@ class _Parking:
     store: Store
     #: Naming of the broker's queue lists when the broker is Redis.
     layout: RedisLayout | None
+    #: Whether this process already looked for a live companion (first park).
+    companion_checked: bool = False
 
 
 def store_for(app: Celery) -> Store:
@@ -259,6 +261,26 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
         due_ms = parking.store.park(requests)
         for message, ms in zip(messages, due_ms, strict=True):
             logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
+        if not parking.companion_checked:
+            _warn_without_companion(app, parking)
+
+
+#: Set on an app whose parked tasks a test releases itself (celery_zdelay.testing).
+RELEASED_BY_TEST = "_zdelay_released_by_test"
+
+
+def _warn_without_companion(app: Celery, parking: _Parking) -> None:
+    """On the first park of this process, warn when no companion is alive to release it."""
+    parking.companion_checked = True
+    if getattr(app, RELEASED_BY_TEST, False):
+        return
+    try:
+        warning = admin.no_companion_warning(parking.store)
+    except ZDelayError as exc:  # the park itself succeeded: never fail it for this
+        logger.debug("Could not look for a live companion: %r", exc)
+        return
+    if warning is not None:
+        logger.warning("%s", warning)
 
 
 def _handoff_dest(app: Celery, layout: RedisLayout | None, message: TaskMessage) -> str | None:

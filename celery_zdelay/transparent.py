@@ -46,7 +46,7 @@ from .schedule import due_from
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["TransparentAMQP", "install", "is_transparent"]
+__all__ = ["TransparentAMQP", "hook_sender", "install", "is_transparent"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,6 @@ _NATIVE_DELAY_EXCHANGE = "celery_delayed_27"
 _NATIVE_DELAY_BITS = 28
 _NATIVE_DELAY_PREFIX = re.compile(rf"^(?:[01]\.){{{_NATIVE_DELAY_BITS}}}")
 _NO_DELAY_PREFIX = "0." * _NATIVE_DELAY_BITS
-#: The fix-up Celery applies to every app created after celery_zdelay is imported.
-_FIXUP = "celery_zdelay.transparent:fixup"
 
 SendTaskMessage = Callable[..., Any]
 
@@ -94,7 +92,7 @@ def install(app: Celery) -> bool:
     wrapper looks at the setting on every publish, so setting it later
     turns transparent mode on without another call).
     """
-    _hook(app)
+    hook_sender(app)
     try:
         return get_config(app).threshold_ms is not None
     except ConfigurationError:
@@ -112,16 +110,12 @@ def is_transparent(app: Celery) -> bool:
     return threshold_ms is not None and bool(getattr(sender, "_zdelay_transparent", False))
 
 
-def fixup(app: Celery) -> None:
-    """Celery fix-up: wrap the sender of *app* when it builds its ``amqp`` object.
+def hook_sender(app: Celery) -> None:
+    """Make *app*'s sender transparent now, or when the app builds its ``amqp`` object.
 
-    Celery calls it while creating the app, before its configuration can
-    be read, so it only arranges the wrapping.
+    Does not read the app's configuration (Celery fix-ups call it while the
+    app is being created).
     """
-    _hook(app)
-
-
-def _hook(app: Celery) -> None:
     if "amqp" in vars(app):
         _wrap(app, app.amqp)
     elif not isinstance(app.amqp_cls, _TransparentFactory):
@@ -252,25 +246,3 @@ def _report_unparked(sender: Any = None, headers: Any = None, **_: Any) -> None:
         extra={"task_id": headers.get("id")},
     )
     install(app)
-
-
-def _install_everywhere() -> None:
-    """Wrap the apps that exist, and have Celery wrap every app created later.
-
-    Celery applies its ``BUILTIN_FIXUPS`` to every new app (the Django
-    fix-up is one); ours only swaps in :class:`_TransparentFactory`, which
-    wraps the sender when the app first builds its ``amqp`` object, before
-    anything is published.
-    """
-    from celery.app import base
-
-    base.BUILTIN_FIXUPS.add(_FIXUP)
-    try:
-        from celery._state import _get_active_apps
-    except ImportError:  # pragma: no cover - every supported Celery has it
-        return
-    for app in list(_get_active_apps()):
-        _hook(app)
-
-
-_install_everywhere()

@@ -6,8 +6,13 @@ import types
 
 import pytest
 from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
 
-from celery_zdelay.config import DEFAULT_BATCH_SIZE, get_config
+import celery_zdelay
+from celery_zdelay.cli import EXIT_CONFIG, zdelay
+from celery_zdelay.config import DEFAULT_BATCH_SIZE, get_config, unknown_settings
+from celery_zdelay.errors import ConfigurationError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -62,3 +67,69 @@ def test_a_sentinel_broker_lends_its_master_name_to_the_store() -> None:
     config = get_config(app)
     assert config.redis_url == "sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380"
     assert config.redis_options["master_name"] == "mymaster"
+
+
+# -- no silent no-ops ---------------------------------------------------------
+
+
+def test_a_broker_that_is_not_redis_needs_zdelay_redis_url(redis_server) -> None:
+    # Regression: parking went silently into whatever Redis answered on
+    # localhost:6379/0 (someone else's).
+    app = Celery("rabbit", broker="amqp://guest:secret@127.0.0.1:1//", set_as_current=False)
+    app.conf.task_cls = "celery_zdelay:Task"
+
+    with pytest.raises(ConfigurationError) as excinfo:
+        celery_zdelay.send_delayed(app, "proj.remind", countdown=60)
+
+    message = str(excinfo.value)
+    assert "set zdelay_redis_url" in message
+    assert "secret" not in message
+    app.conf.zdelay_redis_url = f"{redis_server.url}/0"
+    result = celery_zdelay.send_delayed(app, "proj.remind", countdown=60)
+    assert celery_zdelay.cancel(result.id, app=app)
+    celery_zdelay.parking.store_for(app).close()
+
+
+def test_the_missing_store_url_is_named_as_a_django_project_spells_it() -> None:
+    app = Celery("config-test", set_as_current=False)
+    settings = types.SimpleNamespace(CELERY_BROKER_URL="sqs://")
+    app.config_from_object(settings, namespace="CELERY")
+
+    config = get_config(app)
+    with pytest.raises(ConfigurationError, match='CELERY_ZDELAY_REDIS_URL = "redis://'):
+        _ = config.redis_url
+
+
+def test_the_companion_refuses_to_start_without_a_store_url() -> None:
+    app = Celery("rabbit", broker="amqp://127.0.0.1:1//", set_as_current=False)
+
+    result = CliRunner().invoke(
+        zdelay, [], obj=CLIContext(app=app, no_color=True, workdir=None), catch_exceptions=False
+    )
+
+    assert result.exit_code == EXIT_CONFIG
+    assert "set zdelay_redis_url" in result.output
+
+
+def test_a_misspelt_setting_is_named_with_the_namespace_spelling() -> None:
+    # Regression: a Django user was told "Did you mean zdelay_threshold?".
+    app = Celery("config-test", set_as_current=False)
+    settings = types.SimpleNamespace(
+        CELERY_BROKER_URL="redis://127.0.0.1:1/5", CELERY_ZDELAY_TRESHOLD=60
+    )
+    app.config_from_object(settings, namespace="CELERY")
+
+    (message,) = unknown_settings(app)
+
+    assert (
+        "Unknown setting CELERY_ZDELAY_TRESHOLD. Did you mean CELERY_ZDELAY_THRESHOLD?" in message
+    )
+    assert "zdelay_threshold" not in message
+    with pytest.raises(ConfigurationError, match="CELERY_ZDELAY_THRESHOLD"):
+        get_config(app)
+
+
+def test_a_misspelt_setting_of_a_plain_app_keeps_the_lowercase_spelling() -> None:
+    (message,) = unknown_settings(_app(zdelay_treshold=60))
+
+    assert "Did you mean zdelay_threshold?" in message

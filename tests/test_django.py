@@ -12,6 +12,9 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -232,3 +235,54 @@ def test_when_parking_fails_at_commit_the_data_is_committed_and_the_error_raised
     assert groups.objects.filter(name="zdelay-robust").exists()
     assert "shop.welcome[" in caplog.text
     assert "StoreUnavailableError" in caplog.text
+
+
+# -- manage.py check ----------------------------------------------------------------
+
+
+def _check(tmp_path: Any, **settings: object) -> subprocess.CompletedProcess[str]:
+    """Run ``django-admin check`` on a project with celery-zdelay in INSTALLED_APPS."""
+    lines = [
+        'SECRET_KEY = "test"',
+        'INSTALLED_APPS = ["celery_zdelay.contrib.django"]',
+        *(f"{name} = {value!r}" for name, value in settings.items()),
+    ]
+    (tmp_path / "checked_settings.py").write_text("\n".join(lines) + "\n")
+    return subprocess.run(
+        [sys.executable, "-m", "django", "check", "--settings=checked_settings"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_manage_py_check_names_a_misspelt_setting_as_django_spells_it(tmp_path: Any) -> None:
+    # Regression: a misspelt CELERY_ZDELAY_TRESHOLD passed manage.py check.
+    result = _check(tmp_path, CELERY_BROKER_URL="redis://127.0.0.1:1/0", CELERY_ZDELAY_TRESHOLD=60)
+
+    assert result.returncode == 1
+    assert "celery_zdelay.E001" in result.stderr
+    assert "Did you mean CELERY_ZDELAY_THRESHOLD?" in result.stderr
+
+
+def test_manage_py_check_asks_for_the_store_when_the_broker_is_not_redis(tmp_path: Any) -> None:
+    result = _check(tmp_path, CELERY_BROKER_URL="amqp://guest:guest@127.0.0.1:1//")
+
+    assert result.returncode == 1
+    assert "celery_zdelay.E002" in result.stderr
+    assert "set CELERY_ZDELAY_REDIS_URL" in result.stderr
+
+
+def test_manage_py_check_passes_a_working_configuration(tmp_path: Any) -> None:
+    result = _check(
+        tmp_path,
+        CELERY_BROKER_URL="amqp://guest:guest@127.0.0.1:1//",
+        CELERY_ZDELAY_REDIS_URL="redis://127.0.0.1:1/1",
+        CELERY_ZDELAY_THRESHOLD=60,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout

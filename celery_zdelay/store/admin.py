@@ -49,6 +49,7 @@ __all__ = [
     "list_dead",
     "list_parked",
     "log_store_warnings",
+    "no_companion_warning",
     "purge_dead",
     "requeue_all_dead",
     "requeue_dead",
@@ -236,6 +237,25 @@ def companions(store: Store, *, now_ms: int | None = None) -> list[CompanionInfo
             logger.debug("Ignoring an unreadable heartbeat of %s: %r", _text(raw_id), raw)
     found.sort(key=lambda c: (not c.alive, -c.seen_ms, c.id))
     return found
+
+
+def no_companion_warning(store: Store) -> str | None:
+    """Return a warning when no companion of *store* is alive, else None.
+
+    Forgetting the companion is like forgetting beat: parked tasks are
+    never released. Workers say so when they start, and producers on their
+    first park.
+
+    Raises:
+        StoreUnavailableError: Redis cannot be reached.
+    """
+    if any(c.alive for c in companions(store)):
+        return None
+    return (
+        f"No celery-zdelay companion is running for the store {sanitize_url(store.url)} "
+        f"(key prefix {store.config.key_prefix!r}): parked tasks are not released until one "
+        "runs. Start it next to your workers: celery -A proj zdelay"
+    )
 
 
 # -- server health ------------------------------------------------------------

@@ -33,7 +33,7 @@ from celery import states
 from ..companion import Companion
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
-from ..parking import store_for
+from ..parking import RELEASED_BY_TEST, store_for
 from ..store.admin import MAX_LIST_LIMIT, ParkedEntry, list_parked
 from .worker import InProcessWorker
 
@@ -146,6 +146,8 @@ class FastForward:
         self._overrides.apply(settings)
         try:
             get_config(self.app)
+            # The test releases what it parks: no companion is expected.
+            setattr(self.app, RELEASED_BY_TEST, True)
             if self.eager:
                 setattr(self.app, PARK_WHEN_EAGER, True)
                 self._worker = InProcessWorker(self.app)
@@ -172,6 +174,8 @@ class FastForward:
         self._worker = None
         if getattr(self.app, PARK_WHEN_EAGER, False):
             delattr(self.app, PARK_WHEN_EAGER)
+        if getattr(self.app, RELEASED_BY_TEST, False):
+            delattr(self.app, RELEASED_BY_TEST)
         try:
             # The test's store, if it was built: a store that cannot be built
             # (bad settings, Redis unreachable) has nothing to close.
