@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
-__all__ = ["ZDelayConfig"]
+__all__ = ["ZDelayAppConfig"]
 
 
-class ZDelayConfig(AppConfig):
+class ZDelayAppConfig(AppConfig):  # type: ignore[misc]
     """Registers celery-zdelay's system checks (see :mod:`.checks`)."""
 
     name = "celery_zdelay.contrib.django"

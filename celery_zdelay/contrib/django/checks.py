@@ -22,7 +22,7 @@ __all__ = ["NAMESPACE", "check_settings"]
 NAMESPACE = "CELERY"
 
 
-@register()
+@register()  # type: ignore[untyped-decorator]
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate the ``CELERY_ZDELAY_*`` settings; one error per problem."""
     app = Celery("celery-zdelay-check", set_as_current=False, fixups=[])
