@@ -62,6 +62,7 @@ Examples:
   celery -A proj zdelay --shards 0,1         ... releasing shards 0 and 1 only
   celery -A proj zdelay --metrics-port 9808  ... serving Prometheus metrics
   celery -A proj zdelay --log-format json    ... logging JSON lines
+  celery -A proj zdelay --beat               ... serving beat_schedule too
   celery -A proj zdelay status               what is parked, late, in flight, dead
   celery -A proj zdelay list --limit 20      the next 20 entries due
   celery -A proj zdelay dead list            what could not be published, and why
@@ -262,6 +263,14 @@ def _json_option(what: str) -> Callable[[F], F]:
     help="json: one JSON object per line (time, level, logger, message, task_id...).",
 )
 @click.option(
+    "--beat",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Companion Options",
+    help="Also serve beat_schedule (periodic tasks), as zdelay_beat = True does; "
+    "replaces celery beat (docs/beat.rst).",
+)
+@click.option(
     "--metrics-port",
     cls=CeleryOption,
     type=click.IntRange(0, 65535),
@@ -284,6 +293,7 @@ def zdelay(
     shards: list[int] | None,
     loglevel: Any,
     log_format: str,
+    beat: bool,
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
@@ -309,7 +319,7 @@ def zdelay(
     from .companion import Companion
 
     with _exit_codes(ctx):
-        companion = Companion(app, shards=shards)
+        companion = Companion(app, shards=shards, beat=beat or None)
         invalid = [s for s in companion.shards if s not in companion.store.shards]
         if invalid:
             raise ConfigurationError(
@@ -653,3 +663,13 @@ class _exit_codes:
         if isinstance(exc, StoreUnavailableError):
             click.echo(f"Error: {exc}", err=True)
             self.ctx.exit(EXIT_UNAVAILABLE)
+
+
+def _add_subcommand_groups() -> None:
+    # Imported here: the group modules build on the helpers above.
+    from .periodic.cli import periodic
+
+    zdelay.add_command(periodic)
+
+
+_add_subcommand_groups()

@@ -63,6 +63,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_retry_policy": "how producers retry an unreachable store",
     "zdelay_worker_dedupe": "workers drop a second delivery of a released id",
     "zdelay_shard_leases": "companions own shards instead of all claiming from all",
+    "zdelay_beat": "companions serve beat_schedule (periodic tasks) instead of celery beat",
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -105,6 +106,7 @@ class ZDelayConfig:
     shard_leases: bool
     #: Why there is no store URL (the broker is not Redis and none is set).
     missing_store: str | None = None
+    beat: bool = False
 
     @property
     def redis_url(self) -> str:
@@ -249,6 +251,7 @@ def _build(
         retry_policy=_retry_policy(raw["zdelay_retry_policy"]),
         worker_dedupe=_flag("zdelay_worker_dedupe", raw["zdelay_worker_dedupe"]),
         shard_leases=_flag("zdelay_shard_leases", raw["zdelay_shard_leases"]),
+        beat=_flag("zdelay_beat", raw["zdelay_beat"]),
     )
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "cancel",
     "park_many",
     "park_messages",
+    "park_requests",
     "park_task",
     "reschedule",
     "send_delayed",
@@ -236,6 +237,22 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
     Inside :func:`batch` the entries are queued and parked when it ends.
     """
     parking = _parking(app)
+    requests = park_requests(app, messages, due)
+    pending = _current_batch.get()
+    if pending is not None and pending.app is app:
+        pending.requests.extend(requests)
+        return
+    if requests:
+        due_ms = parking.store.park(requests)
+        for message, ms in zip(messages, due_ms, strict=True):
+            logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
+        if not parking.companion_checked:
+            _warn_without_companion(app, parking)
+
+
+def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:
+    """Return the store requests that park captured *messages* of *app* at *due*."""
+    parking = _parking(app)
     signing_key = parking.config.signing_keys[0] if parking.config.signing_keys else None
     requests = []
     for message in messages:
@@ -253,16 +270,7 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
             signing_key=signing_key,
         )
         requests.append(ParkRequest(message.task_id, due, payload, dest, template))
-    pending = _current_batch.get()
-    if pending is not None and pending.app is app:
-        pending.requests.extend(requests)
-        return
-    if requests:
-        due_ms = parking.store.park(requests)
-        for message, ms in zip(messages, due_ms, strict=True):
-            logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
-        if not parking.companion_checked:
-            _warn_without_companion(app, parking)
+    return requests
 
 
 #: Set on an app whose parked tasks a test releases itself (celery_zdelay.testing).

@@ -25,6 +25,7 @@ from .. import __version__, signals
 from ..config import get_config
 from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError, StoreUnavailableError
+from ..periodic.server import PeriodicServer
 from ..store import Claimed, ClaimResult, Store
 from ..store.admin import COMPANION_ALIVE_MS, log_store_warnings
 from ..store.client import sanitize_url
@@ -85,6 +86,7 @@ class Companion:
         *,
         shards: Sequence[int] | None = None,
         store: Store | None = None,
+        beat: bool | None = None,
     ) -> None:
         self.app = app
         self.config = get_config(app)
@@ -109,6 +111,12 @@ class Companion:
             else None
         )
         self.totals = PassReport()
+        #: Serves beat_schedule (zdelay_beat or ``--beat``), else None.
+        self.periodic = (
+            PeriodicServer(app, self.store, companion_id=self.id)
+            if (self.config.beat if beat is None else beat)
+            else None
+        )
 
     # -- running ----------------------------------------------------------------
 
@@ -127,6 +135,7 @@ class Companion:
         # Parked tasks are only as durable as Redis, and only released from the
         # configured shards: say so when they are at risk.
         log_store_warnings(self.store)
+        self._serve_periodic(start=True)
         wakeup = Wakeup(self.store.client, [self.store.keys(s).wake for s in self.shards])
         wakeup.start()
         self._send(signals.companion_started)
@@ -134,6 +143,7 @@ class Companion:
         try:
             while not self._stopping.is_set():
                 self._heartbeat()
+                self._serve_periodic()
                 report = self._renew_ownership() or self.release_due()
                 if report.failed:
                     pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
@@ -479,6 +489,23 @@ class Companion:
                 report.next_event_s = seconds
 
     # -- helpers --------------------------------------------------------------
+
+    def _serve_periodic(self, *, start: bool = False) -> None:
+        """Store beat_schedule at start, then park each schedule's next occurrences.
+
+        A failure here is logged and never stops releases: the store being
+        down is also met (and backed off) by the release pass.
+        """
+        if self.periodic is None:
+            return
+        try:
+            if start:
+                self.periodic.reconcile()
+            self.periodic.tend()
+        except StoreUnavailableError as exc:
+            logger.warning("Store unreachable, periodic tasks wait: %s", exc)
+        except Exception:
+            logger.exception("Serving periodic tasks failed; retrying on the next pass")
 
     def _renew_ownership(self) -> PassReport | None:
         """Keep shard leases up to date; a failed report when the store is down."""

@@ -10,7 +10,7 @@ import uuid
 import zlib
 from dataclasses import dataclass
 
-__all__ = ["ShardKeys", "companions_key", "shard_keys", "shard_of"]
+__all__ = ["PeriodicKeys", "ShardKeys", "companions_key", "periodic_keys", "shard_keys", "shard_of"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class ShardKeys:
     tag_prefix: str
     #: STRING companion id owning the shard (with zdelay_shard_leases).
     owner: str
+    #: ZSET periodic occurrence id -> ms first parked: parked once, never again.
+    ticks: str
 
     def marker(self) -> str:
         """Return a new STRING key marking one park call (expires on its own)."""
@@ -66,6 +68,41 @@ def shard_keys(prefix: str, shard: int) -> ShardKeys:
         wake=f"{tag}:wake",
         tag_prefix=f"{prefix}.{shard}.",
         owner=f"{tag}:owner",
+        ticks=f"{tag}:ticks",
+    )
+
+
+@dataclass(frozen=True)
+class PeriodicKeys:
+    """The keys of the periodic schedules (one hash tag: one slot for their scripts)."""
+
+    #: HASH name -> definition JSON.
+    defs: str
+    #: HASH name -> version, raised on every change (kept after removal).
+    versions: str
+    #: HASH name -> JSON: newest occurrence parked and the ids parked lately.
+    pointers: str
+    #: SET of paused names.
+    paused: str
+    #: SET of occurrence ids to cancel (definitions removed, changed, paused).
+    cancel: str
+    #: HASH: hash, written_by, written_ms of the stored beat_schedule.
+    meta: str
+    #: SET of beat_schedule hashes replaced by a newer one.
+    superseded: str
+
+
+def periodic_keys(prefix: str) -> PeriodicKeys:
+    """Return the key names of the periodic schedules under *prefix*."""
+    tag = f"{{{prefix}:periodic}}"
+    return PeriodicKeys(
+        defs=f"{tag}:defs",
+        versions=f"{tag}:versions",
+        pointers=f"{tag}:pointers",
+        paused=f"{tag}:paused",
+        cancel=f"{tag}:cancel",
+        meta=f"{tag}:meta",
+        superseded=f"{tag}:superseded",
     )
 
 

@@ -1,0 +1,179 @@
+"""Steer periodic schedules at run time: list, pause, resume, run now, add, remove.
+
+Everything is stored in Redis, so it holds for every companion and survives
+their restarts. Names are those of ``beat_schedule`` (or given to :func:`add`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+from ..parking import send_delayed, store_for
+from .definition import SOURCE_API, Definition, from_beat_entry, validate_spec
+from .store import PeriodicStore, Pointer
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["ScheduleInfo", "add", "pause", "remove", "resume", "run_now", "schedules", "sync"]
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """One periodic schedule as stored, with where it stands."""
+
+    name: str
+    task: str
+    #: The schedule as a person reads it: ``every 10s``, ``crontab 0 3 * * *``.
+    schedule: str
+    #: ``config`` (beat_schedule) or ``api`` (added at run time).
+    source: str
+    missed: str
+    paused: bool
+    version: int
+    #: Earliest occurrence parked and not yet due (epoch ms), if any.
+    next_run_ms: int | None
+    #: Latest occurrence whose time has come (epoch ms), if any.
+    last_run_ms: int | None
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+
+
+def schedules(app: Celery) -> tuple[int, list[ScheduleInfo]]:
+    """Return the Redis clock (ms) and every stored schedule, by name."""
+    snap = _periodic(app).snapshot()
+    result = []
+    for name in sorted(snap.definitions):
+        definition = snap.definitions[name]
+        pointer = snap.pointers.get(name) or Pointer(0, 0, [])
+        times = [ms for ms, _ in pointer.parked]
+        upcoming = [ms for ms in times if ms > snap.now_ms]
+        past = [ms for ms in times if ms <= snap.now_ms]
+        result.append(
+            ScheduleInfo(
+                name=name,
+                task=definition.task,
+                schedule=definition.describe(),
+                source=definition.source,
+                missed=definition.missed,
+                paused=name in snap.paused,
+                version=pointer.version,
+                next_run_ms=None if name in snap.paused or not upcoming else min(upcoming),
+                last_run_ms=max(past) if past else None,
+                args=definition.args,
+                kwargs=definition.kwargs,
+                options=definition.options,
+            )
+        )
+    return snap.now_ms, result
+
+
+def pause(name: str, *, app: Celery) -> bool:
+    """Pause a schedule (its parked occurrences are cancelled); False if unknown."""
+    return _periodic(app).set_paused(name, True) != 0
+
+
+def resume(name: str, *, app: Celery) -> bool:
+    """Resume a paused schedule from now (what passed meanwhile does not run); False if unknown."""
+    return _periodic(app).set_paused(name, False) != 0
+
+
+def run_now(name: str, *, app: Celery) -> str:
+    """Run a schedule's task once now, outside its schedule; return the task id.
+
+    Raises:
+        ConfigurationError: no schedule has that name.
+    """
+    snap = _periodic(app).snapshot()
+    definition = snap.definitions.get(name)
+    if definition is None:
+        raise ConfigurationError(
+            f"No periodic schedule is named {name!r}: see zdelay periodic list."
+        )
+    task_id = f"periodic:{name}:run:{uuid.uuid4().hex[:12]}"
+    send_delayed(
+        app,
+        definition.task,
+        definition.args,
+        definition.kwargs,
+        countdown=0,
+        task_id=task_id,
+        **definition.options,
+    )
+    return task_id
+
+
+def add(
+    name: str,
+    *,
+    app: Celery,
+    task: str,
+    schedule: Any,
+    args: Any = (),
+    kwargs: Any = None,
+    options: Any = None,
+    relative: bool = False,
+    missed: str = "once",
+) -> bool:
+    """Add (or replace) a schedule at run time, in ``beat_schedule``'s terms.
+
+    Returns whether anything changed. A later ``beat_schedule`` deploy
+    replaces an entry of the same name.
+
+    Raises:
+        ConfigurationError: the task is unknown to *app*, or the entry cannot
+            be stored (invalid schedule, arguments that are not JSON).
+    """
+    entry = {
+        "task": task,
+        "schedule": schedule,
+        "args": args,
+        "kwargs": kwargs or {},
+        "options": options or {},
+        "relative": relative,
+        "zdelay_missed": missed,
+    }
+    app.loader.import_default_modules()
+    definition = from_beat_entry(name, entry, known_tasks=set(app.tasks.keys()), source=SOURCE_API)
+    validate_spec(definition.schedule, app, f"periodic schedule {name!r}")
+    return _periodic(app).put(definition, writer="api")
+
+
+def remove(name: str, *, app: Celery) -> bool:
+    """Remove a schedule (its parked occurrences are cancelled); False if unknown.
+
+    An entry of ``beat_schedule`` comes back with the next deploy that
+    changes ``beat_schedule``; remove it there too.
+    """
+    return bool(_periodic(app).drop([name]))
+
+
+def sync(app: Celery, *, force: bool = False) -> str:
+    """Store *app*'s ``beat_schedule`` now, as a starting companion does.
+
+    With *force*, even a configuration that a newer one replaced (a rollback).
+    Returns "same", "older" (not written: pass force) or "done".
+    """
+    from .server import PeriodicServer
+
+    app.loader.import_default_modules()
+    server = PeriodicServer(app, store_for(app), companion_id="cli")
+    return server.reconcile(force=force)
+
+
+def stored(app: Celery, name: str) -> Definition | None:
+    """Return the stored definition of *name*, if any."""
+    return _periodic(app).snapshot().definitions.get(name)
+
+
+def _periodic(app: Celery) -> PeriodicStore:
+    cached: PeriodicStore | None = getattr(app, "_zdelay_periodic", None)
+    store = store_for(app)
+    if cached is None or cached.store is not store:
+        cached = PeriodicStore(store)
+        app._zdelay_periodic = cached
+    return cached

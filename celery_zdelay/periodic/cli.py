@@ -1,0 +1,267 @@
+"""``celery -A proj zdelay periodic``: list and steer the periodic schedules.
+
+Only parses and prints; the work is :mod:`celery_zdelay.periodic.api`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from celery.bin.base import CeleryOption
+from celery.schedules import crontab
+
+from .._format import utc
+from ..cli import (
+    _CONTEXT,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    ZDelayCommand,
+    ZDelayGroup,
+    _echo_json,
+    _exit_codes,
+    _json_option,
+)
+from . import api
+from .definition import MISSED_POLICIES
+
+__all__ = ["periodic"]
+
+_EPILOG = """\b
+Examples:
+  celery -A proj zdelay periodic list
+  celery -A proj zdelay periodic pause nightly-report
+  celery -A proj zdelay periodic resume nightly-report
+  celery -A proj zdelay periodic run nightly-report
+  celery -A proj zdelay periodic add cleanup --task proj.tasks.cleanup --every 3600
+  celery -A proj zdelay periodic add report --task proj.tasks.report --crontab '0 3 * * *'
+  celery -A proj zdelay periodic remove cleanup
+  celery -A proj zdelay periodic sync --force     # make this beat_schedule the stored one
+
+\b
+Exit codes: 0 done; 3 no schedule has that name; 69 Redis unreachable;
+78 invalid entry.
+"""
+
+
+@click.group(cls=ZDelayGroup, epilog=_EPILOG, context_settings=_CONTEXT)
+def periodic() -> None:
+    """Periodic tasks the companions serve (zdelay_beat / --beat): list and steer them."""
+
+
+@periodic.command("list", cls=ZDelayCommand, context_settings=_CONTEXT)
+@_json_option("the schedules")
+@click.pass_context
+def list_(ctx: click.Context, as_json: bool) -> None:
+    """List the stored schedules with their next and last run, and whether paused."""
+    with _exit_codes(ctx):
+        now_ms, infos = api.schedules(ctx.obj.app)
+    if as_json:
+        _echo_json(
+            {
+                "now_ms": now_ms,
+                "schedules": [
+                    {
+                        "name": i.name,
+                        "task": i.task,
+                        "schedule": i.schedule,
+                        "source": i.source,
+                        "missed": i.missed,
+                        "paused": i.paused,
+                        "version": i.version,
+                        "next_run_ms": i.next_run_ms,
+                        "last_run_ms": i.last_run_ms,
+                        "args": i.args,
+                        "kwargs": i.kwargs,
+                        "options": i.options,
+                    }
+                    for i in infos
+                ],
+            }
+        )
+        return
+    if not infos:
+        click.echo("No periodic schedules stored (set zdelay_beat and beat_schedule, or add one).")
+        return
+    for i in infos:
+        state = "paused" if i.paused else "active"
+        next_run = utc(i.next_run_ms) if i.next_run_ms is not None else "-"
+        last_run = utc(i.last_run_ms) if i.last_run_ms is not None else "-"
+        click.echo(
+            f"{i.name}  {i.task}  {i.schedule}  [{state}, {i.source}, v{i.version}]\n"
+            f"    next {next_run}  last {last_run}"
+        )
+
+
+def _named(verb: str, action: Any) -> Any:
+    @click.argument("name")
+    @click.pass_context
+    def command(ctx: click.Context, name: str) -> None:
+        with _exit_codes(ctx):
+            done = action(name, app=ctx.obj.app)
+        if not done:
+            click.echo(
+                f"No periodic schedule is named {name!r} (see: zdelay periodic list).", err=True
+            )
+            ctx.exit(EXIT_NOT_FOUND)
+        click.echo(f"{verb} {name}")
+        ctx.exit(EXIT_OK)
+
+    return command
+
+
+periodic.command(
+    "pause", cls=ZDelayCommand, context_settings=_CONTEXT, help="Pause a schedule until resumed."
+)(_named("paused", api.pause))
+periodic.command(
+    "resume",
+    cls=ZDelayCommand,
+    context_settings=_CONTEXT,
+    help="Resume a paused schedule from now; occurrences while paused do not run.",
+)(_named("resumed", api.resume))
+periodic.command(
+    "remove",
+    cls=ZDelayCommand,
+    context_settings=_CONTEXT,
+    help="Remove a schedule and cancel what it parked.",
+)(_named("removed", api.remove))
+
+
+@periodic.command("run", cls=ZDelayCommand, context_settings=_CONTEXT)
+@click.argument("name")
+@click.pass_context
+def run(ctx: click.Context, name: str) -> None:
+    """Run a schedule's task once now, outside its schedule."""
+    with _exit_codes(ctx):
+        known = {i.name for i in api.schedules(ctx.obj.app)[1]}
+        if name not in known:
+            click.echo(
+                f"No periodic schedule is named {name!r} (see: zdelay periodic list).", err=True
+            )
+            ctx.exit(EXIT_NOT_FOUND)
+        task_id = api.run_now(name, app=ctx.obj.app)
+    click.echo(f"sent {task_id}")
+
+
+def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+
+
+@periodic.command("add", cls=ZDelayCommand, context_settings=_CONTEXT)
+@click.argument("name")
+@click.option(
+    "--task", required=True, cls=CeleryOption, help_group="Entry Options", help="Task name."
+)
+@click.option(
+    "--every",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Run every SECONDS.",
+)
+@click.option(
+    "--crontab",
+    "cron",
+    metavar="'M H DOM MON DOW'",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Run on a crontab (five fields, in the app's timezone).",
+)
+@click.option(
+    "--args", callback=_json_arg, cls=CeleryOption, help_group="Entry Options", help="JSON list."
+)
+@click.option(
+    "--kwargs",
+    callback=_json_arg,
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="JSON object.",
+)
+@click.option(
+    "--options",
+    callback=_json_arg,
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="JSON object of apply_async options (queue, priority, expires...).",
+)
+@click.option(
+    "--missed",
+    type=click.Choice(MISSED_POLICIES),
+    default="once",
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Occurrences no companion was up to park: once runs the latest (as beat), "
+    "skip none, all each.",
+)
+@click.pass_context
+def add(
+    ctx: click.Context,
+    name: str,
+    task: str,
+    every: float | None,
+    cron: str | None,
+    args: Any,
+    kwargs: Any,
+    options: Any,
+    missed: str,
+) -> None:
+    """Add (or replace) a schedule, stored in Redis for every companion."""
+    if (every is None) == (cron is None):
+        raise click.UsageError("give --every SECONDS or --crontab 'M H DOM MON DOW'")
+    schedule: Any = every
+    if cron is not None:
+        fields = cron.split()
+        if len(fields) != 5:
+            raise click.BadParameter("five fields: minute hour day-of-month month day-of-week")
+        try:
+            schedule = crontab(
+                minute=fields[0],
+                hour=fields[1],
+                day_of_month=fields[2],
+                month_of_year=fields[3],
+                day_of_week=fields[4],
+            )
+        except Exception as exc:
+            raise click.BadParameter(f"{cron!r}: {exc}") from None
+    with _exit_codes(ctx):
+        changed = api.add(
+            name,
+            app=ctx.obj.app,
+            task=task,
+            schedule=schedule,
+            args=args or (),
+            kwargs=kwargs,
+            options=options,
+            missed=missed,
+        )
+    click.echo(f"{'added' if changed else 'unchanged'} {name}")
+
+
+@periodic.command("sync", cls=ZDelayCommand, context_settings=_CONTEXT)
+@click.option(
+    "--force",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Sync Options",
+    help="Store it even if a newer beat_schedule replaced it (a rollback).",
+)
+@click.pass_context
+def sync(ctx: click.Context, force: bool) -> None:
+    """Store this app's beat_schedule in Redis now, as a starting companion does."""
+    with _exit_codes(ctx):
+        status = api.sync(ctx.obj.app, force=force)
+    messages = {
+        "same": "beat_schedule already stored",
+        "done": "beat_schedule stored",
+        "older": "not stored: a newer beat_schedule replaced this one (use --force to roll back)",
+    }
+    click.echo(messages[status])
+    ctx.exit(EXIT_OK if status != "older" else 1)

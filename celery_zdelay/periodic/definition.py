@@ -1,0 +1,253 @@
+"""A periodic task as the companions serve it: read from ``beat_schedule``, stored as JSON.
+
+A :class:`Definition` is what Redis holds for one schedule entry: the task
+name, its arguments and options, and the schedule as a small JSON spec that
+rebuilds Celery's own schedule class (``schedule``, ``crontab``, ``solar``).
+Everything must survive a JSON round trip, because every companion serves
+what is stored, not what its own configuration says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery.schedules import BaseSchedule, crontab, schedule, solar
+
+from ..errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = [
+    "MISSED_POLICIES",
+    "SOURCE_API",
+    "SOURCE_CONFIG",
+    "Definition",
+    "config_hash",
+    "definitions_from_config",
+]
+
+#: What happens to occurrences no companion parked (all were down):
+#: ``once`` runs the latest of them (as celery beat does), ``skip`` none,
+#: ``all`` every one of them.
+MISSED_POLICIES = ("once", "skip", "all")
+#: Entries read from ``app.conf.beat_schedule``.
+SOURCE_CONFIG = "config"
+#: Entries added at run time (Python API or ``zdelay periodic add``).
+SOURCE_API = "api"
+
+#: Keys of a ``beat_schedule`` entry; ``zdelay_missed`` is ours.
+_ENTRY_KEYS = ("task", "schedule", "args", "kwargs", "options", "relative", "zdelay_missed")
+_CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One periodic task, as stored in Redis."""
+
+    name: str
+    task: str
+    #: ``{"every": seconds, "relative": bool}``, ``{"crontab": {...}}`` or ``{"solar": {...}}``.
+    schedule: Mapping[str, Any]
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    missed: str = "once"
+    source: str = SOURCE_CONFIG
+
+    def body(self) -> str:
+        """Return the canonical JSON stored in Redis (equal definitions, equal text)."""
+        return json.dumps(
+            {
+                "task": self.task,
+                "schedule": self.schedule,
+                "args": self.args,
+                "kwargs": self.kwargs,
+                "options": self.options,
+                "missed": self.missed,
+                "source": self.source,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_body(cls, name: str, body: str | bytes) -> Definition:
+        data = json.loads(body)
+        return cls(
+            name=name,
+            task=data["task"],
+            schedule=data["schedule"],
+            args=list(data.get("args") or []),
+            kwargs=dict(data.get("kwargs") or {}),
+            options=dict(data.get("options") or {}),
+            missed=data.get("missed", "once"),
+            source=data.get("source", SOURCE_CONFIG),
+        )
+
+    def celery_schedule(self, app: Celery) -> BaseSchedule:
+        """Return Celery's schedule object for this definition, in *app*'s timezone."""
+        return build_schedule(self.schedule, app)
+
+    def describe(self) -> str:
+        """Return the schedule as a person reads it (``every 10s``, ``crontab 0 3 * * *``)."""
+        spec = self.schedule
+        if "every" in spec:
+            text = f"every {spec['every']:g}s"
+            return text + " (relative)" if spec.get("relative") else text
+        if "crontab" in spec:
+            cron = spec["crontab"]
+            return "crontab " + " ".join(str(cron[f]) for f in _CRONTAB_FIELDS)
+        sun = spec["solar"]
+        return f"solar {sun['event']} at {sun['lat']},{sun['lon']}"
+
+
+def definitions_from_config(app: Celery) -> tuple[list[Definition], dict[str, str]]:
+    """Read ``app.conf.beat_schedule``; return the valid definitions and the errors.
+
+    Errors map an entry's name to what is wrong with it, so one bad entry is
+    reported by name while every other entry is served.
+    """
+    raw = app.conf.beat_schedule or {}
+    if not isinstance(raw, Mapping):
+        return [], {"beat_schedule": f"must be a dict of entries, got {type(raw).__name__}"}
+    known = set(app.tasks.keys())
+    definitions, errors = [], {}
+    for name, entry in raw.items():
+        try:
+            definitions.append(from_beat_entry(str(name), entry, known_tasks=known))
+        except ConfigurationError as exc:
+            errors[str(name)] = str(exc)
+    return definitions, errors
+
+
+def from_beat_entry(
+    name: str,
+    entry: Any,
+    *,
+    known_tasks: set[str] | None = None,
+    source: str = SOURCE_CONFIG,
+) -> Definition:
+    """Return the definition of one ``beat_schedule`` entry.
+
+    Raises:
+        ConfigurationError: the entry cannot be served; the message names it.
+    """
+    where = f"beat_schedule entry {name!r}"
+    if not name or any(ch.isspace() for ch in name):
+        raise ConfigurationError(f"{where}: a name must be non-empty and without spaces.")
+    if not isinstance(entry, Mapping):
+        raise ConfigurationError(f"{where} must be a dict, got {type(entry).__name__}.")
+    unknown = set(entry) - set(_ENTRY_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"{where} has unknown keys {sorted(unknown)}; the keys are {', '.join(_ENTRY_KEYS)}."
+        )
+    task = entry.get("task")
+    if not isinstance(task, str) or not task:
+        raise ConfigurationError(f"{where} needs 'task': the name of a registered task.")
+    if known_tasks is not None and task not in known_tasks:
+        raise ConfigurationError(
+            f"{where} names the unknown task {task!r}: register it (or import its module "
+            "in the app, e.g. with imports= or autodiscover_tasks) or fix the name."
+        )
+    missed = entry.get("zdelay_missed", "once")
+    if missed not in MISSED_POLICIES:
+        raise ConfigurationError(
+            f"{where}: zdelay_missed must be one of {', '.join(MISSED_POLICIES)}, got {missed!r}."
+        )
+    args = entry.get("args") or ()
+    kwargs = entry.get("kwargs") or {}
+    options = entry.get("options") or {}
+    if not isinstance(args, (list, tuple)):
+        raise ConfigurationError(f"{where}: args must be a list or tuple, got {args!r}.")
+    if not isinstance(kwargs, Mapping) or not isinstance(options, Mapping):
+        raise ConfigurationError(f"{where}: kwargs and options must be dicts.")
+    definition = Definition(
+        name=name,
+        task=task,
+        schedule=schedule_spec(entry.get("schedule"), bool(entry.get("relative")), where),
+        args=list(args),
+        kwargs=dict(kwargs),
+        options=dict(options),
+        missed=missed,
+        source=source,
+    )
+    try:
+        body = definition.body()
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"{where}: args, kwargs and options must be JSON-serializable, because every "
+            f"companion serves the definition stored in Redis ({exc})."
+        ) from None
+    # Stored and read back: what every companion will serve.
+    return Definition.from_body(name, body)
+
+
+def schedule_spec(value: Any, relative: bool, where: str) -> dict[str, Any]:
+    """Return the JSON spec of a ``schedule`` value (number, timedelta, crontab, solar)."""
+    if isinstance(value, schedule) and type(value) is schedule:
+        relative = relative or value.relative
+        value = value.run_every
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool):
+        value = repr(value)  # True is a number to Python, not a schedule
+    if isinstance(value, numbers.Real):
+        seconds = float(value)
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise ConfigurationError(
+                f"{where}: schedule must be more than 0 seconds, got {value!r}."
+            )
+        return {"every": seconds, "relative": relative}
+    if isinstance(value, crontab) and type(value) is crontab:
+        return {"crontab": {f: _cron_text(getattr(value, f"_orig_{f}")) for f in _CRONTAB_FIELDS}}
+    if isinstance(value, solar) and type(value) is solar:
+        return {"solar": {"event": value.event, "lat": value.lat, "lon": value.lon}}
+    raise ConfigurationError(
+        f"{where}: schedule must be a number of seconds, a timedelta, a crontab or a solar "
+        f"(the schedule is stored in Redis as JSON), got {value!r}."
+    )
+
+
+def build_schedule(spec: Mapping[str, Any], app: Celery) -> BaseSchedule:
+    """Return Celery's schedule object for a stored *spec*."""
+    if "every" in spec:
+        return schedule(timedelta(seconds=spec["every"]), relative=bool(spec["relative"]), app=app)
+    if "crontab" in spec:
+        return crontab(**spec["crontab"], app=app)
+    if "solar" in spec:
+        sun = spec["solar"]
+        return solar(sun["event"], sun["lat"], sun["lon"], app=app)
+    raise ConfigurationError(f"Unknown stored schedule {spec!r}.")
+
+
+def validate_spec(spec: Mapping[str, Any], app: Celery, where: str) -> None:
+    """Raise a :class:`ConfigurationError` naming *where* if *spec* cannot be built."""
+    try:
+        build_schedule(spec, app)
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        raise ConfigurationError(f"{where}: invalid schedule {spec!r}: {exc}") from None
+
+
+def config_hash(definitions: list[Definition]) -> str:
+    """Return the fingerprint of a configuration: its entries' names and bodies."""
+    digest = hashlib.sha256()
+    for definition in sorted(definitions, key=lambda d: d.name):
+        digest.update(definition.name.encode() + b"\0" + definition.body().encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _cron_text(value: Any) -> str:
+    if isinstance(value, (list, tuple, set, frozenset, range)):
+        return ",".join(str(v) for v in sorted(value))
+    return str(value)

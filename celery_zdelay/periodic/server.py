@@ -1,0 +1,243 @@
+"""Serve periodic schedules from a companion: reconcile, then park ahead.
+
+Every companion does the same thing, with no leader and no lock:
+
+* at start (and when its ``beat_schedule`` changes) it stores its
+  configuration in Redis, unless a newer one is stored already
+  (:meth:`PeriodicServer.reconcile`);
+* on every pass it reads the stored schedules and parks each one's
+  occurrences up to :data:`HORIZON_MS` ahead, each under a deterministic id
+  (schedule, version, occurrence time) and through ``park_once``, so a
+  second companion parking the same occurrence changes nothing, and an
+  occurrence already released is never parked again (:meth:`tend`).
+
+Releasing is the companion's ordinary job: an occurrence is a parked entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+from celery.schedules import BaseSchedule
+
+from ..capture import capture
+from ..errors import StoreUnavailableError
+from ..parking import park_requests
+from ..schedule import Due
+from ..store import ParkRequest, Store
+from .definition import Definition, config_hash, definitions_from_config
+from .occurrences import plan
+from .store import PeriodicStore, Snapshot
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["HORIZON_MS", "PeriodicServer", "occurrence_id"]
+
+logger = logging.getLogger(__name__)
+
+#: Occurrences are parked this far ahead, so the next one is parked long
+#: before the current one is released, even by a companion that stalls.
+HORIZON_MS = 5000
+#: Least time between two passes over the stored schedules.
+TEND_EVERY_SECONDS = 0.25
+#: How often the app's own beat_schedule is compared with what was stored.
+RECONCILE_CHECK_SECONDS = 5.0
+
+
+def occurrence_id(name: str, version: int, occurrence_ms: int) -> str:
+    """Return the task id of one occurrence: the same in every companion."""
+    when = datetime.fromtimestamp(occurrence_ms / 1000, tz=timezone.utc)
+    return f"periodic:{name}:v{version}:{when.isoformat(timespec='milliseconds')[:-6]}Z"
+
+
+class PeriodicServer:
+    """The periodic part of one companion."""
+
+    def __init__(self, app: Celery, store: Store, *, companion_id: str) -> None:
+        self.app = app
+        self.periodic = PeriodicStore(store)
+        self.companion_id = companion_id
+        self.horizon_ms = HORIZON_MS
+        self._schedules: dict[tuple[str, int], BaseSchedule] = {}
+        self._config_hash: str | None = None
+        self._config_errors: dict[str, str] = {}
+        self._last_tend = 0.0
+        self._imported = False
+        self._last_check = 0.0
+        #: (name, version) whose parking failed, logged once.
+        self._failing: set[tuple[str, int]] = set()
+        #: Occurrences this companion parked (first parker), for its totals.
+        self.parked = 0
+
+    # -- configuration --------------------------------------------------------
+
+    def reconcile(self, *, force: bool = False) -> str:
+        """Store this app's ``beat_schedule`` unless a newer one is stored.
+
+        Returns "same", "older" or "done" (see ``define.lua``). Entries that
+        cannot be served are logged by name and left out; the others are
+        stored.
+        """
+        self._last_check = time.monotonic()
+        if not self._imported:
+            # As celery beat does: the tasks named by beat_schedule are known.
+            self.app.loader.import_default_modules()
+            self._imported = True
+        definitions, errors = definitions_from_config(self.app)
+        digest = config_hash(definitions)
+        if digest == self._config_hash and errors == self._config_errors and not force:
+            return "same"
+        for name, error in errors.items():
+            logger.error("Periodic task %r is not served: %s", name, error)
+        self._config_errors = errors
+        status, changed = self.periodic.store_config(
+            definitions, digest, writer=self.companion_id, force=force
+        )
+        self._config_hash = digest
+        if status == "older":
+            logger.warning(
+                "This companion's beat_schedule (%s) was replaced by a newer one in Redis (%s): "
+                "serving the stored schedule. To make this configuration the current one again, "
+                "run: celery -A proj zdelay periodic sync --force",
+                digest,
+                changed[0] if changed else "?",
+            )
+        elif status == "done":
+            logger.info(
+                "Stored beat_schedule %s (%d entries); changed: %s",
+                digest,
+                len(definitions),
+                ", ".join(changed) or "none",
+            )
+        return status
+
+    # -- each pass ------------------------------------------------------------
+
+    def tend(self) -> int:
+        """Park what is due within the horizon for every schedule; return how many parked.
+
+        Cheap when there is nothing to do: one pipelined read.
+        """
+        now = time.monotonic()
+        if now - self._last_tend < TEND_EVERY_SECONDS:
+            return 0
+        self._last_tend = now
+        if now - self._last_check >= RECONCILE_CHECK_SECONDS:
+            self.reconcile()
+        snap = self.periodic.snapshot()
+        self._cancel(snap)
+        parked = 0
+        for name, definition in snap.definitions.items():
+            if name in snap.paused:
+                continue
+            try:
+                parked += self._tend_one(definition, snap)
+            except StoreUnavailableError:
+                raise
+            except Exception:
+                logger.exception("Periodic task %r: parking its next occurrences failed", name)
+        self.parked += parked
+        return parked
+
+    def _cancel(self, snap: Snapshot) -> None:
+        if not snap.to_cancel:
+            return
+        store = self.periodic.store
+        found = store.cancel(snap.to_cancel)
+        for task_id, was_parked in zip(snap.to_cancel, found, strict=True):
+            if was_parked:
+                logger.info("Cancelled periodic occurrence %s", task_id, extra={"task_id": task_id})
+        self.periodic.forget_cancelled(snap.to_cancel)
+
+    def _tend_one(self, definition: Definition, snap: Snapshot) -> int:
+        pointer = snap.pointers.get(definition.name)
+        if pointer is None:
+            return 0
+        version = pointer.version
+        sched = self._schedule(definition, version)
+        todo = plan(
+            sched,
+            pointer_ms=pointer.ms,
+            now_ms=snap.now_ms,
+            horizon_ms=self.horizon_ms,
+            missed=definition.missed,
+        )
+        if not todo.park:
+            return 0
+        if todo.skipped:
+            logger.warning(
+                "Periodic task %r: %d occurrences passed while no companion served it; "
+                "zdelay_missed=%r ran %s of them",
+                definition.name,
+                todo.skipped + len([ms for ms in todo.park if ms <= snap.now_ms]),
+                definition.missed,
+                len([ms for ms in todo.park if ms <= snap.now_ms]),
+            )
+        parked: list[tuple[int, str]] = []
+        first = 0
+        for ms in todo.park:
+            task_id = occurrence_id(definition.name, version, ms)
+            try:
+                requests = self._requests(definition, task_id, ms)
+            except Exception as exc:
+                if (definition.name, version) not in self._failing:
+                    self._failing.add((definition.name, version))
+                    logger.error(
+                        "Periodic task %r cannot be parked: %s. Fix the entry "
+                        "(celery -A proj zdelay periodic add/remove, or beat_schedule).",
+                        definition.name,
+                        exc,
+                    )
+                break
+            for request in requests:
+                if self.periodic.park_once(request):
+                    first += 1
+                    logger.debug(
+                        "Parked periodic %s[%s]",
+                        definition.task,
+                        task_id,
+                        extra={"task_id": task_id, "task_name": definition.task},
+                    )
+            parked.append((ms, task_id))
+        if not parked:
+            return 0
+        if not self.periodic.advance(definition.name, version, parked[-1][0], parked, snap.now_ms):
+            # Changed, removed or paused since the snapshot: take it back.
+            self.periodic.store.cancel([task_id for _, task_id in parked])
+            return 0
+        return first
+
+    def _schedule(self, definition: Definition, version: int) -> BaseSchedule:
+        key = (definition.name, version)
+        sched = self._schedules.get(key)
+        if sched is None:
+            sched = self._schedules[key] = definition.celery_schedule(self.app)
+        return sched
+
+    def _requests(
+        self, definition: Definition, task_id: str, occurrence_ms: int
+    ) -> list[ParkRequest]:
+        """Build the message celery beat would send for this occurrence, parked at its time."""
+        options: dict[str, Any] = dict(definition.options)
+        expires = options.get("expires")
+        if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+            # Seconds from when beat would send it: the occurrence, not now.
+            options["expires"] = datetime.fromtimestamp(
+                occurrence_ms / 1000, tz=timezone.utc
+            ) + timedelta(seconds=expires)
+        task = self.app.tasks.get(definition.task)
+        args, kwargs = list(definition.args), dict(definition.kwargs)
+
+        def send(producer: Any) -> Any:
+            if task is not None:
+                return task.apply_async(args, kwargs, producer=producer, task_id=task_id, **options)
+            return self.app.send_task(
+                definition.task, args, kwargs, producer=producer, task_id=task_id, **options
+            )
+
+        _, messages = capture(self.app, send)
+        return park_requests(self.app, messages, Due("a", occurrence_ms))

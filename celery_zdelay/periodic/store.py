@@ -1,0 +1,214 @@
+"""Where periodic schedules live in Redis: definitions, pointers, pause state.
+
+Every key shares the hash tag ``{<prefix>:periodic}``, so each script here
+runs in one slot of a Redis Cluster. Occurrences themselves are ordinary
+parked entries on their own shards; :meth:`PeriodicStore.park_once` parks
+one only the first time anybody parks it (``park_once.lua`` in front of
+the store's ``park.lua``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from ..store import ParkRequest, Store
+from ..store.client import unavailable_as_error
+from ..store.keys import periodic_keys
+from ..store.scripts import script_source
+from ..store.store import PARK_MARKER_MS
+from .definition import Definition
+
+__all__ = ["PeriodicStore", "Pointer", "Snapshot"]
+
+#: Ids of parked occurrences are remembered this long after their time, so
+#: a change, removal or pause can still cancel them.
+REMEMBER_PARKED_MS = 60_000
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """Where one schedule stands: its version and what was parked last."""
+
+    version: int
+    #: Newest occurrence parked (or, before the first, the anchor time).
+    ms: int
+    #: (occurrence ms, id) of occurrences parked lately.
+    parked: list[tuple[int, str]]
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Pointer:
+        data = json.loads(raw)
+        ids = data.get("ids")
+        parked = [(int(p[0]), str(p[1])) for p in ids] if isinstance(ids, list) else []
+        return cls(version=int(data["v"]), ms=int(data["ms"]), parked=parked)
+
+
+@dataclass
+class Snapshot:
+    """Everything about the schedules, read in one round trip."""
+
+    now_ms: int
+    definitions: dict[str, Definition] = field(default_factory=dict)
+    #: Stored definitions that could not be read: name -> error.
+    unreadable: dict[str, str] = field(default_factory=dict)
+    pointers: dict[str, Pointer] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
+    to_cancel: list[str] = field(default_factory=list)
+    #: The stored configuration: hash, written_by, written_ms.
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@cache
+def _lua(name: str) -> str:
+    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
+
+
+class PeriodicStore:
+    """The periodic schedules of one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.keys = periodic_keys(store.config.key_prefix)
+        client = store.client
+        self._define = client.register_script(_lua("define"))
+        self._advance = client.register_script(_lua("advance"))
+        self._pause = client.register_script(_lua("pause"))
+        self._park_once = client.register_script(_lua("park_once") + script_source("park"))
+
+    # -- reading ------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """Read definitions, pointers, pause state and pending cancels at once."""
+        k = self.keys
+        with unavailable_as_error(self.store.url):
+            with self.store.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(k.defs)
+                pipe.hgetall(k.pointers)
+                pipe.smembers(k.paused)
+                pipe.smembers(k.cancel)
+                pipe.hgetall(k.meta)
+                defs, pointers, paused, cancel, meta = pipe.execute()
+            seconds, micros = self.store.client.time()
+        snap = Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
+        for raw_name, body in defs.items():
+            name = _text(raw_name)
+            try:
+                snap.definitions[name] = Definition.from_body(name, body)
+            except (ValueError, KeyError, TypeError) as exc:
+                snap.unreadable[name] = repr(exc)
+        for raw_name, raw in pointers.items():
+            try:
+                snap.pointers[_text(raw_name)] = Pointer.from_json(raw)
+            except (ValueError, KeyError, TypeError):
+                continue
+        snap.paused = {_text(n) for n in paused}
+        snap.to_cancel = sorted(_text(i) for i in cancel)
+        snap.meta = {_text(a): _text(b) for a, b in meta.items()}
+        return snap
+
+    # -- definitions ----------------------------------------------------------
+
+    def store_config(
+        self, definitions: Sequence[Definition], config_hash: str, *, writer: str, force: bool
+    ) -> tuple[str, list[str]]:
+        """Store a ``beat_schedule``; return ("same"|"older"|"done", names changed)."""
+        args: list[Any] = ["config", config_hash, "1" if force else "0", writer]
+        for definition in definitions:
+            args += [definition.name, definition.body()]
+        return self._define_call(args)
+
+    def put(self, definition: Definition, *, writer: str) -> bool:
+        """Add or replace one definition; return whether it changed."""
+        _, changed = self._define_call(["put", "", "0", writer, definition.name, definition.body()])
+        return bool(changed)
+
+    def drop(self, names: Iterable[str]) -> list[str]:
+        """Remove definitions (their parked occurrences get cancelled); return those removed."""
+        _, changed = self._define_call(["drop", "", "0", "", *names])
+        return changed
+
+    def _define_call(self, args: list[Any]) -> tuple[str, list[str]]:
+        k = self.keys
+        with unavailable_as_error(self.store.url):
+            reply = self._define(
+                keys=[k.defs, k.versions, k.pointers, k.paused, k.cancel, k.meta, k.superseded],
+                args=args,
+            )
+        status, *names = [_text(part) for part in reply]
+        return status, names
+
+    def set_paused(self, name: str, paused: bool) -> int:
+        """Pause or resume *name*: 1 done, 0 no such schedule, 2 already so."""
+        k = self.keys
+        with unavailable_as_error(self.store.url):
+            return int(
+                self._pause(
+                    keys=[k.defs, k.pointers, k.paused, k.cancel],
+                    args=["pause" if paused else "resume", name],
+                )
+            )
+
+    # -- occurrences ----------------------------------------------------------
+
+    def park_once(self, request: ParkRequest) -> bool:
+        """Park one occurrence unless it was parked before; return whether it was parked now."""
+        store = self.store
+        shard = store.shard_of(request.task_id)
+        keys = store.keys(shard)
+        args: list[Any] = [keys.wake, PARK_MARKER_MS]
+        if request.template is not None:
+            args += [1, request.template.id, request.template.record]
+        else:
+            args += [0]
+        args += [
+            request.task_id,
+            request.due.mode,
+            request.due.ms,
+            request.payload,
+            request.dest or "",
+        ]
+        with unavailable_as_error(store.url):
+            reply = self._park_once(
+                keys=[
+                    keys.due,
+                    keys.msg,
+                    keys.lease,
+                    keys.leased,
+                    keys.dests,
+                    keys.marker(),
+                    keys.templates,
+                    keys.ticks,
+                ],
+                args=args,
+            )
+        return bool(reply)
+
+    def advance(
+        self,
+        name: str,
+        version: int,
+        pointer_ms: int,
+        parked: Sequence[tuple[int, str]],
+        now_ms: int,
+    ) -> bool:
+        """Record what was parked; False when the definition changed meanwhile."""
+        k = self.keys
+        args: list[Any] = [name, version, pointer_ms, now_ms - REMEMBER_PARKED_MS]
+        for ms, task_id in parked:
+            args += [ms, task_id]
+        with unavailable_as_error(self.store.url):
+            return bool(self._advance(keys=[k.pointers, k.paused], args=args))
+
+    def forget_cancelled(self, task_ids: Sequence[str]) -> None:
+        if task_ids:
+            with unavailable_as_error(self.store.url):
+                self.store.client.srem(self.keys.cancel, *task_ids)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,313 @@
+"""Periodic tasks served by companions: ticks, reconciliation, control, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.schedules import crontab, schedule
+
+from celery_zdelay import ConfigurationError, periodic
+from celery_zdelay.companion import Companion
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.occurrences import next_after, plan
+from celery_zdelay.periodic.server import PeriodicServer
+from celery_zdelay.store.keys import shard_keys
+from celery_zdelay.testing import RedisServer
+from tests.conftest import AppFactory
+from tests.helpers import CeleryProcess, Runs, wait_for
+from tests.periodic_helpers import occurrence_ms, start_beat_companion, ticks_of
+from tests.project import close_app, make_app
+
+pytestmark = pytest.mark.timeout(120)
+
+DUE = shard_keys("zdelay", 0).due
+
+
+def parked_ids(client: redis.Redis, name: str) -> set[str]:
+    return {
+        i.decode() for i in client.zrange(DUE, 0, -1) if i.decode().startswith(f"periodic:{name}:")
+    }
+
+
+def server_for(app: Celery, beat_schedule: dict[str, Any], name: str = "c") -> PeriodicServer:
+    app.conf.beat_schedule = beat_schedule
+    return PeriodicServer(app, store_for(app), companion_id=name)
+
+
+def tend(server: PeriodicServer) -> int:
+    server._last_tend = 0.0  # every call is a pass, however close together
+    return server.tend()
+
+
+# -- ticks, end to end -------------------------------------------------------------
+
+
+def test_a_one_second_schedule_runs_every_tick_once_and_never_early(
+    app: Celery, worker, processes: list[CeleryProcess], runs: Runs
+) -> None:
+    # Given a companion serving a 1-second schedule, and a worker
+    worker(app)
+    processes.append(
+        start_beat_companion(app, {"tick": {"task": "tests.record", "schedule": 1.0, "args": [7]}})
+    )
+
+    # When it has served for a few seconds
+    wait_for(lambda: len(ticks_of(runs.all(), "tick")) >= 6, timeout=30)
+
+    # Then the ticks ran one second apart, each once, none before its time
+    ticks = ticks_of(runs.all(), "tick")
+    times = [occurrence_ms(t["id"]) for t in ticks]
+    assert len(set(times)) == len(times) == len({t["id"] for t in ticks})
+    assert [b - a for a, b in itertools.pairwise(times)] == [1000] * (len(times) - 1)
+    assert all(t["redis_ms"] >= occurrence_ms(t["id"]) for t in ticks)
+    assert all(t["args"] == [7] and t["task"] == "tests.record" for t in ticks)
+
+
+def test_bad_entries_are_named_at_start_and_the_others_run(
+    app: Celery, worker, processes: list[CeleryProcess], runs: Runs
+) -> None:
+    # Given a beat_schedule with an unknown task, an invalid schedule and
+    # options JSON cannot hold, next to a good entry
+    worker(app)
+    companion = start_beat_companion(
+        app,
+        {
+            "typo": {"task": "tests.recrod", "schedule": 1.0},
+            "vague": {"task": "tests.record", "schedule": "every hour"},
+            "opaque": {"task": "tests.record", "schedule": 1.0, "options": "unserializable"},
+            "good": {"task": "tests.record", "schedule": 1.0},
+        },
+    )
+    processes.append(companion)
+
+    # Then each bad entry is named with what is wrong, and the good one runs
+    companion.wait_for_log("Periodic task 'opaque' is not served")
+    log = companion.log()
+    assert "Periodic task 'typo' is not served" in log
+    assert "unknown task 'tests.recrod'" in log
+    assert "Periodic task 'vague' is not served" in log
+    assert "'every hour'" in log
+    assert "JSON-serializable" in log
+    wait_for(lambda: len(ticks_of(runs.all(), "good")) >= 2, timeout=30)
+    assert {r["id"].split(":")[1] for r in runs.all()} == {"good"}
+
+
+# -- reconciliation ---------------------------------------------------------------
+
+
+def test_entries_added_removed_and_changed_are_reconciled(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    every = {"task": "tests.record", "schedule": 10.0}
+    # Given a stored schedule with entry a, parked ahead
+    first = server_for(app, {"a": every})
+    assert first.reconcile() == "done"
+    tend(first)
+    a_v1 = parked_ids(redis_client, "a")
+    assert len(a_v1) == 1
+
+    # When a deploy adds b, removes nothing and changes nothing
+    second = server_for(app, {"a": every, "b": every}, "c2")
+    assert second.reconcile() == "done"
+    tend(second)
+    # Then b starts and a keeps its parked occurrence and version
+    assert parked_ids(redis_client, "a") == a_v1
+    assert len(parked_ids(redis_client, "b")) == 1
+
+    # When a deploy changes a and removes b
+    third = server_for(app, {"a": {**every, "schedule": 20.0}}, "c3")
+    assert third.reconcile() == "done"
+    tend(third)
+    # Then b's parked occurrence is cancelled and a re-parks from version 2
+    assert parked_ids(redis_client, "b") == set()
+    a_v2 = parked_ids(redis_client, "a")
+    assert len(a_v2) == 1
+    assert not a_v2 & a_v1
+    assert next(iter(a_v2)).startswith("periodic:a:v2:")
+    _, infos = periodic.schedules(app)
+    assert [(i.name, i.schedule, i.version) for i in infos] == [("a", "every 20s", 2)]
+
+
+def test_two_companions_with_different_schedules_serve_the_newest(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given companion old with beat_schedule X, then companion new with Y
+    old = server_for(make_test_app(), {"x": {"task": "tests.record", "schedule": 10.0}}, "old")
+    new = server_for(make_test_app(), {"y": {"task": "tests.record", "schedule": 10.0}}, "new")
+    assert old.reconcile() == "done"
+    assert new.reconcile() == "done"
+
+    # When the old one restarts during the rolling deploy, and both serve
+    restarted = server_for(old.app, old.app.conf.beat_schedule, "old-again")
+    assert restarted.reconcile() == "older"
+    for server in (restarted, new, restarted, new):
+        tend(server)
+
+    # Then only the newest configuration is served, by both, parked once
+    assert parked_ids(redis_client, "x") == set()
+    assert len(parked_ids(redis_client, "y")) == 1
+    # and a deliberate rollback makes X the stored one again
+    assert periodic.sync(old.app, force=True) == "done"
+    tend(new)
+    assert parked_ids(redis_client, "y") == set()
+    assert len(parked_ids(redis_client, "x")) == 1
+
+
+def test_schedules_and_pause_state_survive_a_redis_restart_with_aof() -> None:
+    with RedisServer(appendonly="yes", appendfsync="always") as server:
+        url = f"{server.url}/0"
+        app = make_app(url, f"{server.url}/1", f"{server.url}/2", conf={"zdelay_redis_url": url})
+        try:
+            # Given two schedules, one of them paused, and one added at run time
+            first = server_for(app, {"a": {"task": "tests.record", "schedule": 10.0}})
+            first.reconcile()
+            periodic.add(
+                "b", app=app, task="tests.add", schedule=crontab(minute="*/5"), args=[1, 2]
+            )
+            assert periodic.pause("a", app=app)
+
+            # When Redis is killed and started again from its append-only file
+            server.kill()
+            server.start()
+
+            # Then the schedules, their source and the pause are all there
+            _, infos = periodic.schedules(app)
+            assert [(i.name, i.paused, i.source, i.schedule) for i in infos] == [
+                ("a", True, "config", "every 10s"),
+                ("b", False, "api", "crontab */5 * * * *"),
+            ]
+        finally:
+            close_app(app)
+
+
+# -- runtime control --------------------------------------------------------------
+
+
+def test_pause_resume_run_add_and_remove(
+    app: Celery, redis_client: redis.Redis, runs: Runs
+) -> None:
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": 10.0, "args": [1]}})
+    server.reconcile()
+    tend(server)
+    assert len(parked_ids(redis_client, "a")) == 1
+
+    # Pause cancels what was parked and parks nothing more
+    assert periodic.pause("a", app=app)
+    tend(server)
+    assert parked_ids(redis_client, "a") == set()
+    _, infos = periodic.schedules(app)
+    assert infos[0].paused
+    assert infos[0].next_run_ms is None
+
+    # Resume parks again, from now
+    assert periodic.resume("a", app=app)
+    tend(server)
+    assert len(parked_ids(redis_client, "a")) == 1
+
+    # Run now parks one due at once, outside the schedule
+    task_id = periodic.run_now("a", app=app)
+    with Companion(app) as companion:
+        assert companion.release_due().released == 1
+    assert redis_client.llen("celery") == 1
+    assert task_id.startswith("periodic:a:run:")
+
+    # Add and remove at run time; unknown names say so
+    assert periodic.add("b", app=app, task="tests.record", schedule=30)
+    assert not periodic.add("b", app=app, task="tests.record", schedule=30)
+    tend(server)
+    assert len(parked_ids(redis_client, "b")) == 1
+    assert periodic.remove("b", app=app)
+    tend(server)
+    assert parked_ids(redis_client, "b") == set()
+    assert not periodic.remove("b", app=app)
+    assert not periodic.pause("nope", app=app)
+
+
+def test_add_rejects_what_cannot_be_served(app: Celery) -> None:
+    with pytest.raises(ConfigurationError, match=r"unknown task 'tests\.nope'"):
+        periodic.add("n", app=app, task="tests.nope", schedule=5)
+    with pytest.raises(ConfigurationError, match=r"schedule must be"):
+        periodic.add("n", app=app, task="tests.record", schedule="hourly")
+    with pytest.raises(ConfigurationError, match="JSON-serializable"):
+        periodic.add("n", app=app, task="tests.record", schedule=5, kwargs={"x": object()})
+    assert periodic.schedules(app)[1] == []
+
+
+def test_an_occurrence_released_is_never_parked_again(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given an occurrence parked and released
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": 60}})
+    server.reconcile()
+    tend(server)
+    (first,) = parked_ids(redis_client, "a")
+    with Companion(app) as companion:
+        assert companion.release_due(advance_ms=61_000).released == 1
+
+    # When a companion that read the schedule before parks it again
+    store = server.periodic
+    (again,) = server._requests(store.snapshot().definitions["a"], first, occurrence_ms(first))
+
+    # Then nothing is parked: it would run twice
+    assert store.park_once(again) is False
+    assert parked_ids(redis_client, "a") == set()
+
+
+# -- occurrences: Celery's schedules, missed ticks ----------------------------------
+
+
+def _ms(text: str) -> int:
+    return int(datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def test_crontab_keeps_local_time_across_dst_as_celery_does() -> None:
+    app = Celery(set_as_current=False)
+    app.conf.timezone = "Europe/Paris"
+    daily = crontab(minute=0, hour=3, app=app)
+    # 03:00 CEST is 01:00Z; after the clocks go back (25 Oct 2026), 03:00 CET is 02:00Z.
+    assert next_after(daily, _ms("2026-10-23T12:00:00")) == _ms("2026-10-24T01:00:00")
+    assert next_after(daily, _ms("2026-10-24T01:00:00")) == _ms("2026-10-25T02:00:00")
+    app.close()
+
+
+def test_missed_occurrences_follow_the_entry_policy() -> None:
+    every = schedule(1.0, app=Celery(set_as_current=False))
+    # The pointer is 10.5 s behind now: occurrences at +1 s ... +10 s were missed.
+    common = {"pointer_ms": 0, "now_ms": 10_500, "horizon_ms": 2_000}
+    once = plan(every, missed="once", **common)
+    assert once.park == [10_000, 11_000, 12_000, 13_000]
+    assert once.skipped == 9
+    assert plan(every, missed="skip", **common).park == [11_000, 12_000, 13_000]
+    assert plan(every, missed="all", **common).park == [i * 1000 for i in range(1, 14)]
+    # Nothing to do while the newest parked one is beyond the horizon
+    assert plan(every, missed="once", pointer_ms=13_000, now_ms=10_500, horizon_ms=2_000).park == []
+
+
+def test_numeric_expires_counts_from_the_occurrence(app: Celery, redis_client: redis.Redis) -> None:
+    server = server_for(
+        app, {"a": {"task": "tests.record", "schedule": 3600, "options": {"expires": 60}}}
+    )
+    server.reconcile()
+    tend(server)
+    (task_id,) = parked_ids(redis_client, "a")
+    with Companion(app) as companion:
+        companion.release_due(advance_ms=3_700_000)
+    message = redis_client.lpop("celery")
+    assert message is not None
+    headers = json.loads(message)["headers"]
+    expires = datetime.fromisoformat(headers["expires"]).timestamp() * 1000
+    assert expires == pytest.approx(occurrence_ms(task_id) + 60_000, abs=1000)
+
+
+def test_serving_is_off_unless_asked(app: Celery) -> None:
+    app.conf.beat_schedule = {"a": {"task": "tests.record", "schedule": 1.0}}
+    assert Companion(app).periodic is None
+    assert Companion(app, beat=True).periodic is not None
+    app.conf.zdelay_beat = True
+    assert Companion(app).periodic is not None

@@ -1,0 +1,149 @@
+"""Periodic tasks while companions die: every tick once, none missing, none early.
+
+Three companions serve a 1-second schedule and a crontab schedule for more
+than a minute while one of them at a time is SIGKILLed and restarted at
+random moments (at least one stays up: with none up, ticks are missed, and
+``zdelay_missed`` decides). Then every expected occurrence id is counted.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_zdelay.periodic.server import occurrence_id
+from tests.conftest import AppFactory, RabbitMQ
+from tests.helpers import CeleryProcess, Runs
+from tests.periodic_helpers import BeatCompanion, occurrence_ms, start_beat_companion, ticks_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+SCHEDULE = {
+    "second": {"task": "tests.record", "schedule": 1.0},
+    "minute": {"task": "tests.record", "schedule": {"crontab": {"minute": "*"}}},
+}
+
+
+def redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def serve_with_chaos(
+    app: Celery, processes: list[CeleryProcess], *, seconds: float, seed: int
+) -> list[BeatCompanion]:
+    """Run three companions for *seconds*, killing and restarting them at random."""
+    rng = random.Random(seed)
+    companions: list[BeatCompanion | None] = [start_beat_companion(app, SCHEDULE) for _ in range(3)]
+    started: list[BeatCompanion] = [c for c in companions if c is not None]
+    processes.extend(started)
+    kills = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.5, 3.0))
+        alive = [i for i, c in enumerate(companions) if c is not None]
+        dead = [i for i, c in enumerate(companions) if c is None]
+        if dead and (len(alive) == 1 or rng.random() < 0.5):
+            slot = rng.choice(dead)
+            fresh = start_beat_companion(app, SCHEDULE)
+            processes.append(fresh)
+            started.append(fresh)
+            companions[slot] = fresh
+        elif len(alive) > 1:
+            slot = rng.choice(alive)
+            victim = companions[slot]
+            assert victim is not None
+            victim.kill()  # SIGKILL: mid-pass, mid-park, anywhere
+            companions[slot] = None
+            kills += 1
+    assert kills >= 10, f"only {kills} kills"
+    return started
+
+
+def expected_ids(anchor_ms: int, end_ms: int) -> dict[str, set[str]]:
+    """Every occurrence of SCHEDULE after *anchor_ms* and not after *end_ms*."""
+    seconds = {occurrence_id("second", 1, ms) for ms in range(anchor_ms + 1000, end_ms + 1, 1000)}
+    first_minute = datetime.fromtimestamp(anchor_ms / 1000, tz=timezone.utc).replace(
+        second=0, microsecond=0
+    ) + timedelta(minutes=1)
+    minutes = set()
+    at = first_minute
+    while at.timestamp() * 1000 <= end_ms:
+        minutes.add(occurrence_id("minute", 1, int(at.timestamp() * 1000)))
+        at += timedelta(minutes=1)
+    return {"second": seconds, "minute": minutes}
+
+
+def check_ticks(runs: Runs, expected: dict[str, set[str]], *, allow_duplicates: bool) -> None:
+    all_runs = runs.all()
+    for name, ids in expected.items():
+        ticks = ticks_of(all_runs, name)
+        ran = Counter(t["id"] for t in ticks)
+        missing = ids - set(ran)
+        assert not missing, f"{name}: {len(missing)} ticks missing, e.g. {sorted(missing)[:3]}"
+        if not allow_duplicates:
+            twice = {i: c for i, c in ran.items() if c > 1}
+            assert not twice, f"{name}: ticks ran more than once: {twice}"
+        early = [t["id"] for t in ticks if t["redis_ms"] < occurrence_ms(t["id"])]
+        assert not early, f"{name}: ticks ran early: {early[:3]}"
+        # Nothing ran that is not an occurrence of the schedule.
+        stray = set(ran) - ids
+        assert all(occurrence_ms(i) > max(occurrence_ms(j) for j in ids) for i in stray), stray
+
+
+def run_chaos(
+    app: Celery, processes: list[CeleryProcess], runs: Runs, client: redis.Redis, seconds: float
+) -> dict[str, set[str]]:
+    before_ms = redis_ms(client)
+    serve_with_chaos(app, processes, seconds=seconds, seed=int(time.time()))
+    end_ms = redis_ms(client)
+    first_second = min(occurrence_ms(t["id"]) for t in ticks_of(runs.all(), "second"))
+    anchor_ms = first_second - 1000
+    # The schedules were stored when the first companion started.
+    assert before_ms <= anchor_ms <= before_ms + 60_000
+    expected = expected_ids(anchor_ms, end_ms)
+    assert len(expected["second"]) >= seconds - 5
+    assert expected["minute"], "the run crossed no minute boundary"
+    runs.wait_for_ids(set().union(*expected.values()), stall_timeout=60)
+    return expected
+
+
+def test_three_companions_killed_at_random_run_every_tick_exactly_once_on_redis(
+    app: Celery, worker, processes: list[CeleryProcess], runs: Runs, redis_client: redis.Redis
+) -> None:
+    # Given a worker on a Redis broker (the companions hand off atomically)
+    worker(app)
+    # When three companions serve the schedules for 70 s while being killed
+    expected = run_chaos(app, processes, runs, redis_client, seconds=70)
+    # Then every tick ran exactly once, none missing, none early
+    check_ticks(runs, expected, allow_duplicates=False)
+
+
+@pytest.mark.rabbitmq
+def test_on_rabbitmq_no_tick_is_missing_and_the_guard_drops_duplicates(
+    make_test_app: AppFactory,
+    rabbitmq: RabbitMQ,
+    worker,
+    processes: list[CeleryProcess],
+    runs: Runs,
+    redis_client: redis.Redis,
+) -> None:
+    # Given a RabbitMQ broker and the worker guard on
+    app = make_test_app(
+        broker=rabbitmq.url,
+        conf={
+            "task_default_queue": rabbitmq.queue,
+            "zdelay_worker_dedupe": True,
+            "zdelay_lease_seconds": 3,
+        },
+    )
+    worker(app, rabbitmq.queue)
+    expected = run_chaos(app, processes, runs, redis_client, seconds=65)
+    # Then none is missing and the guard let no duplicate run
+    check_ticks(runs, expected, allow_duplicates=False)
