@@ -311,3 +311,46 @@ def test_serving_is_off_unless_asked(app: Celery) -> None:
     assert Companion(app, beat=True).periodic is not None
     app.conf.zdelay_beat = True
     assert Companion(app).periodic is not None
+
+
+def test_the_periodic_commands(app: Celery, redis_client: redis.Redis) -> None:
+    from tests.test_cli import run
+
+    app.conf.beat_schedule = {"a": {"task": "tests.record", "schedule": 60.0}}
+    assert run(app, "periodic", "sync").stdout == "beat_schedule stored\n"
+    added = run(
+        app,
+        "periodic",
+        "add",
+        "b",
+        "--task",
+        "tests.add",
+        "--crontab",
+        "0 3 * * *",
+        "--args",
+        "[1, 2]",
+    )
+    assert added.exit_code == 0
+    assert added.stdout == "added b\n"
+    assert run(app, "periodic", "pause", "a").stdout == "paused a\n"
+
+    listing = json.loads(run(app, "periodic", "list", "--json").stdout)
+    assert [
+        (s["name"], s["schedule"], s["paused"], s["source"], s["args"])
+        for s in listing["schedules"]
+    ] == [
+        ("a", "every 60s", True, "config", []),
+        ("b", "crontab 0 3 * * *", False, "api", [1, 2]),
+    ]
+    assert "a  tests.record  every 60s  [paused, config, v1]" in run(app, "periodic", "list").stdout
+
+    assert run(app, "periodic", "resume", "a").exit_code == 0
+    assert run(app, "periodic", "run", "b").stdout.startswith("sent periodic:b:run:")
+    assert run(app, "periodic", "remove", "b").stdout == "removed b\n"
+    missing = run(app, "periodic", "pause", "b")
+    assert missing.exit_code == 3
+    assert "No periodic schedule is named 'b'" in missing.stderr
+    assert run(app, "periodic", "run", "b").exit_code == 3
+    bad = run(app, "periodic", "add", "c", "--task", "tests.nope", "--every", "5")
+    assert bad.exit_code == 78
+    assert "unknown task 'tests.nope'" in bad.stderr

@@ -50,7 +50,18 @@ def periodic() -> None:
     """Periodic tasks the companions serve (zdelay_beat / --beat): list and steer them."""
 
 
-@periodic.command("list", cls=ZDelayCommand, context_settings=_CONTEXT)
+def _examples(*lines: str) -> str:
+    return "\b\nExamples:\n" + "".join(
+        f"  celery -A proj zdelay periodic {line}\n" for line in lines
+    )
+
+
+@periodic.command(
+    "list",
+    cls=ZDelayCommand,
+    context_settings=_CONTEXT,
+    epilog=_examples("list", "list --json | jq '.schedules[] | {name, next_run_ms}'"),
+)
 @_json_option("the schedules")
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
@@ -112,23 +123,31 @@ def _named(verb: str, action: Any) -> Any:
 
 
 periodic.command(
-    "pause", cls=ZDelayCommand, context_settings=_CONTEXT, help="Pause a schedule until resumed."
+    "pause",
+    cls=ZDelayCommand,
+    context_settings=_CONTEXT,
+    help="Pause a schedule until resumed; what it parked is cancelled.",
+    epilog=_examples("pause nightly-report"),
 )(_named("paused", api.pause))
 periodic.command(
     "resume",
     cls=ZDelayCommand,
     context_settings=_CONTEXT,
     help="Resume a paused schedule from now; occurrences while paused do not run.",
+    epilog=_examples("resume nightly-report"),
 )(_named("resumed", api.resume))
 periodic.command(
     "remove",
     cls=ZDelayCommand,
     context_settings=_CONTEXT,
     help="Remove a schedule and cancel what it parked.",
+    epilog=_examples("remove clean-up"),
 )(_named("removed", api.remove))
 
 
-@periodic.command("run", cls=ZDelayCommand, context_settings=_CONTEXT)
+@periodic.command(
+    "run", cls=ZDelayCommand, context_settings=_CONTEXT, epilog=_examples("run nightly-report")
+)
 @click.argument("name")
 @click.pass_context
 def run(ctx: click.Context, name: str) -> None:
@@ -153,7 +172,16 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(f"not JSON: {exc}") from None
 
 
-@periodic.command("add", cls=ZDelayCommand, context_settings=_CONTEXT)
+@periodic.command(
+    "add",
+    cls=ZDelayCommand,
+    context_settings=_CONTEXT,
+    epilog=_examples(
+        "add clean-up --task proj.tasks.clean_up --every 3600",
+        "add report --task proj.tasks.report --crontab '0 3 * * *' --args '[\"sales\"]'",
+        'add poll --task proj.tasks.poll --every 10 --options \'{"queue": "io"}\' --missed skip',
+    ),
+)
 @click.argument("name")
 @click.option(
     "--task", required=True, cls=CeleryOption, help_group="Entry Options", help="Task name."
@@ -245,7 +273,12 @@ def add(
     click.echo(f"{'added' if changed else 'unchanged'} {name}")
 
 
-@periodic.command("sync", cls=ZDelayCommand, context_settings=_CONTEXT)
+@periodic.command(
+    "sync",
+    cls=ZDelayCommand,
+    context_settings=_CONTEXT,
+    epilog=_examples("sync", "sync --force     # roll back to this beat_schedule"),
+)
 @click.option(
     "--force",
     is_flag=True,
