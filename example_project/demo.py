@@ -9,7 +9,9 @@ at the order again and left it alone).
 
 Uses ``REDIS_URL`` when set, else a private Redis it starts and stops; the
 SQLite database lives in a temporary directory. ``SHOP_PAYMENT_WINDOW_SECONDS``
-sets the window (default here: 3).
+sets the window (default here: 3). The companion also serves the shop's
+periodic clean-up (``CELERY_BEAT_SCHEDULE``, no celery beat): every
+``SHOP_SWEEP_SECONDS`` (default here: 1; hourly in production).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def main() -> int:
             DJANGO_SETTINGS_MODULE="example_project.settings",
         )
         os.environ.setdefault("SHOP_PAYMENT_WINDOW_SECONDS", "3")
+        os.environ.setdefault("SHOP_SWEEP_SECONDS", "1")
         import django
         from django.core.management import call_command
 
@@ -263,8 +266,25 @@ def report(orders: list[Any], story: list[Plan], notes: dict[int, str], started:
         "payment window, on this machine's clock)"
     )
     print(f"The story took {time.monotonic() - started:.1f} s.")
+    report_sweeps()
     print(DASHBOARD_HINT)
     return 0 if correct == len(orders) else 1
+
+
+def report_sweeps() -> None:
+    """Print the runs of the periodic clean-up the companion served."""
+    from django.conf import settings
+
+    from example_project.shop.models import Sweep
+
+    sweeps = list(Sweep.objects.order_by("ran_at"))
+    print(
+        f"\nPeriodic clean-up shop-sweep, every {settings.SHOP_SWEEP_SECONDS:g} s, served by "
+        f"the companion (no celery beat): {len(sweeps)} runs"
+    )
+    for sweep in sweeps[-3:]:
+        print(f"  {sweep.task_id}  ran {sweep.ran_at:%H:%M:%S.%f}"[:-3])
+    print("  (celery -A example_project zdelay periodic list shows its next run)")
 
 
 if __name__ == "__main__":

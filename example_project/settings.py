@@ -66,9 +66,19 @@ SHOP_PAYMENT_WINDOW = timedelta(
     seconds=float(os.environ.get("SHOP_PAYMENT_WINDOW_SECONDS", "1800"))
 )
 
+#: How often the periodic clean-up runs, and how late an order must be for it.
+SHOP_SWEEP_SECONDS = float(os.environ.get("SHOP_SWEEP_SECONDS", "3600"))
+SHOP_SWEEP_GRACE = timedelta(hours=1)
+
 CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Parked tasks live in the broker's Redis; set CELERY_ZDELAY_REDIS_URL to
 # park them elsewhere (it must be set when the broker is RabbitMQ).
+
+# The companions serve the periodic tasks: no celery beat process.
+CELERY_ZDELAY_BEAT = True
+CELERY_BEAT_SCHEDULE = {
+    "shop-sweep": {"task": "shop.sweep_stale_orders", "schedule": SHOP_SWEEP_SECONDS},
+}

@@ -27,3 +27,15 @@ class Order(models.Model):
 
     def __str__(self) -> str:
         return f"order {self.pk} ({self.status})"
+
+
+class Sweep(models.Model):
+    """One run of the periodic clean-up ``sweep_stale_orders``."""
+
+    task_id = models.CharField(max_length=100)
+    ran_at = models.DateTimeField(default=timezone.now)
+    #: Orders still pending long after their window (their cancel task lost).
+    cancelled = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"sweep {self.task_id}"
