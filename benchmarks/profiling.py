@@ -6,7 +6,7 @@ cProfile (deterministic, in this process) wraps:
   Redis, generic on RabbitMQ), with the store's Redis-side script time beside
   it (SLOWLOG), so Python time and Redis time can be told apart;
 * N ``apply_delayed`` calls and N ``apply_async(countdown=)`` calls;
-* bulk parking inside ``celery_zdelay.batch``.
+* bulk parking with ``apply_delayed_many`` and inside ``celery_zdelay.batch``.
 
 py-spy (sampling, another process; only samples holding the GIL, i.e. Python
 CPU, not waits), when installed, records the real
@@ -66,10 +66,11 @@ def run_profile(sizes: Sizes, out_dir: Path) -> str:
     for name, fn in (
         ("apply_delayed per call", _calls_delayed),
         ("apply_async per call", _calls_plain),
+        ("bulk parking, apply_delayed_many", _bulk_many),
         ("bulk parking", _bulk),
     ):
         profiler = cProfile.Profile()
-        n = sizes.bulk_n if name == "bulk parking" else sizes.call_n * sizes.call_rounds
+        n = sizes.bulk_n if name.startswith("bulk") else sizes.call_n * sizes.call_rounds
         wall = fn(n, profiler)
         sections[name] = {"n": n, "wall_s": round(wall, 3), **summarize(profiler)}
 
@@ -114,6 +115,20 @@ def _calls_plain(n: int, profiler: cProfile.Profile) -> float:
         started = time.perf_counter()
         for seq in range(n):
             noop.apply_async((seq, 0), countdown=3600)
+        wall = time.perf_counter() - started
+        profiler.disable()
+    return wall
+
+
+def _bulk_many(n: int, profiler: cProfile.Profile) -> float:
+    with Resources() as res:
+        noop = _producer_app(res)
+        noop.apply_delayed_many([(0, 0)], countdown=3600)
+        profiler.enable()
+        started = time.perf_counter()
+        for chunk in range(0, n, PARK_CHUNK):
+            calls = [(seq, 0) for seq in range(chunk, min(chunk + PARK_CHUNK, n))]
+            noop.apply_delayed_many(calls, countdown=3600)
         wall = time.perf_counter() - started
         profiler.disable()
     return wall

@@ -2,10 +2,10 @@
 
 ``task.apply_delayed_many(calls, countdown=...)`` parks what as many
 ``task.apply_delayed(args, countdown=...)`` calls would park, in one Redis
-round trip, at several times the rate: Celery's ``apply_async`` costs tens of
-microseconds a call before anything is sent, and most of that work
-(execution options, routing, parent and root ids, expiry) gives the same
-answer for every call of one task with one set of options.
+round trip, faster: Celery's ``apply_async`` costs tens of microseconds a
+call before anything is sent, and much of that work (execution options,
+routing, parent and root ids, expiry) gives the same answer for every call
+of one task with one set of options.
 
 So the first call runs through ``task.apply_async`` in full, with a
 capturing producer (:mod:`celery_zdelay.capture`), and the arguments Celery

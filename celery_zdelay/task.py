@@ -67,8 +67,9 @@ class DelayedTaskMixin:
 
         Parks what as many :meth:`apply_delayed` calls with the same
         *countdown*, *eta* and options would park (each call has its own
-        task id), atomically and in one Redis round trip, at several times
-        the rate. Celery builds, routes and signals (``before_task_publish``,
+        task id), atomically and in one Redis round trip, faster than those
+        calls in a :func:`celery_zdelay.batch` (see the performance docs).
+        Celery builds, routes and signals (``before_task_publish``,
         ``after_task_publish``) every message; what depends only on the
         options (execution options, routing, parent) is worked out once.
         Inside :func:`celery_zdelay.batch` the calls join the batch. Under
