@@ -133,9 +133,13 @@ class Store:
                     for shard, indexes in by_shard.items()
                 ]
             else:
+                # A failing call inside MULTI/EXEC does not undo the calls before
+                # it, so each call checks the keys of every shard in the batch
+                # before it writes: they all fail, or none does.
                 with self.client.pipeline(transaction=True) as pipe:
                     for shard, indexes in by_shard.items():
-                        self._park_call(shard, [requests[i] for i in indexes], pipe)
+                        others = [s for s in by_shard if s != shard]
+                        self._park_call(shard, [requests[i] for i in indexes], pipe, others)
                     replies = pipe.execute()
         due_ms = [0] * len(requests)
         for indexes, reply in zip(by_shard.values(), replies, strict=True):
@@ -143,8 +147,26 @@ class Store:
                 due_ms[index] = int(ms)
         return due_ms
 
-    def _park_call(self, shard: int, requests: Sequence[ParkRequest], client: Any) -> Any:
+    def _park_call(
+        self,
+        shard: int,
+        requests: Sequence[ParkRequest],
+        client: Any,
+        check_shards: Sequence[int] = (),
+    ) -> Any:
         keys = self._keys[shard]
+        checked = [
+            key
+            for other in (self._keys[s] for s in check_shards)
+            for key in (
+                other.due,
+                other.msg,
+                other.lease,
+                other.leased,
+                other.dests,
+                other.templates,
+            )
+        ]
         templates = {r.template.id: r.template.record for r in requests if r.template}
         args: list[Any] = [keys.wake, PARK_MARKER_MS, len(templates)]
         for template in templates.items():
@@ -166,6 +188,7 @@ class Store:
                 keys.dests,
                 keys.marker(),
                 keys.templates,
+                *checked,
             ],
             args=args,
             client=client,

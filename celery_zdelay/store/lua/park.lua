@@ -7,6 +7,10 @@
 -- KEYS[5] dests set     kombu list keys named by parked entries (for handoff)
 -- KEYS[6] call marker   unique to this park call; makes a retried call a no-op
 -- KEYS[7] templates     template id -> template record (see entry.py)
+-- KEYS[8..] six per other shard of the same batch on this Redis server (its
+--           keys 1-5 and 7): checked too, so that a batch one shard cannot
+--           take fails in every shard's call before any of them writes (a
+--           MULTI/EXEC does not undo the calls that ran before a failing one)
 -- ARGV[1] wake channel, published to when the earliest due time moves earlier
 -- ARGV[2] ms the call marker lives (longer than the caller's retries take)
 -- ARGV[3] number of templates that follow
@@ -32,6 +36,10 @@ end
 
 zdelay_expect(due, 'zset', msg, 'hash', lease, 'zset', leased, 'hash', dests, 'set',
   templates, 'hash')
+for i = 8, #KEYS, 6 do
+  zdelay_expect(KEYS[i], 'zset', KEYS[i + 1], 'hash', KEYS[i + 2], 'zset', KEYS[i + 3], 'hash',
+    KEYS[i + 4], 'set', KEYS[i + 5], 'hash')
+end
 local n_templates = tonumber(ARGV[3])
 local first_entry = 4 + 2 * n_templates
 for i = first_entry, #ARGV, 5 do
