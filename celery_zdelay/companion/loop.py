@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from .. import __version__, signals
 from ..config import get_config
 from ..entry import TaskMessage, decode_entry
@@ -32,7 +34,7 @@ from ..store.client import sanitize_url
 from ..store.keys import companions_key
 from .handoff import Handoff, detect_handoff
 from .ownership import ShardOwnership
-from .publish import Publisher, make_publisher
+from .publish import Publisher, is_transient_reply, make_publisher
 from .wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -100,7 +102,9 @@ class Companion:
         self._handoff_known = False
         self.handoff_state = "unknown"
         self._stopping = threading.Event()
-        self._started_ms = int(time.time() * 1000)
+        #: When this companion was made, on the monotonic clock; heartbeats
+        #: turn it into Redis time (the one clock ``status`` compares with).
+        self._started = time.monotonic()
         self._last_heartbeat = 0.0
         self._live_companions = 1
         #: Routes (exchange, routing key) whose generic-path choice was logged.
@@ -216,8 +220,36 @@ class Companion:
         except StoreUnavailableError as exc:
             logger.warning("Store unreachable, retrying with backoff: %s", exc)
             report.failed = True
+        except redis.exceptions.ResponseError as exc:
+            if not is_transient_reply(exc):
+                raise
+            self._store_refused(exc)
+            report.failed = True
         self._add_to_totals(report)
         return report
+
+    def _store_refused(self, exc: redis.exceptions.ResponseError) -> None:
+        """Say why the store refuses to work, and what fixes it.
+
+        The entries stay where the refused script found them (every script
+        checks before its first write), so waiting loses nothing.
+        """
+        text = str(exc)
+        url = sanitize_url(self.store.url)
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
+            why = (
+                f"the store Redis at {url} is out of memory (used memory above maxmemory, "
+                "eviction off): parked tasks are kept but nothing can be released. "
+                "Raise maxmemory or free memory"
+            )
+        elif isinstance(exc, redis.exceptions.ReadOnlyError) or text.startswith("READONLY"):
+            why = (
+                f"the store Redis at {url} is a read-only replica. Point zdelay_redis_url "
+                "at the primary (or use a sentinel:// URL so failovers are followed)"
+            )
+        else:
+            why = f"the store Redis at {url} refuses writes for now ({text})"
+        logger.error("Releases paused: %s; retrying with backoff.", why)
 
     def _release_shard(self, shard: int, report: PassReport, advance_ms: int = 0) -> None:
         fresh = False
@@ -516,6 +548,11 @@ class Companion:
         except StoreUnavailableError as exc:
             logger.warning("Store unreachable, retrying with backoff: %s", exc)
             return PassReport(failed=True)
+        except redis.exceptions.ResponseError as exc:
+            if not is_transient_reply(exc):
+                raise
+            self._store_refused(exc)
+            return PassReport(failed=True)
         return None
 
     def _detect_handoff(self) -> None:
@@ -550,22 +587,25 @@ class Companion:
             return
         self._last_heartbeat = now
         key = companions_key(self.config.key_prefix)
-        beat = {
-            "id": self.id,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "version": __version__,
-            "shards": self._ownership.shards() if self._ownership else self.shards,
-            "handoff": self.handoff_state,
-            "started_ms": self._started_ms,
-            "seen_ms": int(time.time() * 1000),
-            "released": self.totals.released,
-            "dead_lettered": self.totals.dead_lettered,
-        }
         try:
+            # The Redis clock, not this host's: status compares heartbeats
+            # with Redis TIME, and a host clock minutes off must not make a
+            # live companion look dead (or a dead one alive).
+            now_ms = self.store.time_ms()
+            beat = {
+                "id": self.id,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "version": __version__,
+                "shards": self._ownership.shards() if self._ownership else self.shards,
+                "handoff": self.handoff_state,
+                "started_ms": now_ms - round((now - self._started) * 1000),
+                "seen_ms": now_ms,
+                "released": self.totals.released,
+                "dead_lettered": self.totals.dead_lettered,
+            }
             client = self.store.client
             client.hset(key, self.id, json.dumps(beat))
-            now_ms = int(time.time() * 1000)
             live = 0
             for companion, raw in client.hgetall(key).items():
                 seen_ms = json.loads(raw).get("seen_ms", 0)

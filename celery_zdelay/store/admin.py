@@ -193,7 +193,7 @@ class CompanionInfo:
     #: Whether the companion hands entries straight to a Redis broker, and why not.
     handoff: str
     started_ms: int
-    #: When the companion last wrote its heartbeat (its host's clock).
+    #: When the companion last wrote its heartbeat (the Redis clock).
     seen_ms: int
     #: Entries it released since it started.
     released: int
@@ -304,6 +304,11 @@ def server_health(store: Store) -> ServerHealth:
             version: str | None = str(store.client.info("server").get("redis_version"))
         except redis.exceptions.ResponseError:
             version = None
+        try:
+            memory = store.client.info("memory")
+            role = store.client.info("replication").get("role")
+        except redis.exceptions.ResponseError:
+            memory, role = {}, None
     policy = config.get("maxmemory-policy")
     appendonly = config.get("appendonly")
     appendfsync = config.get("appendfsync")
@@ -340,6 +345,17 @@ def server_health(store: Store) -> ServerHealth:
             "Set appendfsync everysec."
         )
     maxmemory = config.get("maxmemory")
+    used, limit = memory.get("used_memory"), memory.get("maxmemory")
+    if isinstance(used, int) and isinstance(limit, int) and 0 < limit <= used:
+        warnings.append(
+            f"Redis is out of memory (used {used} bytes, maxmemory {limit}): parking fails "
+            "and companions cannot release until memory is freed or maxmemory raised."
+        )
+    if role == "slave":
+        warnings.append(
+            "This Redis is a read-only replica: nothing can be parked or released here. "
+            "Point zdelay_redis_url at the primary (or a sentinel:// URL)."
+        )
     return ServerHealth(
         redis_version=version,
         maxmemory_policy=policy,
