@@ -187,43 +187,26 @@ def test_redis_restarted_during_parking_and_release_loses_nothing_acknowledged(
     assert sorted(runs.ids()) == sorted(queued)
 
 
-def _kill_companions_repeatedly(
-    app: Celery,
-    live: list[CeleryProcess],
-    processes: list[CeleryProcess],
-    stop: threading.Event,
-    kills: list[int],
-    errors: list[BaseException],
-) -> None:
-    # A victim is picked only among companions that are up (have logged their
-    # start line), and only while at least two others are up too: the pace of
-    # kills follows how fast replacements start, so a loaded machine (starting
-    # a Celery process costs about a second of CPU) slows the kills down
-    # instead of killing every companion before it has claimed anything.
-    up: set[int] = set()
+class _Up:
+    """Which companions have logged their start line (and so claim)."""
 
-    def is_up(companion: CeleryProcess) -> bool:
-        if companion.pid not in up and " started: " in companion.log():
-            up.add(companion.pid)
-        return companion.pid in up
+    def __init__(self) -> None:
+        # A log is read until its start line shows: the DEBUG logs of a
+        # busy companion grow by megabytes, and are polled many times.
+        self.started: set[int] = set()
 
-    try:
-        while not stop.wait(0.4):
-            running = [c for c in live if is_up(c)]
-            if len(running) < 3:
-                continue
-            victim = random.choice(running)
-            live.remove(victim)
-            victim.kill()
-            kills.append(victim.pid)
-            replacement = CeleryProcess(app, "zdelay", "-l", "DEBUG").start()
-            processes.append(replacement)  # stopped at teardown
-            live.append(replacement)
-    except BaseException as exc:  # surfaced by the test
-        errors.append(exc)
+    def __call__(self, companions: list[CeleryProcess]) -> list[CeleryProcess]:
+        for c in companions:
+            if c.pid not in self.started and " started: " in c.log():
+                self.started.add(c.pid)
+        return [c for c in companions if c.pid in self.started]
 
 
-# The waits below add up to more than the module's timeout: on a loaded
+#: Waves of tasks in the repeated-kill test, one kill landing in each.
+WAVES = 5
+
+
+# The waves below add up to more than the module's timeout: on a loaded
 # 2-core machine, starting replacement companions competes with the workers.
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize(
@@ -241,7 +224,7 @@ def test_companions_killed_over_and_over_lose_nothing(
     path: str,
     dedupe: bool,
 ) -> None:
-    # Given 4 companions, and 20,000 tasks parked to fall due over ~15 s
+    # Given 4 companions and 2 workers
     broker = f"{redis_server.url}/0" if path == "handoff" else f"{broker_server.url}/0"
     batch_size = 200
     app = make_test_app(
@@ -260,25 +243,39 @@ def test_companions_killed_over_and_over_lose_nothing(
         processes.append(live[-1])  # stopped at teardown
     worker(app)
     worker(app)
-    ids = set()
-    with celery_zdelay.batch(app):
-        for i in range(20_000):
-            ids.add(record.apply_delayed((i,), countdown=1 + (i % 15_000) / 1000).id)
 
-    # When one of them is SIGKILLed and replaced every 0.4 s, whenever at
-    # least three are up
-    stop, kills, errors = threading.Event(), [], []
-    killer = threading.Thread(
-        target=_kill_companions_repeatedly, args=(app, live, processes, stop, kills, errors)
-    )
-    killer.start()
-    try:
-        wait_for(lambda: redis_client.zcard(DUE) == 0 or errors, timeout=120, message="all claimed")
-    finally:
-        stop.set()
-        killer.join(timeout=60)
-    assert not errors
-    assert len(kills) >= 5
+    # When 20,000 tasks are parked in 5 waves, each falling due over 2 s, and
+    # once a third of a wave is claimed one of the companions is SIGKILLed
+    # (then replaced). The next wave waits for three companions to be up:
+    # the kills follow how fast replacements start, so a loaded machine
+    # (a Celery process costs about a second of CPU to start) slows the test
+    # down instead of killing companions before they claim anything.
+    up = _Up()
+    size = 20_000 // WAVES
+    ids: set[str] = set()
+    pending_at_kill = []
+    for wave in range(WAVES):
+        wait_for(lambda: len(up(live)) >= 3, timeout=60, message="three companions up")
+        with celery_zdelay.batch(app):
+            for i in range(size):
+                ids.add(record.apply_delayed((wave, i), countdown=0.5 + 2.0 * i / size).id)
+        third_claimed = redis_client.zcard(DUE) - size // 3
+        wait_for(
+            lambda: redis_client.zcard(DUE) <= third_claimed,  # noqa: B023 (called at once)
+            timeout=60,
+            message=f"a third of wave {wave} claimed",
+        )
+        victim = random.choice(up(live))
+        live.remove(victim)
+        pending_at_kill.append(redis_client.zcard(DUE) + redis_client.zcard(LEASE))
+        victim.kill()
+        replacement = CeleryProcess(app, "zdelay", "-l", "DEBUG").start()
+        processes.append(replacement)  # stopped at teardown
+        live.append(replacement)
+    wait_for(lambda: redis_client.zcard(DUE) == 0, timeout=120, message="all claimed")
+    # every kill landed while entries of its wave were still parked or in flight
+    assert len(pending_at_kill) == WAVES
+    assert all(pending_at_kill), pending_at_kill
 
     # Then every task runs; twice only where the design allows it
     ran = runs.wait_for_ids(ids, stall_timeout=120)
@@ -289,6 +286,6 @@ def test_companions_killed_over_and_over_lose_nothing(
     else:
         # Only entries published by a companion killed before its store ack
         # run twice: at most one batch per kill.
-        assert len(duplicates) <= len(kills) * batch_size
+        assert len(duplicates) <= WAVES * batch_size
     wait_for(lambda: redis_client.zcard(LEASE) == 0, timeout=30, message="nothing in flight")
     assert redis_client.hlen(MSG) == 0
