@@ -6,9 +6,17 @@ Workers only ever receive tasks that are due now; see the documentation at
 
 from __future__ import annotations
 
+from .control import (
+    ParkedTask,
+    cancel,
+    cancel_matching,
+    lookup,
+    reschedule,
+    reschedule_matching,
+)
 from .errors import ConfigurationError, StoreUnavailableError, ZDelayError
 from .hooks import install_everywhere as _install_everywhere
-from .parking import apply_delayed, batch, cancel, reschedule, send_delayed
+from .parking import apply_delayed, batch, send_delayed
 from .task import DelayedTaskMixin, Task
 from .transparent import TransparentAMQP
 
@@ -21,6 +29,7 @@ _install_everywhere()
 __all__ = [
     "ConfigurationError",
     "DelayedTaskMixin",
+    "ParkedTask",
     "StoreUnavailableError",
     "Task",
     "TransparentAMQP",
@@ -29,6 +38,9 @@ __all__ = [
     "apply_delayed",
     "batch",
     "cancel",
+    "cancel_matching",
+    "lookup",
     "reschedule",
+    "reschedule_matching",
     "send_delayed",
 ]

@@ -64,6 +64,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_worker_dedupe": "workers drop a second delivery of a released id",
     "zdelay_shard_leases": "companions own shards instead of all claiming from all",
     "zdelay_beat": "companions serve beat_schedule (periodic tasks) instead of celery beat",
+    "zdelay_audit_log": "log one INFO line per released, cancelled, rescheduled or dead task",
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -104,6 +105,9 @@ class ZDelayConfig:
     retry_policy: RetryPolicy
     worker_dedupe: bool
     shard_leases: bool
+    #: Log each released, cancelled, rescheduled and dead-lettered task (logger
+    #: ``celery_zdelay.audit``).
+    audit_log: bool = False
     #: Why there is no store URL (the broker is not Redis and none is set).
     missing_store: str | None = None
     beat: bool = False
@@ -252,6 +256,7 @@ def _build(
         worker_dedupe=_flag("zdelay_worker_dedupe", raw["zdelay_worker_dedupe"]),
         shard_leases=_flag("zdelay_shard_leases", raw["zdelay_shard_leases"]),
         beat=_flag("zdelay_beat", raw["zdelay_beat"]),
+        audit_log=_flag("zdelay_audit_log", raw["zdelay_audit_log"]),
     )
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import json
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from .errors import ConfigurationError, ZDelayError
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
 from .store import ParkRequest, Store, admin
+from .store.client import unavailable_as_error
+from .store.keys import canvas_key
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -34,12 +38,10 @@ if TYPE_CHECKING:
 __all__ = [
     "apply_delayed",
     "batch",
-    "cancel",
     "park_many",
     "park_messages",
     "park_requests",
     "park_task",
-    "reschedule",
     "send_delayed",
     "store_for",
 ]
@@ -125,6 +127,7 @@ def apply_delayed(
             app, lambda producer: signature.apply_async(producer=producer, **options)
         )
     park_messages(app, messages, due)
+    _remember_canvas(app, result, messages, due)
     return result
 
 
@@ -147,17 +150,6 @@ def send_delayed(
         )
     park_messages(app, messages, due)
     return result
-
-
-def cancel(task_id: str, *, app: Celery) -> bool:
-    """Cancel a parked task; return whether it was parked and not yet released."""
-    return store_for(app).cancel([task_id])[0]
-
-
-def reschedule(task_id: str, *, countdown: Any = None, eta: Any = None, app: Celery) -> bool:
-    """Move a parked task to a new due time; return whether it was parked."""
-    due = due_from(countdown, eta)
-    return store_for(app).reschedule(task_id, due) is not None
 
 
 @contextmanager
@@ -271,6 +263,43 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
         )
         requests.append(ParkRequest(message.task_id, due, payload, dest, template))
     return requests
+
+
+#: How long after its due time a canvas's result id still finds its parked ids.
+CANVAS_GRACE_MS = 7 * 24 * 3600 * 1000
+
+
+def _remember_canvas(app: Celery, result: Any, messages: list[TaskMessage], due: Due) -> None:
+    """Let the ids the caller holds for a canvas find the tasks parked for it.
+
+    A chain parks its first task but returns its last one's result (its
+    ``parent`` chain leads back), a group returns a result under the group
+    id: ``cancel(result.id)`` must still act on what was parked.
+    """
+    parked = [message.task_id for message in messages]
+    held = [rid for rid in _result_ids(result) if rid not in parked]
+    if not parked or not held:
+        return
+    store = store_for(app)
+    ahead_ms = due.ms if due.mode == "r" else due.ms - round(time.time() * 1000)
+    ttl_ms = max(ahead_ms, 0) + CANVAS_GRACE_MS
+    value = json.dumps(parked)
+    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+        for result_id in held:
+            pipe.set(canvas_key(store.config.key_prefix, result_id), value, px=ttl_ms)
+        pipe.execute()
+
+
+def _result_ids(result: Any) -> list[str]:
+    """Return the id of *result* and of each ``parent`` before it (a chain's steps)."""
+    ids: list[str] = []
+    node = result
+    while node is not None and len(ids) < 10_000:
+        result_id = getattr(node, "id", None)
+        if isinstance(result_id, str):
+            ids.append(result_id)
+        node = getattr(node, "parent", None)
+    return ids
 
 
 #: Set on an app whose parked tasks a test releases itself (celery_zdelay.testing).

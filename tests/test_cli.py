@@ -22,6 +22,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
+import celery_zdelay
 from celery_zdelay import cli
 from celery_zdelay._format import parse_duration_ms, utc
 from celery_zdelay.cli import (
@@ -478,7 +479,7 @@ def test_reschedule_needs_exactly_one_time_and_a_parked_id(app: Celery, stocked:
     unknown = run(app, "reschedule", "no-such-id", "--countdown", "5")
 
     assert neither.exit_code == both.exit_code == bad_eta.exit_code == EXIT_USAGE
-    assert "Give exactly one of --countdown SECONDS or --eta ISO." in both.stderr
+    assert "Give exactly one of --countdown DURATION or --eta ISO." in both.stderr
     assert "eta must be a datetime or an ISO 8601 string" in bad_eta.stderr
     assert unknown.exit_code == EXIT_NOT_FOUND
     assert unknown.stdout.startswith("not parked  no-such-id")
@@ -655,3 +656,70 @@ def test_the_companion_logs_json_lines_on_request(
     dead = next(r for r in records if r["message"].startswith("Dead-lettered"))
     assert dead["level"] == "ERROR"
     assert "damaged-1" in dead["message"]
+
+
+# -- bulk cancel and reschedule, durations ------------------------------------------------
+
+
+def test_cancel_by_filter_counts_with_a_dry_run_then_cancels(app: Celery) -> None:
+    record, add = app.tasks["tests.record"], app.tasks["tests.add"]
+    for i in range(3):
+        record.apply_delayed((i,), countdown=600)
+    later = record.apply_delayed(("later",), countdown=7200)
+    add.apply_delayed((1, 1), countdown=600)
+
+    dry = run(app, "cancel", "--task", "tests.record", "--due-before", "1h", "--dry-run")
+    done = run(app, "cancel", "--task", "tests.record", "--due-before", "1h")
+    one = run(app, "cancel", "--task", "tests.add")
+    mixed = run(app, "cancel", later.id, "--task", "tests.record")
+
+    assert (dry.exit_code, dry.stdout) == (EXIT_OK, "would cancel 3 parked tasks (dry run)\n")
+    assert (done.exit_code, done.stdout) == (EXIT_OK, "cancelled 3 parked tasks\n")
+    assert one.stdout == "cancelled 1 parked task\n"
+    assert mixed.exit_code == EXIT_USAGE
+    store = Store(get_config(app))
+    try:
+        assert [e.task_id for e in admin.list_parked(store).entries] == [later.id]
+    finally:
+        store.close()
+
+
+def test_reschedule_takes_the_duration_format_list_takes(app: Celery) -> None:
+    # Regression: --countdown 5m was rejected while list --due-before 5m worked.
+    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=60)
+
+    moved = run(app, "reschedule", result.id, "--countdown", "5m")
+    found = celery_zdelay.lookup(result.id, app=app)
+
+    assert moved.exit_code == EXIT_OK, moved.output
+    assert re.fullmatch(
+        rf"rescheduled {result.id}: due in (4m 5\ds|5m 0s) \({ISO}\)\n", moved.stdout
+    )
+    assert found is not None
+    assert found.due_ms is not None
+
+
+def test_rescheduling_into_the_past_says_so(app: Celery) -> None:
+    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=600)
+
+    moved = run(app, "reschedule", result.id, "--countdown", "-10m")
+
+    assert moved.exit_code == EXIT_OK, moved.output
+    assert re.fullmatch(
+        rf"rescheduled {result.id}: due {ISO}, (9m 5\ds|10m \ds) ago: that is in the past, "
+        r"so it is released at once\n",
+        moved.stdout,
+    )
+
+
+def test_reschedule_by_filter_counts_and_moves(app: Celery) -> None:
+    record = app.tasks["tests.record"]
+    for i in range(2):
+        record.apply_delayed((i,), countdown=600, queue="orders")
+    record.apply_delayed(("mail",), countdown=600, queue="mail")
+
+    dry = run(app, "reschedule", "--queue", "orders", "--countdown", "2h", "--dry-run")
+    done = run(app, "reschedule", "--queue", "orders", "--countdown", "2h")
+
+    assert dry.stdout == "would reschedule 2 parked tasks (dry run)\n"
+    assert done.stdout == "rescheduled 2 parked tasks\n"

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["Companion", "PassReport"]
 
 logger = logging.getLogger(__name__)
+#: The opt-in audit trail (zdelay_audit_log): one INFO line per task.
+audit = logging.getLogger("celery_zdelay.audit")
 
 #: Longest sleep with nothing due; a safety net under the wake-up channel.
 MAX_IDLE_SECONDS = 1.0
@@ -269,8 +271,15 @@ class Companion:
                     path="handoff",
                     count=len(lateness),
                     lateness_ms=lateness,
-                    task_ids=None,
+                    task_ids=result.handed_ids or None,
                 )
+                for task_id, late_ms in zip(result.handed_ids, lateness, strict=False):
+                    audit.info(
+                        "Released %s (handoff) %d ms after due",
+                        task_id,
+                        late_ms,
+                        extra={"task_id": task_id},
+                    )
             if result.dead:
                 self._report_dead(shard, report, result.dead)
             if result.entries:
@@ -312,6 +321,7 @@ class Companion:
                 fresh=fresh,
                 advance_ms=advance_ms,
                 companion_id=self.id,
+                with_ids=self.config.audit_log,
             )
         return self.store.claim(
             shard, limit=self.batch_size, lease_ms=self.lease_ms, advance_ms=advance_ms
@@ -464,6 +474,15 @@ class Companion:
             lateness_ms=lateness,
             task_ids=task_ids,
         )
+        if self.config.audit_log:
+            for task_id, late_ms in zip(task_ids, lateness, strict=True):
+                audit.info(
+                    "Released %s (%s) %d ms after due",
+                    task_id,
+                    path,
+                    late_ms,
+                    extra={"task_id": task_id},
+                )
         if not logger.isEnabledFor(logging.DEBUG):
             return  # not a dict and a call per released entry for nothing
         for (entry, message), late_ms in zip(released, lateness, strict=True):
@@ -491,6 +510,10 @@ class Companion:
         """Count, log and signal entries moved to the dead-letter set."""
         report.dead_lettered += len(dead)
         for task_id, reason in dead:
+            if self.config.audit_log:
+                audit.info(
+                    "Dead-lettered %s: %s", task_id, reason["reason"], extra={"task_id": task_id}
+                )
             logger.error(
                 "Dead-lettered %s on shard %d: %s",
                 task_id,

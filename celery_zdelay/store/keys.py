@@ -10,7 +10,15 @@ import uuid
 import zlib
 from dataclasses import dataclass
 
-__all__ = ["PeriodicKeys", "ShardKeys", "companions_key", "periodic_keys", "shard_keys", "shard_of"]
+__all__ = [
+    "PeriodicKeys",
+    "ShardKeys",
+    "canvas_key",
+    "companions_key",
+    "periodic_keys",
+    "shard_keys",
+    "shard_of",
+]
 
 
 @dataclass(frozen=True)
@@ -116,3 +124,13 @@ def shard_of(task_id: str, shards: int) -> int:
     if shards == 1:
         return 0
     return zlib.crc32(task_id.encode()) % shards
+
+
+def canvas_key(prefix: str, result_id: str) -> str:
+    """Return the STRING listing the parked ids behind a canvas's result id (JSON list).
+
+    A delayed chain parks its first task, a group its members: the id the
+    caller holds (the chain's last task, the group) names no entry, so
+    cancel and reschedule look it up here. It expires on its own.
+    """
+    return f"{prefix}:canvas:{result_id}"

@@ -74,6 +74,9 @@ class ClaimResult:
     next_lease_ms: int | None
     #: Due ms of each entry moved straight into a broker queue (handoff only).
     handed_due_ms: list[int] = field(default_factory=list)
+    #: Ids of the entries handed off, in the order of :attr:`handed_due_ms`
+    #: (only when asked for: ``with_ids``).
+    handed_ids: list[str] = field(default_factory=list)
     #: The handoff stopped at an entry naming a queue list it was not given.
     needs_dests: bool = False
     #: Entries leased for the generic path, in due order.
@@ -251,12 +254,15 @@ class Store:
         fresh: bool,
         advance_ms: int = 0,
         companion_id: str = "",
+        with_ids: bool = False,
     ) -> ClaimResult:
         """Recover expired leases, then hand due entries off to the broker's lists.
 
         Entries that cannot be handed off are leased and returned, as by
         :meth:`claim`; entries whose queue list key holds another type are
         dead-lettered (:attr:`ClaimResult.dead`, reasons naming *companion_id*).
+        With *with_ids* the ids handed off are returned too
+        (:attr:`ClaimResult.handed_ids`), for the audit trail.
         """
         keys = self._keys[shard]
         reply = self._after_recover(
@@ -282,6 +288,7 @@ class Store:
                     "1" if fresh else "0",
                     advance_ms,
                     companion_id,
+                    "1" if with_ids else "0",
                 ],
                 client=client,
             ),
@@ -293,7 +300,11 @@ class Store:
             (reply[i].decode(), json.loads(reply[i + 1])) for i in range(end, end + 2 * n_dead, 2)
         ]
         end += 2 * n_dead
-        result.handed_due_ms = [int(ms) for ms in reply[end:]]
+        handed = reply[end:]
+        if with_ids:
+            result.handed_ids = [task_id.decode() for task_id in handed[0::2]]
+            handed = handed[1::2]
+        result.handed_due_ms = [int(ms) for ms in handed]
         result.needs_dests = bool(int(reply[4]))
         return result
 

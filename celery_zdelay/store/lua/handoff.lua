@@ -25,9 +25,11 @@
 -- ARGV[6] ms to add to the Redis clock when picking due entries: 0, except
 --         in tests that fast-forward time (celery_zdelay.testing)
 -- ARGV[7] companion id, written into dead-letter reasons
+-- ARGV[8] "1": return the id before the due_ms of each entry handed off
+--         (zdelay_audit_log); anything else: the due_ms only
 -- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, needs_dests,
 --          n_leased, n_dead, id, due_score, payload (n_leased times),
---          id, reason JSON (n_dead times), due_ms of each entry handed off}
+--          id, reason JSON (n_dead times), [id,] due_ms of each entry handed off}
 if redis.replicate_commands then redis.replicate_commands() end
 
 local due, msg, lease, leased, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -147,7 +149,11 @@ for _, entry in ipairs(bad) do
   result[#result + 1] = entry[2]
 end
 
-for _, due_ms in ipairs(handed_due) do result[#result + 1] = due_ms end
+local with_ids = ARGV[8] == '1'
+for i, due_ms in ipairs(handed_due) do
+  if with_ids then result[#result + 1] = handed[i] end
+  result[#result + 1] = due_ms
+end
 
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 if head[2] then result[3] = math.floor(tonumber(head[2]) / 1024) end

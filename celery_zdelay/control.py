@@ -1,0 +1,227 @@
+"""Steer parked tasks from Python: cancel, reschedule and look up, by id or by filter.
+
+Each function takes the id the caller holds, whatever was parked: a task,
+or a canvas (a chain parks its first task, a group its members, and the
+result the caller got names neither; :func:`celery_zdelay.apply_delayed`
+remembered which ids it parked for it). *app* defaults to
+``celery.current_app``, as Celery's own API does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import celery
+
+from ._format import utc
+from .config import get_config
+from .errors import ConfigurationError
+from .parking import store_for
+from .schedule import due_from
+from .store import Store
+from .store.client import unavailable_as_error
+from .store.keys import canvas_key
+from .store.lookup import ParkedTask, find, select
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = [
+    "ParkedTask",
+    "cancel",
+    "cancel_matching",
+    "lookup",
+    "reschedule",
+    "reschedule_matching",
+]
+
+#: Logger of the opt-in audit trail (``zdelay_audit_log``): one line per task.
+audit = logging.getLogger("celery_zdelay.audit")
+
+
+def cancel(task_id: str, *, app: Celery | None = None) -> bool:
+    """Cancel a parked task or canvas; return whether anything was still parked.
+
+    For a canvas parked with :func:`celery_zdelay.apply_delayed`, *task_id*
+    may be the id of the result it returned (a chain's last task, a group):
+    every task parked for it is cancelled. False means nothing was parked
+    under the id any more: unknown, released, or being released right now.
+    """
+    app = _app(app)
+    store = store_for(app)
+    ids = [task_id] if store.cancel([task_id])[0] else []
+    if not ids:
+        members = _canvas_members(store, task_id)
+        ids = [m for m, done in zip(members, store.cancel(members), strict=True) if done]
+    for cancelled in ids:
+        _audit(app, "Cancelled %s", cancelled)
+    return bool(ids)
+
+
+def reschedule(
+    task_id: str, *, countdown: Any = None, eta: Any = None, app: Celery | None = None
+) -> bool:
+    """Move a parked task or canvas to a new due time; return whether it was parked.
+
+    *countdown* is seconds from now on the Redis clock, *eta* a datetime
+    (naive means UTC); a time in the past makes it due at once. A canvas is
+    found by its result's id, as with :func:`cancel`.
+    """
+    app = _app(app)
+    due = due_from(countdown, eta)
+    store = store_for(app)
+    moved = store.reschedule(task_id, due)
+    if moved is not None:
+        _audit(app, "Rescheduled %s: due %s", task_id, utc(moved))
+        return True
+    members = _canvas_members(store, task_id)
+    done = False
+    for member in members:
+        member_ms = store.reschedule(member, due)
+        if member_ms is not None:
+            done = True
+            _audit(app, "Rescheduled %s: due %s", member, utc(member_ms))
+    return done
+
+
+def lookup(task_id: str, *, app: Celery | None = None) -> ParkedTask | None:
+    """Return what celery-zdelay holds under *task_id*, or None.
+
+    The :class:`~celery_zdelay.store.lookup.ParkedTask` says its state
+    (``"parked"``, ``"in_flight"`` or ``"dead"``), due time (``due``, an aware
+    UTC datetime), task name and queue, e.g. to tell a customer "your order
+    is cancelled at 10:32". For a canvas's result id it describes the first
+    task parked for it (``task_id`` then names that task). None means the
+    task was released (or cancelled), or never parked.
+    """
+    store = store_for(_app(app))
+    found = find(store, task_id)
+    if found is not None:
+        return found
+    for member in _canvas_members(store, task_id):
+        found = find(store, member)
+        if found is not None:
+            return found
+    return None
+
+
+def cancel_matching(
+    *,
+    task: str | None = None,
+    queue: str | None = None,
+    due_after: datetime | timedelta | None = None,
+    due_before: datetime | timedelta | None = None,
+    dry_run: bool = False,
+    app: Celery | None = None,
+) -> int:
+    """Cancel every parked task that matches; return how many were (or would be) cancelled.
+
+    *task* and *queue* are names or glob patterns (``"proj.orders.*"``);
+    *due_after*/*due_before* select due times in ``[after, before)``, as
+    datetimes (naive means UTC) or timedeltas from now on the Redis clock.
+    At least one filter is required. With *dry_run* nothing changes.
+    """
+    app = _app(app)
+    store = store_for(app)
+    ids = _select(store, task, queue, due_after, due_before)
+    if dry_run:
+        return len(ids)
+    cancelled = 0
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        for task_id, done in zip(chunk, store.cancel(chunk), strict=True):
+            if done:
+                cancelled += 1
+                _audit(app, "Cancelled %s", task_id)
+    return cancelled
+
+
+def reschedule_matching(
+    *,
+    countdown: Any = None,
+    eta: Any = None,
+    task: str | None = None,
+    queue: str | None = None,
+    due_after: datetime | timedelta | None = None,
+    due_before: datetime | timedelta | None = None,
+    dry_run: bool = False,
+    app: Celery | None = None,
+) -> int:
+    """Move every parked task that matches to a new due time; return how many moved.
+
+    Filters as for :func:`cancel_matching`; the new time as for
+    :func:`reschedule`. The matches are selected first, so a task moved into
+    the selected range is not moved twice.
+    """
+    app = _app(app)
+    due = due_from(countdown, eta)
+    store = store_for(app)
+    ids = _select(store, task, queue, due_after, due_before)
+    if dry_run:
+        return len(ids)
+    moved = 0
+    for task_id in ids:
+        due_ms = store.reschedule(task_id, due)
+        if due_ms is not None:
+            moved += 1
+            _audit(app, "Rescheduled %s: due %s", task_id, utc(due_ms))
+    return moved
+
+
+def _app(app: Celery | None) -> Celery:
+    return app if app is not None else celery.current_app._get_current_object()
+
+
+def _canvas_members(store: Store, result_id: str) -> list[str]:
+    with unavailable_as_error(store.url):
+        raw = store.client.get(canvas_key(store.config.key_prefix, result_id))
+    if raw is None:
+        return []
+    try:
+        members = json.loads(raw)
+    except ValueError:
+        return []
+    return [m for m in members if isinstance(m, str)] if isinstance(members, list) else []
+
+
+def _select(
+    store: Store,
+    task: str | None,
+    queue: str | None,
+    due_after: datetime | timedelta | None,
+    due_before: datetime | timedelta | None,
+) -> list[str]:
+    if task is None and queue is None and due_after is None and due_before is None:
+        raise ConfigurationError(
+            "Give at least one of task=, queue=, due_after=, due_before= "
+            '(task="*" matches every task).'
+        )
+    now_ms = store.time_ms() if _relative(due_after, due_before) else 0
+    return select(
+        store,
+        task=task,
+        queue=queue,
+        due_after_ms=_ms(due_after, now_ms),
+        due_before_ms=_ms(due_before, now_ms),
+    )
+
+
+def _relative(*whens: datetime | timedelta | None) -> bool:
+    return any(isinstance(w, timedelta) for w in whens)
+
+
+def _ms(when: datetime | timedelta | None, now_ms: int) -> int | None:
+    if when is None:
+        return None
+    if isinstance(when, timedelta):
+        return now_ms + round(when.total_seconds() * 1000)
+    due = due_from(eta=when)
+    return due.ms
+
+
+def _audit(app: Celery, message: str, *args: Any) -> None:
+    if get_config(app).audit_log:
+        audit.info(message, *args, extra={"task_id": args[0]})

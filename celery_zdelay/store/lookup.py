@@ -1,0 +1,150 @@
+"""Find parked entries: one by id (its state and due time), or all that match a filter.
+
+:func:`find` reads the keys of the id's shard in one round trip and says
+whether the entry waits (``parked``), is being released (``in_flight``) or
+could not be published (``dead``). :func:`select` pages through the due sets
+and returns the ids whose task name, queue and due time match, for bulk
+cancel and reschedule. Payloads are read only for their Celery headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from fnmatch import fnmatchcase
+from typing import Literal, cast
+
+from .admin import _dead_entry, _describe, _shards, _text
+from .client import unavailable_as_error
+from .store import Store
+
+__all__ = ["EntryState", "ParkedTask", "find", "select"]
+
+EntryState = Literal["parked", "in_flight", "dead"]
+
+#: Score slots per millisecond in the due set (score = due_ms * 1024 + seq).
+_SEQ = 1024
+#: Entries read per round trip while selecting.
+_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class ParkedTask:
+    """A task celery-zdelay holds, as :func:`celery_zdelay.lookup` returns it."""
+
+    #: The id of the parked entry (the first task of a parked chain).
+    task_id: str
+    #: ``"parked"`` (waiting for its due time, or overdue), ``"in_flight"``
+    #: (claimed by a companion, being published) or ``"dead"`` (dead-lettered).
+    state: EntryState
+    #: When it is (or was) due, in epoch ms on the Redis clock; None if unknown.
+    due_ms: int | None
+    #: Task name; None when the message cannot be read.
+    task: str | None
+    #: The queue (routing key) it is published to.
+    queue: str | None
+    shard: int
+    #: Why it was dead-lettered (``state == "dead"``), or why its message cannot be read.
+    reason: str | None = None
+
+    @property
+    def due(self) -> datetime | None:
+        """:attr:`due_ms` as an aware UTC datetime."""
+        if self.due_ms is None:
+            return None
+        return datetime.fromtimestamp(self.due_ms / 1000, tz=timezone.utc)
+
+
+def find(store: Store, task_id: str) -> ParkedTask | None:
+    """Return the entry parked, in flight or dead-lettered under *task_id*, else None."""
+    shard = store.shard_of(task_id)
+    keys = store.keys(shard)
+    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+        pipe.zscore(keys.due, task_id)
+        pipe.hget(keys.leased, task_id)
+        pipe.hget(keys.msg, task_id)
+        pipe.zscore(keys.dead, task_id)
+        pipe.hget(keys.dead_msg, task_id)
+        score, leased, payload, died, record = pipe.execute()
+    if score is not None or leased is not None:
+        state: EntryState = "parked" if score is not None else "in_flight"
+        headers, queue, error = _describe(payload, store.templates(shard))
+        # The leased record starts with the due score (then the claim token).
+        due_score = int(score) if score is not None else int(bytes(leased).split()[0])
+        return ParkedTask(
+            task_id=task_id,
+            state=state,
+            due_ms=due_score // _SEQ,
+            task=_optional(headers.get("task")),
+            queue=queue,
+            shard=shard,
+            reason=error,
+        )
+    if died is not None:
+        dead = _dead_entry(store, task_id, shard, int(died), record)
+        return ParkedTask(
+            task_id=task_id,
+            state="dead",
+            due_ms=dead.due_ms,
+            task=dead.task,
+            queue=dead.queue,
+            shard=shard,
+            reason=dead.reason or dead.error,
+        )
+    return None
+
+
+def select(
+    store: Store,
+    *,
+    task: str | None = None,
+    queue: str | None = None,
+    due_after_ms: int | None = None,
+    due_before_ms: int | None = None,
+    shards: Iterable[int] | None = None,
+) -> list[str]:
+    """Return the ids of every parked entry that matches, in due order per shard.
+
+    *task* and *queue* are names or glob patterns (``proj.orders.*``); due
+    times are selected in ``[due_after_ms, due_before_ms)``. Unlike a
+    listing there is no bound: bulk cancel and reschedule must see every
+    match. Entries in flight are not selected (they cannot be cancelled).
+    """
+    low = "-inf" if due_after_ms is None else str(due_after_ms * _SEQ)
+    high = "+inf" if due_before_ms is None else f"({due_before_ms * _SEQ}"
+    found: list[str] = []
+    for shard in _shards(store, shards):
+        keys = store.keys(shard)
+        offset = 0
+        while True:
+            with unavailable_as_error(store.url):
+                members = cast(
+                    "list[bytes]",
+                    store.client.zrangebyscore(keys.due, low, high, start=offset, num=_PAGE),
+                )
+                payloads = cast(
+                    "list[bytes | None]",
+                    store.client.hmget(keys.msg, members)
+                    if members and (task is not None or queue is not None)
+                    else [None] * len(members),
+                )
+            for member, payload in zip(members, payloads, strict=True):
+                if task is not None or queue is not None:
+                    headers, routing_key, _ = _describe(payload, store.templates(shard))
+                    name = headers.get("task")
+                    if task is not None and not (isinstance(name, str) and fnmatchcase(name, task)):
+                        continue
+                    if queue is not None and not (
+                        routing_key is not None and fnmatchcase(routing_key, queue)
+                    ):
+                        continue
+                found.append(_text(member))
+            offset += len(members)
+            if len(members) < _PAGE:
+                break
+    return found
+
+
+def _optional(value: object) -> str | None:
+    return None if value is None else str(value)
