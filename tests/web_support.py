@@ -91,10 +91,10 @@ def make_dead_letter(store: Store, task_id: str, reason: str) -> None:
 
 
 def screenshot(page: Any, name: str, tmp_path: Path) -> Path:
-    """Take a full-page screenshot; keep it in SCREENSHOTS when that is set."""
+    """Take a screenshot of the viewport; keep it in SCREENSHOTS when that is set."""
     target = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
     target.mkdir(parents=True, exist_ok=True)
     path = target / name
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path))
     assert path.stat().st_size > 1000
     return path

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -240,8 +241,9 @@ def _scan_shard(
     offset = 0
     last: Cursor | None = None
     bound = SCAN_BOUND if filters.scans else limit + 1
+    page_size = limit + 1
     while True:
-        page = min(_SCAN_PAGE, bound - offset) if filters.scans else limit + 1
+        page = min(page_size, bound - offset)
         members = cast(
             "list[tuple[bytes, float]]",
             store.client.zrangebyscore(
@@ -249,6 +251,8 @@ def _scan_shard(
             ),
         )
         offset += len(members)
+        # Dense matches fill a page from a short read; sparse ones read more per trip.
+        page_size = min(page_size * 4, _SCAN_PAGE)
         candidates = []
         for member, raw_score in members:
             task_id = member.decode(errors="replace")
@@ -267,10 +271,14 @@ def _scan_shard(
         for (_, task_id, score), payload in zip(candidates, payloads, strict=True):
             if payload is None:
                 continue  # released between the two reads
+            template = _template_of(payload)
+            known = _TEMPLATE_ROUTES.get(template) if template else None
+            if known is not None and not _selects(filters, *known):
+                continue  # ruled out by its template alone, without decoding it
             entry = _parked_entry(store, task_id, shard, score, payload)
-            if filters.task and (entry.task is None or not fnmatchcase(entry.task, filters.task)):
-                continue
-            if filters.queue and entry.queue != filters.queue:
+            if template and entry.error is None:
+                _remember(template, entry.task, entry.queue)
+            if not _selects(filters, entry.task, entry.queue):
                 continue
             matches.append((score, shard, task_id, entry))
         if len(members) < page:
@@ -279,6 +287,32 @@ def _scan_shard(
             return matches, last, offset, False
         if offset >= bound:
             return matches, last, offset, False
+
+
+#: Task name and routing key by template id. Both are template fields (the
+#: same for every entry of a template), and a template id is the hash of its
+#: content, so a filter can rule entries out from their metadata line alone.
+_TEMPLATE_ROUTES: dict[str, tuple[str | None, str | None]] = {}
+_TEMPLATE_ROUTES_SIZE = 10_000
+_TEMPLATE_REF = re.compile(rb'"t":"([0-9a-f]{1,64})"')
+
+
+def _template_of(payload: bytes) -> str | None:
+    line = payload[: payload.find(b"\n")]
+    found = _TEMPLATE_REF.search(line)
+    return found.group(1).decode() if found else None
+
+
+def _remember(template: str, task: str | None, queue: str | None) -> None:
+    if len(_TEMPLATE_ROUTES) >= _TEMPLATE_ROUTES_SIZE:
+        _TEMPLATE_ROUTES.clear()
+    _TEMPLATE_ROUTES[template] = (task, queue)
+
+
+def _selects(filters: Filters, task: str | None, queue: str | None) -> bool:
+    if filters.task and (task is None or not fnmatchcase(task, filters.task)):
+        return False
+    return not (filters.queue and queue != filters.queue)
 
 
 # -- one entry ----------------------------------------------------------------------
