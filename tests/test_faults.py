@@ -3,11 +3,13 @@ SIGKILLed over and over. Each test counts every task id afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -289,3 +291,106 @@ def test_companions_killed_over_and_over_lose_nothing(
         assert len(duplicates) <= WAVES * batch_size
     wait_for(lambda: redis_client.zcard(LEASE) == 0, timeout=30, message="nothing in flight")
     assert redis_client.hlen(MSG) == 0
+
+
+class _ReplyDropper:
+    """A TCP proxy in front of Redis that loses one reply, as a restart can.
+
+    Once armed, the first successful reply to a request holding *trigger* is
+    not passed on: *on_drop* runs, then the client's connection is closed, so
+    the client knows its command was sent but not whether it ran.
+    """
+
+    def __init__(self, port: int, trigger: bytes, on_drop: Callable[[], None]) -> None:
+        self.upstream = port
+        self.trigger = trigger
+        self.on_drop = on_drop
+        self.armed = False
+        self.dropped = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            self.sockets += [client, server]
+            pending = threading.Event()  # a request holding the trigger was sent
+            threading.Thread(
+                target=self._requests, args=(client, server, pending), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._replies, args=(server, client, pending), daemon=True
+            ).start()
+
+    def _requests(
+        self, client: socket.socket, server: socket.socket, pending: threading.Event
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self.armed and self.trigger in data:
+                    pending.set()
+                server.sendall(data)
+
+    def _replies(
+        self, server: socket.socket, client: socket.socket, pending: threading.Event
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                # An error reply (NOSCRIPT before the script is loaded) is passed on.
+                if pending.is_set() and self.armed and not data.startswith(b"-"):
+                    self.armed = False
+                    self.dropped += 1
+                    self.on_drop()
+                    client.shutdown(socket.SHUT_RDWR)
+                    client.close()
+                    server.close()
+                    return
+                client.sendall(data)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def test_a_park_whose_reply_was_lost_is_not_parked_again_by_the_retry_even_once_released(
+    make_test_app: AppFactory, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    # Given a producer that reaches the store through a connection that will
+    # lose the reply to a park, and a companion that releases the entry in
+    # the moment between the park running and the producer's retry
+    direct = make_test_app()
+    released = []
+    with Companion(direct) as companion:
+        proxy = _ReplyDropper(
+            redis_server.port, b":parked:", lambda: released.append(companion.release_due())
+        )
+        try:
+            producer = make_test_app(
+                broker=f"{redis_server.url}/0",
+                conf={"zdelay_redis_url": f"redis://127.0.0.1:{proxy.port}/0"},
+            )
+            record = producer.tasks["tests.record"]
+            record.apply_delayed(("warm-up",), countdown=600)  # loads the scripts
+            proxy.armed = True
+
+            # When a task is parked (due now) and the reply to the park is lost
+            result = record.apply_delayed(("once",), countdown=0)
+        finally:
+            proxy.close()
+
+    # Then the producer's retry found the park's marker: the call returned,
+    # the entry was released once, and it is not parked a second time
+    assert proxy.dropped == 1
+    assert [report.released for report in released] == [1]
+    queued = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)]
+    assert queued == [result.id]
+    assert redis_client.zscore(DUE, result.id) is None
+    assert redis_client.hexists(MSG, result.id) == 0
+    assert redis_client.zcard(DUE) == 1  # the warm-up, due in 10 minutes
