@@ -295,3 +295,35 @@ def test_a_flask_app_serves_the_dashboard_under_its_prefix(app: Celery) -> None:
     assert 'action="/zdelay/actions/parked"' in listing
     assert dashboard.secret == b"flask secret"
     dashboard.close()
+
+
+def test_periodic_schedules_are_listed_paused_resumed_and_run_now(
+    app: Celery, store: Store
+) -> None:
+    from celery_zdelay import periodic
+
+    assert periodic.add("nightly<b>", app=app, task="tests.record", schedule=3600, args=[7])
+    client = Client(create_app(app, actions=True))
+    html = client.get("/periodic").get_data(as_text=True)
+    assert "nightly&lt;b&gt;" in html
+    assert "tests.record" in html
+    token = _form_token(client, "/periodic")
+
+    def act(op: str, name: str = "nightly<b>") -> str:
+        reply = client.post(
+            "/actions/periodic",
+            data={"csrf_token": token, "op": op, "name": name, "back": "periodic"},
+        )
+        assert reply.status_code == 303
+        return reply.headers["Location"]
+
+    act("pause")
+    assert periodic.schedules(app)[1][0].paused
+    act("resume")
+    assert not periodic.schedules(app)[1][0].paused
+    assert "runs+now+as+periodic" in act("run")
+    run_ids = [e.task_id for e in queries.parked_page(store, queries.Filters()).entries]
+    assert any(task_id.startswith("periodic:nightly<b>:run:") for task_id in run_ids)
+    assert "no+schedule+is+named" in act("pause", "nope")
+    refused = client.post("/actions/periodic", data={"op": "pause", "name": "nightly<b>"})
+    assert refused.status_code == 403

@@ -237,3 +237,35 @@ def test_an_action_without_a_valid_csrf_token_is_refused_and_changes_nothing(
             assert store.client.zscore(keys.due, parked.id) is None
         finally:
             context.close()
+
+
+def test_an_operator_pauses_resumes_and_runs_a_periodic_schedule(
+    app: Celery,
+    page: Any,
+    runs: Runs,
+    companion: Callable[..., CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+) -> None:
+    from celery_zdelay import periodic
+
+    assert periodic.add("hourly-report", app=app, task="tests.record", schedule=3600, args=["r"])
+    companion(app)
+    worker(app)
+    with serve(app) as served:
+        page.goto(served.url + "/periodic")
+        row = '#periodic tr[data-name="hourly-report"]'
+        assert page.text_content(f"{row} .state") == "active"
+        page.click(f"{row} button[value=pause]")
+        page.wait_for_selector("p.message")
+        assert page.text_content(f"{row} .state") == "paused"
+        assert periodic.schedules(app)[1][0].paused
+        page.click(f"{row} button[value=resume]")
+        page.wait_for_selector("p.message")
+        assert page.text_content(f"{row} .state") == "active"
+        page.click(f"{row} button[value=run]")
+        message = page.text_content("p.message")
+        assert message is not None
+        assert "hourly-report runs now as periodic:hourly-report:run:" in message
+        task_id = message.rsplit(" ", 1)[1]
+        runs.wait_for_ids({task_id})
+        assert runs.by_id()[task_id]["args"] == ["r"]

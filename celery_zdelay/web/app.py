@@ -44,7 +44,7 @@ CLIP = 120
 
 _STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
 # Where an action may send the browser back to: a page of this app, nothing else.
-_BACK = re.compile(r"^(?:|parked|dead|entry)(?:\?[^\\\s]*)?$")
+_BACK = re.compile(r"^(?:|parked|dead|entry|periodic)(?:\?[^\\\s]*)?$")
 
 
 def create_app(
@@ -103,8 +103,10 @@ class Dashboard:
                 Rule("/parked", endpoint="parked", methods=["GET"]),
                 Rule("/entry", endpoint="entry", methods=["GET"]),
                 Rule("/dead", endpoint="dead", methods=["GET"]),
+                Rule("/periodic", endpoint="periodic", methods=["GET"]),
                 Rule("/actions/parked", endpoint="act_parked", methods=["POST"]),
                 Rule("/actions/dead", endpoint="act_dead", methods=["POST"]),
+                Rule("/actions/periodic", endpoint="act_periodic", methods=["POST"]),
                 Rule("/static/<name>", endpoint="static", methods=["GET"]),
             ],
             strict_slashes=False,
@@ -254,6 +256,15 @@ class Dashboard:
             ctx, "dead.html", listing=listing, total=total, now_ms=listing.now_ms, back="dead"
         )
 
+    def view_periodic(self, ctx: _Context) -> Response:
+        from .. import periodic
+
+        with ctx.timer:
+            now_ms, schedules = periodic.schedules(self.celery_app)
+        return self._render(
+            ctx, "periodic.html", schedules=schedules, now_ms=now_ms, back="periodic"
+        )
+
     def view_static(self, ctx: _Context, name: str) -> Response:
         if name not in _STATIC:
             raise NotFound()
@@ -309,6 +320,29 @@ class Dashboard:
                 message = f"purged {admin.purge_dead(self.store)}"
             else:
                 message = f"purged {admin.purge_dead(self.store, ids)} of {len(ids)}"
+        return self._back(ctx, form, message)
+
+    def view_act_periodic(self, ctx: _Context) -> Response:
+        from .. import periodic
+
+        form = self._checked_form(ctx)
+        op, name = form.get("op", ""), form.get("name", "")
+        with ctx.timer:
+            if op == "pause":
+                done = periodic.pause(name, app=self.celery_app)
+                message = f"paused {name}" if done else f"no schedule is named {name}"
+            elif op == "resume":
+                done = periodic.resume(name, app=self.celery_app)
+                message = f"resumed {name}" if done else f"no schedule is named {name}"
+            elif op == "run":
+                try:
+                    task_id = periodic.run_now(name, app=self.celery_app)
+                except ConfigurationError as exc:
+                    message = str(exc)
+                else:
+                    message = f"{name} runs now as {task_id}"
+            else:
+                raise BadRequest(f"Unknown action {op!r}: use pause, resume or run.")
         return self._back(ctx, form, message)
 
     def _checked_form(self, ctx: _Context) -> Any:
