@@ -10,6 +10,7 @@ import pytest
 import redis
 from celery import Celery
 
+import celery_zdelay
 from celery_zdelay.companion import Companion
 from tests.conftest import RECORD_DB, AppFactory
 from tests.helpers import Runs
@@ -121,6 +122,36 @@ def test_entries_are_released_in_due_order_and_same_millisecond_in_parking_order
     released = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)]
     released.reverse()  # LPUSH: the first pushed is last in LRANGE
     assert released == [task_id for _, task_id in expected]
+
+
+def test_beyond_1024_entries_in_one_millisecond_the_rest_share_its_last_slot(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given 1,100 tasks parked in one batch for the same millisecond
+    record = app.tasks["tests.record"]
+    instant = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=1)
+    with celery_zdelay.batch(app):
+        parked = [record.apply_delayed((i,), eta=instant).id for i in range(1_100)]
+
+    # Then each of the first 1,024 takes the next of the millisecond's slots,
+    # and the rest share the last one: none spills into the next millisecond
+    first_slot = int(instant.timestamp() * 1000) * 1024
+    scores = dict(redis_client.zrange("{zdelay:0}:due", 0, -1, withscores=True))
+    assert [int(scores[i.encode()]) for i in parked] == [
+        first_slot + min(k, 1023) for k in range(1_100)
+    ]
+
+    # When a companion releases them
+    with Companion(app) as companion:
+        while companion.release_due().released:
+            pass
+
+    # And the first 1,023 leave in parking order, each in a slot of its own,
+    # and the other 77, sharing the millisecond's last slot, all leave after them
+    released = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)]
+    released.reverse()  # LPUSH: the first pushed is last in LRANGE
+    assert released[:1_023] == parked[:1_023]
+    assert sorted(released[1_023:]) == sorted(parked[1_023:])
 
 
 @pytest.mark.parametrize(
