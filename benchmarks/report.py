@@ -815,6 +815,14 @@ def rst_limits(run: dict[str, Any], run_path: Path) -> str:
         f"Machine load average (1/5/15 min) before: {_loadavg(load.get('before'))}, "
         f"after: {_loadavg(load.get('after'))}.\n"
     )
+    cores = (run.get("machine") or {}).get("cpu_count") or 0
+    busiest = max([*(load.get("before") or [0])[:1], *(load.get("after") or [0])[:1]])
+    if cores and busiest > cores:
+        header += (
+            f"\nThe machine was shared with other work while measuring (load average "
+            f"{busiest:.1f} on {cores} cores): the rates are low, the ratios are side by side "
+            "in the same run.\n"
+        )
     table = _list_table(
         ["path", "rate", "bare-Redis limit", "ratio", "Redis script time per task (path / bare)"],
         rows,
