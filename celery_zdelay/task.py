@@ -72,7 +72,10 @@ class DelayedTaskMixin:
         Celery builds, routes and signals (``before_task_publish``,
         ``after_task_publish``) every message; what depends only on the
         options (execution options, routing, parent) is worked out once.
-        Inside :func:`celery_zdelay.batch` the calls join the batch. Under
+        The calls are released in the order given. One store script parks
+        them all, and Redis serves no other client meanwhile: split very
+        large lists (tens of thousands) into several calls. Inside
+        :func:`celery_zdelay.batch` the calls join the batch. Under
         ``task_always_eager`` each call runs now, as ``apply_async`` does.
 
         Raises:

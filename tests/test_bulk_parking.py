@@ -183,6 +183,13 @@ def test_the_calls_run_on_a_worker(app: Celery, worker, companion, runs: Runs) -
     assert runs.duplicates() == {}
 
 
+def test_the_calls_are_released_in_the_order_given(app: Celery, redis_client: redis.Redis) -> None:
+    results = app.tasks["tests.record"].apply_delayed_many([(i,) for i in range(300)], countdown=0)
+    _release(app)
+    released = [m["headers"]["id"] for m in _drain(redis_client, "celery")]
+    assert released == [r.id for r in results]
+
+
 def test_nothing_is_parked_when_one_call_cannot_be_serialized(
     app: Celery, redis_client: redis.Redis
 ) -> None:
