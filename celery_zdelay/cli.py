@@ -25,6 +25,7 @@ from ._logjson import JsonFormatter
 from .config import get_config
 from .errors import ConfigurationError, StoreUnavailableError
 from .parking import store_for
+from .periodic.views import schedule_json, schedule_lines, store_schedules
 from .schedule import Due, due_from
 from .store import Store, admin
 from .web.cli import web
@@ -391,6 +392,7 @@ def status(
     """Show what is parked, overdue, in flight and dead; live companions; Redis safety."""
     with _store(ctx) as store:
         current = admin.status(store)
+        _, schedules = store_schedules(store)
     shards = len(current.counts.shards)
     max_overdue_ms = round(max_overdue * 1000)
     problems = admin.check(current, max_overdue_ms=max_overdue_ms) if check else None
@@ -398,11 +400,14 @@ def status(
         document = _views.status_json(
             current, shards=shards, problems=problems, max_overdue_ms=max_overdue_ms
         )
+        document["periodic"] = [schedule_json(info) for info in schedules]
         _echo_json(document)
     elif problems is not None:
         click.echo(_views.check_text(problems, current))
     else:
         click.echo(_views.status_text(current, shards=shards, per_shard=per_shard))
+        if schedules:
+            click.echo("\nPeriodic schedules:\n" + "\n".join(schedule_lines(schedules)))
     ctx.exit(EXIT_CHECK_FAILED if problems else EXIT_OK)
 
 

@@ -15,6 +15,13 @@ shard of the store, so a shard no companion releases still shows up::
     zdelay_live_companions               companions with a fresh heartbeat
     zdelay_store_up                      1 if this scrape could read the store
 
+and those of the periodic schedules (:mod:`celery_zdelay.periodic.metrics`)::
+
+    zdelay_periodic_next_run_timestamp_seconds{schedule}
+    zdelay_periodic_last_run_timestamp_seconds{schedule}
+    zdelay_periodic_last_run_lateness_seconds{schedule}
+    zdelay_periodic_paused{schedule}
+
 Counters and histograms count what *this* companion did since it started,
 fed by :mod:`celery_zdelay.signals`::
 
@@ -40,6 +47,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from . import signals
 from .errors import ConfigurationError, ZDelayError
+from .periodic.metrics import PeriodicCollector
 from .store import Store, admin
 
 if TYPE_CHECKING:
@@ -165,6 +173,7 @@ class Metrics:
             prometheus.PlatformCollector(registry=self.registry)
         self.collector = _StoreCollector(store, prometheus)
         self.registry.register(self.collector)
+        self.registry.register(PeriodicCollector(store, prometheus.core))
         self.released = prometheus.Counter(
             "zdelay_released",
             "Entries this companion released to the broker.",

@@ -354,3 +354,57 @@ def test_the_periodic_commands(app: Celery, redis_client: redis.Redis) -> None:
     bad = run(app, "periodic", "add", "c", "--task", "tests.nope", "--every", "5")
     assert bad.exit_code == 78
     assert "unknown task 'tests.nope'" in bad.stderr
+
+
+def test_status_list_and_metrics_show_next_run_last_run_lateness_and_pause(
+    app: Celery, worker, runs: Runs
+) -> None:
+    import threading
+
+    from prometheus_client import generate_latest
+
+    from celery_zdelay.metrics import Metrics
+    from tests.test_cli import run
+
+    # Given a companion serving two schedules, one of them paused
+    app.conf.beat_schedule = {
+        "tick": {"task": "tests.record", "schedule": 0.5},
+        "idle": {"task": "tests.record", "schedule": 60.0},
+    }
+    companion = Companion(app, beat=True)
+    thread = threading.Thread(target=companion.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: periodic.schedules(app)[1], timeout=20)
+        assert periodic.pause("idle", app=app)
+
+        # When ticks have been released
+        def last_run_seen() -> bool:
+            infos = {i.name: i for i in periodic.schedules(app)[1]}
+            return infos["tick"].last_run_lateness_ms is not None
+
+        wait_for(last_run_seen, timeout=20)
+    finally:
+        companion.stop()
+        thread.join(timeout=20)
+
+    # Then list, status and the metrics show them
+    _now_ms, infos = periodic.schedules(app)
+    tick = next(i for i in infos if i.name == "tick")
+    assert tick.next_run_ms is not None
+    assert tick.next_run_ms > tick.last_run_ms
+    assert 0 <= tick.last_run_lateness_ms < 5000  # type: ignore[operator]
+
+    text = run(app, "status").stdout
+    assert "Periodic schedules:" in text
+    assert "tick  tests.record  every 0.5s  [active" in text
+    assert "idle  tests.record  every 60s  [paused" in text
+    document = json.loads(run(app, "status", "--json").stdout)
+    assert {s["name"]: s["paused"] for s in document["periodic"]} == {"idle": True, "tick": False}
+
+    scraped = generate_latest(Metrics(store_for(app)).registry).decode()
+    assert 'zdelay_periodic_paused{schedule="idle"} 1.0' in scraped
+    assert 'zdelay_periodic_paused{schedule="tick"} 0.0' in scraped
+    assert 'zdelay_periodic_next_run_timestamp_seconds{schedule="tick"}' in scraped
+    assert 'zdelay_periodic_last_run_lateness_seconds{schedule="tick"}' in scraped
+    assert 'zdelay_periodic_next_run_timestamp_seconds{schedule="idle"}' not in scraped

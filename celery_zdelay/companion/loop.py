@@ -71,6 +71,8 @@ class PassReport:
     returned: int = 0
     #: Lateness (release time minus due time) of each released entry, in ms.
     lateness_ms: list[int] = field(default_factory=list)
+    #: Due time of each released entry, in ms, in the order of :attr:`lateness_ms`.
+    due_ms: list[int] = field(default_factory=list)
     #: Seconds until the next due time or lease expiry; None when idle.
     next_event_s: float | None = None
     #: The broker or store failed during the pass.
@@ -151,6 +153,8 @@ class Companion:
                 self._heartbeat()
                 self._serve_periodic()
                 report = self._renew_ownership() or self.release_due()
+                if self.periodic is not None and report.due_ms:
+                    self._serve_periodic(released=report)
                 if report.failed:
                     pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                     failures += 1
@@ -265,6 +269,7 @@ class Companion:
                 lateness = [result.now_ms - due for due in result.handed_due_ms]
                 report.handed_off += len(lateness)
                 report.lateness_ms += lateness
+                report.due_ms += result.handed_due_ms
                 self._send(
                     signals.batch_released,
                     shard=shard,
@@ -465,6 +470,7 @@ class Companion:
         else:
             report.published += len(released)
         report.lateness_ms += lateness
+        report.due_ms += [entry.due_ms for entry, _ in released]
         task_ids = [entry.task_id for entry, _ in released]
         self._send(
             signals.batch_released,
@@ -545,8 +551,11 @@ class Companion:
 
     # -- helpers --------------------------------------------------------------
 
-    def _serve_periodic(self, *, start: bool = False) -> None:
+    def _serve_periodic(self, *, start: bool = False, released: PassReport | None = None) -> None:
         """Store beat_schedule at start, then park each schedule's next occurrences.
+
+        With *released*, record instead when the periodic occurrences among
+        what this pass released ran, and how late.
 
         A failure here is logged and never stops releases: the store being
         down is also met (and backed off) by the release pass.
@@ -554,6 +563,9 @@ class Companion:
         if self.periodic is None:
             return
         try:
+            if released is not None:
+                self.periodic.note_released(released.due_ms, released.lateness_ms)
+                return
             if start:
                 self.periodic.reconcile()
             self.periodic.tend()

@@ -36,8 +36,10 @@ class ScheduleInfo:
     version: int
     #: Earliest occurrence parked and not yet due (epoch ms), if any.
     next_run_ms: int | None
-    #: Latest occurrence whose time has come (epoch ms), if any.
+    #: Last occurrence a companion released (before one is seen: the last due), epoch ms.
     last_run_ms: int | None
+    #: How late the companion released it (ms), when it was seen released.
+    last_run_lateness_ms: int | None
     args: list[Any]
     kwargs: dict[str, Any]
     options: dict[str, Any]
@@ -45,7 +47,12 @@ class ScheduleInfo:
 
 def schedules(app: Celery) -> tuple[int, list[ScheduleInfo]]:
     """Return the Redis clock (ms) and every stored schedule, by name."""
-    snap = _periodic(app).snapshot()
+    return schedules_in(_periodic(app))
+
+
+def schedules_in(periodic: PeriodicStore) -> tuple[int, list[ScheduleInfo]]:
+    """Return the Redis clock (ms) and every schedule stored in *periodic*, by name."""
+    snap = periodic.snapshot()
     result = []
     for name in sorted(snap.definitions):
         definition = snap.definitions[name]
@@ -63,7 +70,8 @@ def schedules(app: Celery) -> tuple[int, list[ScheduleInfo]]:
                 paused=name in snap.paused,
                 version=pointer.version,
                 next_run_ms=None if name in snap.paused or not upcoming else min(upcoming),
-                last_run_ms=max(past) if past else None,
+                last_run_ms=_last_run(snap.runs.get(name), past),
+                last_run_lateness_ms=snap.runs[name][1] if name in snap.runs else None,
                 args=definition.args,
                 kwargs=definition.kwargs,
                 options=definition.options,
@@ -168,6 +176,13 @@ def sync(app: Celery, *, force: bool = False) -> str:
 def stored(app: Celery, name: str) -> Definition | None:
     """Return the stored definition of *name*, if any."""
     return _periodic(app).snapshot().definitions.get(name)
+
+
+def _last_run(run: tuple[int, int] | None, past: list[int]) -> int | None:
+    """The last occurrence a companion released; before any is seen, the last one due."""
+    if run is not None:
+        return run[0]
+    return max(past) if past else None
 
 
 def _periodic(app: Celery) -> PeriodicStore:

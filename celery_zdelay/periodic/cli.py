@@ -12,7 +12,6 @@ import click
 from celery.bin.base import CeleryOption
 from celery.schedules import crontab
 
-from .._format import utc
 from ..cli import (
     _CONTEXT,
     EXIT_NOT_FOUND,
@@ -25,6 +24,7 @@ from ..cli import (
 )
 from . import api
 from .definition import MISSED_POLICIES
+from .views import schedule_json, schedule_lines
 
 __all__ = ["periodic"]
 
@@ -69,40 +69,12 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     with _exit_codes(ctx):
         now_ms, infos = api.schedules(ctx.obj.app)
     if as_json:
-        _echo_json(
-            {
-                "now_ms": now_ms,
-                "schedules": [
-                    {
-                        "name": i.name,
-                        "task": i.task,
-                        "schedule": i.schedule,
-                        "source": i.source,
-                        "missed": i.missed,
-                        "paused": i.paused,
-                        "version": i.version,
-                        "next_run_ms": i.next_run_ms,
-                        "last_run_ms": i.last_run_ms,
-                        "args": i.args,
-                        "kwargs": i.kwargs,
-                        "options": i.options,
-                    }
-                    for i in infos
-                ],
-            }
-        )
+        _echo_json({"now_ms": now_ms, "schedules": [schedule_json(i) for i in infos]})
         return
     if not infos:
         click.echo("No periodic schedules stored (set zdelay_beat and beat_schedule, or add one).")
         return
-    for i in infos:
-        state = "paused" if i.paused else "active"
-        next_run = utc(i.next_run_ms) if i.next_run_ms is not None else "-"
-        last_run = utc(i.last_run_ms) if i.last_run_ms is not None else "-"
-        click.echo(
-            f"{i.name}  {i.task}  {i.schedule}  [{state}, {i.source}, v{i.version}]\n"
-            f"    next {next_run}  last {last_run}"
-        )
+    click.echo("\n".join(schedule_lines(infos)))
 
 
 def _named(verb: str, action: Any) -> Any:

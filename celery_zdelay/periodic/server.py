@@ -16,6 +16,7 @@ Releasing is the companion's ordinary job: an occurrence is a parked entry.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from datetime import datetime, timedelta, timezone
@@ -72,6 +73,8 @@ class PeriodicServer:
         self._failing: set[tuple[str, int]] = set()
         #: Occurrences this companion parked (first parker), for its totals.
         self.parked = 0
+        #: Occurrence ms -> schedule names, of occurrences parked lately.
+        self._occurrences: dict[int, list[str]] = {}
 
     # -- configuration --------------------------------------------------------
 
@@ -130,6 +133,10 @@ class PeriodicServer:
             self.reconcile()
         snap = self.periodic.snapshot()
         self._cancel(snap)
+        self._occurrences = {}
+        for name, pointer in snap.pointers.items():
+            for ms, _ in pointer.parked:
+                self._occurrences.setdefault(ms, []).append(name)
         parked = 0
         for name, definition in snap.definitions.items():
             if name in snap.paused:
@@ -142,6 +149,18 @@ class PeriodicServer:
                 logger.exception("Periodic task %r: parking its next occurrences failed", name)
         self.parked += parked
         return parked
+
+    def note_released(self, due_ms: list[int], lateness_ms: list[int]) -> None:
+        """Record the periodic occurrences among released entries, and how late they ran.
+
+        Matched by due time: an occurrence is parked due at its exact time.
+        """
+        runs = {}
+        for due, late in zip(due_ms, lateness_ms, strict=True):
+            for name in self._occurrences.get(due, ()):
+                runs[name] = json.dumps({"ms": due, "lateness_ms": late, "by": self.companion_id})
+        if runs:
+            self.periodic.record_runs(runs)
 
     def _cancel(self, snap: Snapshot) -> None:
         if not snap.to_cancel:
@@ -203,6 +222,7 @@ class PeriodicServer:
                         extra={"task_id": task_id, "task_name": definition.task},
                     )
             parked.append((ms, task_id))
+            self._occurrences.setdefault(ms, []).append(definition.name)
         if not parked:
             return 0
         if not self.periodic.advance(definition.name, version, parked[-1][0], parked, snap.now_ms):

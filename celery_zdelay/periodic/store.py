@@ -61,6 +61,8 @@ class Snapshot:
     to_cancel: list[str] = field(default_factory=list)
     #: The stored configuration: hash, written_by, written_ms.
     meta: dict[str, str] = field(default_factory=dict)
+    #: name -> (occurrence ms, lateness ms) of the last occurrence released.
+    runs: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @cache
@@ -92,7 +94,8 @@ class PeriodicStore:
                 pipe.smembers(k.paused)
                 pipe.smembers(k.cancel)
                 pipe.hgetall(k.meta)
-                defs, pointers, paused, cancel, meta = pipe.execute()
+                pipe.hgetall(k.runs)
+                defs, pointers, paused, cancel, meta, runs = pipe.execute()
             seconds, micros = self.store.client.time()
         snap = Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
         for raw_name, body in defs.items():
@@ -109,6 +112,12 @@ class PeriodicStore:
         snap.paused = {_text(n) for n in paused}
         snap.to_cancel = sorted(_text(i) for i in cancel)
         snap.meta = {_text(a): _text(b) for a, b in meta.items()}
+        for raw_name, raw in runs.items():
+            try:
+                run = json.loads(raw)
+                snap.runs[_text(raw_name)] = (int(run["ms"]), int(run["lateness_ms"]))
+            except (ValueError, KeyError, TypeError):
+                continue
         return snap
 
     # -- definitions ----------------------------------------------------------
@@ -203,6 +212,11 @@ class PeriodicStore:
             args += [ms, task_id]
         with unavailable_as_error(self.store.url):
             return bool(self._advance(keys=[k.pointers, k.paused], args=args))
+
+    def record_runs(self, runs: dict[str, str]) -> None:
+        """Store name -> JSON of the last occurrence released (see :class:`Snapshot`)."""
+        with unavailable_as_error(self.store.url):
+            self.store.client.hset(self.keys.runs, mapping=runs)  # type: ignore[arg-type]
 
     def forget_cancelled(self, task_ids: Sequence[str]) -> None:
         if task_ids:

@@ -98,6 +98,8 @@ class PeriodicKeys:
     meta: str
     #: SET of beat_schedule hashes replaced by a newer one.
     superseded: str
+    #: HASH name -> JSON: the last occurrence released and how late.
+    runs: str
 
 
 def periodic_keys(prefix: str) -> PeriodicKeys:
@@ -111,6 +113,7 @@ def periodic_keys(prefix: str) -> PeriodicKeys:
         cancel=f"{tag}:cancel",
         meta=f"{tag}:meta",
         superseded=f"{tag}:superseded",
+        runs=f"{tag}:runs",
     )
 
 

@@ -1,0 +1,55 @@
+"""How ``status``, ``periodic list`` and the metrics show periodic schedules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._format import utc
+from ..store import Store
+from .api import ScheduleInfo, schedules_in
+from .store import PeriodicStore
+
+__all__ = ["schedule_json", "schedule_lines", "store_schedules"]
+
+
+def store_schedules(store: Store) -> tuple[int, list[ScheduleInfo]]:
+    """Return the Redis clock and the schedules stored in *store*."""
+    return schedules_in(PeriodicStore(store))
+
+
+def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
+    """Return one schedule as ``periodic list --json`` and ``status --json`` show it."""
+    return {
+        "name": info.name,
+        "task": info.task,
+        "schedule": info.schedule,
+        "source": info.source,
+        "missed": info.missed,
+        "paused": info.paused,
+        "version": info.version,
+        "next_run_ms": info.next_run_ms,
+        "last_run_ms": info.last_run_ms,
+        "last_run_lateness_ms": info.last_run_lateness_ms,
+        "args": info.args,
+        "kwargs": info.kwargs,
+        "options": info.options,
+    }
+
+
+def schedule_lines(infos: list[ScheduleInfo]) -> list[str]:
+    """Return two lines per schedule for people."""
+    lines = []
+    for info in infos:
+        state = "paused" if info.paused else "active"
+        next_run = utc(info.next_run_ms) if info.next_run_ms is not None else "-"
+        last_run = utc(info.last_run_ms) if info.last_run_ms is not None else "-"
+        late = (
+            f" ({info.last_run_lateness_ms} ms late)"
+            if info.last_run_lateness_ms is not None
+            else ""
+        )
+        lines.append(
+            f"{info.name}  {info.task}  {info.schedule}  [{state}, {info.source}, v{info.version}]"
+        )
+        lines.append(f"    next {next_run}  last {last_run}{late}")
+    return lines
