@@ -408,3 +408,17 @@ def test_status_list_and_metrics_show_next_run_last_run_lateness_and_pause(
     assert 'zdelay_periodic_next_run_timestamp_seconds{schedule="tick"}' in scraped
     assert 'zdelay_periodic_last_run_lateness_seconds{schedule="tick"}' in scraped
     assert 'zdelay_periodic_next_run_timestamp_seconds{schedule="idle"}' not in scraped
+
+
+def test_a_key_of_the_wrong_type_ticks_nothing(app: Celery, redis_client: redis.Redis) -> None:
+    # Given a shard's due set overwritten by something else
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": 60}})
+    server.reconcile()
+    redis_client.set(DUE, "not a zset")
+    # When a companion tries to park the next occurrence, it fails, logged
+    assert tend(server) == 0
+    # Then the occurrence is not marked as parked: it is parked once the key is fixed
+    assert redis_client.zcard(shard_keys("zdelay", 0).ticks) == 0
+    redis_client.delete(DUE)
+    tend(server)
+    assert len(parked_ids(redis_client, "a")) == 1
