@@ -23,6 +23,7 @@ from werkzeug.test import Client
 
 import celery_zdelay
 from celery_zdelay.store import Store
+from celery_zdelay.testing import free_port
 from celery_zdelay.web import create_app, queries
 from celery_zdelay.web.security import BasicAuth, ProxyHeaderAuth
 from tests.conftest import AppFactory
@@ -327,3 +328,17 @@ def test_periodic_schedules_are_listed_paused_resumed_and_run_now(
     assert "no+schedule+is+named" in act("pause", "nope")
     refused = client.post("/actions/periodic", data={"op": "pause", "name": "nightly<b>"})
     assert refused.status_code == 403
+
+
+def test_an_unreachable_store_is_a_503_page_naming_it_without_its_password(
+    make_test_app: AppFactory,
+) -> None:
+    port = free_port()
+    app = make_test_app(conf={"zdelay_redis_url": f"redis://:hunter2@127.0.0.1:{port}/0"})
+    client = Client(create_app(app))
+    for path in ("/", "/parked", "/entry?id=x", "/dead"):
+        reply = client.get(path)
+        assert reply.status_code == 503
+        text = reply.get_data(as_text=True)
+        assert f"127.0.0.1:{port}" in text
+        assert "hunter2" not in text

@@ -13,7 +13,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -29,6 +30,7 @@ from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
 from ..schedule import Due, due_from
 from ..store import Store, admin
+from ..store.client import unavailable_as_error
 from . import queries
 from .security import CSRF_COOKIE, CSRF_FIELD, csrf_token, new_csrf_cookie, valid_csrf
 
@@ -144,7 +146,7 @@ class Dashboard:
 
     def handle(self, request: Request) -> Response:
         started = time.perf_counter()
-        timer = _Timer()
+        timer = _Timer(lambda: get_config(self.celery_app).redis_url)
         adapter = self.urls.bind_to_environ(request.environ)
         cookie = request.cookies.get(CSRF_COOKIE)
         fresh_cookie = None if cookie else new_csrf_cookie()
@@ -191,7 +193,7 @@ class Dashboard:
         span = ctx.request.args.get("span", "day")
         if span not in (*queries.TIMELINE_SPANS, "all"):
             span = "day"
-        with ctx.timer:
+        with ctx.timer():
             store = self.store
             counts = admin.counts(store)
             companions = admin.companions(store, now_ms=counts.now_ms)
@@ -210,7 +212,7 @@ class Dashboard:
         filters, problems = _filters(ctx.request.args)
         raw_cursor = ctx.request.args.get("cursor", "")
         cursor = queries.Cursor.decode(raw_cursor) if raw_cursor else None
-        with ctx.timer:
+        with ctx.timer():
             page = queries.parked_page(self.store, filters, after=cursor, limit=PAGE_SIZE)
         query = _filter_query(ctx.request.args)
         next_url = None
@@ -235,7 +237,7 @@ class Dashboard:
         task_id = ctx.request.args.get("id", "")
         if not task_id:
             raise BadRequest("Give the task id: entry?id=...")
-        with ctx.timer:
+        with ctx.timer():
             detail = queries.entry_detail(self.store, task_id)
             now_ms = self.store.time_ms()
         status = 200 if detail.state is not None else 404
@@ -249,7 +251,7 @@ class Dashboard:
         )
 
     def view_dead(self, ctx: _Context) -> Response:
-        with ctx.timer:
+        with ctx.timer():
             listing = queries.dead_page(self.store, limit=100)
             total = admin.counts(self.store).dead
         return self._render(
@@ -259,7 +261,7 @@ class Dashboard:
     def view_periodic(self, ctx: _Context) -> Response:
         from .. import periodic
 
-        with ctx.timer:
+        with ctx.timer():
             now_ms, schedules = periodic.schedules(self.celery_app)
         return self._render(
             ctx, "periodic.html", schedules=schedules, now_ms=now_ms, back="periodic"
@@ -286,7 +288,7 @@ class Dashboard:
                 due = _due_from_form(form)
             except ConfigurationError as exc:
                 return self._back(ctx, form, f"Not rescheduled: {exc}")
-        with ctx.timer:
+        with ctx.timer():
             ids, left = self._targets(form)
             store = self.store
             if op == "cancel":
@@ -309,7 +311,7 @@ class Dashboard:
             raise BadRequest(f"Unknown action {op!r}: use requeue or purge.")
         everything = form.get("scope") == "all"
         ids = queries.as_ids(form.getlist("ids"))
-        with ctx.timer:
+        with ctx.timer():
             if op == "requeue" and everything:
                 done, left = admin.requeue_all_dead(self.store)
                 message = f"requeued {done}, due now" + (f"; {left} could not be" if left else "")
@@ -327,7 +329,7 @@ class Dashboard:
 
         form = self._checked_form(ctx)
         op, name = form.get("op", ""), form.get("name", "")
-        with ctx.timer:
+        with ctx.timer():
             if op == "pause":
                 done = periodic.pause(name, app=self.celery_app)
                 message = f"paused {name}" if done else f"no schedule is named {name}"
@@ -413,15 +415,20 @@ class _Timer:
     """Adds up the time spent on the store during one request: Redis round trips,
     and reading entries' headers. Sent as ``Server-Timing: store;dur=...``."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: Callable[[], str]) -> None:
         self.ms = 0.0
-        self._started = 0.0
+        self._url = url
 
-    def __enter__(self) -> None:
-        self._started = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.ms += (time.perf_counter() - self._started) * 1000
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            # Connection failures become StoreUnavailableError: a 503 page that
+            # names the store (password hidden) and says what to check.
+            with unavailable_as_error(self._url()):
+                yield
+        finally:
+            self.ms += (time.perf_counter() - started) * 1000
 
 
 class _Context:

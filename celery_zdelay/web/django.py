@@ -19,6 +19,7 @@ to require a permission instead, or ``decorator=`` for any view decorator.
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,9 @@ def dashboard_view(
         environ["PATH_INFO"] = "/" + path
         environ["wsgi.input"] = io.BytesIO(request.body)
         environ["CONTENT_LENGTH"] = str(len(request.body))
+        # What a WSGI server sets and an ASGI request's META lacks.
+        environ.setdefault("wsgi.url_scheme", request.scheme)
+        environ.setdefault("wsgi.errors", sys.stderr)
         captured: dict[str, Any] = {}
 
         def start_response(status: str, headers: list[tuple[str, str]], *exc: Any) -> None:
