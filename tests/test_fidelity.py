@@ -17,6 +17,7 @@ import redis
 from celery import Celery, chain, chord, group
 from kombu import Connection, Queue
 
+import celery_zdelay
 from celery_zdelay.companion import Companion
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import Runs, wait_for
@@ -110,6 +111,25 @@ def test_links_and_errbacks_travel_in_the_body(app: Celery, redis_client: redis.
         link=app.tasks["tests.mul"].s(10),
         link_error=app.tasks["tests.on_error"].s(),
     )
+    assert_same_message(parked, native)
+
+
+def test_stamps_travel_in_the_headers(app: Celery, redis_client: redis.Redis) -> None:
+    # Given a stamped signature, sent natively and parked under the same id
+    stamped = app.tasks["tests.record"].s(1)
+    stamped.stamp(audit="v1")
+    task_id = str(uuid.uuid4())
+    stamped.apply_async(task_id=task_id)
+    native = _pop_raw(redis_client, "celery")
+    celery_zdelay.apply_delayed(stamped, countdown=0, task_id=task_id)
+
+    # When it is released
+    _release(app)
+
+    # Then the released message carries the same stamps, and is otherwise the same
+    parked = _pop_raw(redis_client, "celery")
+    assert parked["headers"]["stamps"] == {"audit": "v1"}
+    assert parked["headers"]["stamped_headers"] == ["audit"]
     assert_same_message(parked, native)
 
 
@@ -243,3 +263,33 @@ def test_rabbitmq_receives_the_native_message(
     parked_expires = datetime.fromisoformat(parked["headers"].pop("expires"))
     assert before + timedelta(seconds=3600) <= parked_expires <= after + timedelta(seconds=3600)
     assert parked == native
+
+
+def test_rabbitmq_gets_the_ttl_left_at_release_not_at_parking(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ
+) -> None:
+    app = make_test_app(broker=rabbitmq.url, conf={"task_default_queue": rabbitmq.queue})
+    # Given a task parked with expires=60
+    app.tasks["tests.record"].apply_delayed((1,), countdown=0, expires=60)
+    parked_at = datetime.now(timezone.utc)
+
+    # When it is released more than two seconds later
+    wait_for(
+        lambda: datetime.now(timezone.utc) > parked_at + timedelta(seconds=2),
+        message="two seconds to pass",
+    )
+    released_from = datetime.now(timezone.utc)
+    _release(app)
+    released_by = datetime.now(timezone.utc)
+
+    # Then the AMQP expiration (a TTL counted from the publish) is what was
+    # left of the absolute "expires" at the release, not the 60 s of the call
+    with Connection(rabbitmq.url) as connection:
+        bound = Queue(rabbitmq.queue).bind(connection.default_channel)
+        message = wait_for(lambda: bound.get(no_ack=True), message="the released message")
+        expires = datetime.fromisoformat(message.headers["expires"])
+        ttl_ms = float(message.properties["expiration"])
+    left_from_ms = (expires - released_from).total_seconds() * 1000
+    left_by_ms = (expires - released_by).total_seconds() * 1000
+    assert left_by_ms - 1 <= ttl_ms <= left_from_ms + 1
+    assert ttl_ms < 58_000
