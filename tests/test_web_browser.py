@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from celery import Celery
 
 import celery_zdelay
+from celery_zdelay import periodic
 from celery_zdelay.store import Store
 from tests.helpers import CeleryProcess, Runs
 from tests.web_support import (
@@ -176,22 +178,39 @@ def test_hostile_ids_names_reprs_and_headers_render_inert(
     )
     long_repr = "<b>" + "A" * 100_000
     app.tasks["tests.record"].apply_delayed((long_repr,), countdown=HOUR_S, task_id="long-one")
-    keys = store.keys(store.shard_of("bad\xff"))
     raw_id = b"bad-\xff\xfe<script>window.__xss=4</script>"
-    shard_keys = store.keys(0)
-    store.client.hset(shard_keys.msg, raw_id, b"\xff\xfe<script>window.__xss=5</script>")
-    store.client.zadd(shard_keys.due, {raw_id: (store.time_ms() + 1000_000) * 1024})
-    assert keys is not None
+    keys = store.keys(0)
+    store.client.hset(keys.msg, raw_id, b"\xff\xfe<script>window.__xss=5</script>")
+    store.client.zadd(keys.due, {raw_id: (store.time_ms() + 1000_000) * 1024})
+    dead_id = "dead" + HOSTILE
+    celery_zdelay.send_delayed(
+        app, "tests.record", args=(HOSTILE,), countdown=HOUR_S, task_id=dead_id
+    )
+    make_dead_letter(store, dead_id, "reason " + HOSTILE)
+    periodic.add("<script>window.__xss=6</script>", app=app, task="tests.record", schedule=60)
 
     with serve(app) as served:
         dialogs: list[str] = []
         page.on("dialog", lambda d: dialogs.append(d.message))
-        for path in ("/", "/parked", "/entry?id=id" + HOSTILE.replace("#", "%23"), "/dead"):
-            page.goto(served.url + path.replace("&", "%26"))
+        paths = [
+            "/",
+            "/parked",
+            "/dead",
+            "/periodic",
+            "/entry?" + urlencode({"id": "id" + HOSTILE}),
+            "/entry?" + urlencode({"id": dead_id}),
+        ]
+        for path in paths:
+            page.goto(served.url + path)
             assert page.evaluate("window.__xss") is None
             # Only the dashboard's own script tag exists; no injected element.
             assert page.evaluate("document.querySelectorAll('script').length") == 1
-            assert page.locator("img").count() == 0
+        assert page.locator("img").count() == 0
+        assert page.text_content("#entry-id") == dead_id  # shown as text, found by its id
+        page.goto(served.url + "/dead")
+        assert "reason " + HOSTILE in page.text_content("#dead")
+        page.goto(served.url + "/periodic")
+        assert "<script>window.__xss=6</script>" in page.text_content("#periodic")
         page.goto(served.url + "/parked")
         text = page.text_content("#parked")
         assert "<script>window.__xss=3</script>" in text
@@ -246,8 +265,6 @@ def test_an_operator_pauses_resumes_and_runs_a_periodic_schedule(
     companion: Callable[..., CeleryProcess],
     worker: Callable[..., CeleryProcess],
 ) -> None:
-    from celery_zdelay import periodic
-
     assert periodic.add("hourly-report", app=app, task="tests.record", schedule=3600, args=["r"])
     companion(app)
     worker(app)
