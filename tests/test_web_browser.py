@@ -286,3 +286,22 @@ def test_an_operator_pauses_resumes_and_runs_a_periodic_schedule(
         task_id = message.rsplit(" ", 1)[1]
         runs.wait_for_ids({task_id})
         assert runs.by_id()[task_id]["args"] == ["r"]
+
+
+def test_a_date_picked_in_the_browsers_zone_is_stored_as_that_instant(
+    app: Celery, store: Store, page: Any
+) -> None:
+    # The page's browser runs in Europe/Paris (UTC+1 in January).
+    parked = app.tasks["tests.record"].apply_delayed(("later",), countdown=HOUR_S)
+    with serve(app) as served:
+        page.goto(served.url + "/entry?id=" + parked.id)
+        page.fill("#entry-actions input.local-eta", "2030-01-15T10:30")
+        page.click("#entry-actions button[value=reschedule]")
+        page.wait_for_selector("p.message")
+        assert "rescheduled 1 of 1" in page.text_content("p.message")
+        due = store.client.zscore(store.keys(store.shard_of(parked.id)).due, parked.id)
+        assert int(due) // 1024 == 1894699800000  # 2030-01-15T09:30:00Z
+        assert page.text_content("#entry-due time") == "2030-01-15T09:30:00Z"
+        local = page.text_content("time.local")
+        assert local is not None
+        assert "10:30" in local  # the same instant, in the browser's zone
