@@ -183,6 +183,24 @@ def test_the_calls_run_on_a_worker(app: Celery, worker, companion, runs: Runs) -
     assert runs.duplicates() == {}
 
 
+def test_signed_entries_parked_in_bulk_are_released_whole(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_signing_key": "bulk-signing-key-0123456789abcdef"})
+    record = app.tasks["tests.record"]
+    for args in CALLS:
+        record.apply_async(args)
+    native = _by_args(_drain(redis_client, "celery"))
+
+    record.apply_delayed_many(CALLS, countdown=0)
+    _release(app)
+
+    parked = _by_args(_drain(redis_client, "celery"))
+    assert sorted(parked) == sorted(native)
+    for args, message in parked.items():
+        assert _without_ids(message) == _without_ids(native[args])
+
+
 def test_the_calls_are_released_in_the_order_given(app: Celery, redis_client: redis.Redis) -> None:
     results = app.tasks["tests.record"].apply_delayed_many([(i,) for i in range(300)], countdown=0)
     _release(app)
