@@ -7,7 +7,7 @@ from typing import Any
 
 import celery
 
-from .dedupe import refuse_second_delivery
+from .dedupe import note_run_finished, refuse_second_delivery
 from .parking import park_many, park_task
 from .transparent import install
 
@@ -95,6 +95,13 @@ class DelayedTaskMixin:
         """
         refuse_second_delivery(self)
         super().before_start(task_id, args, kwargs)  # type: ignore[misc]
+
+    def after_return(
+        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        """Tell the worker-side guard that a run ended (``zdelay_worker_dedupe``)."""
+        note_run_finished(self)
+        super().after_return(status, retval, task_id, args, kwargs, einfo)  # type: ignore[misc]
 
     @classmethod
     def on_bound(cls, app: Any) -> None:

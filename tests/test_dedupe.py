@@ -3,6 +3,8 @@ when the broker delivers it twice, and leaves retries alone."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 
@@ -51,3 +53,72 @@ def test_retries_of_a_guarded_task_still_run(
     assert result.get(timeout=30) == "retried"
     wait_for(lambda: runs.count() == 2, message="the first run and its retry")
     assert [run["retries"] for run in runs.all()] == [0, 1]
+
+
+# -- a redelivery by the broker is not a second publish (issue 11) ------------------
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_a_task_requeued_with_reject_runs_again_when_the_guard_is_on(
+    make_test_app: AppFactory,
+    request: pytest.FixtureRequest,
+    worker,
+    companion,
+    runs: Runs,
+    broker: str,
+) -> None:
+    if broker == "rabbitmq":
+        rabbitmq = request.getfixturevalue("rabbitmq")
+        app = make_test_app(
+            broker=rabbitmq.url,
+            conf={"zdelay_worker_dedupe": True, "task_default_queue": rabbitmq.queue},
+        )
+        worker(app, rabbitmq.queue)
+    else:
+        app = make_test_app(conf={"zdelay_worker_dedupe": True})
+        worker(app)
+    companion(app)
+
+    result = app.tasks["tests.reject_once"].apply_delayed(countdown=0.1)
+
+    assert result.get(timeout=30) == "ran"
+    assert [run["result"] for run in runs.all()] == ["delivered", "delivered"]
+
+
+def test_an_acks_late_task_whose_worker_is_killed_runs_on_the_next_worker(
+    make_test_app: AppFactory, rabbitmq, worker, companion, runs: Runs
+) -> None:
+    app = make_test_app(
+        broker=rabbitmq.url,
+        conf={"zdelay_worker_dedupe": True, "task_default_queue": rabbitmq.queue},
+    )
+    first = worker(app, rabbitmq.queue)
+    companion(app)
+    result = app.tasks["tests.slow_late"].apply_delayed((3,), countdown=0.1)
+    wait_for(lambda: runs.count() == 1, message="the first run to start")
+    first.kill()  # mid-run: RabbitMQ redelivers the unacknowledged message
+
+    worker(app, rabbitmq.queue)
+
+    assert result.get(timeout=60) == "finished"
+    assert [run["result"] for run in runs.all()] == ["started", "started", "finished"]
+
+
+def test_a_redelivery_of_a_run_that_finished_is_still_dropped(
+    make_test_app: AppFactory, redis_client: redis.Redis, worker, runs: Runs
+) -> None:
+    """The guard's record says the run ended, so even a redelivered copy is a duplicate."""
+    app = make_test_app(conf={"zdelay_worker_dedupe": True})
+    result = app.tasks["tests.record"].apply_delayed(("once",), countdown=0)
+    with Companion(app) as companion:
+        assert companion.release_due().released == 1
+    (raw,) = redis_client.lrange("celery", 0, -1)
+    process = worker(app)
+    assert result.get(timeout=30) == ["once"]
+
+    message = json.loads(raw)
+    message["properties"]["delivery_info"]["redelivered"] = True
+    redis_client.lpush("celery", json.dumps(message))
+
+    process.wait_for_log("a run of it already finished")
+    assert runs.ids() == [result.id]

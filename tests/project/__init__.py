@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.exceptions import Reject
 from kombu import Exchange, Queue
 
 #: Redis list each run of a recording task is appended to, as JSON.
@@ -166,6 +167,22 @@ def _register_tasks(app: Celery, record_url: str) -> None:
     @app.task(name="tests.on_error", shared=False, bind=True)
     def on_error(self: Any, failed_task_id: str) -> None:
         record_run(self, f"errback for {failed_task_id}")
+
+    @app.task(name="tests.reject_once", shared=False, bind=True, acks_late=True)
+    def reject_once(self: Any) -> str:
+        """Give the message back to the broker (requeue) the first time it runs."""
+        record_run(self, "delivered")
+        if recorder.incr(f"zdelay-test:rejected:{self.request.id}") == 1:
+            raise Reject("requeue me once", requeue=True)
+        return "ran"
+
+    @app.task(name="tests.slow_late", shared=False, bind=True, acks_late=True)
+    def slow_late(self: Any, seconds: float) -> str:
+        """Acknowledged after it ends: a worker killed meanwhile gets it redelivered."""
+        record_run(self, "started")
+        time.sleep(seconds)
+        record_run(self, "finished")
+        return "finished"
 
     @app.task(name="tests.retry_once", shared=False, bind=True, max_retries=3)
     def retry_once(self: Any, countdown: float) -> str:
