@@ -16,6 +16,7 @@ import pytest
 import redis
 from celery import Celery, chain, chord, group
 from kombu import Connection, Queue
+from kombu.serialization import register, unregister
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
@@ -99,6 +100,30 @@ def test_the_released_message_equals_the_native_one(
     )
     assert_same_message(parked, native)
     assert parked["headers"]["eta"] is None
+
+
+def test_a_serializer_the_app_registered_travels_untouched(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a serializer of the app's own, unknown to celery-zdelay
+    register(
+        "zdelay-test-hex",
+        lambda obj: json.dumps(obj).encode().hex(),
+        lambda data: json.loads(bytes.fromhex(data)),
+        content_type="application/x-zdelay-test-hex",
+        content_encoding="utf-8",
+    )
+    try:
+        # When a call serialized with it is sent natively and parked, then released
+        native, parked = _native_and_parked(
+            app, redis_client, "celery", "tests.record", (42, "x"), serializer="zdelay-test-hex"
+        )
+    finally:
+        unregister("zdelay-test-hex")
+
+    # Then the released message is the native one, body still in that format
+    assert parked["content-type"] == "application/x-zdelay-test-hex"
+    assert_same_message(parked, native)
 
 
 def test_links_and_errbacks_travel_in_the_body(app: Celery, redis_client: redis.Redis) -> None:
