@@ -318,7 +318,8 @@ def dead_text(listing: Listing, *, show_shard: bool = False) -> str:
             entry.task or "(unreadable)",
             entry.task_id,
             entry.queue or "-",
-            clip(entry.reason or "-", ARGS_WIDTH),
+            # The last column: shown whole, since the reason is what to act on.
+            " ".join((entry.reason or "-").split()),
         ]
         for entry in listing.entries
     ]

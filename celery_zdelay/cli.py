@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -55,6 +56,8 @@ EXIT_CONFIG = 78
 
 #: ``status --check`` fails when an entry is overdue by more than this (seconds).
 DEFAULT_MAX_OVERDUE_S = 60.0
+
+logger = logging.getLogger(__name__)
 
 _LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
 
@@ -325,8 +328,26 @@ def zdelay(
 
     from .companion import Companion
 
+    stopping = threading.Event()
+    started: list[Companion] = []
+
+    def request_stop(signum: int, frame: Any) -> None:
+        stopping.set()
+        for companion in started:
+            companion.stop()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     with _exit_codes(ctx):
-        companion = Companion(app, shards=shards, beat=beat or None)
+        created = _companion_once_the_store_answers(
+            lambda: Companion(app, shards=shards, beat=beat or None), stopping
+        )
+        if created is None:
+            ctx.exit(EXIT_OK)
+        companion = created
+        started.append(companion)
+        if stopping.is_set():
+            companion.stop()
         invalid = [s for s in companion.shards if s not in companion.store.shards]
         if invalid:
             raise ConfigurationError(
@@ -338,18 +359,43 @@ def zdelay(
             from .metrics import serve_metrics
 
             metrics = serve_metrics(companion, port=metrics_port, addr=metrics_addr)
-
-        def request_stop(signum: int, frame: Any) -> None:
-            companion.stop()
-
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
         try:
             companion.run()
         finally:
             if metrics is not None:
                 metrics.close()
     ctx.exit(EXIT_OK)
+
+
+#: Longest pause between attempts to reach a store that is down at start (seconds).
+MAX_START_PAUSE_S = 30.0
+
+
+def _companion_once_the_store_answers(create: Callable[[], Any], stopping: threading.Event) -> Any:
+    """Create the companion, waiting for the store if it is down; None if asked to stop.
+
+    The companion keeps running through store outages, and one at start is
+    no different: it says so, retries with backoff, and starts when the store
+    answers, so a companion started before Redis (or during a failover) does
+    not need its supervisor to restart it. A bad setting still fails at once.
+    """
+    pause = 1.0
+    failed = False
+    while not stopping.is_set():
+        try:
+            companion = create()
+        except StoreUnavailableError as exc:
+            failed = True
+            logger.error(
+                "%s The companion starts when the store answers; next try in %g s.", exc, pause
+            )
+            stopping.wait(pause)
+            pause = min(pause * 2, MAX_START_PAUSE_S)
+            continue
+        if failed:
+            logger.info("The store answers again: starting the companion.")
+        return companion
+    return None
 
 
 # -- status ---------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Given ``zdelay_audit_log``, when the companion hands entries straight into a
 Redis broker (the atomic handoff), publishes them through kombu, or
 dead-letters one, then the ``celery_zdelay.audit`` logger names each task
-id. Without the setting it says nothing.
+id. Without the setting it says nothing. Counts in log lines read as words
+("1 message waits").
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
+from celery_zdelay.testing import free_port
 from tests.conftest import AppFactory
 from tests.test_admin import put_raw
 
@@ -79,3 +81,20 @@ def test_without_the_setting_releases_are_not_logged_per_id(
         assert _release(app) == 1
 
     assert result.id not in caplog.text
+
+
+def test_one_waiting_message_is_counted_in_the_singular(
+    make_test_app: AppFactory, redis_server, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Regression: "1 messages wait".
+    app = make_test_app(
+        broker=f"redis://127.0.0.1:{free_port()}/0",
+        conf={"zdelay_redis_url": f"{redis_server.url}/3"},
+    )
+    app.tasks["tests.record"].apply_delayed((1,), countdown=0)
+
+    with caplog.at_level(logging.WARNING, logger="celery_zdelay"), Companion(app) as companion:
+        report = companion.release_due()
+
+    assert report.failed
+    assert "Broker unreachable or silent, 1 message waits" in caplog.text

@@ -496,8 +496,9 @@ def test_dead_list_shows_when_why_and_what(app: Celery, stocked: Stock) -> None:
     out = lines(human)
     assert re.fullmatch(r"DIED\s+TASK\s+ID\s+QUEUE\s+REASON", out[0])
     assert re.fullmatch(
+        # Regression: the reason was cut at 40 characters ("celery-zde...").
         r"\d+m?s ago\s+\(unreadable\)\s+damaged-1\s+-\s+foreign entry: the payload does not "
-        r"start with celery-zde\.\.\.",
+        r"start with celery-zdelay metadata",
         out[1],
     )
     assert out[2] == "1 dead-lettered entry."
@@ -723,3 +724,90 @@ def test_reschedule_by_filter_counts_and_moves(app: Celery) -> None:
 
     assert dry.stdout == "would reschedule 2 parked tasks (dry run)\n"
     assert done.stdout == "rescheduled 2 parked tasks\n"
+
+
+# -- the companion through store outages, at start too --------------------------------------
+
+
+def test_a_companion_started_before_its_store_waits_for_it_then_runs(
+    make_test_app: AppFactory, processes: list[CeleryProcess]
+) -> None:
+    # The docs say the companion keeps running through outages; it exited 69
+    # at once when the store was down at start.
+    server = RedisServer(port=free_port())
+    app = make_test_app(broker=f"{server.url}/0", conf={"zdelay_redis_url": f"{server.url}/0"})
+    process = CeleryProcess(app, "zdelay", "-l", "INFO").start()
+    processes.append(process)
+    try:
+        process.wait_for_log("The companion starts when the store answers")
+        server.start()
+        process.wait_for_log("The store answers again: starting the companion.", timeout=60)
+        process.wait_for_log(" started: ")
+
+        server.kill()
+        process.wait_for_log("Store unreachable, retrying with backoff")
+        server.start()
+        process.wait_for_log("Store and broker answer again: releasing", timeout=60)
+    finally:
+        code = process.terminate()
+        server.stop()
+    assert code == EXIT_OK
+
+
+# -- messages that say the fix --------------------------------------------------------------
+
+
+@pytest.fixture
+def locked_redis() -> Iterator[RedisServer]:
+    """A private Redis whose default user needs the password "sekret"."""
+    server = RedisServer().start()
+    client = server.client()
+    client.config_set("requirepass", "sekret")
+    client.close()
+    yield server
+    server.stop()
+
+
+def _plain_app(url: str) -> Celery:
+    return Celery("messages", broker=url, set_as_current=False)
+
+
+def test_a_database_the_server_does_not_have_is_a_clean_configuration_error(
+    redis_server: RedisServer,
+) -> None:
+    # Regression: /99 printed a 40-line traceback and exited 1.
+    result = run(_plain_app(f"{redis_server.url}/99"), "status")
+
+    assert result.exit_code == EXIT_CONFIG
+    assert "names database 99, which that Redis does not have" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_wrong_password_is_called_a_wrong_password(locked_redis: RedisServer) -> None:
+    url = f"redis://:wrong@127.0.0.1:{locked_redis.port}/0"
+
+    result = run(_plain_app(url), "status")
+
+    assert result.exit_code == EXIT_UNAVAILABLE
+    assert "refused the password" in result.stderr
+    assert "Check that Redis is running" not in result.stderr
+    assert "wrong" not in result.stderr.replace("is wrong", "")  # the password stays hidden
+
+
+def test_a_missing_password_is_asked_for_in_plain_words(locked_redis: RedisServer) -> None:
+    # Regression: redis-py's "HELLO must be called with the client already
+    # authenticated..." was shown as is.
+    result = run(_plain_app(f"{locked_redis.url}/0"), "status")
+
+    assert result.exit_code == EXIT_UNAVAILABLE
+    assert "requires a password, and none is given" in result.stderr
+    assert "HELLO" not in result.stderr
+
+
+def test_an_unreachable_store_is_one_sentence_per_period() -> None:
+    # Regression: "Connection refused.." (redis-py's period, then ours).
+    result = run(_plain_app(f"redis://127.0.0.1:{free_port()}/0"), "status")
+
+    assert result.exit_code == EXIT_UNAVAILABLE
+    assert "Connection refused. Check that Redis is running" in result.stderr
+    assert ".." not in result.stderr

@@ -160,6 +160,10 @@ class Companion:
                     failures += 1
                     self._sleep(wakeup, pause, wake_early=False)
                     continue
+                if failures:
+                    logger.info(
+                        "Store and broker answer again: releasing (%d passes failed).", failures
+                    )
                 failures = 0
                 wait = MAX_IDLE_SECONDS
                 if report.next_event_s is not None:

@@ -23,6 +23,7 @@ from celery.utils.time import maybe_iso8601
 from kombu import Connection, Exchange, Producer
 from kombu.exceptions import BatchPublishError
 
+from .._format import counted
 from ..entry import TaskMessage
 
 if TYPE_CHECKING:
@@ -83,12 +84,16 @@ class Publisher:
         except Exception as exc:
             unsettled = max(len(messages) - len(outcome.accepted) - len(outcome.rejected), 0)
             if self._is_connection_error(exc):
-                logger.warning("Broker unreachable or silent, %d messages wait: %r", unsettled, exc)
+                logger.warning(
+                    "Broker unreachable or silent, %s: %r",
+                    counted(unsettled, "message waits", "messages wait"),
+                    exc,
+                )
             else:
                 # Unforeseen: the messages are kept (given back), the companion runs on.
                 logger.error(
-                    "Publishing failed unexpectedly, %d messages wait: %r",
-                    unsettled,
+                    "Publishing failed unexpectedly, %s: %r",
+                    counted(unsettled, "message waits", "messages wait"),
                     exc,
                     exc_info=True,
                 )

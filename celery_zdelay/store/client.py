@@ -140,12 +140,47 @@ def sanitize_url(url: str) -> str:
 
 @contextmanager
 def unavailable_as_error(url: str) -> Iterator[None]:
-    """Turn redis-py's connection failures into :class:`StoreUnavailableError`."""
+    """Turn redis-py's connection failures into :class:`StoreUnavailableError`.
+
+    Each message says what to fix: a wrong or missing password is not "check
+    that Redis is running". A database number the server does not have is a
+    :class:`ConfigurationError`.
+    """
     try:
         yield
+    except redis.exceptions.AuthenticationError as exc:
+        raise StoreUnavailableError(_auth_message(url, exc)) from exc
     except UNAVAILABLE as exc:
         raise StoreUnavailableError(
-            f"Cannot reach the celery-zdelay store at {sanitize_url(url)}: {exc}. "
+            f"Cannot reach the celery-zdelay store at {sanitize_url(url)}: "
+            f"{str(exc).rstrip('.')}. "
             "Check that Redis is running and that zdelay_redis_url points to it; "
             "the call did not complete, and repeating it is safe."
         ) from exc
+    except redis.exceptions.ResponseError as exc:
+        if "DB index is out of range" not in str(exc):
+            raise
+        database = urlsplit(url).path.strip("/") or "0"
+        raise ConfigurationError(
+            f"The store URL {sanitize_url(url)} names database {database}, which that Redis "
+            "does not have (16 by default, 0 to 15; a Redis Cluster has only 0). Fix the "
+            "number in zdelay_redis_url (or the broker URL it defaults to), or raise "
+            "`databases` in redis.conf."
+        ) from exc
+
+
+def _auth_message(url: str, exc: Exception) -> str:
+    where = f"The celery-zdelay store at {sanitize_url(url)}"
+    text = str(exc)
+    if "invalid username-password pair" in text or "WRONGPASS" in text:
+        return (
+            f"{where} refused the password: the username or password in zdelay_redis_url "
+            "(or zdelay_redis_options) is wrong, or the ACL user is disabled."
+        )
+    if "NOAUTH" in text or "HELLO must be called" in text or "Authentication required" in text:
+        return (
+            f"{where} requires a password, and none is given: put it in the URL "
+            "(redis://:PASSWORD@host:6379/0, or redis://USER:PASSWORD@... for an ACL "
+            'user) or in zdelay_redis_options = {"password": ...}.'
+        )
+    return f"{where} refused to authenticate: {text.rstrip('.')}."
