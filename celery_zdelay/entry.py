@@ -15,17 +15,20 @@ name, routing, content type), so it is stored in two parts:
   list key ``k``, the transport layout ``l`` and the queues to declare ``q``;
 - the **entry**: a metadata line (schema version ``v``, template id ``t``,
   length ``n`` of what follows, optional signature ``s``), a newline, then the
-  per-call values (JSON fragments: body, task id, argsrepr, ...) separated by
-  NUL bytes, which JSON text never contains::
+  per-call values (JSON fragments: body, task id, argsrepr, ...) each ending
+  in a NUL byte, which JSON text never contains (entries parked by earlier
+  releases only separate them; both are read)::
 
-      {"v":1,"t":"9f86d081884c7d65","n":268}
-      "W1s0Ml0sIHt9..."\0"f9fe6d14-431f-..."\0"(42,)"\0...
+      {"v":1,"t":"9f86d081884c7d65","n":269}
+      "W1s0Ml0sIHt9..."\0"f9fe6d14-431f-..."\0"(42,)"\0...\0
 
 Expanding an entry gives the classic single-part form that :func:`decode_entry`
 reads: ``{"v":1,"n":812,"k":...,"l":...,"q":[...]}``, a newline, the envelope
 head. Messages with more than :data:`MAX_VARIABLES` per-call values are
-stored that way directly. handoff.lua and push.lua expand entries themselves
-(see ``lua/_expand.lua``) and append a delivery tag and ``"}}``.
+stored that way directly. handoff.lua expands entries itself (see
+``lua/_expand.lua``: the values are cut out by one ``struct.unpack`` call and
+joined with the template's pieces and the delivery tag by one
+``table.concat``).
 """
 
 from __future__ import annotations
@@ -70,26 +73,19 @@ _MARKER = re.compile(rb"\x00(.)", re.DOTALL)
 #: json's own (C) string encoder, as json.dumps uses it with ensure_ascii.
 _encode_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
-#: Headers whose values repeat from call to call: they stay in the template.
-#: Every other header (ids, argsrepr, origin, custom headers...) is per call.
+#: Headers whose values repeat from call to call, from a small set (task
+#: name, language, flags): they stay in the template. Every other header is
+#: per call, including options a call may set to any value (``shadow=``,
+#: ``time_limit``, retries, stamps): kept in the template, each new value
+#: made a new template, and templates piled up with the history of calls
+#: rather than with what is parked.
 _TEMPLATE_HEADERS = frozenset(
-    {
-        "lang",
-        "task",
-        "shadow",
-        "eta",
-        "retries",
-        "timelimit",
-        "ignore_result",
-        "replaced_task_nesting",
-        "stamped_headers",
-        "compression",
-    }
+    {"lang", "task", "eta", "ignore_result", "replaced_task_nesting", "compression"}
 )
-#: Properties that stay in the template; correlation_id, reply_to, ... are per call.
-_TEMPLATE_PROPERTIES = frozenset(
-    {"delivery_mode", "delivery_info", "priority", "body_encoding", "delivery_tag"}
-)
+#: Properties that stay in the template; correlation_id, reply_to, ... are
+#: per call, and so is the routing key inside delivery_info (a topic
+#: exchange may get a new one on every call).
+_TEMPLATE_PROPERTIES = frozenset({"delivery_mode", "priority", "body_encoding", "delivery_tag"})
 
 TemplateLookup = Callable[[str], "bytes | None"]
 
@@ -182,7 +178,13 @@ def encode_entry(
             for key, value in envelope["headers"].items()
         },
         "properties": {
-            key: value if key in _TEMPLATE_PROPERTIES else variable(value)
+            key: (
+                value
+                if key in _TEMPLATE_PROPERTIES
+                else {"exchange": value["exchange"], "routing_key": variable(value["routing_key"])}
+                if key == "delivery_info"
+                else variable(value)
+            )
             for key, value in envelope["properties"].items()
         },
     }
@@ -199,7 +201,8 @@ def encode_entry(
         text = text.replace(_SENTINELS[number], b"\x00" + bytes([number]))
     record = _line({"c": len(variables), **routing}) + b"\n" + text
     template = Template(id=template_id(record), record=record)
-    blob = b"\x00".join(variables)
+    # Each value ends in a NUL, so handoff.lua cuts them out in one C call.
+    blob = b"\x00".join(variables) + b"\x00"
     if not signing_key:
         # The common case, spelled out: json.dumps of the dict costs more.
         line = b'{"v":%d,"t":"%s","n":%d}' % (SCHEMA_VERSION, template.id.encode(), len(blob))
@@ -257,7 +260,8 @@ def _expanded(
             "which the store does not hold"
         )
     template_meta, text = _parsed_template(record)
-    values = blob.split(b"\x00")
+    # Values end in a NUL; entries parked by earlier releases only separate them.
+    values = (blob[:-1] if blob.endswith(b"\x00") else blob).split(b"\x00")
     if len(values) != template_meta.get("c"):
         raise EntryError(
             f"damaged payload: {len(values)} values for a template of {template_meta.get('c')}"

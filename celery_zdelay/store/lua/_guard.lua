@@ -19,7 +19,7 @@ local function zdelay_expect(...)
 end
 
 -- Raise, before any write, when the counter key holds something INCRBY
--- cannot count on.
+-- cannot count on; return its value.
 local function zdelay_expect_counter(key)
   zdelay_expect(key, 'string')
   local value = redis.call('GET', key)
@@ -27,6 +27,7 @@ local function zdelay_expect_counter(key)
     error({err = 'WRONGTYPE celery-zdelay counter ' .. key .. ' holds ' .. string.sub(value, 1, 40) ..
       ', not a count: delete that key'})
   end
+  return tonumber(value or 0)
 end
 
 -- The lease of an in-flight entry is two records: the lease zset scores it

@@ -38,7 +38,7 @@ local lease_ms, limit, layout, tag_prefix, fresh, advance_ms, companion =
   tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5] == '1', tonumber(ARGV[6] or 0), ARGV[7]
 zdelay_expect(due, 'zset', msg, 'hash', lease, 'zset', leased, 'hash', templates, 'hash',
   dead, 'zset', dead_msg, 'hash')
-zdelay_expect_counter(tags)
+local tag_base = zdelay_expect_counter(tags)
 local now_ms = zdelay_now_ms()
 local expiry = now_ms + lease_ms
 
@@ -57,14 +57,20 @@ local function dest_type(dest)
   return kind
 end
 
--- The destination list and envelope head of a payload, or nil when it must
--- take the generic path.
+-- Where a payload goes: its destination list, and its template and where its
+-- values start (the form parked today) or its envelope head (other forms);
+-- nil when it must take the generic path.
 local function destination(payload)
+  local template, pos = zdelay_fast_entry(templates, payload)
+  if template then
+    if type(template.k) ~= 'string' or template.l ~= layout then return nil end
+    return template.k, template, pos
+  end
   local meta, head = zdelay_read(templates, payload)
   if not meta or type(meta.k) ~= 'string' or meta.l ~= layout or meta.s ~= nil then
     return nil
   end
-  return meta.k, head
+  return meta.k, nil, head
 end
 
 local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', (now_ms + advance_ms) * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
@@ -75,11 +81,12 @@ if #claimed > 0 then
   payloads = redis.call('HMGET', msg, unpack(ids))
 end
 
+-- Every message is built here, with its delivery tag, before the first write.
 local pushes, order, handed, handed_due, generic, bad = {}, {}, {}, {}, {}, {}
 local taken, needs_dests = 0, 0
 for j = 1, #claimed / 2 do
   local id, score, payload = claimed[2 * j - 1], claimed[2 * j], payloads[j]
-  local dest, head = destination(payload)
+  local dest, template, rest = destination(payload)
   if dest and not known[dest] and not fresh then
     -- Stop here, leaving this entry and later ones parked, so the caller can
     -- reread the dests set and keep the release order.
@@ -88,17 +95,27 @@ for j = 1, #claimed / 2 do
   end
   taken = j
   local kind = dest and known[dest] and dest_type(dest)
-  if kind and kind ~= 'list' and kind ~= 'none' then
+  local message
+  if kind == 'list' or kind == 'none' then
+    local tail = tag_prefix .. (tag_base + #handed + 1) .. '"}}'
+    if template then
+      message = zdelay_render(template, payload, rest, tail)
+    else
+      -- The stored envelope ends at the delivery tag's opening quote.
+      message = rest .. tail
+    end
+  end
+  if message then
+    if not pushes[dest] then pushes[dest] = {}; order[#order + 1] = dest end
+    local list = pushes[dest]
+    list[#list + 1] = message
+    handed[#handed + 1] = id
+    handed_due[#handed_due + 1] = math.floor(tonumber(score) / 1024)
+  elseif kind and kind ~= 'list' and kind ~= 'none' then
     local due_ms = math.floor(tonumber(score) / 1024)
     bad[#bad + 1] = {id, zdelay_reason('queue list ' .. dest .. ' is a ' .. kind ..
       ' key, not a list, so the Redis broker cannot deliver to it: delete or rename that ' ..
       'key, then requeue this entry', due_ms, companion), payload}
-  elseif kind then
-    if not pushes[dest] then pushes[dest] = {}; order[#order + 1] = dest end
-    local list = pushes[dest]
-    list[#list + 1] = head
-    handed[#handed + 1] = id
-    handed_due[#handed_due + 1] = math.floor(tonumber(score) / 1024)
   else
     generic[#generic + 1] = {id, score, payload}
   end
@@ -108,30 +125,23 @@ if taken > 0 then
   redis.call('ZREMRANGEBYRANK', due, 0, taken - 1)
 end
 
-local token = 0
-if #generic > 0 then token = redis.call('INCR', tags) end
-local result = {now_ms, token, -1, -1, needs_dests, #generic, #bad}
+local result = {now_ms, 0, -1, -1, needs_dests, #generic, #bad}
 if #handed > 0 then
-  local last = redis.call('INCRBY', tags, #handed)
-  local tag = last - #handed
+  redis.call('INCRBY', tags, #handed)
   for _, dest in ipairs(order) do
-    local bodies = pushes[dest]
-    local batch = {}
-    for k = 1, #bodies do
-      tag = tag + 1
-      -- The stored envelope ends at the delivery tag's opening quote.
-      batch[#batch + 1] = bodies[k] .. tag_prefix .. tag .. '"}}'
-      if #batch == 1000 then
-        redis.call('LPUSH', dest, unpack(batch))
-        batch = {}
-      end
+    local messages = pushes[dest]
+    for k = 1, #messages, 1000 do
+      redis.call('LPUSH', dest, unpack(messages, k, math.min(k + 999, #messages)))
     end
-    if #batch > 0 then redis.call('LPUSH', dest, unpack(batch)) end
   end
   for k = 1, #handed, 1000 do
     redis.call('HDEL', msg, unpack(handed, k, math.min(k + 999, #handed)))
   end
 end
+
+local token = 0
+if #generic > 0 then token = redis.call('INCR', tags) end
+result[2] = token
 
 for _, entry in ipairs(generic) do
   redis.call('ZADD', lease, expiry, entry[1])

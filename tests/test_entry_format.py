@@ -1,0 +1,102 @@
+"""The entry format handoff.lua reads fast (values each ending in a NUL) and
+the one earlier releases parked (values only separated): both are released,
+as the same message."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from celery_zdelay.companion import Companion
+from tests.conftest import AppFactory
+
+pytestmark = pytest.mark.timeout(90)
+
+MSG = "{zdelay:0}:msg"
+
+
+def _as_earlier_release(payload: bytes) -> bytes:
+    meta, _, blob = payload.partition(b"\n")
+    assert blob.endswith(b"\x00")
+    old = blob[:-1]
+    fields = json.loads(meta)
+    fields["n"] = len(old)
+    return json.dumps(fields, separators=(",", ":")).encode() + b"\n" + old
+
+
+@pytest.mark.parametrize("broker_db", [None, 3], ids=["handoff", "generic"])
+def test_entries_parked_by_an_earlier_release_are_released_as_the_same_message(
+    make_test_app: AppFactory, redis_client: redis.Redis, redis_server, broker_db: int | None
+) -> None:
+    broker = None if broker_db is None else f"{redis_server.url}/{broker_db}"
+    app = make_test_app(broker=broker)
+    record = app.tasks["tests.record"]
+    new = record.apply_delayed(("same",), countdown=0, task_id="entry-new")
+    old = record.apply_delayed(("same",), countdown=0, task_id="entry-old")
+    payload = redis_client.hget(MSG, old.id)
+    assert payload is not None
+    redis_client.hset(MSG, old.id, _as_earlier_release(payload))
+
+    with Companion(app) as companion:
+        # Both are moved inside handoff.lua, not leased and pushed afterwards.
+        pushes: list[Any] = []
+        real_push = companion.store.push
+
+        def counting_push(*args: Any, **kwargs: Any) -> Any:
+            pushes.append(args)
+            return real_push(*args, **kwargs)
+
+        companion.store.push = counting_push  # type: ignore[method-assign]
+        report = companion.release_due()
+
+    assert pushes == []
+    assert report.released == 2
+    assert report.dead_lettered == 0
+    queue = redis_client if broker_db is None else redis_server.client(broker_db)
+    messages = {}
+    for raw in queue.lrange("celery", 0, -1):
+        message = json.loads(raw)
+        messages[message["headers"]["id"]] = message
+    assert set(messages) == {new.id, old.id}
+    # Apart from the ids and tags, the two messages are the same.
+    first, second = (json.dumps(messages[i], sort_keys=True) for i in (new.id, old.id))
+    for message in (messages[new.id], messages[old.id]):
+        message["properties"].pop("delivery_tag")
+    normalized = {
+        json.dumps(m, sort_keys=True).replace(i, "ID").replace(i.replace("-", ""), "ID")
+        for i, m in messages.items()
+    }
+    assert len(normalized) == 1, (first, second)
+
+
+def test_per_call_options_do_not_pile_up_templates(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given 200 calls of one task, each with its own shadow name and time
+    # limits (options a call may set to any value),
+    app = make_test_app()
+    record = app.tasks["tests.record"]
+    ids = [
+        record.apply_delayed(
+            (i,), countdown=0, shadow=f"report-{i}", time_limit=60 + i, soft_time_limit=30 + i
+        ).id
+        for i in range(200)
+    ]
+
+    # then they share one template: templates grow with the kinds of
+    # messages parked, not with the history of calls,
+    assert redis_client.hlen("{zdelay:0}:templates") == 1
+
+    # and each message is released with its own options.
+    with Companion(app) as companion:
+        assert companion.release_due().handed_off == 200
+    released = {
+        m["headers"]["id"]: m["headers"]
+        for m in (json.loads(raw) for raw in redis_client.lrange("celery", 0, -1))
+    }
+    for i, task_id in enumerate(ids):
+        assert released[task_id]["shadow"] == f"report-{i}"
+        assert released[task_id]["timelimit"] == [60 + i, 30 + i]
