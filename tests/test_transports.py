@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_zdelay.parking import store_for
+from celery_zdelay.store import admin
+from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import CeleryProcess, Runs
 from tests.servers import LocalSQS
@@ -134,3 +137,28 @@ def test_sqs_native_countdown_past_the_visibility_timeout_runs_twice_parked_once
     ran = runs.ids()
     assert ran.count(parked.id) == 1
     assert ran.count(native.id) >= 2, f"native ETA ran {ran.count(native.id)} time(s)"
+
+
+def test_a_broker_unreachable_at_companion_start_gets_the_tasks_once_it_is_up(
+    make_test_app: AppFactory, worker, companion, runs: Runs
+) -> None:
+    """Given the broker is down when the companion starts, the companion
+    starts anyway, keeps the due tasks parked, and releases each once when
+    the broker comes up."""
+    broker = RedisServer()  # its port is chosen, nothing listens on it yet
+    try:
+        app = make_test_app(broker=f"{broker.url}/0")
+        add = app.tasks["tests.add"]
+        results = [add.apply_delayed((i, 5), countdown=0.2) for i in range(5)]
+        process = companion(app)
+        process.wait_for_log("Broker unreachable")
+        assert admin.counts(store_for(app)).parked == 5, "nothing lost while it is down"
+
+        broker.start()
+        worker(app)
+
+        runs.wait_for_ids({r.id for r in results})
+        assert runs.duplicates() == {}
+        assert "dead-letter" not in process.log().lower()
+    finally:
+        broker.stop()

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from celery.utils.time import maybe_iso8601
 from kombu import Connection, Exchange, Producer
-from kombu.exceptions import BatchPublishError
+
+try:  # kombu 5.7 publishes batches, and raises this when one fails as a whole
+    from kombu.exceptions import BatchPublishError as _BatchPublishError
+
+    _BATCH_ERRORS: tuple[type[BaseException], ...] = (_BatchPublishError,)
+except ImportError:  # kombu < 5.7 has no batch publishing: nothing raises it
+    _BATCH_ERRORS = ()
 
 from .._format import counted
 from ..entry import TaskMessage
@@ -246,7 +252,7 @@ class Publisher:
 
         # BatchPublishError: a pipelined push failed as a whole (its replies
         # are read one by one otherwise); what it delivered is unknown.
-        uncertain = (OperationalError, BatchPublishError, ConnectionError, TimeoutError, OSError)
+        uncertain = (OperationalError, *_BATCH_ERRORS, ConnectionError, TimeoutError, OSError)
         if isinstance(exc, uncertain) or is_transient_reply(exc):
             return True
         connection = self._connection

@@ -42,7 +42,21 @@ def script_source(name: str) -> str:
     source = _lua_file(name)
     if name in _READERS:
         source = _lua_file("_expand") + source
-    return _lua_file("_guard") + source
+    return _PCALL_HEAD + _lua_file("_guard") + source + _PCALL_TAIL
+
+
+# The whole script runs under pcall and returns its error as an error reply:
+# Redis 6.2 cannot raise a table ({err = ...} became "attempt to concatenate
+# a table value"), and raises a failed redis.call as "ERR Error running
+# script ... WRONGTYPE ...". Either way the client now gets the same reply,
+# with the same first word, on Redis 6.2, Redis 7 and Valkey.
+_PCALL_HEAD = "local zdelay_ok, zdelay_result = pcall(function()\n"
+_PCALL_TAIL = """
+end)
+if zdelay_ok then return zdelay_result end
+if type(zdelay_result) == 'table' then return zdelay_result end
+return redis.error_reply(tostring(zdelay_result))
+"""
 
 
 def _lua_file(name: str) -> str:

