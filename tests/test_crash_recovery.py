@@ -1,7 +1,10 @@
-"""A companion killed after claiming a batch loses nothing; several companions
-never release an entry twice."""
+"""A companion killed after claiming a batch loses nothing; one asked to stop
+finishes its batch; several companions never release an entry twice."""
 
 from __future__ import annotations
+
+import json
+import signal
 
 import pytest
 import redis
@@ -69,4 +72,49 @@ def test_three_companions_release_each_task_once(
 
     runs.wait_for_ids(ids, stall_timeout=60)
     assert set(runs.ids()) == ids
+    assert runs.duplicates() == {}
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_companion_stopped_mid_batch_finishes_it_exits_0_and_strands_nothing(
+    make_test_app: AppFactory,
+    broker_server: RedisServer,
+    redis_client: redis.Redis,
+    worker,
+    companion,
+    runs: Runs,
+    stop: signal.Signals,
+) -> None:
+    # Given 1,000 parked tasks and a companion whose broker freezes mid-release
+    app = make_test_app(broker=f"{broker_server.url}/0", conf={"zdelay_batch_size": 200})
+    record = app.tasks["tests.record"]
+    ids = {record.apply_delayed((i,), countdown=1.0).id for i in range(1_000)}
+    stopping = companion(app)
+    broker_server.pause()
+    try:
+        wait_for(lambda: redis_client.zcard(LEASE) > 0, message="a claimed batch")
+        in_hand = {m.decode() for m in redis_client.zrange(LEASE, 0, -1)}
+
+        # When it is asked to stop while that batch is on its way to the broker
+        assert stopping.process is not None
+        stopping.process.send_signal(stop)
+    finally:
+        broker_server.resume()
+
+    # Then it publishes the batch in hand, exits 0 and leaves nothing in flight
+    assert stopping.process.wait(timeout=60) == 0, stopping.log()[-3000:]
+    assert redis_client.zcard(LEASE) == 0
+    assert redis_client.hlen("{zdelay:0}:leased") == 0
+    broker = broker_server.client(0)
+    queued = [json.loads(raw)["headers"]["id"] for raw in broker.lrange("celery", 0, -1)]
+    parked = {m.decode() for m in redis_client.zrange("{zdelay:0}:due", 0, -1)}
+    assert in_hand <= set(queued)
+    assert len(queued) == len(set(queued))
+    assert set(queued) | parked == ids
+    assert not set(queued) & parked
+
+    # And the next companion releases the rest, each task once
+    worker(app)
+    companion(app)
+    runs.wait_for_ids(ids, stall_timeout=60)
     assert runs.duplicates() == {}
