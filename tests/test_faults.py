@@ -37,6 +37,9 @@ def _dead(client: redis.Redis) -> dict[str, str]:
 def test_corrupt_and_foreign_entries_are_dead_lettered_and_hold_nothing_up(
     make_test_app: AppFactory, redis_server: RedisServer, redis_client: redis.Redis, path: str
 ) -> None:
+    # Given 10 good entries due now, and among them entries that are foreign,
+    # of an unknown schema version, truncated, not an envelope, without a
+    # payload, or without their template
     app = make_test_app(broker=None if path == "handoff" else f"{redis_server.url}/3")
     record = app.tasks["tests.record"]
     good = [record.apply_delayed((i,), countdown=0).id for i in range(5)]
@@ -58,14 +61,22 @@ def test_corrupt_and_foreign_entries_are_dead_lettered_and_hold_nothing_up(
         redis_client.hset(MSG, task_id, payload)
         redis_client.zadd(DUE, {task_id: score})
     redis_client.zadd(DUE, {"missing": score})  # parked without a payload
+    # An entry whose template record is gone (the only entry of its task)
+    orphan = app.tasks["tests.add"].apply_delayed((1, 2), countdown=0).id
+    orphan_meta = json.loads(redis_client.hget(MSG, orphan).split(b"\n", 1)[0])
+    assert redis_client.hdel("{zdelay:0}:templates", orphan_meta["t"]) == 1
     good += [record.apply_delayed((i,), countdown=0).id for i in range(5, 10)]
 
+    # When a companion makes one pass
     with Companion(app) as companion:
         report = companion.release_due()
 
+    # Then the good ones are released in it, and each bad one is dead-lettered
+    # with its reason; nothing is left parked or in flight
     assert report.released == 10
     dead = _dead(redis_client)
-    assert set(dead) == {*corrupt, "missing"}
+    assert set(dead) == {*corrupt, "missing", orphan}
+    assert dead[orphan].startswith("template missing")
     assert dead["foreign"].startswith("foreign entry")
     assert dead["unknown-version"].startswith("unknown schema version 99")
     assert dead["truncated"].startswith("damaged payload")
