@@ -66,6 +66,7 @@ def _counts_json(counts: Counts) -> dict[str, Any]:
     return {
         "parked": counts.parked,
         "overdue": counts.overdue,
+        "overdue_in_flight": counts.overdue_in_flight,
         "oldest_overdue_age_ms": counts.oldest_overdue_age_ms,
         "in_flight": counts.in_flight,
         "dead": counts.dead,
@@ -78,6 +79,7 @@ def _shard_json(shard: ShardCounts) -> dict[str, Any]:
         "shard": shard.shard,
         "parked": shard.parked,
         "overdue": shard.overdue,
+        "overdue_in_flight": shard.overdue_in_flight,
         "oldest_overdue_age_ms": shard.oldest_overdue_age_ms,
         "in_flight": shard.in_flight,
         "dead": shard.dead,
@@ -134,7 +136,7 @@ def status_text(current: Status, *, shards: int, per_shard: bool = False) -> str
                 [
                     "Overdue",
                     count(counts.overdue),
-                    "" if oldest is None else f"oldest overdue {duration(oldest)}",
+                    _overdue_note(oldest, counts.overdue_in_flight),
                 ],
                 ["In flight", count(counts.in_flight), "claimed, not yet acknowledged"],
                 ["Dead", count(counts.dead), "see: zdelay dead list" if counts.dead else ""],
@@ -221,6 +223,15 @@ def _companions_text(companions: Sequence[CompanionInfo], now_ms: int) -> str:
     return title + "\n" + table(headers, rows, right={3, 6, 7})
 
 
+def _overdue_note(oldest: int | None, in_flight: int) -> str:
+    if oldest is None:
+        return ""
+    note = f"oldest overdue {duration(oldest)}"
+    if in_flight:
+        note += f" ({count(in_flight)} of them in flight)"
+    return note
+
+
 def check_text(problems: Sequence[str], current: Status) -> str:
     """Return the one-line verdict of ``status --check``."""
     if problems:
@@ -254,6 +265,7 @@ def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
         "kwargsrepr": entry.kwargsrepr,
         "expires": entry.expires,
         "error": entry.error,
+        "state": "in_flight" if entry.in_flight else "parked",
     }
 
 
@@ -266,7 +278,7 @@ def listing_text(listing: Listing, *, show_shard: bool = False) -> str:
     for entry in listing.entries:
         rows.append(
             [
-                relative_due(entry.due_ms, now),
+                relative_due(entry.due_ms, now) + (", in flight" if entry.in_flight else ""),
                 utc(entry.due_ms),
                 *([str(entry.shard)] if show_shard else []),
                 entry.task or "(unreadable)",
@@ -277,7 +289,18 @@ def listing_text(listing: Listing, *, show_shard: bool = False) -> str:
         )
     headers = ["DUE", "DUE AT (UTC)", *(["SHARD"] if show_shard else []), "TASK", "ID"]
     headers += ["QUEUE", "ARGS"]
-    return table(headers, rows) + "\n" + _footer(listing, "parked")
+    in_flight = sum(1 for entry in listing.entries if entry.in_flight)
+    if not in_flight:
+        return table(headers, rows) + "\n" + _footer(listing, "parked")
+    n = len(listing.entries)
+    shown = (
+        f"{counted(n, 'entry', 'entries')}: "
+        f"{count(n - in_flight)} parked, {count(in_flight)} in flight"
+    )
+    footer = (
+        f"Showing the first {shown}; more match (raise --limit)." if listing.more else f"{shown}."
+    )
+    return table(headers, rows) + "\n" + footer
 
 
 def dead_json(listing: Listing) -> dict[str, Any]:

@@ -8,7 +8,7 @@ commands as ``zdelay status`` (``ZCARD``/``ZCOUNT``, one pipeline), for every
 shard of the store, so a shard no companion releases still shows up::
 
     zdelay_parked_tasks{shard}           entries waiting, overdue ones included
-    zdelay_overdue_tasks{shard}          entries due but not yet claimed
+    zdelay_overdue_tasks{shard}          entries past due, waiting or in flight
     zdelay_oldest_overdue_seconds{shard} how late the oldest of them is (0: none)
     zdelay_in_flight_tasks{shard}        entries claimed, not yet acknowledged
     zdelay_dead_tasks{shard}             dead-lettered entries
@@ -112,7 +112,9 @@ class _StoreCollector:
         return {
             "parked": gauge("zdelay_parked_tasks", "Entries waiting in the due set.", labels=shard),
             "overdue": gauge(
-                "zdelay_overdue_tasks", "Parked entries due but not yet claimed.", labels=shard
+                "zdelay_overdue_tasks",
+                "Entries past their due time, waiting or in flight.",
+                labels=shard,
             ),
             "oldest": gauge(
                 "zdelay_oldest_overdue_seconds",

@@ -121,11 +121,15 @@ def test_counts_see_parked_overdue_in_flight_and_dead(app: Celery, store: Store)
     # When they are counted
     counted = admin.counts(store)
 
-    # Then each state has its count; the oldest overdue age is measured from
-    # the overdue entry's due time, and the next due time is the "soon" entry's
-    assert (counted.parked, counted.overdue, counted.in_flight, counted.dead) == (5, 1, 1, 1)
-    assert counted.oldest_overdue_age_ms == counted.now_ms - due_ms(store, stocked.overdue)
-    assert counted.oldest_overdue_age_ms >= 5_000
+    # Then each state has its count; the entry in flight past its due time
+    # is overdue too (one story with list and status --check), and the
+    # oldest overdue age is measured from its due time (10 s ago, before the
+    # waiting overdue entry's 5 s); the next due time is the "soon" entry's
+    assert (counted.parked, counted.overdue, counted.in_flight, counted.dead) == (5, 2, 1, 1)
+    assert counted.overdue_in_flight == 1
+    assert counted.oldest_overdue_age_ms is not None
+    assert counted.oldest_overdue_age_ms > counted.now_ms - due_ms(store, stocked.overdue)
+    assert counted.oldest_overdue_age_ms >= 10_000
     assert counted.next_due_ms == due_ms(store, stocked.soon)
     assert 0 < counted.next_due_ms - counted.now_ms <= 60_000
 
@@ -186,7 +190,9 @@ def test_a_listing_shows_task_queue_and_argsrepr(app: Celery, store: Store) -> N
     listing = admin.list_parked(store)
     by_id = {e.task_id: e for e in listing.entries}
 
-    assert list(by_id) == [stocked.overdue, stocked.soon, *stocked.later]
+    # The entry in flight is listed too, first (due 10 s ago), marked as such.
+    assert list(by_id) == [stocked.in_flight, stocked.overdue, stocked.soon, *stocked.later]
+    assert [e.in_flight for e in listing.entries] == [True, False, False, False, False, False]
     late = by_id[stocked.overdue]
     assert (late.task, late.queue, late.argsrepr, late.kwargsrepr) == (
         "tests.record",
@@ -218,9 +224,9 @@ def test_a_listing_filters_by_task_pattern_and_due_window(app: Celery, store: St
         return [e.task_id for e in admin.list_parked(store, **filters).entries]  # type: ignore[arg-type]
 
     assert ids(task="tests.add") == [stocked.soon]
-    assert ids(task="tests.re*") == [stocked.overdue, *stocked.later]
+    assert ids(task="tests.re*") == [stocked.in_flight, stocked.overdue, *stocked.later]
     assert ids(task="nothing.*") == []
-    assert ids(due_before_ms=now) == [stocked.overdue]
+    assert ids(due_before_ms=now) == [stocked.in_flight, stocked.overdue]
     assert ids(due_after_ms=now) == [stocked.soon, *stocked.later]
     assert ids(due_after_ms=now, due_before_ms=now + 600_000) == [stocked.soon]
     assert ids(task="tests.record", due_after_ms=now + 1_800_500) == stocked.later[1:]

@@ -134,9 +134,14 @@ def test_status_shows_every_state_companions_and_the_redis_warning(
     soon = due_ms(store, stocked.soon)
     assert_shows(parked[1], at_least_ms=soon - after, at_most_ms=soon - before)
     assert parked[2] == utc(soon)
-    overdue = re.search(r"^Overdue    1  oldest overdue (.+)$", out, re.M)
+    # Overdue counts the entry in flight past its due time too, and the
+    # oldest overdue one is it (due 10 s ago).
+    overdue = re.search(r"^Overdue    2  oldest overdue (.+) \(1 of them in flight\)$", out, re.M)
     assert overdue, out
-    late = due_ms(store, stocked.overdue)
+    found = celery_zdelay.lookup(stocked.in_flight, app=app)
+    assert found is not None
+    assert found.due_ms is not None
+    late = found.due_ms
     assert_shows(overdue[1], at_least_ms=before - late, at_most_ms=after - late)
     assert "In flight  1  claimed, not yet acknowledged" in lines(result)
     assert "Dead       1  see: zdelay dead list" in lines(result)
@@ -178,11 +183,12 @@ def test_status_json_is_one_document_with_every_count(app: Celery, stocked: Stoc
     document = json.loads(result.stdout)
     assert {k: document[k] for k in ("parked", "overdue", "in_flight", "dead")} == {
         "parked": 5,
-        "overdue": 1,
+        "overdue": 2,
         "in_flight": 1,
         "dead": 1,
     }
-    assert 5_000 <= document["oldest_overdue_age_ms"] < 30_000
+    assert document["overdue_in_flight"] == 1
+    assert 10_000 <= document["oldest_overdue_age_ms"] < 35_000
     assert 0 < document["next_due_ms"] - document["now_ms"] <= 60_000
     assert document["store"] == {
         "url": get_config(app).redis_url,
@@ -359,32 +365,45 @@ def test_list_shows_entries_in_due_order_with_relative_times(
     assert re.fullmatch(r"DUE\s+DUE AT \(UTC\)\s+TASK\s+ID\s+QUEUE\s+ARGS", out[0])
     rows = [row.split("  ") for row in out[1:-1]]
     cells = [[c.strip() for c in row if c.strip()] for row in rows]
-    assert [row[3] for row in cells] == [stocked.overdue, stocked.soon, *stocked.later]
+    # The entry in flight past its due time is listed, first, as status counts it.
+    assert [row[3] for row in cells] == [
+        stocked.in_flight,
+        stocked.overdue,
+        stocked.soon,
+        *stocked.later,
+    ]
+    assert re.fullmatch(r"overdue \d+s, in flight", cells[0][0])
     late = due_ms(store, stocked.overdue)
-    assert cells[0][0].startswith("overdue ")
-    assert_shows(cells[0][0][8:], at_least_ms=before - late, at_most_ms=after - late)
-    assert cells[0][2:] == ["tests.record", stocked.overdue, "celery", "('late',) {'x': 1}"]
+    assert cells[1][0].startswith("overdue ")
+    assert_shows(cells[1][0][8:], at_least_ms=before - late, at_most_ms=after - late)
+    assert cells[1][2:] == ["tests.record", stocked.overdue, "celery", "('late',) {'x': 1}"]
     soon = due_ms(store, stocked.soon)
-    assert cells[1][0].startswith("in ")
-    assert_shows(cells[1][0][3:], at_least_ms=soon - after, at_most_ms=soon - before)
-    assert cells[1][2:] == ["tests.add", stocked.soon, "celery", "(2, 3)"]
-    assert all(re.fullmatch(r"in (29m 5\d|30m \d)s", row[0]) for row in cells[2:])
+    assert cells[2][0].startswith("in ")
+    assert_shows(cells[2][0][3:], at_least_ms=soon - after, at_most_ms=soon - before)
+    assert cells[2][2:] == ["tests.add", stocked.soon, "celery", "(2, 3)"]
+    assert all(re.fullmatch(r"in (29m 5\d|30m \d)s", row[0]) for row in cells[3:])
     assert all(re.fullmatch(ISO, row[1]) for row in cells)
-    assert [row[4] for row in cells[2:]] == ["orders"] * 3
-    assert out[-1] == "5 parked entries."
+    assert [row[4] for row in cells[3:]] == ["orders"] * 3
+    assert out[-1] == "6 entries: 5 parked, 1 in flight."
     # Columns line up: every row starts its TASK cell where the header does.
     task_column = out[0].index("TASK")
     assert all(row[task_column - 2 : task_column] == "  " for row in out[1:-1])
 
 
 def test_list_json_is_stable_and_complete(app: Celery, stocked: Stock) -> None:
-    result = run(app, "list", "--json", "--limit", "2")
+    result = run(app, "list", "--json", "--limit", "3")
 
     document = json.loads(result.stdout)
     assert document["more"] is True
-    assert [e["id"] for e in document["entries"]] == [stocked.overdue, stocked.soon]
-    first = document["entries"][0]
+    assert [e["id"] for e in document["entries"]] == [
+        stocked.in_flight,
+        stocked.overdue,
+        stocked.soon,
+    ]
+    assert [e["state"] for e in document["entries"]] == ["in_flight", "parked", "parked"]
+    first = document["entries"][1]
     assert set(first) == {
+        "state",
         "id",
         "task",
         "shard",
@@ -403,8 +422,10 @@ def test_list_json_is_stable_and_complete(app: Celery, stocked: Stock) -> None:
     )
     assert first["due_ms"] < document["now_ms"]
     assert first["error"] is None
-    human = run(app, "list", "--limit", "2")
-    assert lines(human)[-1] == "Showing the first 2 parked entries; more match (raise --limit)."
+    human = run(app, "list", "--limit", "3")
+    assert lines(human)[-1] == (
+        "Showing the first 3 entries: 2 parked, 1 in flight; more match (raise --limit)."
+    )
 
 
 def test_list_filters_by_task_and_due_window(app: Celery, stocked: Stock) -> None:
@@ -414,11 +435,11 @@ def test_list_filters_by_task_and_due_window(app: Celery, stocked: Stock) -> Non
         return [e["id"] for e in json.loads(result.stdout)["entries"]]
 
     assert ids("--task", "tests.add") == [stocked.soon]
-    assert ids("--task", "tests.rec*") == [stocked.overdue, *stocked.later]
-    assert ids("--due-before", "now") == [stocked.overdue]
+    assert ids("--task", "tests.rec*") == [stocked.in_flight, stocked.overdue, *stocked.later]
+    assert ids("--due-before", "now") == [stocked.in_flight, stocked.overdue]
     assert ids("--due-after", "now", "--due-before", "10m") == [stocked.soon]
     assert ids("--due-after", "20m") == stocked.later
-    assert ids("--due-after", "-1h", "--due-before", "-1s") == [stocked.overdue]
+    assert ids("--due-after", "-1h", "--due-before", "-1s") == [stocked.in_flight, stocked.overdue]
     assert ids("--due-after", "2000-01-01T00:00:00Z", "--task", "tests.add") == [stocked.soon]
     assert run(app, "list", "--task", "nothing").stdout.strip() == "No parked entries match."
 
@@ -447,7 +468,7 @@ def test_cancel_reports_each_id_and_exits_3_when_one_was_not_parked(
     ]
     assert run(app, "cancel", stocked.overdue).exit_code == EXIT_OK
     remaining = json.loads(run(app, "list", "--json").stdout)["entries"]
-    assert [e["id"] for e in remaining] == stocked.later
+    assert [e["id"] for e in remaining] == [stocked.in_flight, *stocked.later]
 
 
 def test_reschedule_by_countdown_or_eta(app: Celery, stocked: Stock, store: Store) -> None:
@@ -526,7 +547,7 @@ def test_dead_requeue_by_id_or_all(app: Celery, store: Store, stocked: Stock) ->
     assert [
         e["id"]
         for e in json.loads(run(app, "list", "--json", "--due-before", "now").stdout)["entries"]
-    ] == [stocked.dead]
+    ] == [stocked.in_flight, stocked.dead]
 
     with Companion(app, store=store) as companion:
         assert companion.release_due().dead_lettered == 1  # still damaged: dead again
@@ -811,3 +832,24 @@ def test_an_unreachable_store_is_one_sentence_per_period() -> None:
     assert result.exit_code == EXIT_UNAVAILABLE
     assert "Connection refused. Check that Redis is running" in result.stderr
     assert ".." not in result.stderr
+
+
+def test_an_entry_in_flight_past_its_due_time_is_late_for_status_check_and_list(
+    app: Celery, store: Store
+) -> None:
+    # Regression: during a broker outage, status --check said "OK, nothing
+    # overdue" while an entry was overdue and in flight, and list said "no
+    # parked entries" while status said "Overdue 1".
+    write_heartbeat(store, "live-1", seen_ago_ms=1_000)
+    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=-120)
+    store.claim(store.shard_of(result.id), limit=10, lease_ms=600_000)
+
+    check = run(app, "status", "--check", "--max-overdue", "60")
+    listed = run(app, "list", "--json", "--due-before", "now")
+
+    assert check.exit_code == EXIT_CHECK_FAILED
+    assert re.fullmatch(
+        r"FAIL: the oldest overdue entry is 2m \ds overdue \(limit 1m 0s\)\n", check.stdout
+    )
+    (entry,) = json.loads(listed.stdout)["entries"]
+    assert (entry["id"], entry["state"]) == (result.id, "in_flight")

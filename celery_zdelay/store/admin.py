@@ -89,7 +89,9 @@ class ShardCounts:
     shard: int
     #: Entries waiting in the due set, overdue ones included.
     parked: int
-    #: Parked entries whose due time has passed (due, not yet claimed).
+    #: Entries whose due time has passed: waiting in the due set, or claimed
+    #: by a companion and not yet acknowledged (in flight is late too: a
+    #: broker outage keeps entries cycling between the two).
     overdue: int
     #: Age of the oldest overdue entry in ms, or None when nothing is overdue.
     oldest_overdue_age_ms: int | None
@@ -99,6 +101,8 @@ class ShardCounts:
     dead: int
     #: Due ms of the earliest entry that is not due yet, if any.
     next_due_ms: int | None
+    #: How many of :attr:`overdue` are in flight.
+    overdue_in_flight: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,10 @@ class Counts:
     @property
     def in_flight(self) -> int:
         return sum(s.in_flight for s in self.shards)
+
+    @property
+    def overdue_in_flight(self) -> int:
+        return sum(s.overdue_in_flight for s in self.shards)
 
     @property
     def dead(self) -> int:
@@ -156,26 +164,37 @@ def counts(store: Store, shards: Iterable[int] | None = None) -> Counts:
             pipe.zrangebyscore(keys.due, f"({due_now}", "+inf", start=0, num=1, withscores=True)
             pipe.zcard(keys.lease)
             pipe.zcard(keys.dead)
+            # In flight is bounded by the companions' batches: reading it whole is cheap.
+            pipe.hvals(keys.leased)
         replies = pipe.execute()
     result = []
     for index, shard in enumerate(numbers):
-        parked, overdue, head, upcoming, in_flight, dead = replies[6 * index : 6 * index + 6]
-        oldest_age = None
-        if overdue and head:
-            oldest_age = max(now_ms - int(head[0][1]) // _SEQ, 0)
+        parked, overdue, head, upcoming, in_flight, dead, leased = replies[
+            7 * index : 7 * index + 7
+        ]
+        # Read a moment after ZCARD: never report more overdue than parked.
+        waiting_late = min(int(overdue), int(parked))
+        ages = [now_ms - int(head[0][1]) // _SEQ] if waiting_late and head else []
+        flying_late = [now_ms - due for due in map(_leased_due_ms, leased) if due <= now_ms]
+        ages += flying_late
         result.append(
             ShardCounts(
                 shard=shard,
                 parked=int(parked),
-                # Read a moment after ZCARD: never report more overdue than parked.
-                overdue=min(int(overdue), int(parked)),
-                oldest_overdue_age_ms=oldest_age,
+                overdue=waiting_late + len(flying_late),
+                oldest_overdue_age_ms=max(*ages, 0) if ages else None,
                 in_flight=int(in_flight),
                 dead=int(dead),
                 next_due_ms=int(upcoming[0][1]) // _SEQ if upcoming else None,
+                overdue_in_flight=len(flying_late),
             )
         )
     return Counts(now_ms=now_ms, shards=result)
+
+
+def _leased_due_ms(record: bytes) -> int:
+    """Return the due ms of an in-flight entry from its leased record ("<score> <token>")."""
+    return int(bytes(record).split()[0]) // _SEQ
 
 
 # -- companions ---------------------------------------------------------------
@@ -522,6 +541,9 @@ class ParkedEntry:
     expires: str | None
     #: Why the payload cannot be read; the companion will dead-letter it.
     error: str | None = None
+    #: Claimed by a companion and not yet acknowledged (being released, or
+    #: waiting for the broker); it returns to the due set if that fails.
+    in_flight: bool = False
 
 
 @dataclass(frozen=True)
@@ -583,6 +605,7 @@ def list_parked(
     for shard in numbers:
         entries, shard_more = _parked_in_shard(store, shard, low, high, task, limit, scan_limit)
         found += entries
+        found += _in_flight_in_shard(store, shard, due_after_ms, due_before_ms, task)
         more = more or shard_more
     found.sort(key=lambda item: (item[0], item[1]))
     if len(found) > limit:
@@ -634,8 +657,49 @@ def _parked_in_shard(
             return matches, True
 
 
+def _in_flight_in_shard(
+    store: Store,
+    shard: int,
+    due_after_ms: int | None,
+    due_before_ms: int | None,
+    task: str | None,
+) -> list[tuple[int, int, ParkedEntry]]:
+    """Return the in-flight entries of *shard* that match, as :func:`_parked_in_shard` does.
+
+    They are listed too: an entry a companion holds while the broker is down
+    is still waiting to run, and late if its due time passed. The set is
+    bounded by the companions' batches, so it is read whole.
+    """
+    keys = store.keys(shard)
+    with unavailable_as_error(store.url):
+        leased = cast("dict[bytes, bytes]", store.client.hgetall(keys.leased))
+        members = list(leased)
+        payloads = cast(
+            "list[bytes | None]", store.client.hmget(keys.msg, members) if members else []
+        )
+    found = []
+    for member, payload in zip(members, payloads, strict=True):
+        score = int(bytes(leased[member]).split()[0])
+        due_ms = score // _SEQ
+        if due_after_ms is not None and due_ms < due_after_ms:
+            continue
+        if due_before_ms is not None and due_ms >= due_before_ms:
+            continue
+        entry = _parked_entry(store, _text(member), shard, score, payload, in_flight=True)
+        if task is not None and (entry.task is None or not fnmatchcase(entry.task, task)):
+            continue
+        found.append((score, shard, entry))
+    return found
+
+
 def _parked_entry(
-    store: Store, task_id: str, shard: int, score: int, payload: bytes | None
+    store: Store,
+    task_id: str,
+    shard: int,
+    score: int,
+    payload: bytes | None,
+    *,
+    in_flight: bool = False,
 ) -> ParkedEntry:
     headers, queue, error = _describe(payload, store.templates(shard))
     return ParkedEntry(
@@ -648,6 +712,7 @@ def _parked_entry(
         kwargsrepr=_optional(headers.get("kwargsrepr")),
         expires=_optional(headers.get("expires")),
         error=error,
+        in_flight=in_flight,
     )
 
 
