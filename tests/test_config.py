@@ -133,3 +133,14 @@ def test_a_misspelt_setting_of_a_plain_app_keeps_the_lowercase_spelling() -> Non
     (message,) = unknown_settings(_app(zdelay_treshold=60))
 
     assert "Did you mean zdelay_threshold?" in message
+
+
+def test_the_companion_refuses_to_start_with_a_misspelt_setting() -> None:
+    app = _app(zdelay_treshold=60)
+
+    result = CliRunner().invoke(
+        zdelay, [], obj=CLIContext(app=app, no_color=True, workdir=None), catch_exceptions=False
+    )
+
+    assert result.exit_code == EXIT_CONFIG
+    assert "Unknown setting zdelay_treshold. Did you mean zdelay_threshold?" in result.output

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import types
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -352,3 +353,26 @@ def test_on_quorum_queues_long_delays_are_parked_and_short_ones_stay_native(
     assert parked.get(timeout=30) == ["parked"]
     assert [run["args"] for run in runs.all()] == [["native"], ["parked"]]
     assert runs.by_id()[parked.id]["eta"] is None
+
+
+def test_a_django_style_setting_alone_parks(redis_server, redis_client: redis.Redis) -> None:
+    # What docs/django.rst shows: CELERY_ZDELAY_THRESHOLD in settings, the
+    # app configured with namespace="CELERY", no amqp=.
+    settings = types.SimpleNamespace(
+        CELERY_BROKER_URL=f"{redis_server.url}/0", CELERY_ZDELAY_THRESHOLD=60
+    )
+    app = Celery("djangoish", task_cls="celery_zdelay.contrib.django:Task", set_as_current=False)
+    app.config_from_object(settings, namespace="CELERY")
+
+    @app.task(name="djangoish.remind", shared=False)
+    def remind() -> None:
+        pass
+
+    try:
+        result = remind.apply_async(countdown=600)
+
+        assert _parked(redis_client, result.id) is not None
+        assert redis_client.llen("celery") == 0
+    finally:
+        celery_zdelay.parking.store_for(app).close()
+        app.close()
