@@ -118,8 +118,12 @@ def assert_shows(text: str, *, at_least_ms: int, at_most_ms: int) -> None:
 def test_status_shows_every_state_companions_and_the_redis_warning(
     app: Celery, stocked: Stock, store: Store, redis_server: RedisServer
 ) -> None:
+    # Given the stocked store (5 parked, 1 overdue, 1 in flight, 1 dead), no
+    # companion, and a Redis without persistence; when status runs
     result, before, after = timed(store, lambda: run(app, "status"))
 
+    # Then it names the store and the server's settings, counts each state
+    # with the times of the entries due next and overdue longest, and warns
     assert result.exit_code == EXIT_OK, result.output
     out = result.stdout
     assert lines(result)[0] == f"Store:  {redis_server.url}/0 (prefix zdelay, 1 shard)"
@@ -358,8 +362,11 @@ def test_entries_left_on_shards_beyond_zdelay_shards_are_a_warning_and_fail_the_
 def test_list_shows_entries_in_due_order_with_relative_times(
     app: Celery, stocked: Stock, store: Store
 ) -> None:
+    # Given the stocked store; when list runs
     result, before, after = timed(store, lambda: run(app, "list"))
 
+    # Then a row per parked entry, in due order, says when it is due (relative
+    # and UTC), its task, id, queue and arguments, in aligned columns
     assert result.exit_code == EXIT_OK
     out = lines(result)
     assert re.fullmatch(r"DUE\s+DUE AT \(UTC\)\s+TASK\s+ID\s+QUEUE\s+ARGS", out[0])
@@ -472,11 +479,14 @@ def test_cancel_reports_each_id_and_exits_3_when_one_was_not_parked(
 
 
 def test_reschedule_by_countdown_or_eta(app: Celery, stocked: Stock, store: Store) -> None:
+    # Given the stocked store; when one entry is moved 10 minutes ahead and
+    # another to an absolute time
     by_countdown, before, after = timed(
         store, lambda: run(app, "reschedule", stocked.overdue, "--countdown", "600")
     )
     by_eta = run(app, "reschedule", stocked.soon, "--eta", "2030-01-01T00:00:00Z")
 
+    # Then each says where it moved, and the store agrees
     assert by_countdown.exit_code == EXIT_OK
     said = re.fullmatch(
         rf"rescheduled {stocked.overdue}: due in (.+) \(({ISO})\)\n", by_countdown.stdout
