@@ -23,6 +23,8 @@ from celery import Celery
 
 #: Counter each execution of ``bench.noop`` increments in the record database.
 DONE_KEY = "zbench:done"
+#: List each execution of ``bench.tick`` appends ``[task id, Redis ms]`` to.
+TICKS_KEY = "zbench:ticks"
 #: Default queue of the benchmark app (and the kombu list key on Redis).
 DEFAULT_QUEUE = "bench"
 
@@ -62,6 +64,16 @@ def make_app(
             if not recorder:
                 recorder.append(redis.Redis.from_url(record))
             recorder[0].incr(DONE_KEY)
+
+    @app.task(name="bench.tick", bind=True, shared=False)
+    def tick(self: Any) -> None:
+        # A periodic task (benchmarks/beat.py): when it started, on the Redis clock.
+        if record:
+            if not recorder:
+                recorder.append(redis.Redis.from_url(record))
+            seconds, micros = recorder[0].time()
+            started_ms = int(seconds) * 1000 + int(micros) // 1000
+            recorder[0].rpush(TICKS_KEY, json.dumps([self.request.id, started_ms]))
 
     return app
 

@@ -422,6 +422,11 @@ def _console_extras(run: dict[str, Any]) -> list[str]:
                 f"({entry['redis_us_per_task']:.2f} µs a task, {entry['handoff_calls']} calls), "
                 f"all released {entry['seconds']:.2f} s after due"
             )
+    beat = results.get("beat")
+    if beat and "error" not in beat:
+        from .beat import console_lines
+
+        lines += console_lines(beat)
     for note in run.get("notes_added_after_run") or []:
         lines.append("")
         lines.append(f"NOTE (added after the run): {note}")

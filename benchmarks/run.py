@@ -96,6 +96,12 @@ def _memory(sizes: Sizes) -> dict[str, Any]:
     return run_memory(sizes)
 
 
+def _beat(sizes: Sizes) -> dict[str, Any]:
+    from .beat import run_beat
+
+    return run_beat(sizes)
+
+
 def _idle(sizes: Sizes) -> dict[str, Any]:
     from .idle import run_idle
 
@@ -122,6 +128,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "memory": ("P6 P7", _memory),
     "idle": ("P8", _idle),
     "contention": ("scale-out: several companions, shard leases", _contention),
+    "beat": ("periodic: companion vs celery beat, failover", _beat),
     "web": ("dashboard pages over 1,000,000 parked", _web),
 }
 

@@ -422,3 +422,39 @@ def test_a_key_of_the_wrong_type_ticks_nothing(app: Celery, redis_client: redis.
     redis_client.delete(DUE)
     tend(server)
     assert len(parked_ids(redis_client, "a")) == 1
+
+
+@pytest.mark.parametrize(("missed", "extra"), [("once", 1), ("skip", 0), ("all", None)])
+def test_when_every_companion_was_down_the_missed_policy_decides(
+    app: Celery, redis_client: redis.Redis, missed: str, extra: int | None
+) -> None:
+    # Given a 200 ms schedule served with nothing parked ahead beyond the next one
+    server = server_for(
+        app, {"a": {"task": "tests.record", "schedule": 0.2, "zdelay_missed": missed}}
+    )
+    server.reconcile()
+    server.horizon_ms = 0
+    tend(server)
+    (first,) = parked_ids(redis_client, "a")
+
+    # When no companion serves it for well over five occurrences
+    wait_for(lambda: _redis_ms(redis_client) > occurrence_ms(first) + 1200, timeout=10)
+    tend(server)
+
+    # Then the first (parked before) waits to run late, the next one is parked
+    # ahead, and of the missed ones: the latest (once), none (skip), each (all)
+    parked = sorted(parked_ids(redis_client, "a"), key=occurrence_ms)
+    missed_parked = parked[1:-1]  # between the first and the one ahead
+    assert parked[0] == first
+    assert occurrence_ms(parked[-1]) > _redis_ms(redis_client) - 300
+    if extra is None:
+        steps = [occurrence_ms(b) - occurrence_ms(a) for a, b in itertools.pairwise(parked)]
+        assert len(missed_parked) >= 5
+        assert set(steps) == {200}
+    else:
+        assert len(missed_parked) == extra
+
+
+def _redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -151,10 +151,9 @@ class Companion:
         try:
             while not self._stopping.is_set():
                 self._heartbeat()
-                self._serve_periodic()
                 report = self._renew_ownership() or self.release_due()
-                if self.periodic is not None and report.due_ms:
-                    self._serve_periodic(released=report)
+                # After the release, so parking ahead never delays what is due.
+                self._serve_periodic(released=report)
                 if report.failed:
                     pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                     failures += 1
@@ -558,8 +557,8 @@ class Companion:
     def _serve_periodic(self, *, start: bool = False, released: PassReport | None = None) -> None:
         """Store beat_schedule at start, then park each schedule's next occurrences.
 
-        With *released*, record instead when the periodic occurrences among
-        what this pass released ran, and how late.
+        With *released* (the pass just done), first record when the
+        periodic occurrences among what it released ran, and how late.
 
         A failure here is logged and never stops releases: the store being
         down is also met (and backed off) by the release pass.
@@ -567,9 +566,8 @@ class Companion:
         if self.periodic is None:
             return
         try:
-            if released is not None:
+            if released is not None and released.due_ms:
                 self.periodic.note_released(released.due_ms, released.lateness_ms)
-                return
             if start:
                 self.periodic.reconcile()
             self.periodic.tend()
