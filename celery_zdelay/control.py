@@ -9,7 +9,6 @@ remembered which ids it parked for it). *app* defaults to
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -176,15 +175,10 @@ def _app(app: Celery | None) -> Celery:
 
 
 def _canvas_members(store: Store, result_id: str) -> list[str]:
+    """Return the ids parked for the canvas whose result id is *result_id* (none: [])."""
     with unavailable_as_error(store.url):
-        raw = store.client.get(canvas_key(store.config.key_prefix, result_id))
-    if raw is None:
-        return []
-    try:
-        members = json.loads(raw)
-    except ValueError:
-        return []
-    return [m for m in members if isinstance(m, str)] if isinstance(members, list) else []
+        members = store.client.smembers(canvas_key(store.config.key_prefix, result_id))
+    return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
 
 def _select(

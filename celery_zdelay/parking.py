@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import contextvars
 import copy
-import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,6 +41,7 @@ __all__ = [
     "park_messages",
     "park_requests",
     "park_task",
+    "remember_canvas",
     "send_delayed",
     "store_for",
 ]
@@ -276,17 +276,26 @@ def _remember_canvas(app: Celery, result: Any, messages: list[TaskMessage], due:
     ``parent`` chain leads back), a group returns a result under the group
     id: ``cancel(result.id)`` must still act on what was parked.
     """
-    parked = [message.task_id for message in messages]
-    held = [rid for rid in _result_ids(result) if rid not in parked]
-    if not parked or not held:
+    remember_canvas(app, _result_ids(result), [message.task_id for message in messages], due)
+
+
+def remember_canvas(app: Celery, held: Iterable[str], parked: list[str], due: Due) -> None:
+    """Record that the ids in *held* stand for the entries *parked* (canvas aliases).
+
+    Members add up (a group parked member by member in transparent mode); the
+    record expires :data:`CANVAS_GRACE_MS` after the due time.
+    """
+    aliases = {result_id for result_id in held if result_id} - set(parked)
+    if not parked or not aliases:
         return
     store = store_for(app)
     ahead_ms = due.ms if due.mode == "r" else due.ms - round(time.time() * 1000)
     ttl_ms = max(ahead_ms, 0) + CANVAS_GRACE_MS
-    value = json.dumps(parked)
     with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
-        for result_id in held:
-            pipe.set(canvas_key(store.config.key_prefix, result_id), value, px=ttl_ms)
+        for result_id in sorted(aliases):
+            key = canvas_key(store.config.key_prefix, result_id)
+            pipe.sadd(key, *parked)
+            pipe.pexpire(key, ttl_ms)
         pipe.execute()
 
 

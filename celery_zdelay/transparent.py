@@ -40,7 +40,7 @@ from kombu.utils.objects import cached_property
 from .capture import CapturingProducer, capture
 from .config import get_config
 from .errors import ConfigurationError
-from .parking import park_messages
+from .parking import park_messages, remember_canvas
 from .schedule import due_from
 
 if TYPE_CHECKING:
@@ -180,10 +180,31 @@ def _transparent_sender(app: Celery, native: SendTaskMessage) -> SendTaskMessage
         options = _without_native_delay(options)
         result, messages = capture(app, lambda p: native(p, name, message, **options))
         park_messages(app, messages, due)
+        remember_canvas(app, _held_ids(headers, message), [m.task_id for m in messages], due)
         return result
 
     send_task_message._zdelay_transparent = True  # type: ignore[attr-defined]
     return send_task_message
+
+
+def _held_ids(headers: dict[str, Any], message: Any) -> list[str]:
+    """Return the ids a caller may hold for this message's canvas: group, later chain steps.
+
+    ``group(...).apply_async(countdown=)`` returns the group's id, a chain its
+    last step's: ``cancel()`` finds the parked message by either.
+    """
+    held = [headers.get("group")]
+    body = message[2] if len(message) > 2 else None
+    embed = body[2] if isinstance(body, tuple) and len(body) > 2 else None
+    if isinstance(embed, dict):
+        steps = list(embed.get("chain") or [])
+        if embed.get("chord"):
+            steps.append(embed["chord"])
+        for step in steps:
+            options = step.get("options") if isinstance(step, dict) else None
+            if isinstance(options, dict):
+                held.append(options.get("task_id"))
+    return [h for h in held if isinstance(h, str)]
 
 
 def _native(

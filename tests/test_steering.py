@@ -231,3 +231,21 @@ def test_without_the_audit_setting_nothing_is_logged_per_task(
         celery_zdelay.cancel(result.id, app=app)
 
     assert result.id not in caplog.text
+
+
+def test_in_transparent_mode_a_group_and_a_chain_are_cancelled_by_the_ids_held(
+    make_test_app, redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_threshold": 60})
+    record, add = app.tasks["tests.record"], app.tasks["tests.add"]
+    grouped = group(add.s(i, i) for i in range(3)).apply_async(countdown=600)
+    chained = chain(record.si("a"), record.si("b"), record.si("c")).apply_async(countdown=600)
+    assert redis_client.zcard(DUE) == 4
+
+    assert celery_zdelay.cancel(grouped.id, app=app) is True
+    assert redis_client.zcard(DUE) == 1
+    assert celery_zdelay.reschedule(chained.id, countdown=7200, app=app) is True
+    assert celery_zdelay.cancel(chained.parent.id, app=app) is True
+
+    assert redis_client.zcard(DUE) == 0
+    assert _release_within_the_hour(app) == 0

@@ -130,7 +130,7 @@ def shard_of(task_id: str, shards: int) -> int:
 
 
 def canvas_key(prefix: str, result_id: str) -> str:
-    """Return the STRING listing the parked ids behind a canvas's result id (JSON list).
+    """Return the SET of the parked ids behind a canvas's result id.
 
     A delayed chain parks its first task, a group its members: the id the
     caller holds (the chain's last task, the group) names no entry, so
