@@ -130,11 +130,15 @@ def test_every_json_field_is_documented(app: Celery, stocked: Stock) -> None:
         "list": run(app, "list", "--json").stdout,
         "dead list": run(app, "dead", "list", "--json").stdout,
     }
+    # Every list holds an entry, so the fields of its entries are checked too
+    listed = {e["id"] for e in json.loads(documents["list"])["entries"]}
+    assert listed == {stocked.overdue, stocked.soon, stocked.in_flight, *stocked.later}
+    assert [e["id"] for e in json.loads(documents["dead list"])["entries"]] == [stocked.dead]
+    assert len(json.loads(documents["status"])["companions"]) == 1
     for command, output in documents.items():
         section = page.split(f".. json: {command}\n", 1)[1].split("\n.. json: ", 1)[0]
         for field in set(_field_paths(json.loads(output))):
             assert f"``{field}``" in section, f"zdelay {command} --json: {field} is undocumented"
-    assert stocked.dead
 
 
 if __name__ == "__main__":
