@@ -86,7 +86,12 @@ def test_a_companion_stopped_mid_batch_finishes_it_exits_0_and_strands_nothing(
     stop: signal.Signals,
 ) -> None:
     # Given 1,000 parked tasks and a companion whose broker freezes mid-release
-    app = make_test_app(broker=f"{broker_server.url}/0", conf={"zdelay_batch_size": 200})
+    # (with a 60 s lease it waits 30 s for the broker before giving a batch
+    # back: far longer than this test keeps the broker frozen)
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={"zdelay_batch_size": 200, "zdelay_lease_seconds": 60},
+    )
     record = app.tasks["tests.record"]
     ids = {record.apply_delayed((i,), countdown=1.0).id for i in range(1_000)}
     stopping = companion(app)
