@@ -42,14 +42,14 @@ TOP = 18
 
 
 def run_profile(sizes: Sizes, out_dir: Path) -> str:
-    from .release import MODES, release_rate
+    from .release import MODES, is_rabbit, release_rate
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out_dir.mkdir(parents=True, exist_ok=True)
     sections: dict[str, Any] = {}
 
     for mode in MODES:
-        n = sizes.release_rabbit_n if mode == "generic-rabbitmq" else sizes.release_n
+        n = sizes.release_rabbit_n if is_rabbit(mode) else sizes.release_n
         profiler = cProfile.Profile()
         try:
             result = release_rate(mode, n, profiler=profiler)[0]

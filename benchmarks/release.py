@@ -9,7 +9,11 @@ Release rate
     * handoff: the broker is the store's own Redis database (handoff.lua);
     * generic, Redis: the broker is another redis-server (claim.lua, kombu's
       batch publishing, ack.lua);
-    * generic, RabbitMQ: publisher confirms, collected per batch.
+    * generic, RabbitMQ: publisher confirms, collected per batch (what the
+      companion does);
+    * generic, RabbitMQ, unconfirmed: the same publishes without confirms,
+      beside it in the same run, to show what the confirms cost. The
+      companion never runs this way.
 
     Redis-side cost comes from INFO commandstats (EVALSHA calls and their
     server time) on the store.
@@ -33,6 +37,7 @@ from typing import Any
 from kombu import Connection
 
 from celery_zdelay.companion import Companion
+from celery_zdelay.companion.publish import Publisher
 
 from .common import (
     READY_GUARD_MS,
@@ -55,7 +60,7 @@ from .infra import (
 )
 from .proj import DONE_KEY, make_app
 
-MODES = ("handoff", "generic-redis", "generic-rabbitmq")
+MODES = ("handoff", "generic-redis", "generic-rabbitmq", "generic-rabbitmq-unconfirmed")
 
 
 def release_rate(
@@ -71,7 +76,7 @@ def release_rate(
     with Resources() as res:
         store_server = res.redis()
         store_url = f"{store_server.url}/0"
-        queue = unique("zbench") if mode == "generic-rabbitmq" else "bench"
+        queue = unique("zbench") if is_rabbit(mode) else "bench"
         if mode == "handoff":
             broker = store_url
         elif mode == "generic-redis":
@@ -82,11 +87,14 @@ def release_rate(
         res.callback(app.close)
         store = store_server.client()
         res.callback(store.close)
-        if mode == "generic-rabbitmq":
+        if is_rabbit(mode):
             _declare_rabbit_queue(app, queue)
             res.callback(_delete_rabbit_queue, app, queue)
 
         companion = Companion(app)
+        if mode == "generic-rabbitmq-unconfirmed":
+            # The comparison only: kombu's plain publish, acked on send.
+            companion.publisher = Publisher(app, broker_wait=companion.lease_ms / 2000)
         res.callback(companion.close)
         # Connected and past handoff detection before the clock starts, as a
         # running companion is.
@@ -145,6 +153,7 @@ def _release_once(
         "seconds": round(seconds, 4),
         "rate": round(n / seconds),
         "handoff_state": companion.handoff_state,
+        "publisher": type(companion.publisher).__name__,
         "passes": passes,
         "handed_off": companion.totals.handed_off - before[0],
         "published": companion.totals.published - before[1],
@@ -158,7 +167,7 @@ def run_release(sizes: Sizes, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     """P1/P2: the release rate on each path, median of ``release_repeat`` runs."""
     results: dict[str, Any] = {}
     for mode in modes:
-        n = sizes.release_rabbit_n if mode == "generic-rabbitmq" else sizes.release_n
+        n = sizes.release_rabbit_n if is_rabbit(mode) else sizes.release_n
         try:
             runs = release_rate(mode, n, repeat=sizes.release_repeat)
         except BenchmarkError as exc:
@@ -312,8 +321,13 @@ def _delete_rabbit_queue(app: Any, name: str) -> None:
         app.amqp.queues[name].bind(connection.default_channel).delete()
 
 
+def is_rabbit(mode: str) -> bool:
+    """Whether *mode* publishes to RabbitMQ."""
+    return mode.startswith("generic-rabbitmq")
+
+
 def _empty_broker(mode: str, app: Any, queue: str, broker: str) -> None:
-    if mode == "generic-rabbitmq":
+    if is_rabbit(mode):
         with Connection(RABBITMQ_URL) as connection:
             app.amqp.queues[queue].bind(connection.default_channel).purge()
         return
@@ -327,7 +341,7 @@ def _empty_broker(mode: str, app: Any, queue: str, broker: str) -> None:
 
 
 def _count_in_broker(mode: str, app: Any, queue: str, broker: str) -> int:
-    if mode == "generic-rabbitmq":
+    if is_rabbit(mode):
         with Connection(RABBITMQ_URL) as connection:
             bound = app.amqp.queues[queue].bind(connection.default_channel)
             return int(bound.queue_declare(passive=True).message_count)

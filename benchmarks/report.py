@@ -125,7 +125,7 @@ def _release_verdicts(results: dict[str, Any]) -> list[Verdict]:
                 target_id,
                 what,
                 measured,
-                comparison if mode == "handoff" else "",
+                comparison if mode == "handoff" else _confirm_cost(release, mode),
                 target_text,
                 "met" if met else "missed",
                 margin,
@@ -133,6 +133,18 @@ def _release_verdicts(results: dict[str, Any]) -> list[Verdict]:
             )
         )
     return rows
+
+
+def _confirm_cost(release: dict[str, Any], mode: str) -> str:
+    """RabbitMQ: the same publishes without confirms, measured in the same run."""
+    plain = release.get("generic-rabbitmq-unconfirmed") or {}
+    confirmed = release.get(mode) or {}
+    if mode != "generic-rabbitmq" or "rate" not in plain or "rate" not in confirmed:
+        return ""
+    return (
+        f"without confirms (comparison only): {fmt_int(plain['rate'])}/s, "
+        f"so confirms cost {plain['rate'] / confirmed['rate']:.2f}x"
+    )
 
 
 def _limit_verdicts(results: dict[str, Any]) -> list[Verdict]:
