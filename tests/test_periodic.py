@@ -458,3 +458,18 @@ def test_when_every_companion_was_down_the_missed_policy_decides(
 def _redis_ms(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_a_redis_that_lost_everything_gets_the_schedule_back(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a companion serving a schedule
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": 60.0}})
+    server.reconcile()
+    tend(server)
+    # When Redis loses everything (restarted without persistence)
+    redis_client.flushall()
+    # Then the companion's next pass stores its schedule again and parks
+    tend(server)
+    assert [i.name for i in periodic.schedules(app)[1]] == ["a"]
+    assert len(parked_ids(redis_client, "a")) == 1

@@ -132,6 +132,13 @@ class PeriodicServer:
         if now - self._last_check >= RECONCILE_CHECK_SECONDS:
             self.reconcile()
         snap = self.periodic.snapshot()
+        if not snap.meta and self._config_hash is not None:
+            # Redis lost everything (restarted without persistence, flushed):
+            # store this companion's schedule again rather than serve nothing.
+            logger.warning("No beat_schedule stored in Redis any more: storing this one again")
+            self._config_hash = None
+            self.reconcile()
+            snap = self.periodic.snapshot()
         self._cancel(snap)
         self._occurrences = {}
         for name, pointer in snap.pointers.items():
