@@ -81,28 +81,36 @@ def test_pages_walk_every_entry_once_in_due_order_across_shards(
         store.close()
 
 
+@pytest.mark.parametrize("shards", [1, 4])
 def test_a_filter_that_reads_its_bound_says_so_and_the_next_page_goes_on(
-    app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
+    make_test_app: AppFactory, monkeypatch: pytest.MonkeyPatch, shards: int
 ) -> None:
-    # Given 60 additions behind 40 recordings, and a scan bound of 20 entries.
-    monkeypatch.setattr(queries, "SCAN_BOUND", 20)
-    record, add = app.tasks["tests.record"], app.tasks["tests.add"]
-    for i in range(40):
-        record.apply_delayed((i,), countdown=100 + i)
-    adds = [add.apply_delayed((i, 1), countdown=200 + i).id for i in range(60)]
-    found: list[str] = []
-    cursor = None
-    cut_short = 0
-    while True:
-        page = queries.parked_page(store, queries.Filters(task="tests.add"), after=cursor, limit=15)
-        found += [e.task_id for e in page.entries]
-        cut_short += page.cut_short
-        assert page.scanned <= 20
-        if page.next is None:
-            break
-        cursor = page.next
-    assert found == adds
-    assert cut_short >= 2  # the first two reads only saw recordings
+    # Given 60 additions behind 40 recordings, and a scan bound of 40 entries a page.
+    monkeypatch.setattr(queries, "SCAN_BOUND", 40)
+    app = make_test_app(conf={"zdelay_shards": shards})
+    store = open_store(app)
+    try:
+        record, add = app.tasks["tests.record"], app.tasks["tests.add"]
+        for i in range(40):
+            record.apply_delayed((i,), countdown=100 + i)
+        adds = [add.apply_delayed((i, 1), countdown=200 + i).id for i in range(60)]
+        found: list[str] = []
+        cursor = None
+        cut_short = 0
+        while True:
+            page = queries.parked_page(
+                store, queries.Filters(task="tests.add"), after=cursor, limit=6
+            )
+            found += [e.task_id for e in page.entries]
+            cut_short += page.cut_short
+            assert page.scanned <= max(40, 7 * shards)  # the bound, shared by the shards
+            if page.next is None:
+                break
+            cursor = page.next
+        assert found == adds  # each once, in due order
+        assert cut_short >= 1  # the first read only saw recordings
+    finally:
+        store.close()
 
 
 def test_filters_by_queue_id_prefix_and_due_window(app: Celery, store: Store) -> None:
@@ -342,3 +350,15 @@ def test_an_unreachable_store_is_a_503_page_naming_it_without_its_password(
         text = reply.get_data(as_text=True)
         assert f"127.0.0.1:{port}" in text
         assert "hunter2" not in text
+
+
+def test_a_closed_dashboard_opens_no_store_again(app: Celery) -> None:
+    # A request thread that outlives its server must not leak a new connection.
+    dashboard = create_app(app)
+    client = Client(dashboard)
+    assert client.get("/").status_code == 200
+    dashboard.close()
+    reply = client.get("/")
+    assert reply.status_code == 503
+    assert "closed" in reply.get_data(as_text=True)
+    assert dashboard._store is None

@@ -95,6 +95,13 @@ def screenshot(page: Any, name: str, tmp_path: Path) -> Path:
     target = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
     target.mkdir(parents=True, exist_ok=True)
     path = target / name
-    page.screenshot(path=str(path))
+    for attempt in range(3):
+        try:
+            page.screenshot(path=str(path))
+            break
+        except Exception as exc:  # Chromium under load: "Unable to capture screenshot"
+            if attempt == 2 or "Unable to capture screenshot" not in str(exc):
+                raise
+            page.wait_for_timeout(500)
     assert path.stat().st_size > 1000
     return path

@@ -84,6 +84,7 @@ class Dashboard:
         else:
             self.secret = secret_key.encode() if isinstance(secret_key, str) else secret_key
         self._store: Store | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self.env = Environment(
             loader=PackageLoader("celery_zdelay.web", "templates"),
@@ -123,6 +124,10 @@ class Dashboard:
         """
         config = get_config(self.celery_app)
         with self._lock:
+            if self._closed:
+                # A request thread outliving its server must not open a store
+                # that nothing would close.
+                raise ConfigurationError("The dashboard was closed: build a new one.")
             if self._store is not None and self._store.config is not config:
                 self._store.close()
                 self._store = None
@@ -131,8 +136,9 @@ class Dashboard:
             return self._store
 
     def close(self) -> None:
-        """Close the store's connections."""
+        """Close the store's connections; the dashboard answers 503 from then on."""
         with self._lock:
+            self._closed = True
             if self._store is not None:
                 self._store.close()
                 self._store = None

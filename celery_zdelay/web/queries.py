@@ -5,7 +5,8 @@ many entries are parked: counts are ``ZCARD``/``ZCOUNT``, the timeline is one
 ``ZCOUNT`` per bar, and a listing is a ``ZRANGEBYSCORE ... LIMIT`` that starts
 where the previous page stopped (a keyset cursor, never an offset), so page
 10,000 costs what page 1 does. Filters on what only the payload says (task
-name, queue) read at most :data:`SCAN_BOUND` entries per shard per page and
+name, queue) read at most :data:`SCAN_BOUND` entries per page, shared by the
+shards, and
 say where they stopped. Payloads are read only for their Celery headers:
 task arguments are never decoded, and nothing is unpickled.
 """
@@ -42,7 +43,8 @@ __all__ = [
 
 #: Score slots per millisecond in the due set (score = due_ms * 1024 + seq).
 _SEQ = 1024
-#: Most entries per shard one filtered page reads before it stops and says so.
+#: Most entries one filtered page reads, shared by the shards (each reads at
+#: least one page's worth), before it stops and says where.
 SCAN_BOUND = 5_000
 #: Entries read per round trip while a filter scans.
 _SCAN_PAGE = 500
@@ -189,7 +191,7 @@ def parked_page(
     """Return up to *limit* parked entries matching *filters*, in due order, after *after*.
 
     Each shard is read from the cursor on, in due order, until it has given
-    *limit* matches or :data:`SCAN_BOUND` entries; the shards are merged by
+    *limit* matches or its share of :data:`SCAN_BOUND` entries; the shards are merged by
     (score, shard, id). When a shard's scan stops at its bound, the page
     ends at the earliest point every shard has reached, so the next page
     misses nothing.
@@ -198,8 +200,9 @@ def parked_page(
     streams: list[list[tuple[int, int, str, ParkedEntry | None]]] = []
     frontier: Cursor | None = None  # earliest point where a cut-short shard stopped
     scanned = 0
+    bound = max(SCAN_BOUND // len(store.shards), limit + 1) if filters.scans else limit + 1
     for shard in store.shards:
-        matches, last, count, exhausted = _scan_shard(store, shard, filters, after, limit)
+        matches, last, count, exhausted = _scan_shard(store, shard, filters, after, limit, bound)
         scanned += count
         streams.append(matches)
         if not exhausted and last is not None and len(matches) <= limit:
@@ -226,7 +229,7 @@ def parked_page(
 
 
 def _scan_shard(
-    store: Store, shard: int, filters: Filters, after: Cursor | None, limit: int
+    store: Store, shard: int, filters: Filters, after: Cursor | None, limit: int, bound: int
 ) -> tuple[list[tuple[int, int, str, ParkedEntry | None]], Cursor | None, int, bool]:
     """Return (matches, last entry read, entries read, reached the end) of one shard."""
     keys = store.keys(shard)
@@ -240,7 +243,6 @@ def _scan_shard(
     matches: list[tuple[int, int, str, ParkedEntry | None]] = []
     offset = 0
     last: Cursor | None = None
-    bound = SCAN_BOUND if filters.scans else limit + 1
     page_size = limit + 1
     while True:
         page = min(page_size, bound - offset)
