@@ -123,3 +123,24 @@ def test_a_companion_on_a_host_40_s_behind_counts_as_alive(
         assert abs(status.now_ms - seen.seen_ms) < 10_000
         assert status.now_ms - 10_000 < seen.started_ms <= seen.seen_ms
         assert admin.check(status, max_overdue_ms=60_000) == []
+
+
+def test_an_unforeseen_store_error_is_logged_and_the_companion_carries_on(
+    make_test_app: AppFactory,
+    broker_server: Any,
+    redis_client: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_zdelay")
+    app = make_test_app(broker=f"{broker_server.url}/0")
+    ids = [app.tasks["tests.add"].apply_delayed((i, i), countdown=0).id for i in range(5)]
+    with Companion(app) as probe:
+        lease = probe.store.keys(0).lease
+    redis_client.set(lease, "clobbered by someone else")  # every claim now fails
+
+    with running(app) as (_, thread):
+        wait_for(lambda: _errors(caplog, "release pass failed unexpectedly") >= 2, timeout=60)
+        assert thread.is_alive()
+        redis_client.delete(lease)
+        wait_for(lambda: broker_server.client(0).llen("celery") == len(ids), timeout=60)
+        assert thread.is_alive()

@@ -151,7 +151,7 @@ class Companion:
         try:
             while not self._stopping.is_set():
                 self._heartbeat()
-                report = self._renew_ownership() or self.release_due()
+                report = self._pass()
                 # After the release, so parking ahead never delays what is due.
                 self._serve_periodic(released=report)
                 if report.failed:
@@ -182,6 +182,19 @@ class Companion:
                 self.id,
                 self.totals.released,
             )
+
+    def _pass(self) -> PassReport:
+        """One pass of :meth:`run`; an unforeseen error is logged and backed off.
+
+        What the pass had claimed stays leased and comes back when the lease
+        expires, so carrying on loses nothing; stopping would strand it until
+        another companion runs.
+        """
+        try:
+            return self._renew_ownership() or self.release_due()
+        except Exception:
+            logger.exception("A release pass failed unexpectedly; retrying with backoff")
+            return PassReport(failed=True)
 
     def close(self) -> None:
         """Close the broker connection (``run`` does this when it returns)."""
