@@ -1,0 +1,164 @@
+"""What every ``zdelay`` subcommand shares: exit codes, layout, option parsing, errors.
+
+Subcommand groups of other modules (``periodic``, ``web``) build on these too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from celery.bin.base import CeleryCommand, CeleryOption
+
+from .._format import parse_duration_ms
+from ..config import get_config
+from ..errors import ConfigurationError, StoreUnavailableError
+from ..schedule import Due, due_from
+from ..store import Store
+
+__all__ = [
+    "EXIT_CHECK_FAILED",
+    "EXIT_CONFIG",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "ZDelayCommand",
+    "ZDelayGroup",
+]
+
+#: Clean exit, including after SIGTERM/SIGINT.
+EXIT_OK = 0
+#: A check failed (``status --check``), or a confirmation was declined.
+EXIT_CHECK_FAILED = 1
+#: The command line is wrong (click's own code for usage errors).
+EXIT_USAGE = 2
+#: An id given to ``cancel``, ``reschedule`` or ``dead requeue|purge`` was not found.
+EXIT_NOT_FOUND = 3
+#: The store (Redis) could not be reached (sysexits EX_UNAVAILABLE).
+EXIT_UNAVAILABLE = 69
+#: A setting or option is invalid (sysexits EX_CONFIG).
+EXIT_CONFIG = 78
+
+_CONTEXT = {"max_content_width": 100}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _format_options(
+    command: click.Command, ctx: click.Context, formatter: click.HelpFormatter
+) -> None:
+    """Write the options under their help groups, as Celery's own commands do.
+
+    Arguments are left out: they are named in the usage line, and newer
+    click versions would list them under "Options" with no text.
+    """
+    sections: dict[str, list[tuple[str, str]]] = {}
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+        if record is not None:
+            group = getattr(param, "help_group", None) or "Options"
+            sections.setdefault(str(group), []).append(record)
+    for name, records in sections.items():
+        with formatter.section(name):
+            formatter.write_dl(records)
+
+
+class ZDelayCommand(CeleryCommand):  # type: ignore[misc]
+    """A command laid out like Celery's own (option help groups)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        _format_options(self, ctx, formatter)
+
+
+class ZDelayGroup(CeleryCommand, click.Group):  # type: ignore[misc]
+    """A click group laid out like Celery's own commands (option help groups)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        _format_options(self, ctx, formatter)
+        self.format_commands(ctx, formatter)
+
+
+def _parse_when(ctx: click.Context, param: click.Parameter, value: str | None) -> Due | None:
+    """Read ``now``, a duration from now (``15m``, ``-10s``) or an ISO 8601 time."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.lower() == "now":
+        return Due("r", 0)
+    offset = parse_duration_ms(text)
+    if offset is not None:
+        return Due("r", offset)
+    try:
+        return due_from(eta=text)
+    except ConfigurationError:
+        raise click.BadParameter(
+            f"{value!r}: use now, a duration such as 30s, 15m, 1h30m or -10m, "
+            "or an ISO 8601 time such as 2025-06-01T09:00:00Z"
+        ) from None
+
+
+def _parse_shards(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return sorted({int(part) for part in value.split(",") if part.strip()})
+    except ValueError:
+        raise click.BadParameter("use shard numbers separated by commas, e.g. 0,1,2") from None
+
+
+def _json_option(what: str) -> Callable[[F], F]:
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        cls=CeleryOption,
+        help_group="Output Options",
+        help=f"Print {what} as one JSON document (fields: docs/cli.rst).",
+    )
+
+
+@contextmanager
+def _store(ctx: click.Context) -> Iterator[Store]:
+    """Open the app's store for one command and close it after."""
+    with _exit_codes(ctx):
+        store = Store(get_config(ctx.obj.app))
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+def _relative(*whens: Due | None) -> bool:
+    return any(w is not None and w.mode == "r" for w in whens)
+
+
+def _resolve(when: Due | None, now_ms: int) -> int | None:
+    if when is None:
+        return None
+    return now_ms + when.ms if when.mode == "r" else when.ms
+
+
+def _echo_json(document: Any) -> None:
+    click.echo(json.dumps(document, indent=2, sort_keys=False))
+
+
+class _exit_codes:
+    """Turn celery-zdelay errors into a message and a named exit code."""
+
+    def __init__(self, ctx: click.Context) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, ConfigurationError):
+            click.echo(f"Error: {exc}", err=True)
+            self.ctx.exit(EXIT_CONFIG)
+        if isinstance(exc, StoreUnavailableError):
+            click.echo(f"Error: {exc}", err=True)
+            self.ctx.exit(EXIT_UNAVAILABLE)

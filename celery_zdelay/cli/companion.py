@@ -1,0 +1,196 @@
+"""``celery -A proj zdelay``: run the companion (the group every subcommand hangs on)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import click
+from celery.bin.base import LOG_LEVEL, CeleryOption, handle_preload_options
+
+from .._logjson import JsonFormatter
+from ..errors import ConfigurationError, StoreUnavailableError
+from ._base import _CONTEXT, EXIT_OK, ZDelayGroup, _exit_codes, _parse_shards
+
+__all__ = ["zdelay"]
+
+logger = logging.getLogger("celery_zdelay.cli")
+
+_LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+
+_EPILOG = """\b
+Examples:
+  celery -A proj zdelay                      run the companion
+  celery -A proj zdelay -l DEBUG             ... logging every batch
+  celery -A proj zdelay --shards 0,1         ... releasing shards 0 and 1 only
+  celery -A proj zdelay --metrics-port 9808  ... serving Prometheus metrics
+  celery -A proj zdelay --log-format json    ... logging JSON lines
+  celery -A proj zdelay --beat               ... serving beat_schedule too
+  celery -A proj zdelay status               what is parked, late, in flight, dead
+  celery -A proj zdelay list --limit 20      the next 20 entries due
+  celery -A proj zdelay dead list            what could not be published, and why
+"""
+
+
+# -- the companion --------------------------------------------------------------
+
+
+@click.group(
+    cls=ZDelayGroup,
+    invoke_without_command=True,
+    epilog=_EPILOG,
+    context_settings=_CONTEXT,
+)
+@click.option(
+    "--shards",
+    cls=CeleryOption,
+    callback=_parse_shards,
+    help_group="Companion Options",
+    help="Shard numbers to release, separated by commas (default: all).",
+)
+@click.option(
+    "-l",
+    "--loglevel",
+    cls=CeleryOption,
+    default="INFO",
+    type=LOG_LEVEL,
+    help_group="Companion Options",
+    help="Logging level.",
+)
+@click.option(
+    "--log-format",
+    cls=CeleryOption,
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help_group="Companion Options",
+    help="json: one JSON object per line (time, level, logger, message, task_id...).",
+)
+@click.option(
+    "--beat",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Companion Options",
+    help="Also serve beat_schedule (periodic tasks), as zdelay_beat = True does; "
+    "replaces celery beat (docs/beat.rst).",
+)
+@click.option(
+    "--metrics-port",
+    cls=CeleryOption,
+    type=click.IntRange(0, 65535),
+    help_group="Metrics Options",
+    help="Serve Prometheus metrics on this port (0: any free port). "
+    "Needs the prometheus extra of celery-zdelay.",
+)
+@click.option(
+    "--metrics-addr",
+    cls=CeleryOption,
+    default="0.0.0.0",
+    show_default=True,
+    help_group="Metrics Options",
+    help="Address the metrics server listens on.",
+)
+@click.pass_context
+@handle_preload_options  # type: ignore[untyped-decorator]
+def zdelay(
+    ctx: click.Context,
+    shards: list[int] | None,
+    loglevel: Any,
+    log_format: str,
+    beat: bool,
+    metrics_port: int | None,
+    metrics_addr: str,
+) -> None:
+    """Release parked delayed tasks to the broker when they are due.
+
+    Without a subcommand, runs the companion until SIGTERM or SIGINT, then
+    finishes the batch in hand and exits 0. The subcommands inspect and
+    steer what is parked.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    app = ctx.obj.app
+    # Our own loggers at the level asked for; libraries stay at WARNING. A
+    # project that configured logging itself (in the module -A imports) keeps
+    # its handlers: basicConfig does nothing once the root logger has one.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter(_LOG_FORMAT)
+    )
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("celery_zdelay").setLevel(loglevel)
+
+    from ..companion import Companion
+
+    stopping = threading.Event()
+    started: list[Companion] = []
+
+    def request_stop(signum: int, frame: Any) -> None:
+        stopping.set()
+        for companion in started:
+            companion.stop()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    with _exit_codes(ctx):
+        created = _companion_once_the_store_answers(
+            lambda: Companion(app, shards=shards, beat=beat or None), stopping
+        )
+        if created is None:
+            ctx.exit(EXIT_OK)
+        companion = created
+        started.append(companion)
+        if stopping.is_set():
+            companion.stop()
+        invalid = [s for s in companion.shards if s not in companion.store.shards]
+        if invalid:
+            raise ConfigurationError(
+                f"--shards {','.join(map(str, invalid))}: zdelay_shards is "
+                f"{companion.config.shards}, so shards run from 0 to {companion.config.shards - 1}."
+            )
+        metrics = None
+        if metrics_port is not None:
+            from ..metrics import serve_metrics
+
+            metrics = serve_metrics(companion, port=metrics_port, addr=metrics_addr)
+        try:
+            companion.run()
+        finally:
+            if metrics is not None:
+                metrics.close()
+    ctx.exit(EXIT_OK)
+
+
+#: Longest pause between attempts to reach a store that is down at start (seconds).
+MAX_START_PAUSE_S = 30.0
+
+
+def _companion_once_the_store_answers(create: Callable[[], Any], stopping: threading.Event) -> Any:
+    """Create the companion, waiting for the store if it is down; None if asked to stop.
+
+    The companion keeps running through store outages, and one at start is
+    no different: it says so, retries with backoff, and starts when the store
+    answers, so a companion started before Redis (or during a failover) does
+    not need its supervisor to restart it. A bad setting still fails at once.
+    """
+    pause = 1.0
+    failed = False
+    while not stopping.is_set():
+        try:
+            companion = create()
+        except StoreUnavailableError as exc:
+            failed = True
+            logger.error(
+                "%s The companion starts when the store answers; next try in %g s.", exc, pause
+            )
+            stopping.wait(pause)
+            pause = min(pause * 2, MAX_START_PAUSE_S)
+            continue
+        if failed:
+            logger.info("The store answers again: starting the companion.")
+        return companion
+    return None

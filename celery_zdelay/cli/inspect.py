@@ -1,0 +1,179 @@
+"""``zdelay status`` and ``zdelay list``: what is parked, late, in flight, dead."""
+
+from __future__ import annotations
+
+import click
+from celery.bin.base import CeleryOption
+
+from .. import _views
+from ..periodic.views import schedule_json, schedule_lines, store_schedules
+from ..schedule import Due
+from ..store import admin
+from ._base import (
+    _CONTEXT,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    ZDelayCommand,
+    _echo_json,
+    _json_option,
+    _parse_when,
+    _relative,
+    _resolve,
+    _store,
+)
+from .companion import zdelay
+
+__all__ = ["list_", "status"]
+
+#: ``status --check`` fails when an entry is overdue by more than this (seconds).
+DEFAULT_MAX_OVERDUE_S = 60.0
+
+_STATUS_EPILOG = """\b
+Examples:
+  celery -A proj zdelay status
+  celery -A proj zdelay status --per-shard
+  celery -A proj zdelay status --json | jq .overdue
+  celery -A proj zdelay status --check --max-overdue 120   # Kubernetes probe
+
+\b
+Exit codes: 0 ok; 1 --check failed; 69 Redis unreachable; 78 bad setting.
+"""
+
+_LIST_EPILOG = """\b
+Examples:
+  celery -A proj zdelay list
+  celery -A proj zdelay list --task proj.orders.cancel_unpaid --limit 20
+  celery -A proj zdelay list --task 'proj.orders.*' --due-before 1h
+  celery -A proj zdelay list --due-before now              # overdue entries
+  celery -A proj zdelay list --due-after 2025-06-01T00:00:00Z --json
+
+\b
+WHEN is "now", a duration from now (30s, 15m, 1h30m, -10m, 2d) or an ISO 8601
+time (naive times are UTC). Entries due in [--due-after, --due-before) match.
+"""
+
+
+# -- status ---------------------------------------------------------------------
+
+
+@zdelay.command(cls=ZDelayCommand, epilog=_STATUS_EPILOG, context_settings=_CONTEXT)
+@_json_option("the status")
+@click.option(
+    "--per-shard",
+    "--shards",
+    "per_shard",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Output Options",
+    help="Also show the counts of each shard.",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Check Options",
+    help="Print OK or FAIL and exit 1 when no companion is alive, a shard has none, "
+    "entries sit on shards beyond zdelay_shards, or an entry is overdue by more than "
+    "--max-overdue.",
+)
+@click.option(
+    "--max-overdue",
+    type=click.FloatRange(0),
+    default=DEFAULT_MAX_OVERDUE_S,
+    show_default=True,
+    metavar="SECONDS",
+    cls=CeleryOption,
+    help_group="Check Options",
+    help="Oldest overdue entry --check accepts.",
+)
+@click.pass_context
+def status(
+    ctx: click.Context, as_json: bool, per_shard: bool, check: bool, max_overdue: float
+) -> None:
+    """Show what is parked, overdue, in flight and dead; live companions; Redis safety."""
+    with _store(ctx) as store:
+        current = admin.status(store)
+        _, schedules = store_schedules(store)
+    shards = len(current.counts.shards)
+    max_overdue_ms = round(max_overdue * 1000)
+    problems = admin.check(current, max_overdue_ms=max_overdue_ms) if check else None
+    if as_json:
+        document = _views.status_json(
+            current, shards=shards, problems=problems, max_overdue_ms=max_overdue_ms
+        )
+        document["periodic"] = [schedule_json(info) for info in schedules]
+        _echo_json(document)
+    elif problems is not None:
+        click.echo(_views.check_text(problems, current))
+    else:
+        click.echo(_views.status_text(current, shards=shards, per_shard=per_shard))
+        if schedules:
+            click.echo("\nPeriodic schedules:\n" + "\n".join(schedule_lines(schedules)))
+    ctx.exit(EXIT_CHECK_FAILED if problems else EXIT_OK)
+
+
+# -- list -----------------------------------------------------------------------
+
+
+@zdelay.command("list", cls=ZDelayCommand, epilog=_LIST_EPILOG, context_settings=_CONTEXT)
+@click.option(
+    "--task",
+    metavar="NAME",
+    cls=CeleryOption,
+    help_group="Filter Options",
+    help="Only entries of this task: a name or a glob pattern such as 'proj.orders.*'.",
+)
+@click.option(
+    "--due-before",
+    metavar="WHEN",
+    callback=_parse_when,
+    cls=CeleryOption,
+    help_group="Filter Options",
+    help="Only entries due before WHEN.",
+)
+@click.option(
+    "--due-after",
+    metavar="WHEN",
+    callback=_parse_when,
+    cls=CeleryOption,
+    help_group="Filter Options",
+    help="Only entries due at or after WHEN.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, admin.MAX_LIST_LIMIT),
+    default=admin.DEFAULT_LIST_LIMIT,
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Output Options",
+    help="Most entries to show.",
+)
+@_json_option("the entries")
+@click.pass_context
+def list_(
+    ctx: click.Context,
+    task: str | None,
+    due_before: Due | None,
+    due_after: Due | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List parked entries in due order: task, id, due time, queue, arguments.
+
+    Arguments are Celery's argsrepr/kwargsrepr headers; message bodies are
+    never decoded.
+    """
+    with _store(ctx) as store:
+        now_ms = store.time_ms() if _relative(due_before, due_after) else 0
+        listing = admin.list_parked(
+            store,
+            task=task,
+            due_after_ms=_resolve(due_after, now_ms),
+            due_before_ms=_resolve(due_before, now_ms),
+            limit=limit,
+        )
+        show_shard = store.config.shards > 1
+    if as_json:
+        _echo_json(_views.listing_json(listing))
+    else:
+        click.echo(_views.listing_text(listing, show_shard=show_shard))
