@@ -473,3 +473,33 @@ def test_a_redis_that_lost_everything_gets_the_schedule_back(
     tend(server)
     assert [i.name for i in periodic.schedules(app)[1]] == ["a"]
     assert len(parked_ids(redis_client, "a")) == 1
+
+
+def test_a_companion_that_cannot_import_a_task_does_not_remove_its_schedule(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a schedule stored by a companion whose app has the task
+    schedule = {
+        "x": {"task": "tests.only_here", "schedule": 60.0},
+        "y": {"task": "tests.record", "schedule": 60.0},
+    }
+    full = make_test_app()
+
+    def only_here() -> None:
+        """A task whose module only some companions import."""
+
+    full.task(name="tests.only_here", shared=False)(only_here)
+    assert server_for(full, schedule, "full").reconcile() == "done"
+
+    # When a companion of the same deploy cannot import that task's module
+    partial = server_for(make_test_app(), dict(schedule), "partial")
+    partial.reconcile()
+    tend(partial)
+
+    # Then the entry stays stored and served, as the first companion defined it
+    _, infos = periodic.schedules(full)
+    assert [(i.name, i.task, i.version) for i in infos] == [
+        ("x", "tests.only_here", 1),
+        ("y", "tests.record", 1),
+    ]
+    assert len(parked_ids(redis_client, "x")) == 1

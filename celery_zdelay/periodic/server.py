@@ -91,14 +91,14 @@ class PeriodicServer:
             self.app.loader.import_default_modules()
             self._imported = True
         definitions, errors = definitions_from_config(self.app)
-        digest = config_hash(definitions)
+        digest = config_hash(definitions, errors)
         if digest == self._config_hash and errors == self._config_errors and not force:
             return "same"
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
         self._config_errors = errors
         status, changed = self.periodic.store_config(
-            definitions, digest, writer=self.companion_id, force=force
+            definitions, digest, writer=self.companion_id, force=force, keep=errors
         )
         self._config_hash = digest
         if status == "older":

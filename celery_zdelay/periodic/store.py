@@ -123,12 +123,24 @@ class PeriodicStore:
     # -- definitions ----------------------------------------------------------
 
     def store_config(
-        self, definitions: Sequence[Definition], config_hash: str, *, writer: str, force: bool
+        self,
+        definitions: Sequence[Definition],
+        config_hash: str,
+        *,
+        writer: str,
+        force: bool,
+        keep: Iterable[str] = (),
     ) -> tuple[str, list[str]]:
-        """Store a ``beat_schedule``; return ("same"|"older"|"done", names changed)."""
+        """Store a ``beat_schedule``; return ("same"|"older"|"done", names changed).
+
+        Names in *keep* are entries this process cannot serve: what is stored
+        under them stays as it is, neither removed nor replaced.
+        """
         args: list[Any] = ["config", config_hash, "1" if force else "0", writer]
         for definition in definitions:
             args += [definition.name, definition.body()]
+        for name in keep:
+            args += [name, ""]
         return self._define_call(args)
 
     def put(self, definition: Definition, *, writer: str) -> bool:

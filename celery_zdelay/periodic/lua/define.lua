@@ -14,6 +14,9 @@
 -- ARGV[3] "1": write even a superseded configuration (a deliberate rollback)
 -- ARGV[4] writer (companion id)
 -- ARGV[5..] "config"/"put": name, definition JSON pairs; "drop": names
+--           ("config": an empty definition keeps what is stored under that
+--           name: the entry is in the configuration but this companion
+--           cannot serve it, e.g. its task module does not import here)
 -- returns {status, names changed...}; status "same" (configuration already
 --         stored), "older" (superseded: not written), "done"
 if redis.replicate_commands then redis.replicate_commands() end
@@ -88,7 +91,7 @@ for i = 1, #stored, 2 do
   end
 end
 for i = 5, #ARGV, 2 do
-  if put(ARGV[i], ARGV[i + 1]) then changed[#changed + 1] = ARGV[i] end
+  if ARGV[i + 1] ~= '' and put(ARGV[i], ARGV[i + 1]) then changed[#changed + 1] = ARGV[i] end
 end
 if current then redis.call('SADD', superseded, current) end
 redis.call('SREM', superseded, hash)
