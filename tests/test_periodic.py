@@ -503,3 +503,21 @@ def test_a_companion_that_cannot_import_a_task_does_not_remove_its_schedule(
         ("y", "tests.record", 1),
     ]
     assert len(parked_ids(redis_client, "x")) == 1
+
+
+def test_a_long_outage_of_a_frequent_calendar_schedule_is_planned_quickly() -> None:
+    import time
+
+    app = Celery(set_as_current=False)
+    every_second = schedule(1.0, relative=True, app=app)
+    every_minute = crontab(app=app)
+    day_ms = 86_400_000
+    now_ms = _ms("2026-06-02T12:00:00.500000")
+    for sched, period in ((every_second, 1000), (every_minute, 60_000)):
+        started = time.monotonic()
+        once = plan(sched, pointer_ms=now_ms - day_ms, now_ms=now_ms, horizon_ms=0, missed="once")
+        assert time.monotonic() - started < 2.0
+        latest = now_ms - now_ms % period
+        assert once.park == [latest, latest + period]
+        assert abs(once.skipped - (day_ms // period - 1)) <= 2
+    app.close()

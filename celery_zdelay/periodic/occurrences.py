@@ -21,6 +21,9 @@ __all__ = ["MAX_MISSED", "Plan", "next_after", "plan"]
 MAX_MISSED = 1000
 #: Most occurrences computed in one plan (a long outage of a short crontab).
 MAX_STEPS = 200_000
+#: Missed occurrences computed one by one before skipping to near now
+#: (policies other than ``all`` run at most the latest of them).
+JUMP_AFTER = 100
 
 
 def next_after(sched: BaseSchedule, after_ms: int) -> int:
@@ -44,7 +47,8 @@ class Plan:
 
     #: Occurrence ms to park now, in order.
     park: list[int]
-    #: Occurrences no companion parked in time, left out by the missed policy.
+    #: Occurrences no companion parked in time, left out by the missed policy
+    #: (estimated from the period when a long outage was skipped over).
     skipped: int
     #: The newest occurrence considered (parked or not): the new pointer.
     pointer_ms: int
@@ -80,12 +84,23 @@ def plan(
             at += behind * step
             skipped += behind
     for _ in range(MAX_STEPS):
-        at = next_after(sched, at)
+        previous, at = at, next_after(sched, at)
         if at <= now_ms:
             late.append(at)
             if len(late) > MAX_MISSED:
                 skipped += len(late) - MAX_MISSED
                 late = late[-MAX_MISSED:]
+            if missed != "all" and len(late) >= JUMP_AFTER:
+                # Only the latest missed one can run: skip to two periods
+                # before now instead of computing every occurrence between.
+                # Calendar schedules (crontab, solar, relative) give the same
+                # occurrences from any starting point, so companions agree.
+                period = max(1, at - previous)
+                near = now_ms - 2 * period
+                if near > at:
+                    # (How many were jumped over is estimated from the period.)
+                    skipped += len(late) + (near - at) // period
+                    late, at = [], near
             continue
         ahead.append(at)
         if at > now_ms + horizon_ms:
