@@ -1,7 +1,10 @@
-"""Shard ownership leases: companions split the shards, and the shards of a
-companion that dies are taken over as orphans once its leases expire."""
+"""Shard ownership leases: companions split the shards; the shards of a
+companion that dies are taken over as orphans once its leases expire, and
+those of one that stops are given up at once."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import redis
@@ -70,3 +73,33 @@ def test_companions_split_the_shards_and_take_over_from_a_dead_one(
     runs.wait_for_count(200)
     assert set(runs.ids()) == ids
     assert runs.duplicates() == {}
+
+
+def test_a_companion_stopped_gives_its_shards_up_at_once(
+    make_test_app: AppFactory, redis_client: redis.Redis, companion
+) -> None:
+    # Given two companions splitting 8 shards, with leases that would take
+    # 30 s to expire on their own (half of a 60 s zdelay_lease_seconds)
+    app = make_test_app(
+        conf={"zdelay_shards": SHARDS, "zdelay_shard_leases": True, "zdelay_lease_seconds": 60}
+    )
+    leaving, staying = companion(app), companion(app)
+    wait_for(
+        lambda: None not in _owners(redis_client) and len(set(_owners(redis_client))) == 2,
+        timeout=60,
+        message=lambda: f"two owners: {_owners(redis_client)}",
+    )
+
+    # When one is stopped (SIGTERM)
+    assert leaving.terminate() == 0
+    stopped_at = time.monotonic()
+
+    # Then none of its leases is left, and the other owns every shard long
+    # before those leases would have expired
+    assert not any(f":{leaving.pid}:" in (owner or "") for owner in _owners(redis_client))
+    wait_for(
+        lambda: all(f":{staying.pid}:" in (owner or "") for owner in _owners(redis_client)),
+        timeout=25,
+        message=lambda: f"the other owning every shard: {_owners(redis_client)}",
+    )
+    assert time.monotonic() - stopped_at < 30
