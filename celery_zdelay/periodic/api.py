@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..parking import send_delayed, store_for
-from .definition import SOURCE_API, Definition, from_beat_entry, validate_spec
+from .definition import SOURCE_API, from_beat_entry, validate_spec
 from .store import PeriodicStore, Pointer
 
 if TYPE_CHECKING:
@@ -171,11 +171,6 @@ def sync(app: Celery, *, force: bool = False) -> str:
     app.loader.import_default_modules()
     server = PeriodicServer(app, store_for(app), companion_id="cli")
     return server.reconcile(force=force)
-
-
-def stored(app: Celery, name: str) -> Definition | None:
-    """Return the stored definition of *name*, if any."""
-    return _periodic(app).snapshot().definitions.get(name)
 
 
 def _last_run(run: tuple[int, int] | None, past: list[int]) -> int | None:
