@@ -521,3 +521,23 @@ def test_a_long_outage_of_a_frequent_calendar_schedule_is_planned_quickly() -> N
         assert once.park == [latest, latest + period]
         assert abs(once.skipped - (day_ms // period - 1)) <= 2
     app.close()
+
+
+def test_a_solar_entry_is_stored_and_runs_at_the_next_sunrise(app: Celery) -> None:
+    from celery.schedules import solar
+
+    from celery_zdelay.periodic.definition import from_beat_entry
+
+    # Given a beat_schedule entry at sunrise in Paris
+    entry = {"task": "tests.record", "schedule": solar("sunrise", 48.8566, 2.3522)}
+    definition = from_beat_entry("dawn", entry, known_tasks={"tests.record"})
+    assert definition.schedule == {"solar": {"event": "sunrise", "lat": 48.8566, "lon": 2.3522}}
+    assert definition.describe() == "solar sunrise at 48.8566,2.3522"
+
+    # Then its next occurrence after midnight UTC on 21 June is that morning's
+    # sunrise (about 03:47 UTC), and the one after it the next morning's
+    sched = definition.celery_schedule(app)
+    first = next_after(sched, _ms("2026-06-21T00:00:00"))
+    assert _ms("2026-06-21T03:40:00") < first < _ms("2026-06-21T03:55:00")
+    second = next_after(sched, first)
+    assert 86_400_000 - 120_000 < second - first < 86_400_000 + 120_000
