@@ -24,6 +24,9 @@ from tests.periodic_helpers import BeatCompanion, occurrence_ms, start_beat_comp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
+#: Companions SIGKILLed during one run, at least.
+MIN_KILLS = 10
+
 SCHEDULE = {
     "second": {"task": "tests.record", "schedule": 1.0},
     "minute": {"task": "tests.record", "schedule": {"crontab": {"minute": "*"}}},
@@ -45,7 +48,8 @@ def serve_with_chaos(
     processes.extend(started)
     kills = 0
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    # At least MIN_KILLS kills, however long restarts take on a loaded machine.
+    while time.monotonic() < deadline or kills < MIN_KILLS:
         time.sleep(rng.uniform(0.5, 3.0))
         alive = [i for i, c in enumerate(companions) if c is not None]
         dead = [i for i, c in enumerate(companions) if c is None]
@@ -62,7 +66,6 @@ def serve_with_chaos(
             victim.kill()  # SIGKILL: mid-pass, mid-park, anywhere
             companions[slot] = None
             kills += 1
-    assert kills >= 10, f"only {kills} kills"
     return started
 
 
