@@ -20,7 +20,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store import admin
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory, RabbitMQ
-from tests.helpers import CeleryProcess, Runs
+from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.servers import LocalSQS
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,6 +61,14 @@ def _every_parked_task_runs_once(
         raise AssertionError(f"{exc}\ncompanion log:\n{process.log()[-3000:]}") from None
     assert [r.get(timeout=30) for r in results] == [i + 100 for i in range(TASKS)]
     assert runs.duplicates() == {}
+    # Nothing is left in the store once the companion has acknowledged its
+    # last batch (a worker may run a task before that), and nothing died
+    store = store_for(app)
+    wait_for(
+        lambda: (admin.counts(store).parked, admin.counts(store).in_flight) == (0, 0),
+        message=lambda: f"an empty store: {admin.counts(store)}",
+    )
+    assert admin.counts(store).dead == 0
     assert "dead-letter" not in process.log().lower()
     return process
 
