@@ -15,8 +15,9 @@ from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 from typing import Literal, cast
 
-from .admin import _dead_entry, _describe, _shards, _text
+from ._shared import _describe, _shards, _text
 from .client import unavailable_as_error
+from .deadletters import _dead_entry
 from .store import Store
 
 __all__ = ["EntryState", "ParkedTask", "find", "select"]

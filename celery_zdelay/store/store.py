@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.cluster import RedisCluster
+
 from ..config import ZDelayConfig
 from ..entry import Template, TemplateLookup
 from ..entry import template_id as entry_template_id
@@ -102,6 +104,11 @@ class Store:
     def close(self) -> None:
         """Close the connections to Redis."""
         self.client.close()
+        if isinstance(self.client, RedisCluster):
+            # redis-py's cluster close() leaves each node's pool connected.
+            for node in self.client.get_nodes():  # type: ignore[no-untyped-call]
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
 
     # -- keys -----------------------------------------------------------------
 

@@ -25,7 +25,9 @@ from typing import Any, cast
 from ..entry import entry_headers, expand_entry
 from ..errors import EntryError
 from ..store import Store, admin
-from ..store.admin import ParkedEntry, _parked_entry, _routing_key
+from ..store._shared import _routing_key
+from ..store.admin import ParkedEntry
+from ..store.listing import _parked_entry
 
 __all__ = [
     "SCAN_BOUND",

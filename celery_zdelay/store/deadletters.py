@@ -1,0 +1,212 @@
+"""Dead letters: list them with their reason, requeue them, purge them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ._shared import DEFAULT_LIST_LIMIT, _check_limit, _describe, _optional, _shards, _text
+from .client import unavailable_as_error
+from .listing import Listing
+from .store import Store
+
+__all__ = ["DeadEntry", "list_dead", "purge_dead", "requeue_all_dead", "requeue_dead"]
+
+logger = logging.getLogger(__name__)
+
+#: Ids per requeue or purge call, so each call stays short.
+_ADMIN_BATCH = 500
+
+
+@dataclass(frozen=True)
+class DeadEntry:
+    """A dead-lettered entry: when and why it died, and what it was."""
+
+    task_id: str
+    shard: int
+    #: When it was dead-lettered (Redis clock).
+    died_ms: int
+    #: When it was due, from the reason record.
+    due_ms: int | None
+    reason: str | None
+    #: The companion that dead-lettered it.
+    companion: str | None
+    task: str | None
+    queue: str | None
+    argsrepr: str | None
+    kwargsrepr: str | None
+    expires: str | None
+    #: Why the message cannot be read, if it cannot.
+    error: str | None = None
+
+
+# -- dead letters -------------------------------------------------------------
+
+
+def list_dead(
+    store: Store, *, limit: int = DEFAULT_LIST_LIMIT, shards: Iterable[int] | None = None
+) -> Listing:
+    """Return dead-lettered entries, most recent first, at most *limit* of them."""
+    _check_limit(limit)
+    numbers = _shards(store, shards)
+    now_ms = store.time_ms()
+    found: list[DeadEntry] = []
+    more = False
+    for shard in numbers:
+        keys = store.keys(shard)
+        with unavailable_as_error(store.url):
+            members = cast(
+                "list[tuple[bytes, float]]",
+                store.client.zrevrange(keys.dead, 0, limit, withscores=True),
+            )
+            stored = cast(
+                "list[bytes | None]",
+                store.client.hmget(keys.dead_msg, [m for m, _ in members]) if members else [],
+            )
+        more = more or len(members) > limit
+        for (member, died), record in zip(members, stored, strict=True):
+            found.append(_dead_entry(store, _text(member), shard, int(died), record))
+    found.sort(key=lambda e: (-e.died_ms, e.shard, e.task_id))
+    if len(found) > limit:
+        more = True
+    return Listing(now_ms=now_ms, entries=found[:limit], more=more)
+
+
+def _dead_entry(
+    store: Store, task_id: str, shard: int, died_ms: int, record: bytes | None
+) -> DeadEntry:
+    reason: dict[str, Any] = {}
+    payload: bytes | None = None
+    if record is not None:
+        reason_line, _, payload = record.partition(b"\n")
+        try:
+            parsed = json.loads(reason_line)
+            reason = parsed if isinstance(parsed, dict) else {}
+        except ValueError:
+            reason = {"reason": reason_line.decode(errors="replace")}
+    headers, queue, error = _describe(payload or None, store.templates(shard))
+    due_ms = reason.get("due_ms")
+    return DeadEntry(
+        task_id=task_id,
+        shard=shard,
+        died_ms=died_ms,
+        due_ms=int(due_ms) if isinstance(due_ms, (int, float)) else None,
+        reason=_optional(reason.get("reason")),
+        companion=_optional(reason.get("companion")),
+        task=_optional(headers.get("task")),
+        queue=queue,
+        argsrepr=_optional(headers.get("argsrepr")),
+        kwargsrepr=_optional(headers.get("kwargsrepr")),
+        expires=_optional(headers.get("expires")),
+        error=error,
+    )
+
+
+def requeue_dead(store: Store, task_ids: Sequence[str]) -> list[bool]:
+    """Park dead-lettered entries again, due now; return, per id, whether it was.
+
+    An id is not requeued when it is not dead-lettered, has no message (it
+    died because the message was missing), or was parked again since (and
+    is waiting, or being released right now).
+    """
+    by_shard: dict[int, list[int]] = {}
+    for index, task_id in enumerate(task_ids):
+        by_shard.setdefault(store.shard_of(task_id), []).append(index)
+    done = [False] * len(task_ids)
+    for shard, indexes in by_shard.items():
+        for start in range(0, len(indexes), _ADMIN_BATCH):
+            chunk = indexes[start : start + _ADMIN_BATCH]
+            flags = _requeue_call(store, shard, [task_ids[i] for i in chunk])
+            for index, flag in zip(chunk, flags, strict=True):
+                done[index] = flag
+    return done
+
+
+def requeue_all_dead(store: Store, shards: Iterable[int] | None = None) -> tuple[int, int]:
+    """Requeue every entry dead-lettered so far; return (requeued, left dead-lettered).
+
+    Only entries that died before the call are taken: a requeued entry that a
+    running companion dead-letters again is left for the next call, so this
+    always ends.
+    """
+    numbers = _shards(store, shards)
+    until_ms = store.time_ms()
+    requeued = left = 0
+    for shard in numbers:
+        keys = store.keys(shard)
+        # Entries that cannot be requeued stay in the set: step over them.
+        offset = 0
+        while True:
+            with unavailable_as_error(store.url):
+                members = store.client.zrangebyscore(
+                    keys.dead, "-inf", until_ms, start=offset, num=_ADMIN_BATCH
+                )
+            if not members:
+                break
+            flags = _requeue_call(store, shard, [_text(m) for m in members])
+            requeued += sum(flags)
+            offset += len(flags) - sum(flags)
+        left += offset
+    return requeued, left
+
+
+def _requeue_call(store: Store, shard: int, task_ids: list[str]) -> list[bool]:
+    keys = store.keys(shard)
+    with unavailable_as_error(store.url):
+        reply = store.scripts.requeue(
+            keys=[keys.dead, keys.dead_msg, keys.due, keys.msg, keys.lease],
+            args=[keys.wake, *task_ids],
+            client=store.client,
+        )
+    flags = [bool(int(flag)) for flag in reply]
+    for task_id, flag in zip(task_ids, flags, strict=True):
+        if flag:
+            logger.info("Requeued dead-lettered %s on shard %d, due now", task_id, shard)
+    return flags
+
+
+def purge_dead(
+    store: Store, task_ids: Sequence[str] | None = None, *, shards: Iterable[int] | None = None
+) -> int:
+    """Delete dead-lettered entries (*task_ids*, or all); return how many were deleted.
+
+    Deletes in batches rather than with one ``DEL``, so purging a large set
+    never blocks Redis for long, and removes the message before the index
+    entry, so a concurrent requeue finds either both or nothing.
+    """
+    if task_ids is not None:
+        by_shard: dict[int, list[str]] = {}
+        for task_id in task_ids:
+            by_shard.setdefault(store.shard_of(task_id), []).append(task_id)
+        return sum(_purge_call(store, shard, ids) for shard, ids in by_shard.items())
+    numbers = _shards(store, shards)
+    # Only what died before the call, so a companion dead-lettering as fast
+    # as we delete cannot keep this running.
+    until_ms = store.time_ms()
+    purged = 0
+    for shard in numbers:
+        while True:
+            with unavailable_as_error(store.url):
+                members = store.client.zrangebyscore(
+                    store.keys(shard).dead, "-inf", until_ms, start=0, num=_ADMIN_BATCH
+                )
+            if not members:
+                break
+            purged += _purge_call(store, shard, [_text(m) for m in members])
+    return purged
+
+
+def _purge_call(store: Store, shard: int, task_ids: list[str]) -> int:
+    keys = store.keys(shard)
+    removed = 0
+    for start in range(0, len(task_ids), _ADMIN_BATCH):
+        chunk = task_ids[start : start + _ADMIN_BATCH]
+        with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+            pipe.hdel(keys.dead_msg, *chunk)
+            pipe.zrem(keys.dead, *chunk)
+            _, count = pipe.execute()
+        removed += int(count)
+    return removed

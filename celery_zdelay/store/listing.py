@@ -1,0 +1,211 @@
+"""List parked entries in due order, filtered by task and due window, bounded.
+
+Listings are bounded with ``LIMIT`` (and a scan bound when filtering by
+task name), so listing a store of millions of entries costs Redis about
+what one claim does. Entries in flight are listed too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, cast
+
+from ._shared import (
+    DEFAULT_LIST_LIMIT,
+    MAX_LIST_LIMIT,
+    _check_limit,
+    _describe,
+    _optional,
+    _shards,
+    _still_in,
+    _text,
+)
+from ._shared import SEQ as _SEQ
+from .client import unavailable_as_error
+from .store import Store
+
+__all__ = [
+    "DEFAULT_LIST_LIMIT",
+    "MAX_LIST_LIMIT",
+    "MAX_SCAN",
+    "Listing",
+    "ParkedEntry",
+    "list_parked",
+]
+
+#: Most entries per shard a filtered listing (``task=``) reads before it stops.
+MAX_SCAN = 10_000
+#: Entries read per round trip when a listing filters by task name.
+_PAGE = 500
+
+
+@dataclass(frozen=True)
+class ParkedEntry:
+    """A parked entry as a listing shows it: its Celery headers, never its body."""
+
+    task_id: str
+    shard: int
+    due_ms: int
+    #: Task name; None when the payload cannot be read (see :attr:`error`).
+    task: str | None
+    #: Routing key the message is published with: the queue name on the default exchange.
+    queue: str | None
+    argsrepr: str | None
+    kwargsrepr: str | None
+    #: Celery's ``expires`` header (absolute ISO time), if the task has one.
+    expires: str | None
+    #: Why the payload cannot be read; the companion will dead-letter it.
+    error: str | None = None
+    #: Claimed by a companion and not yet acknowledged (being released, or
+    #: waiting for the broker); it returns to the due set if that fails.
+    in_flight: bool = False
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Entries of a listing, and whether more match than it shows."""
+
+    now_ms: int
+    entries: list[Any]
+    #: More entries match (or may match, when a filtered scan stopped at its bound).
+    more: bool
+
+
+def list_parked(
+    store: Store,
+    *,
+    task: str | None = None,
+    due_after_ms: int | None = None,
+    due_before_ms: int | None = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+    shards: Iterable[int] | None = None,
+    scan_limit: int = MAX_SCAN,
+) -> Listing:
+    """Return parked entries in due order, at most *limit* of them.
+
+    *due_after_ms* and *due_before_ms* select due times in ``[after,
+    before)``; *task* is a task name or a glob pattern (``proj.orders.*``).
+    Without *task* each shard costs one bounded range read; with it, each
+    shard reads at most *scan_limit* entries, in pages.
+    """
+    _check_limit(limit)
+    numbers = _shards(store, shards)
+    now_ms = store.time_ms()
+    low = "-inf" if due_after_ms is None else str(due_after_ms * _SEQ)
+    high = "+inf" if due_before_ms is None else f"({due_before_ms * _SEQ}"
+    found: list[tuple[int, int, ParkedEntry]] = []
+    more = False
+    for shard in numbers:
+        entries, shard_more = _parked_in_shard(store, shard, low, high, task, limit, scan_limit)
+        found += entries
+        found += _in_flight_in_shard(store, shard, due_after_ms, due_before_ms, task)
+        more = more or shard_more
+    found.sort(key=lambda item: (item[0], item[1]))
+    if len(found) > limit:
+        more = True
+    return Listing(now_ms=now_ms, entries=[entry for _, _, entry in found[:limit]], more=more)
+
+
+def _parked_in_shard(
+    store: Store,
+    shard: int,
+    low: str,
+    high: str,
+    task: str | None,
+    limit: int,
+    scan_limit: int,
+) -> tuple[list[tuple[int, int, ParkedEntry]], bool]:
+    """Return up to limit + 1 matching entries of *shard*, and whether the scan was cut short."""
+    keys = store.keys(shard)
+    matches: list[tuple[int, int, ParkedEntry]] = []
+    offset = 0
+    while True:
+        page = limit + 1 if task is None else min(_PAGE, scan_limit - offset)
+        with unavailable_as_error(store.url):
+            # The store's client returns bytes (decode_responses=False).
+            members = cast(
+                "list[tuple[bytes, float]]",
+                store.client.zrangebyscore(
+                    keys.due, low, high, start=offset, num=page, withscores=True
+                ),
+            )
+            payloads = cast(
+                "list[bytes | None]",
+                store.client.hmget(keys.msg, [m for m, _ in members]) if members else [],
+            )
+            missing = [m for (m, _), p in zip(members, payloads, strict=True) if p is None]
+            still_parked = _still_in(store, keys.due, missing)
+        for (member, score), payload in zip(members, payloads, strict=True):
+            task_id = _text(member)
+            if payload is None and member not in still_parked:
+                continue  # released between the two reads
+            entry = _parked_entry(store, task_id, shard, int(score), payload)
+            if task is not None and (entry.task is None or not fnmatchcase(entry.task, task)):
+                continue
+            matches.append((int(score), shard, entry))
+        offset += len(members)
+        if task is None or len(matches) > limit or len(members) < page:
+            return matches, False
+        if offset >= scan_limit:
+            return matches, True
+
+
+def _in_flight_in_shard(
+    store: Store,
+    shard: int,
+    due_after_ms: int | None,
+    due_before_ms: int | None,
+    task: str | None,
+) -> list[tuple[int, int, ParkedEntry]]:
+    """Return the in-flight entries of *shard* that match, as :func:`_parked_in_shard` does.
+
+    They are listed too: an entry a companion holds while the broker is down
+    is still waiting to run, and late if its due time passed. The set is
+    bounded by the companions' batches, so it is read whole.
+    """
+    keys = store.keys(shard)
+    with unavailable_as_error(store.url):
+        leased = cast("dict[bytes, bytes]", store.client.hgetall(keys.leased))
+        members = list(leased)
+        payloads = cast(
+            "list[bytes | None]", store.client.hmget(keys.msg, members) if members else []
+        )
+    found = []
+    for member, payload in zip(members, payloads, strict=True):
+        score = int(bytes(leased[member]).split()[0])
+        due_ms = score // _SEQ
+        if due_after_ms is not None and due_ms < due_after_ms:
+            continue
+        if due_before_ms is not None and due_ms >= due_before_ms:
+            continue
+        entry = _parked_entry(store, _text(member), shard, score, payload, in_flight=True)
+        if task is not None and (entry.task is None or not fnmatchcase(entry.task, task)):
+            continue
+        found.append((score, shard, entry))
+    return found
+
+
+def _parked_entry(
+    store: Store,
+    task_id: str,
+    shard: int,
+    score: int,
+    payload: bytes | None,
+    *,
+    in_flight: bool = False,
+) -> ParkedEntry:
+    headers, queue, error = _describe(payload, store.templates(shard))
+    return ParkedEntry(
+        task_id=task_id,
+        shard=shard,
+        due_ms=score // _SEQ,
+        task=_optional(headers.get("task")),
+        queue=queue,
+        argsrepr=_optional(headers.get("argsrepr")),
+        kwargsrepr=_optional(headers.get("kwargsrepr")),
+        expires=_optional(headers.get("expires")),
+        error=error,
+        in_flight=in_flight,
+    )
