@@ -25,7 +25,13 @@ logger = logging.getLogger(__name__)
 
 
 def startup_problems(app: Celery) -> list[str]:
-    """Return what a worker of *app* should warn about: unknown settings, no store, no companion."""
+    """Return what a worker of *app* should warn about: unknown settings, no store, no companion.
+
+    An app that does not use celery-zdelay (no ``zdelay_*`` setting, not its
+    task class) gets no warning, though importing ``celery_zdelay`` hooks it.
+    """
+    if not _uses_zdelay(app):
+        return []
     problems = unknown_settings(app)
     if problems:
         return problems
@@ -37,6 +43,16 @@ def startup_problems(app: Celery) -> list[str]:
     except ZDelayError as exc:
         return [str(exc)]
     return [warning] if warning else []
+
+
+def _uses_zdelay(app: Celery) -> bool:
+    from .task import DelayedTaskMixin
+
+    for key in list(app.conf.keys()):
+        name = str(key).lower()
+        if name.startswith(("zdelay_", "celery_zdelay_")):
+            return True
+    return isinstance(app.Task, type) and issubclass(app.Task, DelayedTaskMixin)
 
 
 class StartupCheck(bootsteps.StartStopStep):  # type: ignore[misc]

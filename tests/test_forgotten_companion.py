@@ -69,3 +69,18 @@ def test_the_first_park_is_quiet_when_a_companion_is_alive(
         app.tasks["tests.record"].apply_delayed(("a",), countdown=600)
 
     assert NO_COMPANION not in caplog.text
+
+
+def test_an_app_that_does_not_use_celery_zdelay_gets_no_warning() -> None:
+    # Importing celery_zdelay hooks every app of the process: one that neither
+    # sets a zdelay_* setting nor uses its task class is left in peace.
+    from celery_zdelay.worker import startup_problems
+
+    plain = Celery("plain", broker="amqp://127.0.0.1:1//", set_as_current=False)
+    used = Celery(
+        "used", broker="amqp://127.0.0.1:1//", task_cls="celery_zdelay:Task", set_as_current=False
+    )
+
+    assert startup_problems(plain) == []
+    (problem,) = startup_problems(used)
+    assert "set zdelay_redis_url" in problem
