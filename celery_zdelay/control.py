@@ -10,6 +10,7 @@ remembered which ids it parked for it). *app* defaults to
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ParkedTask",
     "cancel",
+    "cancel_ids",
     "cancel_matching",
     "lookup",
     "reschedule",
@@ -58,6 +60,21 @@ def cancel(task_id: str, *, app: Celery | None = None) -> bool:
     for cancelled in ids:
         _audit(app, "Cancelled %s", cancelled)
     return bool(ids)
+
+
+def cancel_ids(task_ids: Sequence[str], *, app: Celery | None = None) -> list[bool]:
+    """:func:`cancel` for many ids at once; return, per id, whether anything was parked.
+
+    Plain task ids are cancelled in one call per shard; only the ids not
+    found that way are looked up as canvas result ids.
+    """
+    app = _app(app)
+    store = store_for(app)
+    found = store.cancel(list(task_ids))
+    for task_id, done in zip(task_ids, found, strict=True):
+        if done:
+            _audit(app, "Cancelled %s", task_id)
+    return [done or cancel(task_id, app=app) for task_id, done in zip(task_ids, found, strict=True)]
 
 
 def reschedule(

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import celery
 import click
 import pytest
 from celery import Celery
@@ -870,3 +871,21 @@ def test_an_entry_in_flight_past_its_due_time_is_late_for_status_check_and_list(
     )
     (entry,) = json.loads(listed.stdout)["entries"]
     assert (entry["id"], entry["state"]) == (result.id, "in_flight")
+
+
+def test_cancel_takes_a_parked_chains_result_id_among_plain_ids(app: Celery) -> None:
+    record = app.tasks["tests.record"]
+    chained = celery_zdelay.apply_delayed(
+        celery.chain(record.si("a"), record.si("b")), countdown=600, app=app
+    )
+    plain = record.apply_delayed(("p",), countdown=600)
+
+    result = run(app, "cancel", chained.id, plain.id, "no-such-id")
+
+    assert result.exit_code == EXIT_NOT_FOUND
+    assert lines(result) == [
+        f"cancelled   {chained.id}",
+        f"cancelled   {plain.id}",
+        "not parked  no-such-id (unknown, released, or being released)",
+    ]
+    assert celery_zdelay.lookup(chained.parent.id, app=app) is None

@@ -157,7 +157,7 @@ def cancel(
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would cancel {tasks} (dry run)" if dry_run else f"cancelled {tasks}")
             ctx.exit(EXIT_OK)
-        found = [control.cancel(task_id, app=app) for task_id in task_ids]
+        found = control.cancel_ids(task_ids, app=app)
     for task_id, was_parked in zip(task_ids, found, strict=True):
         if was_parked:
             click.echo(f"cancelled   {task_id}")
