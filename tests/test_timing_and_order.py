@@ -12,7 +12,7 @@ from celery import Celery
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
-from tests.conftest import RECORD_DB, AppFactory
+from tests.conftest import RECORD_DB, AppFactory, RabbitMQ
 from tests.helpers import Runs
 from tests.project import RECEIVED_KEY, RECORD_RECEIVED_ENV
 
@@ -65,15 +65,28 @@ def test_the_claim_scripts_never_pick_an_entry_before_its_due_time_on_the_redis_
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("path", ["handoff", "generic"])
+@pytest.mark.parametrize("path", ["handoff", "generic", "rabbitmq"])
 def test_no_task_reaches_a_worker_before_its_due_time(
-    make_test_app: AppFactory, redis_server, worker, companion, runs: Runs, path: str
+    make_test_app: AppFactory,
+    redis_server,
+    worker,
+    companion,
+    runs: Runs,
+    request: pytest.FixtureRequest,
+    path: str,
 ) -> None:
     # Given a companion and a worker that notes, on the Redis clock, the
     # moment each message reaches it (before it runs)
-    broker = None if path == "handoff" else f"{redis_server.url}/3"
-    app = make_test_app(broker=broker)
-    worker(app, env={RECORD_RECEIVED_ENV: "1"})
+    queues: tuple[str, ...] = ()
+    if path == "handoff":
+        app = make_test_app()
+    elif path == "generic":
+        app = make_test_app(broker=f"{redis_server.url}/3")
+    else:
+        rabbitmq: RabbitMQ = request.getfixturevalue("rabbitmq")
+        app = make_test_app(broker=rabbitmq.url, conf={"task_default_queue": rabbitmq.queue})
+        queues = (rabbitmq.queue,)
+    worker(app, *queues, env={RECORD_RECEIVED_ENV: "1"})
     companion(app)
     store = redis_server.client(0)
 
