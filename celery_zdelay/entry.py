@@ -259,19 +259,36 @@ def _expanded(
             f"template missing: the entry refers to template {template_ref!r}, "
             "which the store does not hold"
         )
-    template_meta, text = _parsed_template(record)
+    template_meta, _ = _parsed_template(record)
     # Values end in a NUL; entries parked by earlier releases only separate them.
     values = (blob[:-1] if blob.endswith(b"\x00") else blob).split(b"\x00")
     if len(values) != template_meta.get("c"):
         raise EntryError(
             f"damaged payload: {len(values)} values for a template of {template_meta.get('c')}"
         )
-    head = _MARKER.sub(lambda match: values[match.group(1)[0] - 1], text)
+    pieces, numbers = _template_pieces(record)
+    parts = [pieces[0]]
+    for number, piece in zip(numbers, pieces[1:], strict=True):
+        parts.append(values[number - 1])
+        parts.append(piece)
+    head = b"".join(parts)
     expanded = {"v": meta["v"], "n": len(head)}
     expanded.update({k: template_meta[k] for k in ("k", "l", "q") if k in template_meta})
     if "s" in meta:
         expanded["s"] = meta["s"]
     return expanded, head
+
+
+@functools.lru_cache(maxsize=1024)
+def _template_pieces(record: bytes) -> tuple[list[bytes], list[int]]:
+    """Return the text of a template cut at its markers, and each marker's value number."""
+    template_meta, text = _parsed_template(record)
+    segments = _MARKER.split(text)
+    numbers = [number[0] for number in segments[1::2]]
+    count = template_meta.get("c")
+    if not isinstance(count, int) or any(n < 1 or n > count for n in numbers):
+        raise EntryError("damaged template: a marker names a value it does not have")
+    return segments[0::2], numbers
 
 
 @functools.lru_cache(maxsize=1024)
@@ -433,6 +450,11 @@ def _meta(line: bytes, rest: bytes) -> dict[str, Any]:
 def _signature(key: bytes, dest: Any, declare: Any, head: bytes) -> str:
     # The signature covers what decides where and what is published: the
     # message, its destination list and the queues declared for it.
-    routing = json.dumps([dest, declare], separators=_COMPACT, sort_keys=True).encode()
-    digest = hmac.new(key, _SIGNATURE_CONTEXT + routing + b"\0" + head, hashlib.sha256)
-    return digest.hexdigest()
+    routing = _routing(json.dumps([dest, declare], separators=_COMPACT, sort_keys=True))
+    return hmac.digest(key, routing + head, "sha256").hex()
+
+
+@functools.lru_cache(maxsize=256)
+def _routing(dumped: str) -> bytes:
+    """Return the signed prefix for one (destination, declared queues) JSON."""
+    return _SIGNATURE_CONTEXT + dumped.encode() + b"\0"

@@ -51,13 +51,19 @@ def test_entries_parked_by_an_earlier_release_are_released_as_the_same_message(
 
         companion.store.push = counting_push  # type: ignore[method-assign]
         report = companion.release_due()
+        del companion.store.push  # no reference cycle left holding a connection
 
     assert pushes == []
     assert report.released == 2
     assert report.dead_lettered == 0
     queue = redis_client if broker_db is None else redis_server.client(broker_db)
+    try:
+        raws = queue.lrange("celery", 0, -1)
+    finally:
+        if queue is not redis_client:
+            queue.close()
     messages = {}
-    for raw in queue.lrange("celery", 0, -1):
+    for raw in raws:
         message = json.loads(raw)
         messages[message["headers"]["id"]] = message
     assert set(messages) == {new.id, old.id}

@@ -116,6 +116,7 @@ def test_a_payload_rewritten_between_verification_and_push_is_not_published(
 
         companion.store.push = attacker_writes_then_push  # type: ignore[method-assign]
         report = companion.release_due()
+        del companion.store.push  # no reference cycle left holding a connection
 
     # then what is queued is the verified, genuine message.
     assert report.handed_off == 1
