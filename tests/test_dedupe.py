@@ -85,20 +85,41 @@ def test_a_task_requeued_with_reject_runs_again_when_the_guard_is_on(
     assert [run["result"] for run in runs.all()] == ["delivered", "delivered"]
 
 
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
 def test_an_acks_late_task_whose_worker_is_killed_runs_on_the_next_worker(
-    make_test_app: AppFactory, rabbitmq, worker, companion, runs: Runs
+    make_test_app: AppFactory,
+    request: pytest.FixtureRequest,
+    broker_server,
+    worker,
+    companion,
+    runs: Runs,
+    broker: str,
 ) -> None:
-    app = make_test_app(
-        broker=rabbitmq.url,
-        conf={"zdelay_worker_dedupe": True, "task_default_queue": rabbitmq.queue},
-    )
-    first = worker(app, rabbitmq.queue)
+    queues: tuple[str, ...] = ()
+    if broker == "rabbitmq":
+        rabbitmq = request.getfixturevalue("rabbitmq")
+        queues = (rabbitmq.queue,)
+        app = make_test_app(
+            broker=rabbitmq.url,
+            conf={"zdelay_worker_dedupe": True, "task_default_queue": rabbitmq.queue},
+        )
+    else:
+        # kombu restores an unacknowledged message once its visibility timeout
+        # has passed, marked redelivered.
+        app = make_test_app(
+            broker=f"{broker_server.url}/0",
+            conf={
+                "zdelay_worker_dedupe": True,
+                "broker_transport_options": {"visibility_timeout": 2},
+            },
+        )
+    first = worker(app, *queues)
     companion(app)
-    result = app.tasks["tests.slow_late"].apply_delayed((3,), countdown=0.1)
+    result = app.tasks["tests.slow_late"].apply_delayed((4,), countdown=0.1)
     wait_for(lambda: runs.count() == 1, message="the first run to start")
-    first.kill()  # mid-run: RabbitMQ redelivers the unacknowledged message
+    first.kill()  # mid-run: the broker gets the unacknowledged message back
 
-    worker(app, rabbitmq.queue)
+    worker(app, *queues)
 
     assert result.get(timeout=60) == "finished"
     assert [run["result"] for run in runs.all()] == ["started", "started", "finished"]
