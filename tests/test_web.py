@@ -23,10 +23,12 @@ from werkzeug.test import Client
 
 import celery_zdelay
 from celery_zdelay.store import Store
-from celery_zdelay.testing import free_port
+from celery_zdelay.testing import RedisServer, free_port
 from celery_zdelay.web import create_app, queries
 from celery_zdelay.web.security import BasicAuth, ProxyHeaderAuth
 from tests.conftest import AppFactory
+from tests.servers import LocalCluster
+from tests.test_admin import stock
 from tests.helpers import CeleryProcess
 from tests.web_support import make_dead_letter, open_store
 
@@ -362,3 +364,40 @@ def test_a_closed_dashboard_opens_no_store_again(app: Celery) -> None:
     assert reply.status_code == 503
     assert "closed" in reply.get_data(as_text=True)
     assert dashboard._store is None
+
+
+def test_every_page_and_action_works_on_a_redis_cluster_store(
+    make_test_app: AppFactory, cluster: LocalCluster, broker_server: RedisServer
+) -> None:
+    # Given a store of 6 shards spread over 3 cluster nodes, with every state.
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={"zdelay_redis_url": cluster.url, "zdelay_shards": 6},
+    )
+    stocked = stock(app)
+    client = Client(create_app(app, actions=True))
+    overview = client.get("/").get_data(as_text=True)
+    assert 'id="count-parked">5<' in overview
+    assert 'id="count-dead">1<' in overview
+    for span in ("hour", "week", "all"):
+        assert client.get(f"/overview.part?span={span}").status_code == 200
+    listing = client.get("/parked").get_data(as_text=True)
+    assert all(task_id in listing for task_id in [stocked.soon, *stocked.later])
+    filtered = client.get("/parked?task=tests.add").get_data(as_text=True)
+    assert stocked.soon in filtered
+    assert stocked.later[0] not in filtered
+    assert "tests.add" in client.get(f"/entry?id={stocked.soon}").get_data(as_text=True)
+    assert stocked.dead in client.get("/dead").get_data(as_text=True)
+    token = _form_token(client, "/parked")
+    reply = client.post(
+        "/actions/parked",
+        data={"csrf_token": token, "op": "cancel", "scope": "filter", "task": "tests.record"},
+    )
+    assert "cancelled+" in reply.headers["Location"]
+    store = open_store(app)
+    try:
+        assert [e.task_id for e in queries.parked_page(store, queries.Filters()).entries] == [
+            stocked.soon
+        ]
+    finally:
+        store.close()
