@@ -27,9 +27,9 @@ from celery_zdelay.testing import RedisServer, free_port
 from celery_zdelay.web import create_app, queries
 from celery_zdelay.web.security import BasicAuth, ProxyHeaderAuth
 from tests.conftest import AppFactory
+from tests.helpers import CeleryProcess
 from tests.servers import LocalCluster
 from tests.test_admin import stock
-from tests.helpers import CeleryProcess
 from tests.web_support import make_dead_letter, open_store
 
 pytestmark = pytest.mark.timeout(60)
