@@ -205,3 +205,38 @@ def test_each_claim_has_its_own_token_so_an_old_claim_cannot_ack_a_new_one(
     assert store.ack(0, int(first[1]), [task_id]) == 0
     assert redis_client.zscore(LEASE, task_id) is not None
     assert store.ack(0, int(second[1]), [task_id]) == 1
+
+
+def test_a_due_time_that_is_not_a_number_moves_nothing(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a parked entry, a reschedule whose due time reads as NaN (tonumber
+    # takes "nan"; ZADD refuses it, after the entry had left the due set)
+    app = make_test_app()
+    task_id = app.tasks["tests.record"].apply_delayed((1,), countdown=60).id
+    store = store_for(app)
+    keys = store.keys(0)
+    score = redis_client.zscore(DUE, task_id)
+
+    with pytest.raises(redis.ResponseError, match="not a number"):
+        store.scripts.reschedule(keys=[keys.due], args=[keys.wake, task_id, "a", "nan"])
+
+    # leaves the entry parked where it was, with its payload.
+    assert redis_client.zscore(DUE, task_id) == score
+    assert redis_client.hexists(MSG, task_id)
+
+
+def test_a_lease_record_reading_as_nan_is_recovered_due_now(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    app = make_test_app()
+    task_id = app.tasks["tests.record"].apply_delayed((1,), countdown=0).id
+    store = store_for(app)
+    claimed = store.claim(0, limit=10, lease_ms=1)
+    assert [e.task_id for e in claimed.entries] == [task_id]
+    redis_client.hset(LEASED, task_id, f"nan {claimed.token}")
+    assert store.unclaim(0, claimed.token, [task_id]) == 0  # not a score it can use
+
+    with Companion(app) as companion:
+        assert companion.release_due().released == 1
+    assert _queued_ids(redis_client) == [task_id]

@@ -48,10 +48,18 @@ local function zdelay_owned(lease, leased, id, token)
   return score
 end
 
+-- *value* as a number ZADD takes, or nil: tonumber() also reads "nan",
+-- which ZADD refuses (after the script may have written).
+local function zdelay_number(value)
+  local number = tonumber(value)
+  if number == nil or number ~= number then return nil end
+  return number
+end
+
 -- The due score a leased-hash value holds (also the older "<due score>" form).
 local function zdelay_due_score(value)
   if not value then return nil end
-  return tonumber(string.match(value, '^(%S+)'))
+  return zdelay_number(string.match(value, '^(%S+)'))
 end
 
 -- A dead-letter reason, as the companion writes them (see loop.py).

@@ -44,7 +44,7 @@ local n_templates = tonumber(ARGV[3])
 local first_entry = 4 + 2 * n_templates
 for i = first_entry, #ARGV, 5 do
   local mode = ARGV[i + 1]
-  if not tonumber(ARGV[i + 2]) or (mode ~= 'r' and mode ~= 'a') then
+  if not zdelay_number(ARGV[i + 2]) or (mode ~= 'r' and mode ~= 'a') then
     error({err = 'ERR celery-zdelay park: entry ' .. ARGV[i] .. ' has no valid due time'})
   end
 end

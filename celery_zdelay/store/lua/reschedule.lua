@@ -9,7 +9,7 @@
 -- returns the new due ms, or -1 when the id is not parked
 if redis.replicate_commands then redis.replicate_commands() end
 local due = KEYS[1]
-local id, mode, ms = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local id, mode, ms = ARGV[2], ARGV[3], zdelay_number(ARGV[4])
 zdelay_expect(due, 'zset')
 if not ms then error({err = 'ERR celery-zdelay reschedule: the due time is not a number'}) end
 if not redis.call('ZSCORE', due, id) then return -1 end

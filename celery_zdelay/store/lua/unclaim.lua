@@ -12,7 +12,7 @@ local token = tonumber(ARGV[1])
 zdelay_expect(lease, 'zset', leased, 'hash', due, 'zset')
 local owned = {}
 for i = 2, #ARGV do
-  local score = tonumber(zdelay_owned(lease, leased, ARGV[i], token))
+  local score = zdelay_number(zdelay_owned(lease, leased, ARGV[i], token))
   if score then owned[#owned + 1] = {ARGV[i], score} end
 end
 for _, entry in ipairs(owned) do
