@@ -110,7 +110,12 @@ def test_an_acks_late_task_whose_worker_is_killed_runs_on_the_next_worker(
             broker=f"{broker_server.url}/0",
             conf={
                 "zdelay_worker_dedupe": True,
-                "broker_transport_options": {"visibility_timeout": 2},
+                "broker_transport_options": {
+                    "visibility_timeout": 2,
+                    # Look for abandoned messages every second, not every 100 s.
+                    "unacked_restore_interval": 1,
+                    "unacked_restore_throttle": 1,
+                },
             },
         )
     first = worker(app, *queues)
