@@ -449,7 +449,8 @@ class ConfirmPublisher(Publisher):
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
         first = self._acked + 1 if multiple else delivery_tag
-        self._nacked.update(range(first, delivery_tag + 1))
+        # A "multiple" nack covers what is not confirmed yet, not what was acked alone.
+        self._nacked.update(t for t in range(first, delivery_tag + 1) if t not in self._late_acks)
         self._on_ack(delivery_tag, multiple)
 
     def _declare(self, message: TaskMessage, producer: Producer) -> list[Any]:
