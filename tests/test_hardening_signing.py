@@ -187,3 +187,25 @@ def test_a_requeued_forgery_is_verified_again_and_dead_lettered_again(
         report = companion.release_due()
     assert report.dead_lettered == 1
     assert _queued(redis_client) == []
+
+
+def test_without_signing_the_handoff_also_refuses_a_rewritten_template(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Unsigned entries promise no protection from someone who can write to
+    # Redis, but a template record must still hash to its id, in Lua as in
+    # Python: a rewritten one is missing, never expanded into another task.
+    app = make_test_app()
+    task_id = app.tasks["tests.record"].apply_delayed((1,), countdown=0).id
+    (template_id,) = redis_client.hkeys(TEMPLATES)
+    record_bytes = redis_client.hget(TEMPLATES, template_id)
+    assert record_bytes is not None
+    redis_client.hset(
+        TEMPLATES,
+        template_id,
+        record_bytes.replace(b'"task":"tests.record"', b'"task":"tests.add"'),
+    )
+    with Companion(app) as companion:
+        companion.release_due()
+    assert _queued(redis_client) == []
+    assert _dead_reasons(redis_client)[task_id].startswith("template missing")

@@ -9,6 +9,9 @@ local function zdelay_template(templates_key, tid)
   if cached ~= nil then return cached end
   cached = false
   local record = redis.call('HGET', templates_key, tid)
+  -- A template id is the hash of its record (entry.py): a record that does
+  -- not hash to it was rewritten by someone else, and counts as missing.
+  if record and string.sub(redis.sha1hex(record), 1, 16) ~= tid then record = nil end
   local nl = record and string.find(record, '\n', 1, true)
   if nl then
     local ok, meta = pcall(cjson.decode, string.sub(record, 1, nl - 1))
