@@ -132,6 +132,26 @@ def test_filters_by_queue_id_prefix_and_due_window(app: Celery, store: Store) ->
     assert other.id not in html
 
 
+def test_a_queue_filter_finds_entries_of_one_task_sent_with_several_routing_keys(
+    app: Celery, store: Store
+) -> None:
+    # Given one task parked with two routing keys on one exchange: its entries
+    # share a template, and the routing key is a per-call value, not part of it.
+    record = app.tasks["tests.record"]
+    to_a = record.apply_delayed((1,), countdown=600, exchange="zdelay-topic", routing_key="queue-a")
+    to_b = record.apply_delayed((2,), countdown=700, exchange="zdelay-topic", routing_key="queue-b")
+    # When a page has read both (the newest read entry was sent to queue-b),
+    everything = queries.parked_page(store, queries.Filters())
+    assert [e.queue for e in everything.entries] == ["queue-a", "queue-b"]
+    # then a filter on either queue still finds its entry.
+    by_a = queries.parked_page(store, queries.Filters(queue="queue-a"))
+    assert [e.task_id for e in by_a.entries] == [to_a.id]
+    by_b = queries.parked_page(store, queries.Filters(queue="queue-b"))
+    assert [e.task_id for e in by_b.entries] == [to_b.id]
+    both = queries.parked_page(store, queries.Filters(task="tests.record", queue="queue-a"))
+    assert [e.task_id for e in both.entries] == [to_a.id]
+
+
 def test_the_timeline_counts_each_entry_in_its_bar(app: Celery, store: Store) -> None:
     record = app.tasks["tests.record"]
     for minutes in (5, 5, 30, 125, 60 * 30):

@@ -276,12 +276,12 @@ def _scan_shard(
             if payload is None:
                 continue  # released between the two reads
             template = _template_of(payload)
-            known = _TEMPLATE_ROUTES.get(template) if template else None
-            if known is not None and not _selects(filters, *known):
+            known = _TEMPLATE_TASKS.get(template) if template else None
+            if known is not None and filters.task and not fnmatchcase(known, filters.task):
                 continue  # ruled out by its template alone, without decoding it
             entry = _parked_entry(store, task_id, shard, score, payload)
-            if template and entry.error is None:
-                _remember(template, entry.task, entry.queue)
+            if template and entry.error is None and entry.task is not None:
+                _remember(template, entry.task)
             if not _selects(filters, entry.task, entry.queue):
                 continue
             matches.append((score, shard, task_id, entry))
@@ -293,11 +293,13 @@ def _scan_shard(
             return matches, last, offset, False
 
 
-#: Task name and routing key by template id. Both are template fields (the
-#: same for every entry of a template), and a template id is the hash of its
-#: content, so a filter can rule entries out from their metadata line alone.
-_TEMPLATE_ROUTES: dict[str, tuple[str | None, str | None]] = {}
-_TEMPLATE_ROUTES_SIZE = 10_000
+#: Task name by template id. The task name is a template field (the same for
+#: every entry of a template), and a template id is the hash of its content,
+#: so a task filter can rule entries out from their metadata line alone. The
+#: routing key is not: it is a per-call value (a topic exchange may get a new
+#: one on every call), so a queue filter reads each entry.
+_TEMPLATE_TASKS: dict[str, str] = {}
+_TEMPLATE_TASKS_SIZE = 10_000
 _TEMPLATE_REF = re.compile(rb'"t":"([0-9a-f]{1,64})"')
 
 
@@ -307,10 +309,10 @@ def _template_of(payload: bytes) -> str | None:
     return found.group(1).decode() if found else None
 
 
-def _remember(template: str, task: str | None, queue: str | None) -> None:
-    if len(_TEMPLATE_ROUTES) >= _TEMPLATE_ROUTES_SIZE:
-        _TEMPLATE_ROUTES.clear()
-    _TEMPLATE_ROUTES[template] = (task, queue)
+def _remember(template: str, task: str) -> None:
+    if len(_TEMPLATE_TASKS) >= _TEMPLATE_TASKS_SIZE:
+        _TEMPLATE_TASKS.clear()
+    _TEMPLATE_TASKS[template] = task
 
 
 def _selects(filters: Filters, task: str | None, queue: str | None) -> bool:
