@@ -229,6 +229,29 @@ def test_pause_resume_run_add_and_remove(
     assert not periodic.pause("nope", app=app)
 
 
+def test_a_calendar_schedule_paused_and_resumed_parks_its_next_tick_again(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a crontab schedule whose next minute is parked
+    server = server_for(app, {"m": {"task": "tests.record", "schedule": crontab()}})
+    server.reconcile()
+    tend(server)
+    before = {occurrence_ms(i) for i in parked_ids(redis_client, "m")}
+    assert before
+
+    # When it is paused (what was parked is cancelled) and resumed at once
+    assert periodic.pause("m", app=app)
+    tend(server)
+    assert parked_ids(redis_client, "m") == set()
+    assert periodic.resume("m", app=app)
+    tend(server)
+
+    # Then the minutes still ahead are parked again: a resume leaves no gap
+    after = {occurrence_ms(i) for i in parked_ids(redis_client, "m")}
+    assert after >= {ms for ms in before if ms > _redis_ms(redis_client)}
+    assert after
+
+
 def test_add_rejects_what_cannot_be_served(app: Celery) -> None:
     with pytest.raises(ConfigurationError, match=r"unknown task 'tests\.nope'"):
         periodic.add("n", app=app, task="tests.nope", schedule=5)

@@ -169,7 +169,7 @@ class PeriodicStore:
         with unavailable_as_error(self.store.url):
             return int(
                 self._pause(
-                    keys=[k.defs, k.pointers, k.paused, k.cancel],
+                    keys=[k.defs, k.pointers, k.paused, k.cancel, k.versions],
                     args=["pause" if paused else "resume", name],
                 )
             )
