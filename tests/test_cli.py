@@ -724,6 +724,22 @@ def test_cancel_by_filter_counts_with_a_dry_run_then_cancels(app: Celery) -> Non
         store.close()
 
 
+def test_a_dry_run_with_ids_is_refused_and_changes_nothing(app: Celery) -> None:
+    # Regression: --dry-run was ignored with ids: "cancel ID --dry-run" cancelled.
+    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=600)
+    before = celery_zdelay.lookup(result.id, app=app)
+
+    cancel = run(app, "cancel", result.id, "--dry-run")
+    move = run(app, "reschedule", result.id, "--countdown", "2h", "--dry-run")
+
+    assert cancel.exit_code == EXIT_USAGE
+    assert "--dry-run" in cancel.output
+    assert move.exit_code == EXIT_USAGE
+    assert "--dry-run" in move.output
+    assert before is not None
+    assert celery_zdelay.lookup(result.id, app=app) == before
+
+
 def test_reschedule_takes_the_duration_format_list_takes(app: Celery) -> None:
     # Regression: --countdown 5m was rejected while list --due-before 5m worked.
     result = app.tasks["tests.record"].apply_delayed(("x",), countdown=60)

@@ -150,6 +150,10 @@ def cancel(
     filters = _bulk_filters(task, queue, due_before, due_after)
     if bool(task_ids) == (filters is not None):
         raise click.UsageError("Give the ids to cancel, or filters (--task, --queue, --due-*).")
+    if dry_run and filters is None:
+        raise click.UsageError(
+            "--dry-run goes with filters; to see an id, run: celery -A proj zdelay list"
+        )
     app = ctx.obj.app
     with _exit_codes(ctx):
         if filters is not None:
@@ -218,6 +222,10 @@ def reschedule(
     filters = _bulk_filters(task, queue, due_before, due_after)
     if (task_id is None) == (filters is None):
         raise click.UsageError("Give the id to reschedule, or filters (--task, --queue, --due-*).")
+    if dry_run and filters is None:
+        raise click.UsageError(
+            "--dry-run goes with filters; to see an id, run: celery -A proj zdelay list"
+        )
     try:
         due_from(countdown=countdown, eta=eta)
     except ConfigurationError as exc:
