@@ -156,14 +156,9 @@ def get_config(app: Celery) -> ZDelayConfig:
 
 
 def _lookup(app: Celery, key: str) -> Any:
-    conf = app.conf
-    value = conf.get(key)
-    if value is None:
-        # Django projects configure Celery with namespace="CELERY".
-        namespace = getattr(conf, "namespace", None) or ""
-        if namespace:
-            value = conf.get(f"{namespace}_{key}".upper())
-    return value
+    # Under a namespace (Django's namespace="CELERY"), Celery's settings view
+    # finds CELERY_ZDELAY_THRESHOLD for zdelay_threshold itself.
+    return app.conf.get(key)
 
 
 def _broker_url(app: Celery) -> str | None:
