@@ -22,7 +22,8 @@ from .bulk import build_messages, split_call
 from .capture import capture
 from .config import ZDelayConfig, get_config
 from .dedupe import mark_parked
-from .entry import TaskMessage, encode_entry
+from .entry import TaskMessage
+from .entry_many import EntryEncoder
 from .errors import ConfigurationError, ZDelayError
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
@@ -246,6 +247,8 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
     """Return the store requests that park captured *messages* of *app* at *due*."""
     parking = _parking(app)
     signing_key = parking.config.signing_keys[0] if parking.config.signing_keys else None
+    # One encoder per park: a template is worked out once for its messages.
+    encoder = EntryEncoder(signing_key)
     requests = []
     for message in messages:
         if parking.config.worker_dedupe:
@@ -255,11 +258,10 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
             # due time wins, as the outer countdown does in Celery.
             message.headers["eta"] = None
         dest = _handoff_dest(app, parking.layout, message)
-        payload, template = encode_entry(
+        payload, template = encoder.encode(
             message,
             dest=dest,
             layout=parking.layout.fingerprint if parking.layout and dest else None,
-            signing_key=signing_key,
         )
         requests.append(ParkRequest(message.task_id, due, payload, dest, template))
     return requests
