@@ -208,6 +208,26 @@ def test_actions_apply_to_every_entry_a_filter_matches(app: Celery, store: Store
     assert int(score) // 1024 <= store.time_ms()
 
 
+def test_a_reschedule_beyond_the_furthest_due_time_is_refused_and_changes_nothing(
+    app: Celery, store: Store
+) -> None:
+    # Regression: the delay field skipped the bound countdown= has, so a delay
+    # of a million years was sent to the store as is.
+    parked = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
+    due_key = store.keys(store.shard_of(parked.id)).due
+    before = store.client.zscore(due_key, parked.id)
+    client = Client(create_app(app, actions=True))
+    token = _form_token(client, "/parked")
+    for delay in ("365000000d", "-365000000d"):
+        reply = client.post(
+            "/actions/parked",
+            data={"csrf_token": token, "op": "reschedule", "ids": parked.id, "delay": delay},
+        )
+        assert reply.status_code == 303
+        assert "Not+rescheduled" in reply.headers["Location"], reply.headers["Location"]
+        assert store.client.zscore(due_key, parked.id) == before
+
+
 def test_dead_letters_are_listed_with_reasons_requeued_and_purged(
     app: Celery, store: Store
 ) -> None:

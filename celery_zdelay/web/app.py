@@ -495,6 +495,9 @@ def _due_from_form(form: Any) -> Due:
         ms = parse_duration_ms(delay)
         if ms is None:
             raise ConfigurationError(f"{delay!r} is not a delay: use 30s, 15m, 1h30m or 2d")
+        # Checked as countdown= is: a delay beyond the furthest due time the
+        # store's scores hold is refused, not sent to the store.
+        due_from(countdown=ms / 1000)
         return Due("r", ms)
     return due_from(eta=eta)
 
