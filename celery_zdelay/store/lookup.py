@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 from typing import Literal, cast
 
-from ._shared import _describe, _shards, _text
+from ._shared import SEQ as _SEQ
+from ._shared import _describe, _optional, _shards, _text
 from .client import unavailable_as_error
 from .deadletters import _dead_entry
 from .store import Store
@@ -24,8 +25,6 @@ __all__ = ["EntryState", "ParkedTask", "find", "select"]
 
 EntryState = Literal["parked", "in_flight", "dead"]
 
-#: Score slots per millisecond in the due set (score = due_ms * 1024 + seq).
-_SEQ = 1024
 #: Entries read per round trip while selecting.
 _PAGE = 1000
 
@@ -145,7 +144,3 @@ def select(
             if len(members) < _PAGE:
                 break
     return found
-
-
-def _optional(value: object) -> str | None:
-    return None if value is None else str(value)

@@ -25,6 +25,7 @@ from typing import Any, cast
 from ..entry import entry_headers, expand_entry
 from ..errors import EntryError
 from ..store import Store, admin
+from ..store._shared import SEQ as _SEQ
 from ..store._shared import _routing_key
 from ..store.admin import ParkedEntry
 from ..store.listing import _parked_entry
@@ -43,8 +44,6 @@ __all__ = [
     "timeline",
 ]
 
-#: Score slots per millisecond in the due set (score = due_ms * 1024 + seq).
-_SEQ = 1024
 #: Most entries one filtered page reads, shared by the shards (each reads at
 #: least one page's worth), before it stops and says where.
 SCAN_BOUND = 5_000
