@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -15,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery import Celery
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_zdelay.cli import EXIT_CONFIG
@@ -22,6 +24,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.metrics import Metrics, MetricsServer
 from celery_zdelay.store import Store, admin
+from celery_zdelay.store.keys import periodic_keys
 from celery_zdelay.testing import RedisServer, free_port
 from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for
@@ -179,6 +182,26 @@ def test_the_gauges_are_read_from_redis_at_each_scrape(make_test_app: AppFactory
         finally:
             http.close()
             store.close()
+
+
+def test_a_periodic_key_that_cannot_be_read_is_logged_not_hidden(
+    app: Celery, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a periodic definitions key damaged into another type
+    store.client.set(periodic_keys("zdelay").defs, "not a hash")
+    metrics = Metrics(store, registry=CollectorRegistry())
+
+    # When Prometheus scrapes
+    with caplog.at_level(logging.ERROR, logger="celery_zdelay.periodic.metrics"):
+        text = generate_latest(metrics.registry).decode()
+
+    # Then the store gauges are there and the missing periodic ones are explained
+    assert "zdelay_store_up 1.0" in text
+    assert "zdelay_periodic_paused{" not in text
+    (record,) = caplog.records
+    assert "periodic schedules" in record.getMessage()
+    assert record.exc_info is not None
+    assert "WRONGTYPE" in str(record.exc_info[1])
 
 
 def test_counters_follow_the_signals_of_their_own_companion_only(app: Celery, store: Store) -> None:

@@ -8,13 +8,17 @@ zdelay_periodic_paused{schedule}                       1 when paused
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import ZDelayError
 from ..store import Store
 from .store import PeriodicStore
 
 __all__ = ["PeriodicCollector"]
+
+logger = logging.getLogger(__name__)
 
 
 class PeriodicCollector:
@@ -52,12 +56,16 @@ class PeriodicCollector:
         yield from self._families().values()
 
     def collect(self) -> Iterator[Any]:
-        # The store collector reports whether the store could be read.
         from .api import schedules_in
 
         try:
             _, infos = schedules_in(self.periodic)
+        except ZDelayError:
+            return  # the store is down: the store collector says so (zdelay_store_up)
         except Exception:
+            # Anything else is a fault to fix (a damaged key, a bug), not an
+            # outage: say so rather than let the gauges vanish unexplained.
+            logger.exception("Metrics scrape could not read the periodic schedules")
             return
         families = self._families()
         for info in infos:
