@@ -740,6 +740,19 @@ def test_a_dry_run_with_ids_is_refused_and_changes_nothing(app: Celery) -> None:
     assert celery_zdelay.lookup(result.id, app=app) == before
 
 
+def test_a_due_bound_beyond_the_furthest_due_time_is_a_usage_error(app: Celery) -> None:
+    # Regression: cancel --due-before 99999999999d ended in an OverflowError traceback.
+    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=600)
+
+    far = run(app, "cancel", "--due-before", "99999999999d", "--dry-run")
+    listed = run(app, "list", "--due-after", "-99999999999d")
+
+    for refused in (far, listed):
+        assert refused.exit_code == EXIT_USAGE, refused.output
+        assert "at most" in refused.output
+    assert celery_zdelay.lookup(result.id, app=app) is not None
+
+
 def test_reschedule_takes_the_duration_format_list_takes(app: Celery) -> None:
     # Regression: --countdown 5m was rejected while list --due-before 5m worked.
     result = app.tasks["tests.record"].apply_delayed(("x",), countdown=60)

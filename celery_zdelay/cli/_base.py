@@ -90,14 +90,17 @@ def _parse_when(ctx: click.Context, param: click.Parameter, value: str | None) -
     if text.lower() == "now":
         return Due("r", 0)
     offset = parse_duration_ms(text)
-    if offset is not None:
-        return Due("r", offset)
     try:
+        if offset is not None:
+            # Bounded as countdown= is: a duration past the furthest due time
+            # the store holds would overflow the datetimes bulk commands use.
+            due_from(countdown=offset / 1000)
+            return Due("r", offset)
         return due_from(eta=text)
-    except ConfigurationError:
+    except ConfigurationError as exc:
         raise click.BadParameter(
             f"{value!r}: use now, a duration such as 30s, 15m, 1h30m or -10m, "
-            "or an ISO 8601 time such as 2025-06-01T09:00:00Z"
+            f"or an ISO 8601 time such as 2025-06-01T09:00:00Z ({exc})"
         ) from None
 
 
