@@ -16,6 +16,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.store import admin
 from tests.conftest import AppFactory, RabbitMQ
 from tests.proxy import PausableProxy
+from tests.servers import LocalSQS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -210,3 +211,47 @@ def test_a_queue_turned_into_a_string_after_declaring_fails_alone_in_the_pipelin
     queued = [json.loads(raw)["headers"]["id"] for raw in reversed(broker.lrange("celery", 0, -1))]
     assert queued == good
     assert "WRONGTYPE" in str(_dead(app)[bad])
+
+
+# -- a message the SQS client refuses before sending ---------------------------------
+
+
+def test_a_message_botocore_refuses_is_dead_lettered_and_the_others_published_once(
+    make_test_app: AppFactory,
+) -> None:
+    # Given, on an SQS broker, a task parked with an option SQS's client
+    # refuses (MessageGroupId must be a string) between two good ones
+    with LocalSQS() as sqs:
+        options = sqs.transport_options(wait_time_seconds=1)
+        app = make_test_app(
+            broker=sqs.url,
+            conf={
+                "task_default_queue": "zdelay-refused",
+                "worker_enable_remote_control": False,
+                "broker_transport_options": options,
+            },
+        )
+        add = app.tasks["tests.add"]
+        first = add.apply_delayed((1, 1), countdown=0).id
+        bad = add.apply_delayed((2, 2), countdown=0, MessageGroupId=5).id
+        last = add.apply_delayed((3, 3), countdown=0).id
+
+        # When the companion passes three times
+        with Companion(app) as companion:
+            reports = [companion.release_due() for _ in range(3)]
+
+        # Then the bad one is dead-lettered for its reason, the good ones
+        # reach SQS once each (before: the first was sent again on every
+        # pass, the last never, and nothing was dead-lettered)
+        assert [r.published for r in reports] == [2, 0, 0]
+        assert not any(r.failed for r in reports)
+        with Connection(sqs.url, transport_options=options) as connection:
+            queue = Queue("zdelay-refused", no_declare=True).bind(connection.default_channel)
+            queued = []
+            while (message := queue.get(no_ack=True)) is not None:
+                queued.append(message.headers["id"])
+        assert sorted(queued) == sorted([first, last])
+        dead = _dead(app)
+        assert list(dead) == [bad]
+        assert "ParamValidationError" in str(dead[bad])
+        assert _store_ids(app) == (0, 0, 1)

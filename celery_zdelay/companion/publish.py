@@ -251,6 +251,8 @@ class Publisher:
         """Whether *exc* is the broker's state (wait and retry), not the message's."""
         from kombu.exceptions import OperationalError
 
+        if isinstance(exc, _refused_before_sending()):
+            return False
         # BatchPublishError: a pipelined push failed as a whole (its replies
         # are read one by one otherwise); what it delivered is unknown.
         uncertain = (OperationalError, *_BATCH_ERRORS, ConnectionError, TimeoutError, OSError)
@@ -267,6 +269,22 @@ class Publisher:
         if isinstance(exc, connection.channel_errors):
             return False
         return isinstance(exc, connection.recoverable_connection_errors)
+
+
+def _refused_before_sending() -> tuple[type[BaseException], ...]:
+    """Errors a client library raises about a message before sending anything.
+
+    kombu counts every botocore error as a connection error, but botocore's
+    parameter check (an SQS ``MessageGroupId`` that is not a string) is the
+    message's fault: waited for, it would block its shard forever, and the
+    messages published before it in the batch would be published again on
+    every pass.
+    """
+    try:
+        from botocore.exceptions import ParamValidationError  # type: ignore[import-untyped]
+    except ImportError:
+        return ()
+    return (ParamValidationError,)
 
 
 #: Redis error replies that describe the server's state, not the command:
