@@ -83,6 +83,29 @@ def test_pages_walk_every_entry_once_in_due_order_across_shards(
         store.close()
 
 
+def test_pages_walk_a_long_run_of_entries_sharing_one_score(app: Celery, store: Store) -> None:
+    # Given 60 entries in one score slot of one shard (beyond 1,024 parks in
+    # one millisecond the rest share its last slot, as a bulk park does),
+    record = app.tasks["tests.record"]
+    ids = [record.apply_delayed((i,), countdown=600).id for i in range(60)]
+    due_key = store.keys(0).due
+    score = int(store.client.zscore(due_key, ids[0]))
+    store.client.zadd(due_key, dict.fromkeys(ids, score), xx=True)
+    # when they are paged through 5 at a time, with and without a filter,
+    for filters in (queries.Filters(), queries.Filters(task="tests.record")):
+        seen: list[str] = []
+        cursor = None
+        for _ in range(100):
+            page = queries.parked_page(store, filters, after=cursor, limit=5)
+            seen += [e.task_id for e in page.entries]
+            if page.next is None:
+                break
+            cursor = page.next
+        # then each is shown once, in Redis's order (by id), and the walk ends.
+        assert seen == sorted(ids)
+        assert page.next is None
+
+
 @pytest.mark.parametrize("shards", [1, 4])
 def test_a_filter_that_reads_its_bound_says_so_and_the_next_page_goes_on(
     make_test_app: AppFactory, monkeypatch: pytest.MonkeyPatch, shards: int
