@@ -11,11 +11,19 @@ import pytest
 import redis
 
 from celery_zdelay.companion import Companion
+from celery_zdelay.parking import store_for
+from celery_zdelay.store.admin import requeue_dead
 from tests.conftest import AppFactory
 
 pytestmark = pytest.mark.timeout(90)
 
 MSG = "{zdelay:0}:msg"
+TEMPLATES = "{zdelay:0}:templates"
+
+
+def _templates(client: redis.Redis) -> int:
+    """Return how many templates the shard holds (not their counts, "#<id>")."""
+    return sum(not key.startswith(b"#") for key in client.hkeys(TEMPLATES))
 
 
 def _as_earlier_release(payload: bytes) -> bytes:
@@ -94,7 +102,7 @@ def test_per_call_options_do_not_pile_up_templates(
 
     # then they share one template: templates grow with the kinds of
     # messages parked, not with the history of calls,
-    assert redis_client.hlen("{zdelay:0}:templates") == 1
+    assert _templates(redis_client) == 1
 
     # and each message is released with its own options.
     with Companion(app) as companion:
@@ -106,3 +114,77 @@ def test_per_call_options_do_not_pile_up_templates(
     for i, task_id in enumerate(ids):
         assert released[task_id]["shadow"] == f"report-{i}"
         assert released[task_id]["timelimit"] == [60 + i, 30 + i]
+
+
+def _distinct_kinds(app: Any, n: int, **options: Any) -> list[str]:
+    """Park *n* calls that each need their own template (a header name of their own)."""
+    record = app.tasks["tests.record"]
+    return [
+        record.apply_delayed((i,), countdown=0, headers={f"x-kind-{i}": i}, **options).id
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("path", ["handoff", "signed", "generic"])
+def test_templates_are_deleted_when_no_parked_entry_refers_to_them(
+    make_test_app: AppFactory, redis_client: redis.Redis, redis_server: Any, path: str
+) -> None:
+    # Given 30 kinds of message parked (30 templates) and 3 more entries of
+    # the first kind,
+    conf = {"zdelay_signing_key": "k" * 32} if path == "signed" else {}
+    broker = f"{redis_server.url}/3" if path == "generic" else None
+    app = make_test_app(broker=broker, conf=conf)
+    ids = _distinct_kinds(app, 30)
+    record = app.tasks["tests.record"]
+    ids += [record.apply_delayed((i,), countdown=60, headers={"x-kind-0": 0}).id for i in range(3)]
+    assert _templates(redis_client) == 30
+
+    # when the 30 due ones are released (handoff, verified push or kombu),
+    with Companion(app) as companion:
+        assert companion.release_due().released == 30
+
+    # then only the template the 3 waiting entries use is left,
+    assert _templates(redis_client) == 1
+    # and none once they are cancelled.
+    store = store_for(app)
+    assert store.cancel(ids[30:]) == [True] * 3
+    assert _templates(redis_client) == 0
+    assert redis_client.hlen(TEMPLATES) == 0
+
+
+def test_a_template_stays_while_a_parked_dead_or_replaced_entry_needs_it(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    app = make_test_app()
+    record = app.tasks["tests.record"]
+    # Parking an id again under another kind of message drops the first template.
+    record.apply_delayed((1,), countdown=60, task_id="again", headers={"x-first": 1})
+    record.apply_delayed((1,), countdown=60, task_id="again", headers={"x-second": 1})
+    assert _templates(redis_client) == 1
+    redis_client.delete("{zdelay:0}:due", MSG)
+    redis_client.delete(TEMPLATES)
+
+    # A dead-lettered entry keeps its template, so a requeue can release it.
+    redis_client.set("orders", "not a list")
+    dead = record.apply_delayed((2,), countdown=0, queue="orders").id
+    with Companion(app) as companion:
+        assert companion.release_due().dead_lettered == 1
+        assert _templates(redis_client) == 1
+        redis_client.delete("orders")
+        assert requeue_dead(store_for(app), [dead]) == [True]
+        assert companion.release_due().handed_off == 1
+    assert _templates(redis_client) == 0
+
+
+def test_a_template_without_a_count_is_kept_for_good(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Templates stored by earlier releases have no count: entries parked then
+    # may still need them, so they are never deleted.
+    app = make_test_app()
+    _distinct_kinds(app, 1)
+    (count_field,) = [k for k in redis_client.hkeys(TEMPLATES) if k.startswith(b"#")]
+    redis_client.hdel(TEMPLATES, count_field)
+    with Companion(app) as companion:
+        assert companion.release_due().handed_off == 1
+    assert _templates(redis_client) == 1

@@ -215,7 +215,9 @@ class Store:
             for shard, indexes in by_shard.items():
                 keys = self._keys[shard]
                 reply = self.scripts.cancel(
-                    keys=[keys.due, keys.msg], args=[ids[i] for i in indexes], client=self.client
+                    keys=[keys.due, keys.msg, keys.templates],
+                    args=[ids[i] for i in indexes],
+                    client=self.client,
                 )
                 for index, flag in zip(indexes, reply, strict=True):
                     found[index] = bool(flag)
@@ -353,7 +355,7 @@ class Store:
             args += [task_id, index[dest], head]
         with unavailable_as_error(self.url):
             pushed, refused = self.scripts.push(
-                keys=[keys.lease, keys.leased, keys.msg, keys.tags, *dests],
+                keys=[keys.lease, keys.leased, keys.msg, keys.tags, keys.templates, *dests],
                 args=args,
                 client=self.client,
             )
@@ -399,7 +401,7 @@ class Store:
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.ack(
-                    keys=[keys.lease, keys.leased, keys.msg],
+                    keys=[keys.lease, keys.leased, keys.msg, keys.templates],
                     args=[token, *task_ids],
                     client=self.client,
                 )

@@ -34,7 +34,7 @@ local function zdelay_template(templates_key, tid)
       if fits then
         -- sfmt: struct.unpack's format for the entry's values, each ending in a NUL.
         cached = {pieces = pieces, numbers = numbers, count = meta.c, k = meta.k, l = meta.l,
-                  sfmt = string.rep('s', meta.c)}
+                  sfmt = string.rep('s', meta.c), tid = tid}
       end
     end
   end

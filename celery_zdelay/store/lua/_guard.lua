@@ -72,3 +72,51 @@ local function zdelay_now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+
+-- Template reference counts. A template is kept while entries refer to it,
+-- so the templates hash follows what is parked, not the history of calls.
+-- The count of template <id> is the field "#<id>" of the templates hash
+-- itself (ids are hex, so the names never meet). A template without a count
+-- (parked by an earlier release, or whose count is unreadable) is kept for
+-- good: a count that might be wrong never deletes a template in use.
+
+-- The template id an entry's metadata line names, or nil.
+local function zdelay_template_id(payload)
+  if not payload then return nil end
+  return string.match(payload, '^{[^\n]-"t":"(%x+)"')
+end
+
+-- Reads only (call it before the first write): the counts to write for
+-- *delta* (template id -> change), as a list of {id, new count}. *created*
+-- names the templates this call stores (they start counting from 0).
+local function zdelay_refs_plan(templates, delta, created)
+  local plan = {}
+  for tid, change in pairs(delta) do
+    if change ~= 0 then
+      local stored = redis.call('HGET', templates, '#' .. tid)
+      local current = stored and string.match(stored, '^%d+$') and tonumber(stored)
+      if current or (created and created[tid]) then
+        plan[#plan + 1] = {tid, (current or 0) + change}
+      end
+    end
+  end
+  return plan
+end
+
+-- Writes the counts of *plan*; a template whose count reaches 0 is deleted
+-- with it, unless *keep* names it (this call parks entries that use it).
+local function zdelay_refs_apply(templates, plan, keep)
+  for _, item in ipairs(plan) do
+    local tid, count = item[1], item[2]
+    if count > 0 or (keep and keep[tid]) then
+      redis.call('HSET', templates, '#' .. tid, math.max(count, 1))
+    else
+      redis.call('HDEL', templates, tid, '#' .. tid)
+    end
+  end
+end
+
+-- Adds one to delta[tid] (or *by*), ignoring entries without a template.
+local function zdelay_count(delta, tid, by)
+  if tid then delta[tid] = (delta[tid] or 0) + (by or 1) end
+end

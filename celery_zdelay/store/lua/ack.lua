@@ -7,19 +7,28 @@
 -- KEYS[1] lease zset    id -> lease expiry ms
 -- KEYS[2] leased hash   id -> "<due score> <claim token>"
 -- KEYS[3] msg hash      id -> payload
+-- KEYS[4] templates hash  (optional: only their reference counts change here)
 -- ARGV[1] claim token
 -- ARGV[2..] ids
 -- returns the number of entries acknowledged
-local lease, leased, msg = KEYS[1], KEYS[2], KEYS[3]
+local lease, leased, msg, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token = tonumber(ARGV[1])
 zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash')
-local owned = {}
+if templates then zdelay_expect(templates, 'hash') end
+local owned, released_templates = {}, {}
 for i = 2, #ARGV do
-  if zdelay_owned(lease, leased, ARGV[i], token) then owned[#owned + 1] = ARGV[i] end
+  if zdelay_owned(lease, leased, ARGV[i], token) then
+    owned[#owned + 1] = ARGV[i]
+    if templates then
+      zdelay_count(released_templates, zdelay_template_id(redis.call('HGET', msg, ARGV[i])), -1)
+    end
+  end
 end
+local refs = templates and zdelay_refs_plan(templates, released_templates) or {}
 for _, id in ipairs(owned) do
   redis.call('ZREM', lease, id)
   redis.call('HDEL', leased, id)
   redis.call('HDEL', msg, id)
 end
+if templates then zdelay_refs_apply(templates, refs) end
 return #owned

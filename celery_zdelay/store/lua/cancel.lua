@@ -2,14 +2,30 @@
 --
 -- KEYS[1] due zset      id -> due_ms * 1024 + seq
 -- KEYS[2] msg hash      id -> payload
+-- KEYS[3] templates hash  (optional: only their reference counts change here)
 -- ARGV[1..] ids
 -- returns one flag per id: 1 cancelled, 0 not parked (unknown, or released)
-local due, msg = KEYS[1], KEYS[2]
+local due, msg, templates = KEYS[1], KEYS[2], KEYS[3]
 zdelay_expect(due, 'zset', msg, 'hash')
-local result = {}
+if templates then zdelay_expect(templates, 'hash') end
+local result, parked, released_templates = {}, {}, {}
 for i = 1, #ARGV do
-  local removed = redis.call('ZREM', due, ARGV[i])
-  if removed == 1 then redis.call('HDEL', msg, ARGV[i]) end
-  result[i] = removed
+  local id = ARGV[i]
+  result[i] = 0
+  if not parked[id] and redis.call('ZSCORE', due, id) then
+    parked[id] = true
+    result[i] = 1
+    if templates then
+      zdelay_count(released_templates, zdelay_template_id(redis.call('HGET', msg, id)), -1)
+    end
+  end
 end
+local refs = templates and zdelay_refs_plan(templates, released_templates) or {}
+for i = 1, #ARGV do
+  if result[i] == 1 then
+    redis.call('ZREM', due, ARGV[i])
+    redis.call('HDEL', msg, ARGV[i])
+  end
+end
+if templates then zdelay_refs_apply(templates, refs) end
 return result

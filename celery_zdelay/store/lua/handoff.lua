@@ -83,6 +83,7 @@ end
 
 -- Every message is built here, with its delivery tag, before the first write.
 local pushes, order, handed, handed_due, generic, bad = {}, {}, {}, {}, {}, {}
+local released_templates = {}
 local taken, needs_dests = 0, 0
 for j = 1, #claimed / 2 do
   local id, score, payload = claimed[2 * j - 1], claimed[2 * j], payloads[j]
@@ -106,6 +107,7 @@ for j = 1, #claimed / 2 do
     end
   end
   if message then
+    zdelay_count(released_templates, template and template.tid or zdelay_template_id(payload), -1)
     if not pushes[dest] then pushes[dest] = {}; order[#order + 1] = dest end
     local list = pushes[dest]
     list[#list + 1] = message
@@ -120,6 +122,19 @@ for j = 1, #claimed / 2 do
     generic[#generic + 1] = {id, score, payload}
   end
 end
+
+-- Released entries no longer refer to their templates (read before writing);
+-- the entries this call leases or dead-letters still do, counted or not.
+local still_used = {}
+for _, entry in ipairs(generic) do
+  local tid = zdelay_template_id(entry[3])
+  if tid then still_used[tid] = true end
+end
+for _, entry in ipairs(bad) do
+  local tid = zdelay_template_id(entry[3])
+  if tid then still_used[tid] = true end
+end
+local refs = zdelay_refs_plan(templates, released_templates)
 
 if taken > 0 then
   redis.call('ZREMRANGEBYRANK', due, 0, taken - 1)
@@ -137,6 +152,7 @@ if #handed > 0 then
   for k = 1, #handed, 1000 do
     redis.call('HDEL', msg, unpack(handed, k, math.min(k + 999, #handed)))
   end
+  zdelay_refs_apply(templates, refs, still_used)
 end
 
 local token = 0

@@ -6,7 +6,8 @@
 -- KEYS[4] leased hash   id -> "<due score> <claim token>"
 -- KEYS[5] dests set     kombu list keys named by parked entries (for handoff)
 -- KEYS[6] call marker   unique to this park call; makes a retried call a no-op
--- KEYS[7] templates     template id -> template record (see entry.py)
+-- KEYS[7] templates     template id -> template record (see entry.py), and
+--                       "#" id -> how many entries refer to it (_guard.lua)
 -- KEYS[8..] six per other shard of the same batch on this Redis server (its
 --           keys 1-5 and 7): checked too, so that a batch one shard cannot
 --           take fails in every shard's call before any of them writes (a
@@ -67,6 +68,26 @@ local function score_for(due_ms)
   return score
 end
 
+-- Template reference counts, read before the first write: each entry adds
+-- one to its template and takes one from the payload it replaces.
+local created, delta, keep, holds = {}, {}, {}, {}
+for i = 4, 3 + 2 * n_templates, 2 do
+  if redis.call('HEXISTS', templates, ARGV[i]) == 0 then created[ARGV[i]] = true end
+end
+for i = first_entry, #ARGV, 5 do
+  local id = ARGV[i]
+  local old = holds[id]
+  if old == nil then old = zdelay_template_id(redis.call('HGET', msg, id)) or false end
+  if old then zdelay_count(delta, old, -1) end
+  local new = zdelay_template_id(ARGV[i + 3]) or false
+  if new then
+    zdelay_count(delta, new, 1)
+    keep[new] = true
+  end
+  holds[id] = new
+end
+local refs = zdelay_refs_plan(templates, delta, created)
+
 for i = 4, 3 + 2 * n_templates, 2 do
   redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1])
 end
@@ -96,6 +117,8 @@ for i = first_entry, #ARGV, 5 do
   if not lowest or score < lowest then lowest = score end
   result[#result + 1] = due_ms
 end
+
+zdelay_refs_apply(templates, refs, keep)
 
 if lowest and (not before or lowest < before) then
   redis.call('PUBLISH', ARGV[1], math.floor(lowest / 1024))

@@ -10,22 +10,23 @@
 -- KEYS[2] leased hash   id -> "<due score> <claim token>"
 -- KEYS[3] msg hash      id -> payload
 -- KEYS[4] tags counter  source of unique kombu delivery tags
--- KEYS[5..] kombu queue list keys
+-- KEYS[5] templates hash  (only their reference counts change here)
+-- KEYS[6..] kombu queue list keys
 -- ARGV[1] claim token
 -- ARGV[2] delivery tag prefix
--- ARGV[3..] triples: id, index of its list key among KEYS[5..] (1 = KEYS[5]),
+-- ARGV[3..] triples: id, index of its list key among KEYS[6..] (1 = KEYS[6]),
 --           envelope up to the delivery tag's opening quote
 -- returns {{ids pushed}, {id, reason, ...: entries refused}}; an id this
 --         claim no longer owns is in neither (its new owner releases it)
-local lease, leased, msg, tags = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lease, leased, msg, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, tag_prefix = tonumber(ARGV[1]), ARGV[2]
-zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash')
+zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash', templates, 'hash')
 zdelay_expect_counter(tags)
 
 local kinds, seen = {}, {}
 local pushed, bodies, refused = {}, {}, {}
 for i = 3, #ARGV, 3 do
-  local id, dest, head = ARGV[i], KEYS[4 + tonumber(ARGV[i + 1])], ARGV[i + 2]
+  local id, dest, head = ARGV[i], KEYS[5 + tonumber(ARGV[i + 1])], ARGV[i + 2]
   if dest and not seen[id] and zdelay_owned(lease, leased, id, token) then
     seen[id] = true
     local kind = kinds[dest]
@@ -43,6 +44,12 @@ for i = 3, #ARGV, 3 do
     end
   end
 end
+-- Pushed entries no longer refer to their templates (read before writing).
+local released_templates = {}
+for _, id in ipairs(pushed) do
+  zdelay_count(released_templates, zdelay_template_id(redis.call('HGET', msg, id)), -1)
+end
+local refs = zdelay_refs_plan(templates, released_templates)
 if #pushed > 0 then
   local tag = redis.call('INCRBY', tags, #pushed) - #pushed
   for k, item in ipairs(bodies) do
@@ -55,5 +62,6 @@ if #pushed > 0 then
     redis.call('HDEL', leased, unpack(pushed, k, last))
     redis.call('HDEL', msg, unpack(pushed, k, last))
   end
+  zdelay_refs_apply(templates, refs)
 end
 return {pushed, refused}
