@@ -12,7 +12,7 @@ import redis
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.admin import requeue_dead
+from celery_zdelay.store.admin import purge_dead, requeue_dead
 from tests.conftest import AppFactory
 
 pytestmark = pytest.mark.timeout(90)
@@ -188,3 +188,16 @@ def test_a_template_without_a_count_is_kept_for_good(
     with Companion(app) as companion:
         assert companion.release_due().handed_off == 1
     assert _templates(redis_client) == 1
+
+
+def test_purging_a_dead_letter_releases_its_template(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    app = make_test_app()
+    redis_client.set("orders", "not a list")
+    app.tasks["tests.record"].apply_delayed((2,), countdown=0, queue="orders")
+    with Companion(app) as companion:
+        assert companion.release_due().dead_lettered == 1
+    assert _templates(redis_client) == 1
+    assert purge_dead(store_for(app)) == 1
+    assert redis_client.hlen(TEMPLATES) == 0

@@ -174,8 +174,8 @@ def purge_dead(
     """Delete dead-lettered entries (*task_ids*, or all); return how many were deleted.
 
     Deletes in batches rather than with one ``DEL``, so purging a large set
-    never blocks Redis for long, and removes the message before the index
-    entry, so a concurrent requeue finds either both or nothing.
+    never blocks Redis for long; each batch is one script, so a concurrent
+    requeue finds either the message and its index entry or neither.
     """
     if task_ids is not None:
         by_shard: dict[int, list[str]] = {}
@@ -200,13 +200,10 @@ def purge_dead(
 
 
 def _purge_call(store: Store, shard: int, task_ids: list[str]) -> int:
-    keys = store.keys(shard)
     removed = 0
     for start in range(0, len(task_ids), _ADMIN_BATCH):
         chunk = task_ids[start : start + _ADMIN_BATCH]
-        with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
-            pipe.hdel(keys.dead_msg, *chunk)
-            pipe.zrem(keys.dead, *chunk)
-            _, count = pipe.execute()
-        removed += int(count)
+        # One script: the message, the index entry and the template count go
+        # together (a concurrent requeue finds either all or nothing).
+        removed += store.purge_dead(shard, chunk)
     return removed

@@ -24,6 +24,7 @@ SCRIPT_NAMES = (
     "cancel",
     "reschedule",
     "requeue",
+    "purge",
     "own",
 )
 
@@ -81,4 +82,5 @@ class Scripts:
     cancel: Script
     reschedule: Script
     requeue: Script
+    purge: Script
     own: Script

@@ -440,6 +440,23 @@ class Store:
                 )
             )
 
+    def purge_dead(self, shard: int, task_ids: Sequence[str]) -> int:
+        """Delete dead-lettered entries of *shard* for good; return how many were dead.
+
+        One script: the entry, its message and its template's count go together.
+        """
+        if not task_ids:
+            return 0
+        keys = self._keys[shard]
+        with unavailable_as_error(self.url):
+            return int(
+                self.scripts.purge(
+                    keys=[keys.dead, keys.dead_msg, keys.templates],
+                    args=list(task_ids),
+                    client=self.client,
+                )
+            )
+
     def own(self, shard: int, companion_id: str, action: str, *, lease_ms: int) -> bool:
         """Acquire, renew or release the ownership lease of *shard*.
 
