@@ -251,6 +251,20 @@ def test_a_reschedule_beyond_the_furthest_due_time_is_refused_and_changes_nothin
         assert store.client.zscore(due_key, parked.id) == before
 
 
+def test_an_entry_in_flight_shows_the_due_time_it_was_claimed_at(app: Celery, store: Store) -> None:
+    # Given an overdue entry a companion claimed and has not acknowledged,
+    stocked = stock(app)
+    found = celery_zdelay.lookup(stocked.in_flight, app=app)
+    assert found is not None
+    assert found.state == "in_flight"
+    assert found.due_ms is not None
+    # then its entry page gives its due time, as lookup() does.
+    detail = queries.entry_detail(store, stocked.in_flight)
+    assert detail.state == "in flight"
+    assert detail.due_ms == found.due_ms
+    assert detail.lease_until_ms is not None
+
+
 def test_dead_letters_are_listed_with_reasons_requeued_and_purged(
     app: Celery, store: Store
 ) -> None:

@@ -378,14 +378,17 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         pipe.zscore(keys.due, task_id)
         pipe.hget(keys.msg, task_id)
         pipe.zscore(keys.lease, task_id)
+        pipe.hget(keys.leased, task_id)
         pipe.zscore(keys.dead, task_id)
         pipe.hget(keys.dead_msg, task_id)
-        due, payload, lease, died, dead_record = pipe.execute()
+        due, payload, lease, leased, died, dead_record = pipe.execute()
     reason: dict[str, Any] = {}
     if due is not None:
         state, due_ms = "parked", int(due) // _SEQ
     elif lease is not None:
-        state, due_ms = "in flight", None
+        # The leased record starts with the due score the entry was claimed at.
+        due_ms = int(bytes(leased).split()[0]) // _SEQ if leased else None
+        state = "in flight"
     elif died is not None:
         state, due_ms = "dead", None
         line, _, payload = (dead_record or b"").partition(b"\n")
