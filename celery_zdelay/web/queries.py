@@ -383,6 +383,7 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         pipe.hget(keys.dead_msg, task_id)
         due, payload, lease, leased, died, dead_record = pipe.execute()
     reason: dict[str, Any] = {}
+    due_ms: int | None
     if due is not None:
         state, due_ms = "parked", int(due) // _SEQ
     elif lease is not None:
