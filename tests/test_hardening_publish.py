@@ -255,3 +255,37 @@ def test_a_message_botocore_refuses_is_dead_lettered_and_the_others_published_on
         assert list(dead) == [bad]
         assert "ParamValidationError" in str(dead[bad])
         assert _store_ids(app) == (0, 0, 1)
+
+
+def test_a_failure_mid_batch_does_not_publish_again_what_went_out_before_it(
+    make_test_app: AppFactory, broker_server: Any
+) -> None:
+    # Given a Redis broker published to one message at a time (kombu's
+    # retry_on_timeout turns its pipelined batches off), whose user may not
+    # write the queue of the third task of a batch
+    admin_client = broker_server.client(0)
+    admin_client.acl_setuser(
+        "limited",
+        enabled=True,
+        passwords=["+secret"],
+        keys=["celery*", "_kombu*", "unacked*"],
+        commands=["+@all"],
+    )
+    url = f"redis://limited:secret@127.0.0.1:{broker_server.port}/0"
+    app = make_test_app(broker=url, conf={"broker_transport_options": {"retry_on_timeout": True}})
+    add = app.tasks["tests.add"]
+    before = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
+    add.apply_delayed((9, 9), countdown=0, queue="forbidden")
+
+    # When the companion passes twice (the refusal waits for the operator)
+    with Companion(app) as companion:
+        reports = [companion.release_due() for _ in range(2)]
+
+    # Then what the broker took before the refusal went out once, not on every pass
+    queued = [
+        json.loads(raw)["headers"]["id"] for raw in reversed(admin_client.lrange("celery", 0, -1))
+    ]
+    assert queued == before
+    assert [r.published for r in reports] == [2, 0]
+    assert all(r.failed and r.returned == 1 for r in reports)
+    assert _store_ids(app) == (1, 0, 0)

@@ -162,10 +162,13 @@ class Publisher:
         if batching is not None and producer.supports_batch_publish:
             # kombu >= 5.7 pipelines the batch into one round trip (Redis).
             with batching(max_size=_BATCH_COMMANDS):
-                sent = self._publish_each(producer, messages, outcome)
+                sent = self._publish_each(producer, messages, outcome, sent=[])
             outcome.accepted.extend(self._settle_batch(sent, outcome))
             return
-        outcome.accepted.extend(self._publish_each(producer, messages, outcome))
+        # Each publish returned once the broker had the message: those before
+        # a failure count as published even when the failure ends the batch
+        # (given back, they would be published again on every pass).
+        self._publish_each(producer, messages, outcome, sent=outcome.accepted)
 
     def _settle_batch(self, sent: list[int], outcome: PublishOutcome) -> list[int]:
         """Return which of *sent* the broker took once the batch is flushed."""
@@ -177,13 +180,14 @@ class Publisher:
         messages: Sequence[TaskMessage],
         outcome: PublishOutcome,
         indexes: Sequence[int] | None = None,
+        *,
+        sent: list[int],
     ) -> list[int]:
-        """Hand each message to kombu; return the indexes handed over.
+        """Hand each message to kombu, adding its index to *sent* at once; return *sent*.
 
         A message kombu refuses by itself (not for want of a connection) is
         rejected, so it cannot hold up the others.
         """
-        sent = []
         for index in range(len(messages)) if indexes is None else indexes:
             self._current = index
             try:
@@ -481,7 +485,7 @@ class ConfirmPublisher(Publisher):
         sequence: dict[int, int] = {}  # batch index -> publisher sequence number
         try:
             with self._batched_io():
-                for index in self._publish_each(producer, messages, outcome, ready):
+                for index in self._publish_each(producer, messages, outcome, ready, sent=[]):
                     self._published += 1
                     sequence[index] = self._published
             self._await_confirms(len(sequence))
