@@ -51,15 +51,7 @@ def cancel(task_id: str, *, app: Celery | None = None) -> bool:
     every task parked for it is cancelled. False means nothing was parked
     under the id any more: unknown, released, or being released right now.
     """
-    app = _app(app)
-    store = store_for(app)
-    ids = [task_id] if store.cancel([task_id])[0] else []
-    if not ids:
-        members = _canvas_members(store, task_id)
-        ids = [m for m, done in zip(members, store.cancel(members), strict=True) if done]
-    for cancelled in ids:
-        _audit(app, "Cancelled %s", cancelled)
-    return bool(ids)
+    return cancel_ids([task_id], app=app)[0]
 
 
 def cancel_ids(task_ids: Sequence[str], *, app: Celery | None = None) -> list[bool]:
@@ -74,7 +66,19 @@ def cancel_ids(task_ids: Sequence[str], *, app: Celery | None = None) -> list[bo
     for task_id, done in zip(task_ids, found, strict=True):
         if done:
             _audit(app, "Cancelled %s", task_id)
-    return [done or cancel(task_id, app=app) for task_id, done in zip(task_ids, found, strict=True)]
+    return [
+        done or _cancel_canvas(app, store, task_id)
+        for task_id, done in zip(task_ids, found, strict=True)
+    ]
+
+
+def _cancel_canvas(app: Celery, store: Store, result_id: str) -> bool:
+    """Cancel what was parked for the canvas whose result id is *result_id*."""
+    members = _canvas_members(store, result_id)
+    cancelled = [m for m, done in zip(members, store.cancel(members), strict=True) if done]
+    for task_id in cancelled:
+        _audit(app, "Cancelled %s", task_id)
+    return bool(cancelled)
 
 
 def reschedule(
