@@ -261,8 +261,38 @@ def test_a_failure_mid_batch_does_not_publish_again_what_went_out_before_it(
     make_test_app: AppFactory, broker_server: Any
 ) -> None:
     # Given a Redis broker published to one message at a time (kombu's
-    # retry_on_timeout turns its pipelined batches off), whose user may not
-    # write the queue of the third task of a batch
+    # retry_on_timeout turns its pipelined batches off) that drops the
+    # connection of a client sending a value over its bulk limit, and such a
+    # message third in a batch
+    admin_client = broker_server.client(0)
+    admin_client.config_set("proto-max-bulk-len", 1024 * 1024)
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={"broker_transport_options": {"retry_on_timeout": True}},
+    )
+    add = app.tasks["tests.add"]
+    before = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
+    add.apply_delayed(("x" * (1024 * 1024 + 1), ""), countdown=0)
+
+    # When the companion passes twice
+    with Companion(app) as companion:
+        reports = [companion.release_due() for _ in range(2)]
+
+    # Then what the broker took before the failure went out once, not on every pass
+    queued = [
+        json.loads(raw)["headers"]["id"] for raw in reversed(admin_client.lrange("celery", 0, -1))
+    ]
+    assert queued == before
+    assert [r.published for r in reports] == [2, 0]
+    assert all(r.failed and r.returned == 1 for r in reports)
+    assert _store_ids(app) == (1, 0, 0)
+
+
+def test_a_redis_refusal_that_waits_holds_back_its_message_only(
+    make_test_app: AppFactory, broker_server: Any
+) -> None:
+    # Given, as above, a Redis broker published to one message at a time
+    # whose user may not write one task's queue, and tasks after that one
     admin_client = broker_server.client(0)
     admin_client.acl_setuser(
         "limited",
@@ -274,18 +304,24 @@ def test_a_failure_mid_batch_does_not_publish_again_what_went_out_before_it(
     url = f"redis://limited:secret@127.0.0.1:{broker_server.port}/0"
     app = make_test_app(broker=url, conf={"broker_transport_options": {"retry_on_timeout": True}})
     add = app.tasks["tests.add"]
-    before = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
-    add.apply_delayed((9, 9), countdown=0, queue="forbidden")
+    good = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
+    refused = add.apply_delayed((9, 9), countdown=0, queue="forbidden").id
+    good += [add.apply_delayed((i, i), countdown=0).id for i in range(2, 4)]
 
-    # When the companion passes twice (the refusal waits for the operator)
+    # When the companion passes, then again once the operator grants the queue
     with Companion(app) as companion:
-        reports = [companion.release_due() for _ in range(2)]
+        first = companion.release_due()
+        admin_client.acl_setuser("limited", enabled=True, keys=["forbidden*"])
+        second = companion.release_due()
 
-    # Then what the broker took before the refusal went out once, not on every pass
+    # Then the refusal held back its own message only (as in a pipelined
+    # batch), which went out once it was allowed; nothing was dead-lettered
     queued = [
         json.loads(raw)["headers"]["id"] for raw in reversed(admin_client.lrange("celery", 0, -1))
     ]
-    assert queued == before
-    assert [r.published for r in reports] == [2, 0]
-    assert all(r.failed and r.returned == 1 for r in reports)
-    assert _store_ids(app) == (1, 0, 0)
+    assert queued == good
+    assert (first.published, first.returned, first.failed) == (4, 1, True)
+    assert (second.published, second.returned, second.failed) == (1, 0, False)
+    allowed = admin_client.lrange("forbidden", 0, -1)
+    assert [json.loads(raw)["headers"]["id"] for raw in allowed] == [refused]
+    assert _store_ids(app) == (0, 0, 0)

@@ -186,13 +186,20 @@ class Publisher:
         """Hand each message to kombu, adding its index to *sent* at once; return *sent*.
 
         A message kombu refuses by itself (not for want of a connection) is
-        rejected, so it cannot hold up the others.
+        rejected, so it cannot hold up the others. One a Redis broker refuses
+        for now (out of memory, no permission on its queue) waits, and only
+        it: the others go on, as in a pipelined batch.
         """
         for index in range(len(messages)) if indexes is None else indexes:
             self._current = index
             try:
                 self._publish_one(producer, messages[index])
             except Exception as exc:
+                if is_transient_reply(exc):
+                    if outcome.error is None:
+                        logger.warning("Redis broker refused a push for now, it waits: %s", exc)
+                    outcome.error = exc
+                    continue
                 if self._is_connection_error(exc):
                     raise
                 outcome.rejected[index] = f"publish refused: {type(exc).__name__}: {exc}"
