@@ -305,6 +305,24 @@ def test_basic_auth_and_proxy_header_keep_strangers_out(app: Celery) -> None:
     assert proxied.get("/", headers={"X-Forwarded-User": "alice"}).status_code == 200
 
 
+@pytest.mark.parametrize("auth", ["ops:", ":s3cret"])
+def test_basic_auth_with_an_empty_user_or_password_is_refused(app: Celery, auth: str) -> None:
+    # Regression: --auth ops: served the dashboard to anyone who typed "ops".
+    from celery.bin.base import CLIContext
+    from click.testing import CliRunner
+
+    from celery_zdelay.cli import zdelay
+
+    result = CliRunner().invoke(
+        zdelay,
+        ["web", "--port", "0", "--auth", auth],
+        obj=CLIContext(app=app, no_color=True, workdir=None),
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 2
+    assert "USER:PASSWORD" in result.output
+
+
 def test_pages_never_unpickle_and_show_an_unknown_id_as_not_found(
     make_test_app: AppFactory,
 ) -> None:

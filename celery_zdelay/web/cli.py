@@ -81,8 +81,10 @@ def web(
     auth_header: str | None,
 ) -> None:
     """Serve the web dashboard of what is parked."""
-    if auth is not None and ":" not in auth:
-        raise click.BadParameter("use USER:PASSWORD", param_hint="--auth")
+    user, _, password = (auth or "").partition(":")
+    if auth is not None and not (user and password):
+        # An empty password would let in anyone who knows (or guesses) the user.
+        raise click.BadParameter("use USER:PASSWORD, neither of them empty", param_hint="--auth")
     if auth is not None and auth_header is not None:
         raise click.UsageError("Give --auth or --auth-header, not both.")
     try:
@@ -99,7 +101,6 @@ def web(
     )
     wsgi: Any = dashboard
     if auth is not None:
-        user, _, password = auth.partition(":")
         wsgi = BasicAuth(dashboard, user, password)
     elif auth_header is not None:
         wsgi = ProxyHeaderAuth(dashboard, auth_header)
