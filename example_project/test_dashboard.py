@@ -72,3 +72,15 @@ def test_customers_and_strangers_are_sent_to_the_admin_login(zdelay: FastForward
         assert reply["Location"].startswith("/admin/login/")
     assert customer.post("/admin/zdelay/actions/parked", {"op": "cancel"}).status_code == 302
     assert Client().get("/admin/login/").status_code == 200  # where they are sent
+
+
+def test_a_permission_and_a_decorator_together_are_refused(zdelay: FastForward) -> None:
+    # Regression: the permission was silently dropped when a decorator was given.
+    from django.contrib.auth.decorators import login_required
+
+    from celery_zdelay.errors import ConfigurationError
+    from celery_zdelay.web.django import dashboard_urls
+    from example_project.celery import app
+
+    with pytest.raises(ConfigurationError, match="not both"):
+        dashboard_urls(app, permission="shop.view_order", decorator=login_required)

@@ -31,6 +31,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, re_path
 from django.views.decorators.csrf import csrf_exempt
 
+from ..errors import ConfigurationError
 from .app import Dashboard, create_app
 
 __all__ = ["dashboard_urls", "dashboard_view"]
@@ -43,6 +44,12 @@ def dashboard_view(
     decorator: Callable[[Any], Any] | None = None,
 ) -> Callable[..., HttpResponse]:
     """Return a Django view serving *dashboard* under the URL it is included at."""
+    if permission is not None and decorator is not None:
+        # One of them would be dropped, and a dropped permission lets more people in.
+        raise ConfigurationError(
+            "Give the dashboard permission= or decorator=, not both; to require a "
+            "permission with your decorator, wrap permission_required() in it."
+        )
 
     # The dashboard checks its own CSRF token on every action (a Django form
     # token is not in its forms), so Django's check is left to it.
