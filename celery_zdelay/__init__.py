@@ -14,7 +14,7 @@ from .control import (
     reschedule,
     reschedule_matching,
 )
-from .errors import ConfigurationError, StoreUnavailableError, ZDelayError
+from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
 from .hooks import install_everywhere as _install_everywhere
 from .parking import apply_delayed, batch, send_delayed
 from .task import DelayedTaskMixin, Task
@@ -30,6 +30,7 @@ __all__ = [
     "ConfigurationError",
     "DelayedTaskMixin",
     "ParkedTask",
+    "StoreRefusedError",
     "StoreUnavailableError",
     "Task",
     "TransparentAMQP",

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigurationError",
     "EntryError",
+    "StoreRefusedError",
     "StoreUnavailableError",
     "ZDelayError",
 ]
@@ -30,6 +31,16 @@ class StoreUnavailableError(ZDelayError, ConnectionError):
 
     Nothing was parked (or changed) by the call that raised it. The message
     names the store URL with its password hidden.
+    """
+
+
+class StoreRefusedError(ZDelayError):
+    """Raised when the store answers but refuses to park.
+
+    Out of memory, a read-only replica, an ACL user without the right, or a
+    key under the prefix that another program made of another type. Nothing
+    of the refused call was written (on a Redis Cluster: nothing of the
+    refused shard's part). The message says what to fix.
     """
 
 

@@ -16,6 +16,7 @@ from celery import Celery
 
 import celery_zdelay
 from celery_zdelay.config import get_config
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.store import Store
 from tests.conftest import AppFactory
 from tests.helpers import Runs
@@ -86,7 +87,7 @@ def test_a_batch_that_one_shard_cannot_take_parks_nothing_on_the_others(
         redis_client.set(store.keys(2).due, "not a zset")
 
         # When a batch of 40 calls, spread over every shard, is parked
-        with pytest.raises(redis.ResponseError) as refused:
+        with pytest.raises(StoreRefusedError) as refused:
             _park_40(app, bulk)
 
         # Then the producer hears why and how to fix it, and nothing was

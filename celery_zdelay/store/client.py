@@ -25,9 +25,15 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..config import RetryPolicy, ZDelayConfig
-from ..errors import ConfigurationError, StoreUnavailableError
+from ..errors import ConfigurationError, StoreRefusedError, StoreUnavailableError
 
-__all__ = ["StoreClient", "make_client", "sanitize_url", "unavailable_as_error"]
+__all__ = [
+    "StoreClient",
+    "make_client",
+    "refused_as_error",
+    "sanitize_url",
+    "unavailable_as_error",
+]
 
 #: Seconds to wait for a TCP connection to the store before retrying.
 DEFAULT_CONNECT_TIMEOUT = 5.0
@@ -167,6 +173,44 @@ def unavailable_as_error(url: str) -> Iterator[None]:
             "number in zdelay_redis_url (or the broker URL it defaults to), or raise "
             "`databases` in redis.conf."
         ) from exc
+
+
+@contextmanager
+def refused_as_error(url: str) -> Iterator[None]:
+    """Turn the store's refusal of a write into :class:`StoreRefusedError`.
+
+    Producers see celery-zdelay's own error with the fix, not redis-py's.
+    Only for calls whose scripts check before they write, so "nothing was
+    written" in the message is true. The companion keeps redis-py's classes:
+    its loop backs off on them.
+    """
+    try:
+        yield
+    except redis.exceptions.ResponseError as exc:
+        raise StoreRefusedError(_refusal_message(url, exc)) from exc
+
+
+def _refusal_message(url: str, exc: Exception) -> str:
+    where = f"The celery-zdelay store at {sanitize_url(url)}"
+    text = str(exc).rstrip(".")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
+        fix = (
+            "is out of memory (maxmemory reached under noeviction) and refused the write. "
+            "Raise maxmemory, free memory, or give celery-zdelay its own instance"
+        )
+    elif isinstance(exc, redis.exceptions.ReadOnlyError) or text.startswith("READONLY"):
+        fix = (
+            "is a read-only replica and refused the write. Point zdelay_redis_url at "
+            "the primary (or use a sentinel:// URL, which follows failovers)"
+        )
+    elif text.startswith("NOPERM"):
+        fix = (
+            "refused the write: its ACL user lacks a command or key it needs. Allow "
+            "the user EVALSHA, SCRIPT and the keys under zdelay_key_prefix"
+        )
+    else:
+        fix = "refused the write"
+    return f"{where} {fix}; nothing was written. Redis said: {text}."
 
 
 def _auth_message(url: str, exc: Exception) -> str:

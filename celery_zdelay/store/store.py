@@ -19,7 +19,7 @@ from ..config import ZDelayConfig
 from ..entry import Template, TemplateLookup
 from ..entry import template_id as entry_template_id
 from ..schedule import Due
-from .client import StoreClient, is_cluster, make_client, unavailable_as_error
+from .client import StoreClient, is_cluster, make_client, refused_as_error, unavailable_as_error
 from .keys import ShardKeys, shard_keys, shard_of
 from .scripts import Scripts
 
@@ -136,7 +136,7 @@ class Store:
         by_shard: dict[int, list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             by_shard[self.shard_of(request.task_id)].append(index)
-        with unavailable_as_error(self.url):
+        with refused_as_error(self.url), unavailable_as_error(self.url):
             if len(by_shard) == 1 or self.cluster:
                 replies = [
                     self._park_call(shard, [requests[i] for i in indexes], self.client)
