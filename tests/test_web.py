@@ -265,6 +265,25 @@ def test_an_entry_in_flight_shows_the_due_time_it_was_claimed_at(app: Celery, st
     assert detail.lease_until_ms is not None
 
 
+def test_an_overdue_entry_in_flight_is_listed_and_in_the_overdue_bar(
+    app: Celery, store: Store
+) -> None:
+    # Given an overdue entry a companion holds (the broker is down, say): the
+    # overview counts it as overdue,
+    stocked = stock(app)
+    client = Client(create_app(app))
+    overview = client.get("/").get_data(as_text=True)
+    assert 'id="count-overdue">2<' in overview
+    # then the timeline's overdue bar counts it too, and the listing shows it
+    # (first page only), as zdelay list does.
+    assert queries.timeline(store, "day").bars[0].count == 2
+    listing = client.get("/parked").get_data(as_text=True)
+    assert stocked.in_flight in listing
+    assert 'id="in-flight"' in listing
+    assert [e.task_id for e in queries.in_flight(store, queries.Filters())] == [stocked.in_flight]
+    assert queries.in_flight(store, queries.Filters(task="tests.add")) == []
+
+
 def test_dead_letters_are_listed_with_reasons_requeued_and_purged(
     app: Celery, store: Store
 ) -> None:

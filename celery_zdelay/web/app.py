@@ -220,6 +220,8 @@ class Dashboard:
         cursor = queries.Cursor.decode(raw_cursor) if raw_cursor else None
         with ctx.timer():
             page = queries.parked_page(self.store, filters, after=cursor, limit=PAGE_SIZE)
+            # Above the first page, as the counts call them overdue once due.
+            flying = [] if cursor else queries.in_flight(self.store, filters)
         query = _filter_query(ctx.request.args)
         next_url = None
         if page.next is not None:
@@ -228,6 +230,7 @@ class Dashboard:
             ctx,
             "parked.html",
             page=page,
+            in_flight=flying,
             filters=filters,
             form=ctx.request.args,
             problems=problems,

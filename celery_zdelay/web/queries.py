@@ -28,7 +28,8 @@ from ..store import Store, admin
 from ..store._shared import SEQ as _SEQ
 from ..store._shared import _routing_key
 from ..store.admin import ParkedEntry
-from ..store.listing import _parked_entry
+from ..store.counts import _leased_due_ms
+from ..store.listing import _in_flight_in_shard, _parked_entry
 
 __all__ = [
     "SCAN_BOUND",
@@ -40,6 +41,7 @@ __all__ = [
     "Page",
     "Timeline",
     "entry_detail",
+    "in_flight",
     "parked_page",
     "timeline",
 ]
@@ -108,13 +110,20 @@ def timeline(store: Store, span: str = "day") -> Timeline:
     bounds.append((str(edges[-1] * _SEQ), "+inf"))
     with store.client.pipeline(transaction=False) as pipe:
         for shard in shards:
-            due = store.keys(shard).due
+            keys = store.keys(shard)
             for low, high in bounds:
-                pipe.zcount(due, low, high)
+                pipe.zcount(keys.due, low, high)
+            # In flight past its due time is overdue too, as the counts say
+            # (bounded by the companions' batches: read whole).
+            pipe.hvals(keys.leased)
         replies = pipe.execute()
     sums = [0] * len(bounds)
+    per_shard = len(bounds) + 1
     for index, reply in enumerate(replies):
-        sums[index % len(bounds)] += int(reply)
+        if index % per_shard == len(bounds):
+            sums[0] += sum(_leased_due_ms(record) <= now_ms for record in reply)
+        else:
+            sums[index % per_shard] += int(reply)
     bars = [Bar(None, edges[0], sums[0])]
     bars += [Bar(a, b, n) for a, b, n in zip(edges[:-1], edges[1:], sums[1:-1], strict=True)]
     return Timeline(span=span, now_ms=now_ms, bars=bars, later=sums[-1])
@@ -227,6 +236,27 @@ def parked_page(
         scanned=scanned,
         cut_short=frontier is not None and len(merged) <= limit,
     )
+
+
+def in_flight(store: Store, filters: Filters) -> list[ParkedEntry]:
+    """Return the entries in flight that match *filters*, in due order.
+
+    Claimed by a companion and not yet acknowledged (being released, or held
+    while the broker is down): still waiting to run, and counted as overdue
+    once their due time passed, so the listing shows them too. Bounded by
+    the companions' batches.
+    """
+    found = []
+    for shard in store.shards:
+        for score, _, entry in _in_flight_in_shard(
+            store, shard, filters.due_after_ms, filters.due_before_ms, None
+        ):
+            if filters.id_prefix and not entry.task_id.startswith(filters.id_prefix):
+                continue
+            if _selects(filters, entry.task, entry.queue):
+                found.append((score, shard, entry.task_id, entry))
+    found.sort(key=lambda item: item[:3])
+    return [entry for *_, entry in found]
 
 
 def _scan_shard(
@@ -388,7 +418,7 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         state, due_ms = "parked", int(due) // _SEQ
     elif lease is not None:
         # The leased record starts with the due score the entry was claimed at.
-        due_ms = int(bytes(leased).split()[0]) // _SEQ if leased else None
+        due_ms = _leased_due_ms(leased) if leased else None
         state = "in flight"
     elif died is not None:
         state, due_ms = "dead", None
