@@ -134,6 +134,13 @@ def test_a_filter_that_reads_its_bound_says_so_and_the_next_page_goes_on(
             cursor = page.next
         assert found == adds  # each once, in due order
         assert cut_short >= 1  # the first read only saw recordings
+        # The page says how many it read: the bound, shared by the shards.
+        first = Client(create_app(app)).get("/parked?task=tests.add").get_data(as_text=True)
+        page = queries.parked_page(store, queries.Filters(task="tests.add"), limit=50)
+        if page.cut_short:
+            assert f"This filter read {page.scanned} entries without filling" in first
+        else:
+            assert "This filter read" not in first
     finally:
         store.close()
 

@@ -238,7 +238,6 @@ class Dashboard:
             first_url="parked?" + urlencode(query) if cursor else None,
             back="parked?" + urlencode({**query, **({"cursor": raw_cursor} if cursor else {})}),
             now_ms=page.now_ms,
-            scan_bound=queries.SCAN_BOUND,
             max_bulk=MAX_BULK,
         )
 
