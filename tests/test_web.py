@@ -319,6 +319,16 @@ def test_an_action_sends_the_browser_back_within_the_dashboard_only(app: Celery)
         assert reply.headers["Location"].startswith("/?msg=")
 
 
+def test_an_empty_secret_key_is_refused(app: Celery) -> None:
+    # Regression: secret_key="" (a Flask app's empty SECRET_KEY) signed CSRF
+    # tokens with an empty key, which anyone can do.
+    from celery_zdelay.errors import ConfigurationError
+
+    for empty in ("", b""):
+        with pytest.raises(ConfigurationError, match="secret_key is empty"):
+            create_app(app, actions=True, secret_key=empty)
+
+
 def test_basic_auth_and_proxy_header_keep_strangers_out(app: Celery) -> None:
     client = Client(BasicAuth(create_app(app), "ops", "s3cret"))
     assert client.get("/").status_code == 401

@@ -83,6 +83,12 @@ class Dashboard:
             self.secret = os.urandom(32)
         else:
             self.secret = secret_key.encode() if isinstance(secret_key, str) else secret_key
+            if not self.secret:
+                # Anyone could sign tokens for a cookie they planted.
+                raise ConfigurationError(
+                    "The dashboard's secret_key is empty: give a long random one, "
+                    "or None for a new key per process."
+                )
         self._store: Store | None = None
         self._closed = False
         self._lock = threading.Lock()
