@@ -437,6 +437,12 @@ def test_a_flask_app_serves_the_dashboard_under_its_prefix(app: Celery) -> None:
     assert 'action="/zdelay/actions/parked"' in listing
     assert dashboard.secret == b"flask secret"
     dashboard.close()
+    # Regression: a prefix of "/" mounted nothing, without a word.
+    from celery_zdelay.errors import ConfigurationError
+
+    for prefix in ("/", "", "zdelay"):
+        with pytest.raises(ConfigurationError, match="prefix"):
+            mount(Flask("other"), app, prefix)
 
 
 def test_periodic_schedules_are_listed_paused_resumed_and_run_now(

@@ -19,6 +19,7 @@ from typing import Any
 from celery import Celery
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
+from ..errors import ConfigurationError
 from .app import Dashboard, create_app
 
 __all__ = ["mount"]
@@ -39,8 +40,15 @@ def mount(
     dashboard and returns the WSGI application to mount, e.g. an
     authentication middleware (:class:`~celery_zdelay.web.security.BasicAuth`).
     """
+    mounted_at = prefix.rstrip("/")
+    if not mounted_at.startswith("/"):
+        # DispatcherMiddleware matches paths starting with "/": any other
+        # prefix (and "/" itself, stripped to "") would never be served.
+        raise ConfigurationError(
+            f"Mount the dashboard under a path prefix such as '/zdelay', not {prefix!r}."
+        )
     key = secret_key if secret_key is not None else flask_app.config.get("SECRET_KEY")
     dashboard = create_app(celery_app, actions=actions, secret_key=key)
     mounted = wrap(dashboard) if wrap is not None else dashboard
-    flask_app.wsgi_app = DispatcherMiddleware(flask_app.wsgi_app, {prefix.rstrip("/"): mounted})
+    flask_app.wsgi_app = DispatcherMiddleware(flask_app.wsgi_app, {mounted_at: mounted})
     return dashboard
