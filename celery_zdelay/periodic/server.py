@@ -232,9 +232,14 @@ class PeriodicServer:
             self._occurrences.setdefault(ms, []).append(definition.name)
         if not parked:
             return 0
-        if not self.periodic.advance(definition.name, version, parked[-1][0], parked, snap.now_ms):
-            # Changed, removed or paused since the snapshot: take it back.
-            self.periodic.store.cancel([task_id for _, task_id in parked])
+        status = self.periodic.advance(definition.name, version, parked[-1][0], parked, snap.now_ms)
+        if status != "done":
+            # Paused since the snapshot: take it all back. Changed or removed:
+            # take back what is ahead; what was due already runs once, as
+            # define.lua keeps it.
+            self.periodic.store.cancel(
+                [t for ms, t in parked if status == "paused" or ms > snap.now_ms]
+            )
             return 0
         return first
 

@@ -19,8 +19,7 @@ from typing import Any
 from ..store import ParkRequest, Store
 from ..store.client import unavailable_as_error
 from ..store.keys import periodic_keys
-from ..store.scripts import script_source
-from ..store.store import PARK_MARKER_MS
+from ..store.scripts import guarded, script_source
 from .definition import Definition
 
 __all__ = ["PeriodicStore", "Pointer", "Snapshot"]
@@ -77,10 +76,12 @@ class PeriodicStore:
         self.store = store
         self.keys = periodic_keys(store.config.key_prefix)
         client = store.client
-        self._define = client.register_script(_lua("define"))
-        self._advance = client.register_script(_lua("advance"))
-        self._pause = client.register_script(_lua("pause"))
-        self._park_once = client.register_script(_lua("park_once") + script_source("park"))
+        # Each runs after the store's checks (_guard.lua), which it calls
+        # before its first write.
+        self._define = client.register_script(guarded(_lua("_pointer") + _lua("define")))
+        self._advance = client.register_script(guarded(_lua("advance")))
+        self._pause = client.register_script(guarded(_lua("_pointer") + _lua("pause")))
+        self._park_once = client.register_script(script_source("park", before=_lua("park_once")))
 
     # -- reading ------------------------------------------------------------
 
@@ -180,33 +181,9 @@ class PeriodicStore:
         """Park one occurrence unless it was parked before; return whether it was parked now."""
         store = self.store
         shard = store.shard_of(request.task_id)
-        keys = store.keys(shard)
-        args: list[Any] = [keys.wake, PARK_MARKER_MS]
-        if request.template is not None:
-            args += [1, request.template.id, request.template.record]
-        else:
-            args += [0]
-        args += [
-            request.task_id,
-            request.due.mode,
-            request.due.ms,
-            request.payload,
-            request.dest or "",
-        ]
+        keys, args = store.park_arguments(shard, [request])
         with unavailable_as_error(store.url):
-            reply = self._park_once(
-                keys=[
-                    keys.due,
-                    keys.msg,
-                    keys.lease,
-                    keys.leased,
-                    keys.dests,
-                    keys.marker(),
-                    keys.templates,
-                    keys.ticks,
-                ],
-                args=args,
-            )
+            reply = self._park_once(keys=[*keys, store.keys(shard).ticks], args=args)
         return bool(reply)
 
     def advance(
@@ -216,14 +193,15 @@ class PeriodicStore:
         pointer_ms: int,
         parked: Sequence[tuple[int, str]],
         now_ms: int,
-    ) -> bool:
-        """Record what was parked; False when the definition changed meanwhile."""
+    ) -> str:
+        """Record what was parked: "done", or "paused" / "changed" (or removed) meanwhile."""
         k = self.keys
         args: list[Any] = [name, version, pointer_ms, now_ms - REMEMBER_PARKED_MS]
         for ms, task_id in parked:
             args += [ms, task_id]
         with unavailable_as_error(self.store.url):
-            return bool(self._advance(keys=[k.pointers, k.paused], args=args))
+            reply = int(self._advance(keys=[k.pointers, k.paused], args=args))
+        return {1: "done", 0: "paused"}.get(reply, "changed")
 
     def record_runs(self, runs: dict[str, str]) -> None:
         """Store name -> JSON of the last occurrence released (see :class:`Snapshot`)."""

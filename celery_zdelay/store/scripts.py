@@ -9,7 +9,7 @@ from redis.commands.core import Script
 
 from .client import StoreClient
 
-__all__ = ["SCRIPT_NAMES", "Scripts", "script_source"]
+__all__ = ["SCRIPT_NAMES", "Scripts", "guarded", "script_source"]
 
 #: Every operation of the store that runs as a script.
 SCRIPT_NAMES = (
@@ -34,8 +34,8 @@ _READERS = ("handoff",)
 
 
 @cache
-def script_source(name: str) -> str:
-    """Return the Lua source of script *name*.
+def script_source(name: str, before: str = "") -> str:
+    """Return the Lua source of script *name*, with the Lua *before* run in front of it.
 
     Every script gets the checks of ``_guard.lua`` in front (they run before
     its first write); readers of entries also get ``_expand.lua``.
@@ -43,6 +43,15 @@ def script_source(name: str) -> str:
     source = _lua_file(name)
     if name in _READERS:
         source = _lua_file("_expand") + source
+    return guarded(before + source)
+
+
+def guarded(source: str) -> str:
+    """Return Lua *source* as every store script runs: after ``_guard.lua``, errors as replies.
+
+    For scripts kept elsewhere (the periodic ones): they call the same
+    checks before their first write.
+    """
     return _PCALL_HEAD + _lua_file("_guard") + source + _PCALL_TAIL
 
 

@@ -164,6 +164,21 @@ class Store:
         client: Any,
         check_shards: Sequence[int] = (),
     ) -> Any:
+        keys, args = self.park_arguments(shard, requests, check_shards)
+        return self.scripts.park(keys=keys, args=args, client=client)
+
+    def park_arguments(
+        self,
+        shard: int,
+        requests: Sequence[ParkRequest],
+        check_shards: Sequence[int] = (),
+    ) -> tuple[list[str], list[Any]]:
+        """Return the KEYS and ARGV of ``park.lua`` parking *requests* on *shard*.
+
+        The one place that lays them out (see park.lua), for this store's
+        calls and for scripts run in front of park.lua (periodic
+        ``park_once.lua``). The keys of *check_shards* are checked, not written.
+        """
         keys = self._keys[shard]
         checked = [
             key
@@ -189,20 +204,17 @@ class Store:
                 request.payload,
                 request.dest or "",
             ]
-        return self.scripts.park(
-            keys=[
-                keys.due,
-                keys.msg,
-                keys.lease,
-                keys.leased,
-                keys.dests,
-                keys.marker(),
-                keys.templates,
-                *checked,
-            ],
-            args=args,
-            client=client,
-        )
+        park_keys = [
+            keys.due,
+            keys.msg,
+            keys.lease,
+            keys.leased,
+            keys.dests,
+            keys.marker(),
+            keys.templates,
+            *checked,
+        ]
+        return park_keys, args
 
     def cancel(self, task_ids: Iterable[str]) -> list[bool]:
         """Cancel parked entries; return, per id, whether it was still parked."""

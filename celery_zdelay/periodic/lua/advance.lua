@@ -7,14 +7,17 @@
 -- ARGV[3] new pointer ms (the newest occurrence planned)
 -- ARGV[4] ids of occurrences before this ms are forgotten
 -- ARGV[5..] pairs: occurrence ms, id parked
--- returns 1, or 0 when the definition changed, went away or was paused
---         since it was read: the caller cancels what it parked
+-- returns 1; 0 when the schedule was paused since it was read (the caller
+--         cancels what it parked); -1 when the definition changed or went
+--         away (the caller cancels what it parked ahead: see define.lua)
 local pointers, paused = KEYS[1], KEYS[2]
 local name = ARGV[1]
+zdelay_expect(pointers, 'hash', paused, 'set')
 local record = redis.call('HGET', pointers, name)
-if not record then return 0 end
+if not record then return -1 end
 local r = cjson.decode(record)
-if tostring(r.v) ~= ARGV[2] or redis.call('SISMEMBER', paused, name) == 1 then return 0 end
+if redis.call('SISMEMBER', paused, name) == 1 then return 0 end
+if tostring(r.v) ~= ARGV[2] then return -1 end
 local new_ms = tonumber(ARGV[3])
 if new_ms > r.ms then r.ms = new_ms end
 local keep_after = tonumber(ARGV[4])

@@ -19,43 +19,54 @@
 --           cannot serve it, e.g. its task module does not import here)
 -- returns {status, names changed...}; status "same" (configuration already
 --         stored), "older" (superseded: not written), "done"
+--
+-- Everything that can fail is checked before the first write (key types,
+-- version counters): a failure leaves every schedule as it was.
 if redis.replicate_commands then redis.replicate_commands() end
 
 local defs, versions, pointers, paused, cancel, meta, superseded =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local mode = ARGV[1]
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+zdelay_expect(defs, 'hash', versions, 'hash', pointers, 'hash', paused, 'set', cancel, 'set',
+  meta, 'hash', superseded, 'set')
+local now_ms = zdelay_now_ms()
 
--- Occurrences parked for a definition that goes away are cancelled by
--- whichever companion passes next: the cancel set survives a crash here.
-local function cancel_parked(name)
-  local record = redis.call('HGET', pointers, name)
-  if record then
-    local ok, r = pcall(cjson.decode, record)
-    if ok and type(r) == 'table' and type(r.ids) == 'table' then
-      for _, pair in ipairs(r.ids) do redis.call('SADD', cancel, pair[2]) end
-    end
-  end
+-- Occurrences parked ahead for a definition that changes or goes away are
+-- cancelled by whichever companion passes next (the cancel set survives a
+-- crash here). Those already due are kept: each is released once, as it
+-- would have been without the change (it may be waiting for a broker).
+-- Returns them.
+local function cancel_ahead(name)
+  local ahead, due = periodic_parked(periodic_pointer(pointers, name), now_ms)
+  for _, pair in ipairs(ahead) do redis.call('SADD', cancel, pair[2]) end
+  return due
 end
 
 local function drop(name)
   if redis.call('HEXISTS', defs, name) == 0 then return false end
-  cancel_parked(name)
+  cancel_ahead(name)
   redis.call('HDEL', defs, name)
   redis.call('HDEL', pointers, name)
   redis.call('SREM', paused, name)
   return true
 end
 
--- A new or changed definition gets a new version and starts from now.
+-- A new or changed definition gets a new version and starts from now; the
+-- old version's occurrences already due stay listed (a pause still cancels them).
 local function put(name, body)
   if redis.call('HGET', defs, name) == body then return false end
-  cancel_parked(name)
+  local due = cancel_ahead(name)
   local version = redis.call('HINCRBY', versions, name, 1)
   redis.call('HSET', defs, name, body)
-  redis.call('HSET', pointers, name, cjson.encode({v = version, ms = now_ms, ids = {}}))
+  redis.call('HSET', pointers, name, cjson.encode({v = version, ms = now_ms, ids = due}))
   return true
+end
+
+-- HINCRBY fails on a version that is not a count: check every one first.
+if mode == 'put' then
+  zdelay_expect_field_counter(versions, ARGV[5])
+elseif mode == 'config' then
+  for i = 5, #ARGV, 2 do zdelay_expect_field_counter(versions, ARGV[i]) end
 end
 
 local changed = {}

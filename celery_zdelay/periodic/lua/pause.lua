@@ -12,27 +12,30 @@ if redis.replicate_commands then redis.replicate_commands() end
 
 local defs, pointers, paused, cancel, versions = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local name = ARGV[2]
+-- Everything that can fail is checked before the first write.
+zdelay_expect(defs, 'hash', pointers, 'hash', paused, 'set', cancel, 'set', versions, 'hash')
 if redis.call('HEXISTS', defs, name) == 0 then return 0 end
-local record = redis.call('HGET', pointers, name)
-local r = record and cjson.decode(record) or nil
+local r = periodic_pointer(pointers, name)
 if ARGV[1] == 'pause' then
-  if redis.call('SADD', paused, name) == 0 then return 2 end
-  -- What was parked ahead would still run: cancel it.
-  if r and type(r.ids) == 'table' then
-    for _, pair in ipairs(r.ids) do redis.call('SADD', cancel, pair[2]) end
-  end
+  if redis.call('SISMEMBER', paused, name) == 1 then return 2 end
+  redis.call('SADD', paused, name)
+  -- What was parked would still run, even what is due already: cancel it.
+  local ahead, due = periodic_parked(r, 0)
+  for _, pair in ipairs(ahead) do redis.call('SADD', cancel, pair[2]) end
+  for _, pair in ipairs(due) do redis.call('SADD', cancel, pair[2]) end
   return 1
 end
-if redis.call('SREM', paused, name) == 0 then return 2 end
+if redis.call('SISMEMBER', paused, name) == 0 then return 2 end
+zdelay_expect_field_counter(versions, name)
+redis.call('SREM', paused, name)
 -- Resumed from now: occurrences while paused do not count as missed.
 -- A new version gives the occurrences new ids: those cancelled by the pause
 -- are remembered as parked (park_once), so under the old ids a calendar
 -- schedule's next tick would never be parked again.
-if r then
-  r.v = redis.call('HINCRBY', versions, name, 1)
-  local t = redis.call('TIME')
-  r.ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  r.ids = {}
-  redis.call('HSET', pointers, name, cjson.encode(r))
-end
+-- (A pointer that could not be read is written afresh.)
+r = r or {}
+r.v = redis.call('HINCRBY', versions, name, 1)
+r.ms = zdelay_now_ms()
+r.ids = {}
+redis.call('HSET', pointers, name, cjson.encode(r))
 return 1

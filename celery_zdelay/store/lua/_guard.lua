@@ -30,6 +30,47 @@ local function zdelay_expect_counter(key)
   return tonumber(value or 0)
 end
 
+-- Raise, before any write, when field *field* of hash *key* (checked to be
+-- a hash) holds something HINCRBY cannot count on; return its value.
+local function zdelay_expect_field_counter(key, field)
+  local value = redis.call('HGET', key, field)
+  if value and not (string.match(value, '^%d+$') and #value <= 18) then
+    error({err = 'WRONGTYPE celery-zdelay counter ' .. field .. ' of ' .. key .. ' holds ' ..
+      string.sub(value, 1, 40) .. ', not a count: delete that field (HDEL)'})
+  end
+  return tonumber(value or 0)
+end
+
+-- *value* as a number ZADD takes, or nil: tonumber() also reads "nan",
+-- which ZADD refuses (after the script may have written).
+local function zdelay_number(value)
+  local number = tonumber(value)
+  if number == nil or number ~= number then return nil end
+  return number
+end
+
+-- Raise, before any write, when park.lua's KEYS and ARGV (see there) hold
+-- something it would fail on: a key of another type, an entry without a
+-- valid due time. park_once.lua (periodic) calls it before writing its tick.
+local function zdelay_expect_park()
+  zdelay_expect(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash',
+    KEYS[5], 'set', KEYS[7], 'hash')
+  for i = 8, #KEYS, 6 do
+    zdelay_expect(KEYS[i], 'zset', KEYS[i + 1], 'hash', KEYS[i + 2], 'zset', KEYS[i + 3], 'hash',
+      KEYS[i + 4], 'set', KEYS[i + 5], 'hash')
+  end
+  local n_templates = tonumber(ARGV[3])
+  if not n_templates then
+    error({err = 'ERR celery-zdelay park: no template count'})
+  end
+  for i = 4 + 2 * n_templates, #ARGV, 5 do
+    local mode = ARGV[i + 1]
+    if not zdelay_number(ARGV[i + 2]) or (mode ~= 'r' and mode ~= 'a') then
+      error({err = 'ERR celery-zdelay park: entry ' .. ARGV[i] .. ' has no valid due time'})
+    end
+  end
+end
+
 -- The lease of an in-flight entry is two records: the lease zset scores it
 -- by expiry (for recover.lua), the leased hash holds "<due score> <claim
 -- token>". The token is unique per claim (a counter), so only the claim that
@@ -48,13 +89,6 @@ local function zdelay_owned(lease, leased, id, token)
   return score
 end
 
--- *value* as a number ZADD takes, or nil: tonumber() also reads "nan",
--- which ZADD refuses (after the script may have written).
-local function zdelay_number(value)
-  local number = tonumber(value)
-  if number == nil or number ~= number then return nil end
-  return number
-end
 
 -- The due score a leased-hash value holds (also the older "<due score>" form).
 local function zdelay_due_score(value)

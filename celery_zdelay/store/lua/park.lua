@@ -35,20 +35,9 @@ if done then
   return previous
 end
 
-zdelay_expect(due, 'zset', msg, 'hash', lease, 'zset', leased, 'hash', dests, 'set',
-  templates, 'hash')
-for i = 8, #KEYS, 6 do
-  zdelay_expect(KEYS[i], 'zset', KEYS[i + 1], 'hash', KEYS[i + 2], 'zset', KEYS[i + 3], 'hash',
-    KEYS[i + 4], 'set', KEYS[i + 5], 'hash')
-end
+zdelay_expect_park()
 local n_templates = tonumber(ARGV[3])
 local first_entry = 4 + 2 * n_templates
-for i = first_entry, #ARGV, 5 do
-  local mode = ARGV[i + 1]
-  if not zdelay_number(ARGV[i + 2]) or (mode ~= 'r' and mode ~= 'a') then
-    error({err = 'ERR celery-zdelay park: entry ' .. ARGV[i] .. ' has no valid due time'})
-  end
-end
 local now_ms = zdelay_now_ms()
 
 -- Same-millisecond entries keep parking order: each takes the next of the

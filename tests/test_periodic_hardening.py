@@ -1,0 +1,224 @@
+"""The periodic scripts check everything that can fail before their first
+write (issue 11 item 3, for issue 13's scripts), and a change or removal of
+a schedule keeps an occurrence that is already due."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_zdelay import periodic
+from celery_zdelay.companion import Companion
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.server import PeriodicServer
+from celery_zdelay.schedule import Due
+from celery_zdelay.store.keys import shard_keys
+from tests.helpers import wait_for
+from tests.periodic_helpers import occurrence_ms
+
+pytestmark = pytest.mark.timeout(90)
+
+DUE = shard_keys("zdelay", 0).due
+TICKS = shard_keys("zdelay", 0).ticks
+
+
+def _server(app: Celery, beat_schedule: dict[str, Any], name: str = "c") -> PeriodicServer:
+    app.conf.beat_schedule = beat_schedule
+    return PeriodicServer(app, store_for(app), companion_id=name)
+
+
+def _tend(server: PeriodicServer) -> int:
+    server._last_tend = 0.0  # every call is a pass
+    return server.tend()
+
+
+def _everything(client: redis.Redis) -> dict[bytes, Any]:
+    """Every key of the (private) Redis with its serialized value."""
+    return {key: client.dump(key) for key in sorted(client.keys("*"))}
+
+
+def _parked(client: redis.Redis, name: str) -> set[str]:
+    prefix = f"periodic:{name}:"
+    return {i.decode() for i in client.zrange(DUE, 0, -1) if i.decode().startswith(prefix)}
+
+
+def _redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _served(app: Celery, client: redis.Redis) -> PeriodicServer:
+    """A schedule "a" every 10 s, its next occurrences parked (so its pointer lists ids)."""
+    server = _server(app, {"a": {"task": "tests.record", "schedule": 10.0}})
+    assert server.reconcile() == "done"
+    _tend(server)
+    assert _parked(client, "a")
+    return server
+
+
+# -- item 1: nothing written before a check that fails --------------------------------
+
+
+def test_define_with_a_corrupt_version_fails_and_changes_nothing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a served schedule whose version counter was overwritten by hand
+    server = _served(app, redis_client)
+    redis_client.hset(server.periodic.keys.versions, "a", "not a number")
+    before = _everything(redis_client)
+
+    # When it is changed, the call fails naming the counter
+    with pytest.raises(redis.ResponseError) as failure:
+        periodic.add("a", app=app, task="tests.record", schedule=20)
+
+    # Then nothing changed: no occurrence cancelled, the definition as it was
+    assert _everything(redis_client) == before
+    assert "not a count" in str(failure.value)
+
+
+def test_define_with_a_key_of_the_wrong_type_fails_and_changes_nothing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a served schedule and a "superseded" key that something else wrote
+    server = _served(app, redis_client)
+    redis_client.set(server.periodic.keys.superseded, "not a set")
+    before = _everything(redis_client)
+
+    # When a companion with another configuration stores it, the call fails
+    other = _server(app, {"b": {"task": "tests.record", "schedule": 10.0}}, "c2")
+    with pytest.raises(redis.ResponseError) as failure:
+        other.reconcile(force=True)
+
+    # Then "a" was neither removed nor its occurrences cancelled
+    assert _everything(redis_client) == before
+    assert "WRONGTYPE celery-zdelay key" in str(failure.value)
+
+
+def test_pause_with_a_cancel_set_of_the_wrong_type_fails_and_changes_nothing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a served schedule whose cancel set is a string
+    server = _served(app, redis_client)
+    redis_client.set(server.periodic.keys.cancel, "not a set")
+    before = _everything(redis_client)
+
+    # When it is paused, the call fails
+    with pytest.raises(redis.ResponseError) as failure:
+        periodic.pause("a", app=app)
+
+    # Then it is not marked paused with its occurrences still parked
+    assert _everything(redis_client) == before
+    assert "WRONGTYPE celery-zdelay key" in str(failure.value)
+    assert not redis_client.sismember(server.periodic.keys.paused, "a")
+
+
+def test_resume_with_a_corrupt_version_fails_and_changes_nothing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a paused schedule whose version counter was overwritten by hand
+    server = _served(app, redis_client)
+    assert periodic.pause("a", app=app)
+    redis_client.hset(server.periodic.keys.versions, "a", "9" * 30)
+    before = _everything(redis_client)
+
+    # When it is resumed, the call fails
+    with pytest.raises(redis.ResponseError) as failure:
+        periodic.resume("a", app=app)
+
+    # Then it is still paused, as it was
+    assert _everything(redis_client) == before
+    assert "not a count" in str(failure.value)
+
+
+def test_park_once_with_an_invalid_due_time_fails_and_ticks_nothing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given an occurrence request whose due time is not a number
+    server = _served(app, redis_client)
+    store = server.periodic
+    (parked,) = _parked(redis_client, "a")
+    definition = store.snapshot().definitions["a"]
+    task_id = parked.replace(":v1:", ":v7:")
+    (request,) = server._requests(definition, task_id, occurrence_ms(parked))
+    broken = dataclasses.replace(request, due=Due("a", "nan"))  # type: ignore[arg-type]
+    before = _everything(redis_client)
+
+    # When it is parked once, the call fails
+    with pytest.raises(redis.ResponseError) as failure:
+        store.park_once(broken)
+
+    # Then it is not remembered as parked: parked properly, it is parked
+    assert _everything(redis_client) == before
+    assert "no valid due time" in str(failure.value)
+    assert store.park_once(request) is True
+    assert task_id in _parked(redis_client, "a")
+
+
+# -- item 3: a change or removal keeps an occurrence already due ----------------------
+
+
+@pytest.mark.parametrize("how", ["changed", "removed"])
+def test_a_change_or_removal_keeps_an_occurrence_already_due(
+    app: Celery, redis_client: redis.Redis, how: str
+) -> None:
+    # Given a 1-second schedule parked ahead, its first occurrence due but not
+    # released (no companion is releasing, as in a broker outage)
+    first = _server(app, {"a": {"task": "tests.record", "schedule": 1.0}})
+    first.reconcile()
+    _tend(first)
+    old = _parked(redis_client, "a")
+    earliest = min(occurrence_ms(i) for i in old)
+    wait_for(lambda: _redis_ms(redis_client) > earliest, timeout=10)
+
+    # When the entry is changed (or removed) by a deploy
+    before_ms = _redis_ms(redis_client)
+    schedule = {"a": {"task": "tests.record", "schedule": 30.0}} if how == "changed" else {}
+    second = _server(app, {**schedule, "z": {"task": "tests.record", "schedule": 60.0}}, "c2")
+    assert second.reconcile() == "done"
+    after_ms = _redis_ms(redis_client)
+    _tend(second)
+
+    # Then what was due at the change is still parked, what was ahead is cancelled
+    due_then = {i for i in old if occurrence_ms(i) <= before_ms}
+    ahead = {i for i in old if occurrence_ms(i) > after_ms}
+    assert due_then
+    assert ahead
+    now_parked = _parked(redis_client, "a")
+    assert due_then <= now_parked
+    assert not ahead & now_parked
+    if how == "changed":
+        assert any(i.startswith("periodic:a:v2:") for i in now_parked)
+
+    # And a companion releases each due one once
+    with Companion(app) as companion:
+        companion.release_due()
+    queued = redis_client.lrange("celery", 0, -1)
+    for task_id in due_then:
+        assert sum(task_id.encode() in raw for raw in queued) == 1
+
+
+def test_a_companion_that_read_the_schedule_before_a_change_keeps_what_was_due(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a 1-second schedule nobody parked yet, its first occurrence due,
+    # and a companion that read the schedules then
+    server = _server(app, {"a": {"task": "tests.record", "schedule": 1.0}})
+    server.reconcile()
+    start = server.periodic.snapshot().pointers["a"].ms
+    wait_for(lambda: _redis_ms(redis_client) > start + 1000, timeout=10)
+    snap = server.periodic.snapshot()
+    definition = snap.definitions["a"]
+
+    # When the entry changes before that companion parks from what it read
+    other = _server(app, {"a": {"task": "tests.record", "schedule": 30.0}}, "c2")
+    assert other.reconcile() == "done"
+    assert server._tend_one(definition, snap) == 0
+
+    # Then it takes back the old version's occurrences ahead, not the due ones
+    v1 = {i for i in _parked(redis_client, "a") if ":v1:" in i}
+    assert v1
+    assert all(occurrence_ms(i) <= snap.now_ms for i in v1)
