@@ -260,6 +260,7 @@ def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
         "task": entry.task,
         "shard": entry.shard,
         "due_ms": entry.due_ms,
+        "parked_ms": entry.parked_ms,
         "queue": entry.queue,
         "argsrepr": entry.argsrepr,
         "kwargsrepr": entry.kwargsrepr,

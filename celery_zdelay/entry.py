@@ -22,6 +22,12 @@ name, routing, content type), so it is stored in two parts:
       {"v":1,"t":"9f86d081884c7d65","n":269}
       "W1s0Ml0sIHt9..."\0"f9fe6d14-431f-..."\0"(42,)"\0...\0
 
+park.lua adds when the entry was parked, in epoch ms on the Redis clock, as
+the first key of the stored metadata line (``{"p":1764547200123,"v":1,...}``;
+see :func:`parked_ms`). No signature covers it: the producer cannot know it,
+and it decides nothing about what is released. Entries parked by earlier
+releases have no ``p``.
+
 Expanding an entry gives the classic single-part form that :func:`decode_entry`
 reads: ``{"v":1,"n":812,"k":...,"l":...,"q":[...]}``, a newline, the envelope
 head. Messages with more than :data:`MAX_VARIABLES` per-call values are
@@ -57,6 +63,7 @@ __all__ = [
     "encode_entry",
     "entry_headers",
     "expand_entry",
+    "parked_ms",
     "template_id",
 ]
 
@@ -70,6 +77,8 @@ _TAG_TAIL = '"delivery_tag":""}}'
 _COMPACT = (",", ":")
 _SIGNATURE_CONTEXT = b"celery-zdelay entry v1\0"
 _MARKER = re.compile(rb"\x00(.)", re.DOTALL)
+#: The parked-at stamp park.lua writes first in the stored metadata line.
+_PARKED = re.compile(rb'\{"p":(\d{1,16}),')
 #: json's own (C) string encoder, as json.dumps uses it with ensure_ascii.
 _encode_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
@@ -400,6 +409,16 @@ def decode_entry(
         raise
     except Exception as exc:
         raise EntryError(f"damaged payload: {type(exc).__name__}: {exc}") from exc
+
+
+def parked_ms(payload: bytes | None) -> int | None:
+    """Return when *payload* was parked, in epoch ms on the Redis clock.
+
+    None when it was not recorded: parked by a release before park.lua
+    stamped entries, or not read from the store.
+    """
+    match = _PARKED.match(payload) if payload else None
+    return int(match.group(1)) if match else None
 
 
 def entry_headers(payload: bytes, templates: TemplateLookup | None = None) -> dict[str, Any]:

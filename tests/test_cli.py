@@ -423,6 +423,7 @@ def test_list_json_is_stable_and_complete(app: Celery, stocked: Stock) -> None:
         "task",
         "shard",
         "due_ms",
+        "parked_ms",
         "queue",
         "argsrepr",
         "kwargsrepr",

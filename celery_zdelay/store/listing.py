@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, cast
 
+from ..entry import parked_ms
 from ._shared import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
@@ -61,6 +62,9 @@ class ParkedEntry:
     #: Claimed by a companion and not yet acknowledged (being released, or
     #: waiting for the broker); it returns to the due set if that fails.
     in_flight: bool = False
+    #: When it was parked, in epoch ms on the Redis clock; None when not
+    #: recorded (parked by an earlier release, which did not record it).
+    parked_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -208,4 +212,5 @@ def _parked_entry(
         expires=_optional(headers.get("expires")),
         error=error,
         in_flight=in_flight,
+        parked_ms=parked_ms(payload),
     )

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 from typing import Literal, cast
 
+from ..entry import parked_ms
 from ._shared import SEQ as _SEQ
 from ._shared import _describe, _optional, _shards, _text
 from .client import unavailable_as_error
@@ -47,6 +48,9 @@ class ParkedTask:
     shard: int
     #: Why it was dead-lettered (``state == "dead"``), or why its message cannot be read.
     reason: str | None = None
+    #: When it was parked, in epoch ms on the Redis clock; None when not
+    #: recorded (parked by an earlier release, which did not record it).
+    parked_ms: int | None = None
 
     @property
     def due(self) -> datetime | None:
@@ -54,6 +58,13 @@ class ParkedTask:
         if self.due_ms is None:
             return None
         return datetime.fromtimestamp(self.due_ms / 1000, tz=timezone.utc)
+
+    @property
+    def parked_at(self) -> datetime | None:
+        """:attr:`parked_ms` as an aware UTC datetime."""
+        if self.parked_ms is None:
+            return None
+        return datetime.fromtimestamp(self.parked_ms / 1000, tz=timezone.utc)
 
 
 def find(store: Store, task_id: str) -> ParkedTask | None:
@@ -80,6 +91,7 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
             queue=queue,
             shard=shard,
             reason=error,
+            parked_ms=parked_ms(payload),
         )
     if died is not None:
         dead = _dead_entry(store, task_id, shard, int(died), record)
@@ -91,6 +103,7 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
             queue=dead.queue,
             shard=shard,
             reason=dead.reason or dead.error,
+            parked_ms=parked_ms(bytes(record).partition(b"\n")[2] if record else None),
         )
     return None
 

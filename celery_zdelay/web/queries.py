@@ -22,7 +22,7 @@ from fnmatch import fnmatchcase
 from itertools import pairwise
 from typing import Any, cast
 
-from ..entry import entry_headers, expand_entry
+from ..entry import entry_headers, expand_entry, parked_ms
 from ..errors import EntryError
 from ..store import Store, admin
 from ..store._shared import SEQ as _SEQ
@@ -398,6 +398,8 @@ class EntryDetail:
     queue: str | None = None
     #: Why the payload cannot be read, if it cannot.
     error: str | None = None
+    #: When it was parked (epoch ms, Redis clock); None when not recorded.
+    parked_ms: int | None = None
 
 
 def entry_detail(store: Store, task_id: str) -> EntryDetail:
@@ -445,6 +447,7 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         headers=headers,
         queue=queue,
         error=error,
+        parked_ms=parked_ms(payload),
     )
 
 

@@ -20,6 +20,11 @@
 --           mode "r": due ms after the Redis clock; "a": absolute epoch ms
 --           dest "": no handoff destination
 -- returns the due ms of each entry, in argument order
+--
+-- Each payload is stored with when it was parked on the Redis clock: "p":<ms>
+-- spliced first into its metadata line ({"p":<ms>,"v":1,...}), replacing
+-- one a re-parked payload carries. It is outside what a signature covers
+-- (entry.py signs the envelope and its routing, never the metadata line).
 if redis.replicate_commands then redis.replicate_commands() end
 
 local due, msg, lease, leased, dests, marker, templates =
@@ -39,6 +44,21 @@ zdelay_expect_park()
 local n_templates = tonumber(ARGV[3])
 local first_entry = 4 + 2 * n_templates
 local now_ms = zdelay_now_ms()
+local stamp = '{"p":' .. string.format('%.0f', now_ms) .. ','
+
+-- *payload* with the parked-at stamp first in its metadata line. It costs
+-- one copy of the payload (gsub builds one string; a concatenation of a
+-- string.sub would make two). entry.py's payloads start '{"v":'; one read
+-- back from the store starts '{"p":' and has its stamp replaced.
+local byte, gsub = string.byte, string.gsub
+local function stamped(payload)
+  if byte(payload, 1) ~= 123 or byte(payload, 2) ~= 34 then return payload end  -- {"
+  if byte(payload, 3) == 112 then  -- p
+    local restamped, found = gsub(payload, '^{"p":%d+,', stamp, 1)
+    if found == 1 then return restamped end
+  end
+  return (gsub(payload, '^{', stamp, 1))
+end
 
 -- Same-millisecond entries keep parking order: each takes the next of the
 -- 1024 sequence slots of its millisecond (the last slot is shared once full).
@@ -98,7 +118,7 @@ for i = first_entry, #ARGV, 5 do
   end
   local score = score_for(due_ms)
   redis.call('ZADD', due, score, id)  -- replaces the score of an id parked before
-  redis.call('HSET', msg, id, payload)
+  redis.call('HSET', msg, id, stamped(payload))
   if dest ~= '' and not named[dest] then
     named[dest] = true
     redis.call('SADD', dests, dest)
