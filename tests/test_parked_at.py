@@ -124,6 +124,11 @@ def test_lookup_and_list_json_show_when_it_was_parked(
     assert dead.state == "dead"
     assert dead.parked_ms is not None
     assert before <= dead.parked_ms <= after
+    # A requeued dead letter keeps the time it was first parked.
+    assert admin.requeue_dead(store, [doomed.id]) == [True]
+    requeued = celery_zdelay.lookup(doomed.id, app=app)
+    assert requeued is not None
+    assert (requeued.state, requeued.parked_ms) == ("parked", dead.parked_ms)
 
 
 def test_the_entry_page_shows_parked_at_in_utc_and_the_browsers_zone(
