@@ -5,6 +5,8 @@ a schedule keeps an occurrence that is already due."""
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +19,8 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer
 from celery_zdelay.schedule import Due
 from celery_zdelay.store.keys import shard_keys
+from celery_zdelay.testing import RedisServer, free_port
+from tests.conftest import AppFactory
 from tests.helpers import wait_for
 from tests.periodic_helpers import occurrence_ms
 
@@ -44,6 +48,11 @@ def _everything(client: redis.Redis) -> dict[bytes, Any]:
 def _parked(client: redis.Redis, name: str) -> set[str]:
     prefix = f"periodic:{name}:"
     return {i.decode() for i in client.zrange(DUE, 0, -1) if i.decode().startswith(prefix)}
+
+
+def _ticked(client: redis.Redis) -> list[str]:
+    """Every occurrence ever parked (parked, leased or released)."""
+    return [i.decode() for i in client.zrange(TICKS, 0, -1)]
 
 
 def _redis_ms(client: redis.Redis) -> int:
@@ -222,3 +231,39 @@ def test_a_companion_that_read_the_schedule_before_a_change_keeps_what_was_due(
     v1 = {i for i in _parked(redis_client, "a") if ":v1:" in i}
     assert v1
     assert all(occurrence_ms(i) <= snap.now_ms for i in v1)
+
+
+# -- a broker outage does not hold back parking ahead ----------------------------------
+
+
+def test_during_a_broker_outage_a_live_companion_keeps_parking_ahead(
+    make_test_app: AppFactory,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a companion serving a 1-second schedule whose broker is unreachable:
+    # each release pass waits on connection retries, then backs off 8 s
+    # (longer than the 5 s parked ahead)
+    monkeypatch.setattr("celery_zdelay.companion.loop.BACKOFF_SECONDS", (8.0,))
+    app = make_test_app(broker=f"redis://127.0.0.1:{free_port()}/0")
+    app.conf.beat_schedule = {"a": {"task": "tests.record", "schedule": 1.0}}
+    companion = Companion(app, beat=True)
+    thread = threading.Thread(target=companion.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: bool(_ticked(redis_client)), timeout=20)
+        # When the outage lasts through the backoff
+        lags, times = [], []
+        end = time.monotonic() + 9
+        while time.monotonic() < end:
+            newest = max(occurrence_ms(i) for i in _ticked(redis_client))
+            lags.append(_redis_ms(redis_client) - newest)
+            times.append(time.monotonic())
+            time.sleep(0.2)  # sampling, not synchronisation
+    finally:
+        companion.stop()
+        thread.join(timeout=30)
+    # Then an occurrence ahead of now was parked at every moment: no tick
+    # falls behind while the companion waits for the broker
+    assert max(lags) < 0, [(round(t, 1), lag) for t, lag in zip(times, lags, strict=True)]

@@ -27,7 +27,7 @@ from .. import __version__, signals
 from ..config import get_config
 from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError, StoreUnavailableError
-from ..periodic.server import PeriodicServer
+from ..periodic.server import TEND_EVERY_SECONDS, PeriodicServer
 from ..store import Claimed, ClaimResult, Store
 from ..store.admin import COMPANION_ALIVE_MS, log_store_warnings
 from ..store.client import sanitize_url
@@ -130,6 +130,7 @@ class Companion:
 
     def run(self) -> None:
         """Release entries as they fall due until :meth:`stop` is called."""
+        periodic = self._start_periodic()
         self._detect_handoff()
         logger.info(
             "celery-zdelay %s companion %s started: store %s (shards %s), broker %s, handoff %s",
@@ -143,7 +144,6 @@ class Companion:
         # Parked tasks are only as durable as Redis, and only released from the
         # configured shards: say so when they are at risk.
         log_store_warnings(self.store)
-        self._serve_periodic(start=True)
         wakeup = Wakeup(self.store.client, [self.store.keys(s).wake for s in self.shards])
         wakeup.start()
         self._send(signals.companion_started)
@@ -152,8 +152,7 @@ class Companion:
             while not self._stopping.is_set():
                 self._heartbeat()
                 report = self._pass()
-                # After the release, so parking ahead never delays what is due.
-                self._serve_periodic(released=report)
+                self._note_periodic_runs(report)
                 if report.failed:
                     pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                     failures += 1
@@ -171,6 +170,9 @@ class Companion:
                     wait = min(wait, self._ownership.check_seconds)
                 self._sleep(wakeup, wait)
         finally:
+            self._stopping.set()
+            if periodic is not None:
+                periodic.join()
             wakeup.close()
             self.close()
             if self._ownership is not None:
@@ -567,27 +569,55 @@ class Companion:
 
     # -- helpers --------------------------------------------------------------
 
-    def _serve_periodic(self, *, start: bool = False, released: PassReport | None = None) -> None:
-        """Store beat_schedule at start, then park each schedule's next occurrences.
+    def _start_periodic(self) -> threading.Thread | None:
+        """Serve beat_schedule in a thread of its own (when this companion serves it).
 
-        With *released* (the pass just done), first record when the
-        periodic occurrences among what it released ran, and how late.
-
-        A failure here is logged and never stops releases: the store being
-        down is also met (and backed off) by the release pass.
+        Parking ahead writes only to Redis: a release pass that waits for a
+        broker (connection retries, backoff) must not hold it back, or an
+        occurrence not parked by its time would count as missed.
         """
         if self.periodic is None:
+            return None
+        thread = threading.Thread(
+            target=self._serve_periodic, name=f"zdelay-periodic-{self.id}", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _serve_periodic(self) -> None:
+        """Store beat_schedule, then park each schedule's next occurrences, until stopped.
+
+        A failure here is logged, backed off and never stops releases.
+        """
+        assert self.periodic is not None
+        start, failures = True, 0
+        while not self._stopping.is_set():
+            try:
+                if start:
+                    start = False
+                    self.periodic.reconcile()
+                self.periodic.tend()
+                failures, wait = 0, TEND_EVERY_SECONDS
+            except StoreUnavailableError as exc:
+                logger.warning("Store unreachable, periodic tasks wait: %s", exc)
+                wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+                failures += 1
+            except Exception:
+                logger.exception("Serving periodic tasks failed; retrying with backoff")
+                wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+                failures += 1
+            self._stopping.wait(wait)
+
+    def _note_periodic_runs(self, released: PassReport) -> None:
+        """Record when the periodic occurrences among what *released* held ran, and how late."""
+        if self.periodic is None or not released.due_ms:
             return
         try:
-            if released is not None and released.due_ms:
-                self.periodic.note_released(released.due_ms, released.lateness_ms)
-            if start:
-                self.periodic.reconcile()
-            self.periodic.tend()
+            self.periodic.note_released(released.due_ms, released.lateness_ms)
         except StoreUnavailableError as exc:
-            logger.warning("Store unreachable, periodic tasks wait: %s", exc)
+            logger.warning("Store unreachable, periodic runs not recorded: %s", exc)
         except Exception:
-            logger.exception("Serving periodic tasks failed; retrying on the next pass")
+            logger.exception("Recording periodic runs failed")
 
     def _renew_ownership(self) -> PassReport | None:
         """Keep shard leases up to date; a failed report when the store is down."""

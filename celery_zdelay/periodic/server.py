@@ -36,7 +36,7 @@ from .store import PeriodicStore, Snapshot
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["HORIZON_MS", "PeriodicServer", "occurrence_id"]
+__all__ = ["HORIZON_MS", "TEND_EVERY_SECONDS", "PeriodicServer", "occurrence_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,10 +140,13 @@ class PeriodicServer:
             self.reconcile()
             snap = self.periodic.snapshot()
         self._cancel(snap)
-        self._occurrences = {}
+        # Built aside, then swapped in: note_released may read it meanwhile
+        # (the companion's release loop, while this runs in its own thread).
+        occurrences: dict[int, list[str]] = {}
         for name, pointer in snap.pointers.items():
             for ms, _ in pointer.parked:
-                self._occurrences.setdefault(ms, []).append(name)
+                occurrences.setdefault(ms, []).append(name)
+        self._occurrences = occurrences
         parked = 0
         for name, definition in snap.definitions.items():
             if name in snap.paused:
