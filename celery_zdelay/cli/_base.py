@@ -17,7 +17,7 @@ from .._format import parse_duration_ms
 from ..config import get_config
 from ..errors import ConfigurationError, StoreUnavailableError
 from ..schedule import Due, due_from
-from ..store import Store
+from ..store import Store, admin
 
 __all__ = [
     "EXIT_CHECK_FAILED",
@@ -121,6 +121,18 @@ def _json_option(what: str) -> Callable[[F], F]:
         cls=CeleryOption,
         help_group="Output Options",
         help=f"Print {what} as one JSON document (fields: docs/cli.rst).",
+    )
+
+
+def _limit_option() -> Callable[[F], F]:
+    return click.option(
+        "--limit",
+        type=click.IntRange(1, admin.MAX_LIST_LIMIT),
+        default=admin.DEFAULT_LIST_LIMIT,
+        show_default=True,
+        cls=CeleryOption,
+        help_group="Output Options",
+        help="Most entries to show.",
     )
 
 

@@ -17,6 +17,7 @@ from ._base import (
     ZDelayGroup,
     _echo_json,
     _json_option,
+    _limit_option,
     _store,
 )
 from .companion import zdelay
@@ -69,15 +70,7 @@ def dead() -> None:
 
 
 @dead.command("list", cls=ZDelayCommand, epilog=_DEAD_LIST_EPILOG, context_settings=_CONTEXT)
-@click.option(
-    "--limit",
-    type=click.IntRange(1, admin.MAX_LIST_LIMIT),
-    default=admin.DEFAULT_LIST_LIMIT,
-    show_default=True,
-    cls=CeleryOption,
-    help_group="Output Options",
-    help="Most entries to show.",
-)
+@_limit_option()
 @_json_option("the entries")
 @click.pass_context
 def dead_list(ctx: click.Context, limit: int, as_json: bool) -> None:

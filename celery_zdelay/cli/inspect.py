@@ -16,6 +16,7 @@ from ._base import (
     ZDelayCommand,
     _echo_json,
     _json_option,
+    _limit_option,
     _parse_when,
     _relative,
     _resolve,
@@ -139,15 +140,7 @@ def status(
     help_group="Filter Options",
     help="Only entries due at or after WHEN.",
 )
-@click.option(
-    "--limit",
-    type=click.IntRange(1, admin.MAX_LIST_LIMIT),
-    default=admin.DEFAULT_LIST_LIMIT,
-    show_default=True,
-    cls=CeleryOption,
-    help_group="Output Options",
-    help="Most entries to show.",
-)
+@_limit_option()
 @_json_option("the entries")
 @click.pass_context
 def list_(
