@@ -27,6 +27,9 @@ class PausableProxy:
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        #: Client connections accepted, and those the client has closed since.
+        self.accepted = 0
+        self.closed_by_client = 0
 
     def url(self, scheme_url: str) -> str:
         """Return *scheme_url* (``amqp://user:pw@host:port/vhost``) pointed at the proxy."""
@@ -40,6 +43,11 @@ class PausableProxy:
 
     def resume(self) -> None:
         self._answering.set()
+
+    def open_clients(self) -> int:
+        """How many client connections are open (the client has not closed them)."""
+        with self._lock:
+            return self.accepted - self.closed_by_client
 
     def __enter__(self) -> Self:
         threading.Thread(target=self._accept, daemon=True).start()
@@ -63,6 +71,7 @@ class PausableProxy:
             server = socket.create_connection(self.target)
             with self._lock:
                 self._sockets += [client, server]
+                self.accepted += 1
             threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
             threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
 
@@ -71,6 +80,9 @@ class PausableProxy:
             while True:
                 data = source.recv(65536)
                 if not data:
+                    if not replies:
+                        with self._lock:
+                            self.closed_by_client += 1
                     break
                 while replies and not self._answering.wait(0.1):
                     if self._closed.is_set():

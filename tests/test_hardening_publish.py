@@ -4,6 +4,7 @@ the companion survives what its broker and store throw at it."""
 
 from __future__ import annotations
 
+import gc
 import json
 import uuid
 from typing import Any
@@ -15,6 +16,7 @@ from kombu import Connection, Queue
 from celery_zdelay.companion import Companion
 from celery_zdelay.store import admin
 from tests.conftest import AppFactory, RabbitMQ
+from tests.helpers import wait_for
 from tests.proxy import PausableProxy
 from tests.servers import LocalSQS
 
@@ -331,3 +333,35 @@ def test_a_redis_refusal_that_waits_holds_back_its_message_only(
     allowed = admin_client.lrange("forbidden", 0, -1)
     assert [json.loads(raw)["headers"]["id"] for raw in allowed] == [refused]
     assert _store_ids(app) == (0, 0, 0)
+
+
+# -- a connection that fails halfway is closed at once -------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_redis_broker_neither_hangs_the_companion_nor_leaves_a_socket_open(
+    make_test_app: AppFactory, broker_server: Any
+) -> None:
+    # Given a Redis broker that accepts connections but does not answer
+    # (before: telling whether the handoff applies waited for it forever)
+    with PausableProxy("127.0.0.1", broker_server.port) as proxy:
+        app = make_test_app(
+            broker=f"redis://127.0.0.1:{proxy.port}/0", conf={"zdelay_lease_seconds": 1}
+        )
+        app.tasks["tests.add"].apply_delayed((1, 1), countdown=0)
+        proxy.pause()
+        # The garbage collector would close the socket some time later (and
+        # warn about it then, in whatever code runs); it must be closed now.
+        gc.disable()
+        try:
+            with Companion(app) as companion:
+                report = companion.release_due()
+                assert report.failed
+                assert report.returned == 1
+                wait_for(lambda: proxy.open_clients() == 0, timeout=10, message="sockets closed")
+        finally:
+            gc.enable()
+        proxy.resume()
+
+    # And the task waits in the store, as before
+    assert _store_ids(app) == (1, 0, 0)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..redis_layout import RedisLayout
+from .publish import broker_connection
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -37,12 +38,14 @@ class Handoff:
         return self._dests[shard]
 
 
-def detect_handoff(app: Celery, store: Store) -> tuple[Handoff | None, str]:
+def detect_handoff(app: Celery, store: Store, *, wait: float) -> tuple[Handoff | None, str]:
     """Return the handoff for *app* if its broker is the store's Redis database.
 
-    The second value says why (not), for the companion's start-up line.
+    The second value says why (not), for the companion's start-up line. A
+    broker that does not answer within *wait* seconds raises (kombu's own
+    connect would retry for minutes, a silent one forever).
     """
-    connection = app.connection_for_write()
+    connection = broker_connection(app, wait)
     try:
         transport = connection.transport
         if transport.driver_type != "redis":
@@ -50,6 +53,7 @@ def detect_handoff(app: Celery, store: Store) -> tuple[Handoff | None, str]:
         if store.cluster:
             # kombu has no Redis Cluster transport: the broker is elsewhere.
             return None, "off (the store is a Redis Cluster, the broker is not)"
+        connection.ensure_connection(max_retries=1)
         broker = connection.default_channel.client
         same_server = _run_id(broker) == _run_id(store.client)
         broker_db, store_db = _db(broker), _db(store.client)

@@ -637,7 +637,9 @@ class Companion:
 
     def _detect_handoff(self) -> None:
         try:
-            self._handoff, self.handoff_state = detect_handoff(self.app, self.store)
+            self._handoff, self.handoff_state = detect_handoff(
+                self.app, self.store, wait=self.publisher.broker_wait
+            )
             self._handoff_known = True
         except Exception as exc:
             # The Redis broker is unreachable; use the generic path until it is back.

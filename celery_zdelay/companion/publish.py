@@ -133,22 +133,17 @@ class Publisher:
 
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
-            # No AMQP heartbeats: the companion may sleep for long stretches
-            # without draining events; a dead connection is replaced on error.
-            connection = self.app.connection_for_write(
-                heartbeat=0, connect_timeout=self.broker_wait
-            )
-            # The transport's own confirm_publish waits for each message's
-            # confirm in turn; the confirm publisher collects them per batch.
-            connection.transport_options.pop("confirm_publish", None)
-            if connection.transport.driver_type == "redis":
-                # A frozen Redis must time out, not hang forever. Only Redis
-                # transports take this option: others (SQLAlchemy) pass what
-                # they do not know on, and fail on it.
-                connection.transport_options.setdefault("socket_timeout", self.broker_wait)
-            connection.ensure_connection(max_retries=1)
+            connection = broker_connection(self.app, self.broker_wait)
             self._connection = connection
-            self._producer = self._open_producer()
+            try:
+                connection.ensure_connection(max_retries=1)
+                self._producer = self._open_producer()
+            except BaseException:
+                # A connect or first command that failed halfway (a timeout
+                # under load) may have left a socket open: close it now, not
+                # whenever the garbage collector finds the connection.
+                self._drop()
+                raise
         return self._producer
 
     def _open_producer(self) -> Producer:
@@ -614,6 +609,25 @@ def supports_confirms(transport: Any) -> bool:
     """Whether *transport*'s channels can confirm publishes (RabbitMQ's extension)."""
     channel_class = getattr(getattr(transport, "Connection", None), "Channel", None)
     return callable(getattr(channel_class, "confirm_select", None))
+
+
+def broker_connection(app: Celery, wait: float) -> Connection:
+    """Return a connection to *app*'s broker (not yet open) that waits at most *wait* s.
+
+    The connect, and on Redis every reply, time out after *wait*: a broker
+    that accepts connections but does not answer must not hang the companion.
+    """
+    # No AMQP heartbeats: the companion may sleep for long stretches
+    # without draining events; a dead connection is replaced on error.
+    connection = app.connection_for_write(heartbeat=0, connect_timeout=wait)
+    # The transport's own confirm_publish waits for each message's
+    # confirm in turn; the confirm publisher collects them per batch.
+    connection.transport_options.pop("confirm_publish", None)
+    if connection.transport.driver_type == "redis":
+        # Only Redis transports take this option: others (SQLAlchemy) pass
+        # what they do not know on, and fail on it.
+        connection.transport_options.setdefault("socket_timeout", wait)
+    return connection
 
 
 def make_publisher(app: Celery, *, lease_ms: int) -> Publisher:
