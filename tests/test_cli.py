@@ -460,6 +460,32 @@ def test_list_filters_by_task_and_due_window(app: Celery, stocked: Stock) -> Non
     assert run(app, "list", "--task", "nothing").stdout.strip() == "No parked entries match."
 
 
+def test_list_filters_by_queue_with_task_and_due_window(app: Celery) -> None:
+    # Given the same task parked for two queues, in flight for one of them
+    record = app.tasks["tests.record"]
+    orders = [record.apply_delayed((i,), countdown=600, queue="orders").id for i in range(3)]
+    mails = [record.apply_delayed((i,), countdown=900, queue="mails").id for i in range(2)]
+    with Companion(app) as companion:
+        store = companion.store
+        taken = store.claim(
+            store.shard_of(orders[0]), limit=1, lease_ms=600_000, advance_ms=700_000
+        )
+    assert [entry.task_id for entry in taken.entries] == [orders[0]]
+
+    def ids(*args: str) -> list[str]:
+        result = run(app, "list", "--json", *args)
+        assert result.exit_code == EXIT_OK, result.output
+        return [e["id"] for e in json.loads(result.stdout)["entries"]]
+
+    # Then --queue selects by queue (name or pattern), in flight included,
+    # and combines with the task and due-time filters
+    assert ids("--queue", "orders") == orders
+    assert ids("--queue", "m*") == mails
+    assert ids("--queue", "orders", "--task", "tests.add") == []
+    assert ids("--queue", "*s", "--due-after", "12m") == mails
+    assert run(app, "list", "--queue", "nothing").stdout.strip() == "No parked entries match."
+
+
 @pytest.mark.parametrize("bad", ["soon", "10 minutes", "2025-13-45"])
 def test_list_refuses_a_time_it_cannot_read(app: Celery, bad: str) -> None:
     result = run(app, "list", "--due-before", bad)

@@ -45,6 +45,7 @@ Examples:
   celery -A proj zdelay list
   celery -A proj zdelay list --task proj.orders.cancel_unpaid --limit 20
   celery -A proj zdelay list --task 'proj.orders.*' --due-before 1h
+  celery -A proj zdelay list --queue orders
   celery -A proj zdelay list --due-before now              # overdue entries
   celery -A proj zdelay list --due-after 2025-06-01T00:00:00Z --json
 
@@ -125,6 +126,13 @@ def status(
     help="Only entries of this task: a name or a glob pattern such as 'proj.orders.*'.",
 )
 @click.option(
+    "--queue",
+    metavar="NAME",
+    cls=CeleryOption,
+    help_group="Filter Options",
+    help="Only entries routed to this queue: a name or a glob pattern.",
+)
+@click.option(
     "--due-before",
     metavar="WHEN",
     callback=_parse_when,
@@ -146,6 +154,7 @@ def status(
 def list_(
     ctx: click.Context,
     task: str | None,
+    queue: str | None,
     due_before: Due | None,
     due_after: Due | None,
     limit: int,
@@ -161,6 +170,7 @@ def list_(
         listing = admin.list_parked(
             store,
             task=task,
+            queue=queue,
             due_after_ms=_resolve(due_after, now_ms),
             due_before_ms=_resolve(due_before, now_ms),
             limit=limit,

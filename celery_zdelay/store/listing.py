@@ -7,7 +7,7 @@ what one claim does. Entries in flight are listed too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, cast
@@ -81,6 +81,7 @@ def list_parked(
     store: Store,
     *,
     task: str | None = None,
+    queue: str | None = None,
     due_after_ms: int | None = None,
     due_before_ms: int | None = None,
     limit: int = DEFAULT_LIST_LIMIT,
@@ -90,9 +91,9 @@ def list_parked(
     """Return parked entries in due order, at most *limit* of them.
 
     *due_after_ms* and *due_before_ms* select due times in ``[after,
-    before)``; *task* is a task name or a glob pattern (``proj.orders.*``).
-    Without *task* each shard costs one bounded range read; with it, each
-    shard reads at most *scan_limit* entries, in pages.
+    before)``; *task* and *queue* are names or glob patterns
+    (``proj.orders.*``). Without them each shard costs one bounded range
+    read; with them, each shard reads at most *scan_limit* entries, in pages.
     """
     _check_limit(limit)
     numbers = _shards(store, shards)
@@ -101,10 +102,11 @@ def list_parked(
     high = "+inf" if due_before_ms is None else f"({due_before_ms * _SEQ}"
     found: list[tuple[int, int, ParkedEntry]] = []
     more = False
+    wanted = _matcher(task, queue)
     for shard in numbers:
-        entries, shard_more = _parked_in_shard(store, shard, low, high, task, limit, scan_limit)
+        entries, shard_more = _parked_in_shard(store, shard, low, high, wanted, limit, scan_limit)
         found += entries
-        found += _in_flight_in_shard(store, shard, due_after_ms, due_before_ms, task)
+        found += _in_flight_in_shard(store, shard, due_after_ms, due_before_ms, wanted)
         more = more or shard_more
     found.sort(key=lambda item: (item[0], item[1]))
     if len(found) > limit:
@@ -112,12 +114,25 @@ def list_parked(
     return Listing(now_ms=now_ms, entries=[entry for _, _, entry in found[:limit]], more=more)
 
 
+def _matcher(task: str | None, queue: str | None) -> Callable[[ParkedEntry], bool] | None:
+    """Return whether an entry matches the *task* and *queue* patterns; None matches all."""
+    if task is None and queue is None:
+        return None
+
+    def wanted(entry: ParkedEntry) -> bool:
+        if task is not None and (entry.task is None or not fnmatchcase(entry.task, task)):
+            return False
+        return queue is None or (entry.queue is not None and fnmatchcase(entry.queue, queue))
+
+    return wanted
+
+
 def _parked_in_shard(
     store: Store,
     shard: int,
     low: str,
     high: str,
-    task: str | None,
+    wanted: Callable[[ParkedEntry], bool] | None,
     limit: int,
     scan_limit: int,
 ) -> tuple[list[tuple[int, int, ParkedEntry]], bool]:
@@ -126,7 +141,7 @@ def _parked_in_shard(
     matches: list[tuple[int, int, ParkedEntry]] = []
     offset = 0
     while True:
-        page = limit + 1 if task is None else min(_PAGE, scan_limit - offset)
+        page = limit + 1 if wanted is None else min(_PAGE, scan_limit - offset)
         with unavailable_as_error(store.url):
             # The store's client returns bytes (decode_responses=False).
             members = cast(
@@ -146,11 +161,11 @@ def _parked_in_shard(
             if payload is None and member not in still_parked:
                 continue  # released between the two reads
             entry = _parked_entry(store, task_id, shard, int(score), payload)
-            if task is not None and (entry.task is None or not fnmatchcase(entry.task, task)):
+            if wanted is not None and not wanted(entry):
                 continue
             matches.append((int(score), shard, entry))
         offset += len(members)
-        if task is None or len(matches) > limit or len(members) < page:
+        if wanted is None or len(matches) > limit or len(members) < page:
             return matches, False
         if offset >= scan_limit:
             return matches, True
@@ -161,7 +176,7 @@ def _in_flight_in_shard(
     shard: int,
     due_after_ms: int | None,
     due_before_ms: int | None,
-    task: str | None,
+    wanted: Callable[[ParkedEntry], bool] | None,
 ) -> list[tuple[int, int, ParkedEntry]]:
     """Return the in-flight entries of *shard* that match, as :func:`_parked_in_shard` does.
 
@@ -185,7 +200,7 @@ def _in_flight_in_shard(
         if due_before_ms is not None and due_ms >= due_before_ms:
             continue
         entry = _parked_entry(store, _text(member), shard, score, payload, in_flight=True)
-        if task is not None and (entry.task is None or not fnmatchcase(entry.task, task)):
+        if wanted is not None and not wanted(entry):
             continue
         found.append((score, shard, entry))
     return found
