@@ -18,7 +18,11 @@ Bulk
       sent to the broker (the same Redis) as Celery sends them;
     * ``bare park``: the limit of one round trip, :data:`BARE_PARK_LUA` (ZADD +
       HSET per entry) parking payloads of the mean size the bulk path parked,
-      built from bytes prepared before the clock starts.
+      built from bytes prepared before the clock starts;
+    * ``celery build``: the other limit, Celery's own work per call alone:
+      ``celery_zdelay.bulk.build_messages``, which ``apply_delayed_many`` runs
+      before it encodes and parks (``create_task_message``, the publish
+      signals and kombu's serialization per call), with nothing parked.
 
     Rate = tasks / wall time; CPU time of this process per task
     (``time.process_time``); Redis time per task from ``INFO commandstats``
@@ -33,6 +37,7 @@ import time
 from typing import Any
 
 import celery_zdelay
+from celery_zdelay.bulk import build_messages
 
 from .common import PARK_CHUNK, Sizes
 from .infra import MachineLoad, Resources, commands_per_task, reset_stats, script_stats
@@ -107,6 +112,9 @@ def run_producer(sizes: Sizes) -> dict[str, Any]:
         "bulk_limit_ratio": round(
             bulk["apply_delayed_many"]["rate"] / bulk["bare park"]["rate"], 3
         ),
+        "bulk_celery_ratio": round(
+            bulk["apply_delayed_many"]["rate"] / bulk["celery build"]["rate"], 3
+        ),
     }
 
 
@@ -136,9 +144,18 @@ def _bulk_paths(app: Any, client: Any, n: int, offset: int) -> dict[str, Any]:
             for seq in range(base, base + n):
                 noop.apply_async((seq, 0), countdown=3600, producer=producer)
 
+    def celery_build(base: int) -> None:
+        for chunk in chunks(base):
+            build_messages(noop, [(seq, 0) for seq in chunk], {"countdown": 3600})
+
     many(0)  # warm: scripts loaded, the first call's path recorded
     paths: dict[str, Any] = {}
-    for name, fn in (("apply_delayed_many", many), ("batch", batch), ("apply_async", plain)):
+    for name, fn in (
+        ("apply_delayed_many", many),
+        ("batch", batch),
+        ("apply_async", plain),
+        ("celery build", celery_build),
+    ):
         client.flushdb()
         paths[name] = _timed(client, n, functools.partial(fn, offset))
         offset += n

@@ -263,6 +263,12 @@ def _producer_verdicts(results: dict[str, Any]) -> list[Verdict]:
             f"(batch() {bulk['batch']['script_us_per_task']:.2f}, "
             f"bare {bare['script_us_per_task']:.2f})"
         )
+        built = bulk.get("celery build")
+        if built:
+            comparison += (
+                f"; Celery's own build and send per call alone (nothing parked): "
+                f"{fmt_int(built['rate'])}/s ({many['rate'] / built['rate']:.2f}x of it)"
+            )
     else:
         comparison = f"apply_async one by one: {fmt_int(plain_rate)}/s"
     return [
@@ -841,7 +847,7 @@ def rst_limits(run: dict[str, Any], run_path: Path) -> str:
             "in the same run.\n"
         )
     table = _list_table(
-        ["path", "rate", "bare-Redis limit", "ratio", "Redis script time per task (path / bare)"],
+        ["path", "rate", "limit, same run", "ratio", "Redis script time per task (path / bare)"],
         rows,
         [30, 12, 26, 8, 24],
     )
@@ -884,6 +890,19 @@ def _limit_rows(results: dict[str, Any]) -> list[list[str]]:
                     f"{path['script_us_per_task']:.2f} / {bare['script_us_per_task']:.2f} µs"
                     if path["script_us_per_task"]
                     else f"no script ({path['redis_us_per_task']:.2f} µs of Redis commands)",
+                ]
+            )
+        built = bulk.get("celery build")
+        if built:
+            many = bulk["apply_delayed_many"]
+            rows.append(
+                [
+                    "parking, apply_delayed_many",
+                    f"{fmt_int(many['rate'])}/s",
+                    f"{fmt_int(built['rate'])}/s (Celery's own build and send per call, "
+                    "nothing parked)",
+                    f"{many['rate'] / built['rate']:.2f}",
+                    "no Redis",
                 ]
             )
     return rows
