@@ -12,6 +12,7 @@ import base64
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -160,6 +161,23 @@ def test_filters_by_queue_id_prefix_and_due_window(app: Celery, store: Store) ->
     html = client.get("/parked?queue=orders&due_before=1h").get_data(as_text=True)
     assert all(r.id in html for r in orders)
     assert other.id not in html
+
+
+def test_relative_filters_count_from_the_redis_clock_not_the_web_hosts(
+    app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given one task due in 10 minutes, and a web host whose clock is an hour fast
+    soon = app.tasks["tests.record"].apply_delayed((1,), countdown=600).id
+    fast = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: fast)
+    client = Client(create_app(app))
+
+    # Then "due within the hour" and "overdue" select on the store's clock
+    # (before: the hour-fast host called the task overdue and not due soon)
+    within_hour = client.get("/parked?due_before=1h").get_data(as_text=True)
+    overdue = client.get("/parked?due_before=0s").get_data(as_text=True)
+    assert soon in within_hour
+    assert soon not in overdue
 
 
 def test_a_queue_filter_finds_entries_of_one_task_sent_with_several_routing_keys(

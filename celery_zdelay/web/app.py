@@ -221,7 +221,7 @@ class Dashboard:
         }
 
     def view_parked(self, ctx: _Context) -> Response:
-        filters, problems = _filters(ctx.request.args)
+        filters, problems = _filters(ctx.request.args, self.store.time_ms)
         raw_cursor = ctx.request.args.get("cursor", "")
         cursor = queries.Cursor.decode(raw_cursor) if raw_cursor else None
         with ctx.timer():
@@ -380,7 +380,7 @@ class Dashboard:
         """Return the ids an action applies to, and whether more matched than it takes."""
         if form.get("scope") != "filter":
             return queries.as_ids(form.getlist("ids"))[:MAX_BULK], False
-        filters, problems = _filters(form)
+        filters, problems = _filters(form, self.store.time_ms)
         if problems:
             raise BadRequest("; ".join(problems))
         ids: list[str] = []
@@ -453,8 +453,13 @@ class _Context:
         self.cookie = cookie
 
 
-def _filters(args: Any) -> tuple[queries.Filters, list[str]]:
-    """Read the listing's filter fields; return them and what could not be read."""
+def _filters(args: Any, now_ms: Callable[[], int]) -> tuple[queries.Filters, list[str]]:
+    """Read the listing's filter fields; return them and what could not be read.
+
+    A duration (15m, -1h) counts from *now_ms*, the Redis clock due times
+    are read on, as the CLI's filters do: a web host whose clock is off must
+    not shift what "overdue" or "due in the next hour" selects.
+    """
     problems = []
     bounds: list[int | None] = []
     for name in ("due_after", "due_before"):
@@ -463,7 +468,7 @@ def _filters(args: Any) -> tuple[queries.Filters, list[str]]:
             bounds.append(None)
             continue
         try:
-            bounds.append(_when_ms(text))
+            bounds.append(_when_ms(text, now_ms))
         except ConfigurationError:
             problems.append(
                 f"{name}: use a duration from now (15m, -1h, 2d) or an ISO 8601 time, got {text!r}"
@@ -486,10 +491,10 @@ def _filter_query(args: Any) -> dict[str, str]:
     return {name: args.get(name) for name in names if args.get(name)}
 
 
-def _when_ms(text: str) -> int:
+def _when_ms(text: str, now_ms: Callable[[], int]) -> int:
     offset = parse_duration_ms(text)
     if offset is not None:
-        return int(time.time() * 1000) + offset
+        return now_ms() + offset
     due = due_from(eta=text)
     return due.ms
 
