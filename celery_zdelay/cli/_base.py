@@ -124,6 +124,18 @@ def _json_option(what: str) -> Callable[[F], F]:
     )
 
 
+def _when_option(flag: str, help: str) -> Callable[[F], F]:
+    """A due-time filter option (``--due-before``/``--due-after``), read by :func:`_parse_when`."""
+    return click.option(
+        flag,
+        metavar="WHEN",
+        callback=_parse_when,
+        cls=CeleryOption,
+        help_group="Filter Options",
+        help=help,
+    )
+
+
 def _limit_option() -> Callable[[F], F]:
     return click.option(
         "--limit",

@@ -17,10 +17,10 @@ from ._base import (
     _echo_json,
     _json_option,
     _limit_option,
-    _parse_when,
     _relative,
     _resolve,
     _store,
+    _when_option,
 )
 from .companion import zdelay
 
@@ -132,22 +132,8 @@ def status(
     help_group="Filter Options",
     help="Only entries routed to this queue: a name or a glob pattern.",
 )
-@click.option(
-    "--due-before",
-    metavar="WHEN",
-    callback=_parse_when,
-    cls=CeleryOption,
-    help_group="Filter Options",
-    help="Only entries due before WHEN.",
-)
-@click.option(
-    "--due-after",
-    metavar="WHEN",
-    callback=_parse_when,
-    cls=CeleryOption,
-    help_group="Filter Options",
-    help="Only entries due at or after WHEN.",
-)
+@_when_option("--due-before", "Only entries due before WHEN.")
+@_when_option("--due-after", "Only entries due at or after WHEN.")
 @_limit_option()
 @_json_option("the entries")
 @click.pass_context

@@ -21,7 +21,7 @@ from ._base import (
     F,
     ZDelayCommand,
     _exit_codes,
-    _parse_when,
+    _when_option,
 )
 from .companion import zdelay
 
@@ -76,22 +76,8 @@ def _filter_options(what: str) -> Callable[[F], F]:
                 help_group="Filter Options",
                 help=f"{what} every parked task routed to this queue (name or glob pattern).",
             ),
-            click.option(
-                "--due-before",
-                metavar="WHEN",
-                callback=_parse_when,
-                cls=CeleryOption,
-                help_group="Filter Options",
-                help="Only tasks due before WHEN (as for list).",
-            ),
-            click.option(
-                "--due-after",
-                metavar="WHEN",
-                callback=_parse_when,
-                cls=CeleryOption,
-                help_group="Filter Options",
-                help="Only tasks due at or after WHEN (as for list).",
-            ),
+            _when_option("--due-before", "Only tasks due before WHEN (as for list)."),
+            _when_option("--due-after", "Only tasks due at or after WHEN (as for list)."),
             click.option(
                 "--dry-run",
                 is_flag=True,

@@ -110,12 +110,7 @@ class Publisher:
 
     def close(self) -> None:
         """Drop the broker connection; the next batch opens a new one."""
-        connection, self._connection, self._producer = self._connection, None, None
-        if connection is not None:
-            try:
-                connection.close()
-            except Exception:  # pragma: no cover - best effort on a dead socket
-                logger.debug("Closing the broker connection failed", exc_info=True)
+        self._let_go(polite=True)
 
     # -- internals ------------------------------------------------------------
 
@@ -124,12 +119,18 @@ class Publisher:
 
         A broker that stopped answering would not answer a polite close either.
         """
+        self._let_go(polite=False)
+
+    def _let_go(self, *, polite: bool) -> None:
         connection, self._connection, self._producer = self._connection, None, None
         if connection is not None:
             try:
-                connection.collect()
+                if polite:
+                    connection.close()
+                else:
+                    connection.collect()
             except Exception:  # pragma: no cover - best effort on a dead socket
-                logger.debug("Dropping the broker connection failed", exc_info=True)
+                logger.debug("Letting go of the broker connection failed", exc_info=True)
 
     def _ensure_producer(self) -> Producer:
         if self._producer is None:

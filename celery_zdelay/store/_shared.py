@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ..entry import TemplateLookup, entry_headers, expand_entry
@@ -72,6 +73,13 @@ def _shards(store: Store, shards: Iterable[int] | None) -> list[int]:
             f"{store.config.shards}, so shards run from 0 to {store.config.shards - 1}."
         )
     return numbers
+
+
+def _matches(name: Any, queue: Any, task_pattern: str | None, queue_pattern: str | None) -> bool:
+    """Whether a task *name* routed to *queue* matches the glob patterns (None: any)."""
+    if task_pattern is not None and not (isinstance(name, str) and fnmatchcase(name, task_pattern)):
+        return False
+    return queue_pattern is None or (isinstance(queue, str) and fnmatchcase(queue, queue_pattern))
 
 
 def _check_limit(limit: int) -> None:

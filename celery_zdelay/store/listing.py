@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any, cast
 
 from ..entry import parked_ms
@@ -18,6 +17,7 @@ from ._shared import (
     MAX_LIST_LIMIT,
     _check_limit,
     _describe,
+    _matches,
     _optional,
     _shards,
     _still_in,
@@ -120,9 +120,7 @@ def _matcher(task: str | None, queue: str | None) -> Callable[[ParkedEntry], boo
         return None
 
     def wanted(entry: ParkedEntry) -> bool:
-        if task is not None and (entry.task is None or not fnmatchcase(entry.task, task)):
-            return False
-        return queue is None or (entry.queue is not None and fnmatchcase(entry.queue, queue))
+        return _matches(entry.task, entry.queue, task, queue)
 
     return wanted
 

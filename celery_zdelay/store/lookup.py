@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from fnmatch import fnmatchcase
 from typing import Literal, cast
 
 from ..entry import parked_ms
 from ._shared import SEQ as _SEQ
-from ._shared import _describe, _optional, _shards, _text
+from ._shared import _describe, _matches, _optional, _shards, _text
 from .client import unavailable_as_error
 from .deadletters import _dead_entry
 from .store import Store
@@ -145,12 +144,7 @@ def select(
             for member, payload in zip(members, payloads, strict=True):
                 if task is not None or queue is not None:
                     headers, routing_key, _ = _describe(payload, store.templates(shard))
-                    name = headers.get("task")
-                    if task is not None and not (isinstance(name, str) and fnmatchcase(name, task)):
-                        continue
-                    if queue is not None and not (
-                        routing_key is not None and fnmatchcase(routing_key, queue)
-                    ):
+                    if not _matches(headers.get("task"), routing_key, task, queue):
                         continue
                 found.append(_text(member))
             offset += len(members)
