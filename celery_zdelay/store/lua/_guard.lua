@@ -154,3 +154,13 @@ end
 local function zdelay_count(delta, tid, by)
   if tid then delta[tid] = (delta[tid] or 0) + (by or 1) end
 end
+
+-- Fills result[3] and result[4] of a claim or handoff reply: the due ms of
+-- the earliest entry still parked and the earliest lease expiry (left as
+-- they are when the set is empty), so the companion knows when to wake.
+local function zdelay_next_events(result, due, lease)
+  local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  if head[2] then result[3] = math.floor(tonumber(head[2]) / 1024) end
+  local first_lease = redis.call('ZRANGE', lease, 0, 0, 'WITHSCORES')
+  if first_lease[2] then result[4] = tonumber(first_lease[2]) end
+end

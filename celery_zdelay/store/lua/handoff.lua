@@ -181,8 +181,5 @@ for i, due_ms in ipairs(handed_due) do
   result[#result + 1] = due_ms
 end
 
-local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-if head[2] then result[3] = math.floor(tonumber(head[2]) / 1024) end
-local first_lease = redis.call('ZRANGE', lease, 0, 0, 'WITHSCORES')
-if first_lease[2] then result[4] = tonumber(first_lease[2]) end
+zdelay_next_events(result, due, lease)
 return result
