@@ -198,3 +198,22 @@ def prepare_before_due(
         reset()
         margin_s = (time.monotonic() - started) * 2 + 1.0
     raise BenchmarkError(f"{what}: not ready before the due time in {attempts} attempts")
+
+
+def release_all(companion: Any, n: int, what: str) -> tuple[int, int]:
+    """Run release passes of *companion* until *n* tasks are out; return (passes, handed off).
+
+    A pass that fails or releases nothing stops the benchmark: the store
+    holds fewer due entries than it was given, or the broker is gone.
+    """
+    from .infra import BenchmarkError
+
+    released = passes = handed_off = 0
+    while released < n:
+        passes += 1
+        report = companion.release_due()
+        if report.failed or report.released == 0:
+            raise BenchmarkError(f"{what}: release stalled at {released}/{n}")
+        released += report.released
+        handed_off += report.handed_off
+    return passes, handed_off

@@ -27,7 +27,7 @@ import redis
 
 from celery_zdelay.companion import Companion
 
-from .common import Sizes, median_run, now_ms, park_bulk
+from .common import Sizes, median_run, now_ms, park_bulk, release_all
 from .infra import (
     BenchmarkError,
     MachineLoad,
@@ -121,16 +121,10 @@ def _time_handoff(client: redis.Redis, companion: Companion, n: int) -> dict[str
     reset_stats(client)
     load = MachineLoad()
     started = time.perf_counter()
-    released = passes = 0
-    while released < n:
-        passes += 1
-        report = companion.release_due()
-        if report.failed or report.released == 0:
-            raise BenchmarkError(f"handoff: release stalled at {released}/{n}")
-        if report.handed_off != report.released:
-            raise BenchmarkError("handoff: entries took the generic path; the handoff is off")
-        released += report.released
+    passes, handed_off = release_all(companion, n, "handoff")
     seconds = time.perf_counter() - started
+    if handed_off != n:
+        raise BenchmarkError("handoff: entries took the generic path; the handoff is off")
     return _figures(client, n, seconds, load, DEFAULT_QUEUE, passes=passes)
 
 

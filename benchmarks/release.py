@@ -47,6 +47,7 @@ from .common import (
     now_ms,
     park_bulk,
     prepare_before_due,
+    release_all,
 )
 from .infra import (
     RABBITMQ_URL,
@@ -133,13 +134,7 @@ def _release_once(
     if profiler is not None:
         profiler.enable()
     started = time.perf_counter()
-    released = passes = 0
-    while released < n:
-        passes += 1
-        report = companion.release_due()
-        if report.failed or report.released == 0:
-            raise BenchmarkError(f"{mode}: release stalled at {released}/{n}")
-        released += report.released
+    passes, _ = release_all(companion, n, mode)
     seconds = time.perf_counter() - started
     if profiler is not None:
         profiler.disable()
