@@ -22,6 +22,7 @@ from .errors import ConfigurationError
 from .parking import store_for
 from .schedule import due_from
 from .store import Store
+from .store._shared import ADMIN_BATCH
 from .store.client import unavailable_as_error
 from .store.keys import canvas_key
 from .store.lookup import ParkedTask, find, select
@@ -150,8 +151,8 @@ def cancel_matching(
     if dry_run:
         return len(ids)
     cancelled = 0
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
+    for start in range(0, len(ids), ADMIN_BATCH):
+        chunk = ids[start : start + ADMIN_BATCH]
         for task_id, done in zip(chunk, store.cancel(chunk), strict=True):
             if done:
                 cancelled += 1

@@ -24,6 +24,8 @@ DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 10_000
 #: Score slots per millisecond in the due set (score = due_ms * 1024 + seq).
 SEQ = 1024
+#: Ids per admin script call (cancel, requeue, purge), so each call stays short.
+ADMIN_BATCH = 500
 
 
 def _describe(

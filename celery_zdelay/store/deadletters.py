@@ -8,7 +8,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ._shared import DEFAULT_LIST_LIMIT, _check_limit, _describe, _optional, _shards, _text
+from ._shared import (
+    ADMIN_BATCH,
+    DEFAULT_LIST_LIMIT,
+    _check_limit,
+    _describe,
+    _optional,
+    _shards,
+    _text,
+)
 from .client import unavailable_as_error
 from .listing import Listing
 from .store import Store
@@ -16,9 +24,6 @@ from .store import Store
 __all__ = ["DeadEntry", "list_dead", "purge_dead", "requeue_all_dead", "requeue_dead"]
 
 logger = logging.getLogger(__name__)
-
-#: Ids per requeue or purge call, so each call stays short.
-_ADMIN_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -117,8 +122,8 @@ def requeue_dead(store: Store, task_ids: Sequence[str]) -> list[bool]:
         by_shard.setdefault(store.shard_of(task_id), []).append(index)
     done = [False] * len(task_ids)
     for shard, indexes in by_shard.items():
-        for start in range(0, len(indexes), _ADMIN_BATCH):
-            chunk = indexes[start : start + _ADMIN_BATCH]
+        for start in range(0, len(indexes), ADMIN_BATCH):
+            chunk = indexes[start : start + ADMIN_BATCH]
             flags = _requeue_call(store, shard, [task_ids[i] for i in chunk])
             for index, flag in zip(chunk, flags, strict=True):
                 done[index] = flag
@@ -142,7 +147,7 @@ def requeue_all_dead(store: Store, shards: Iterable[int] | None = None) -> tuple
         while True:
             with unavailable_as_error(store.url):
                 members = store.client.zrangebyscore(
-                    keys.dead, "-inf", until_ms, start=offset, num=_ADMIN_BATCH
+                    keys.dead, "-inf", until_ms, start=offset, num=ADMIN_BATCH
                 )
             if not members:
                 break
@@ -191,7 +196,7 @@ def purge_dead(
         while True:
             with unavailable_as_error(store.url):
                 members = store.client.zrangebyscore(
-                    store.keys(shard).dead, "-inf", until_ms, start=0, num=_ADMIN_BATCH
+                    store.keys(shard).dead, "-inf", until_ms, start=0, num=ADMIN_BATCH
                 )
             if not members:
                 break
@@ -201,8 +206,8 @@ def purge_dead(
 
 def _purge_call(store: Store, shard: int, task_ids: list[str]) -> int:
     removed = 0
-    for start in range(0, len(task_ids), _ADMIN_BATCH):
-        chunk = task_ids[start : start + _ADMIN_BATCH]
+    for start in range(0, len(task_ids), ADMIN_BATCH):
+        chunk = task_ids[start : start + ADMIN_BATCH]
         # One script: the message, the index entry and the template count go
         # together (a concurrent requeue finds either all or nothing).
         removed += store.purge_dead(shard, chunk)
