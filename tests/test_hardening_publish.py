@@ -259,41 +259,132 @@ def test_a_message_botocore_refuses_is_dead_lettered_and_the_others_published_on
         assert _store_ids(app) == (0, 0, 1)
 
 
+def _queued_ids(client: Any, queue: str = "celery") -> list[str]:
+    """Task ids in a Redis broker's queue list, oldest first."""
+    return [json.loads(raw)["headers"]["id"] for raw in reversed(client.lrange(queue, 0, -1))]
+
+
+#: Lowered on a private Redis, so a test message can be over it.
+SMALL_BULK_LIMIT = 1024 * 1024
+
+
 def test_a_failure_mid_batch_does_not_publish_again_what_went_out_before_it(
     make_test_app: AppFactory, broker_server: Any
 ) -> None:
     # Given a Redis broker published to one message at a time (kombu's
-    # retry_on_timeout turns its pipelined batches off) that drops the
-    # connection of a client sending a value over its bulk limit, and such a
-    # message third in a batch
+    # retry_on_timeout turns its pipelined batches off), whose bulk limit is
+    # lowered after the companion connected, and a message over it third in a batch
     admin_client = broker_server.client(0)
-    admin_client.config_set("proto-max-bulk-len", 1024 * 1024)
     app = make_test_app(
         broker=f"{broker_server.url}/0",
         conf={"broker_transport_options": {"retry_on_timeout": True}},
     )
     add = app.tasks["tests.add"]
-    before = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
-    add.apply_delayed(("x" * (1024 * 1024 + 1), ""), countdown=0)
-
-    # When the companion passes twice
     with Companion(app) as companion:
+        warmup = add.apply_delayed((0, 0), countdown=0).id
+        assert companion.release_due().published == 1
+        admin_client.config_set("proto-max-bulk-len", SMALL_BULK_LIMIT)
+        before = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
+        add.apply_delayed(("x" * (SMALL_BULK_LIMIT + 1), ""), countdown=0)
+
+        # When the companion passes twice
         reports = [companion.release_due() for _ in range(2)]
 
     # Then what the broker took before the failure went out once, not on every pass
-    queued = [
-        json.loads(raw)["headers"]["id"] for raw in reversed(admin_client.lrange("celery", 0, -1))
-    ]
-    assert queued == before
+    assert _queued_ids(admin_client) == [warmup, *before]
     assert [r.published for r in reports] == [2, 0]
     # ... and the oversized one never reached the queue. Redis answers it with
     # "Protocol error" and closes the connection, so the companion reads
-    # either that reply (the message's own error: dead-lettered once) or the
-    # closed connection (given back, to wait for the next pass).
+    # either that reply (the message's own error: dead-lettered at once) or
+    # the closed connection (given back; the new connection learns the
+    # lowered limit, so the next pass dead-letters it before sending).
     outcomes = [(r.returned, r.dead_lettered) for r in reports]
-    assert outcomes in ([(1, 0), (1, 0)], [(0, 1), (0, 0)], [(1, 0), (0, 1)])
-    parked, in_flight, dead = _store_ids(app)
-    assert (parked + dead, in_flight) == (1, 0)
+    assert outcomes in ([(0, 1), (0, 0)], [(1, 0), (0, 1)])
+    assert _store_ids(app) == (0, 0, 1)
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "one-by-one"])
+def test_a_message_over_the_redis_bulk_limit_is_dead_lettered_before_it_blocks_the_others(
+    make_test_app: AppFactory, broker_server: Any, pipelined: bool
+) -> None:
+    # Given a Redis broker whose proto-max-bulk-len a message is over, and
+    # that message due first, before two good ones
+    admin_client = broker_server.client(0)
+    admin_client.config_set("proto-max-bulk-len", SMALL_BULK_LIMIT)
+    options = {} if pipelined else {"retry_on_timeout": True}
+    app = make_test_app(broker=f"{broker_server.url}/0", conf={"broker_transport_options": options})
+    add = app.tasks["tests.add"]
+    big = add.apply_delayed(("x" * (SMALL_BULK_LIMIT + 1), ""), countdown=0).id
+    good = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
+
+    # When the companion passes once
+    with Companion(app) as companion:
+        report = companion.release_due()
+
+    # Then the good ones are published, and the big one is dead-lettered
+    # with the reason and the fix, not sent (Redis would close the
+    # connection on it, and it would fail every pass before the others)
+    assert (report.published, report.returned, report.dead_lettered) == (2, 0, 1)
+    assert _queued_ids(admin_client) == good
+    reason = str(_dead(app)[big])
+    assert "proto-max-bulk-len (1048576 bytes)" in reason
+    assert "requeue" in reason
+    assert _store_ids(app) == (0, 0, 1)
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "one-by-one"])
+def test_the_bulk_limit_is_checked_on_the_exact_bytes_kombu_pushes(
+    make_test_app: AppFactory, broker_server: Any, pipelined: bool
+) -> None:
+    # Given the exact size kombu pushes for a task with an 800 kB argument
+    # (over 1 MiB once base64-encoded: Redis takes no lower limit)
+    admin_client = broker_server.client(0)
+    options = {} if pipelined else {"retry_on_timeout": True}
+    app = make_test_app(broker=f"{broker_server.url}/0", conf={"broker_transport_options": options})
+    add = app.tasks["tests.add"]
+
+    def release(limit: int) -> tuple[int, int]:
+        admin_client.config_set("proto-max-bulk-len", limit)
+        add.apply_delayed(("x" * 800_000, ""), countdown=0)
+        with Companion(app) as companion:
+            report = companion.release_due()
+        return report.published, report.dead_lettered
+
+    assert release(512 * 1024 * 1024) == (1, 0)
+    size = len(admin_client.rpop("celery") or b"")
+    assert size > 1024 * 1024
+
+    # Then a limit one byte under it dead-letters the same task, unsent,
+    # and a limit of exactly that size lets it through
+    assert release(size - 1) == (0, 1)
+    assert release(size) == (1, 0)
+    assert len(admin_client.rpop("celery") or b"") == size
+
+
+def test_a_signed_envelope_over_the_bulk_limit_is_dead_lettered_before_push_lua(
+    make_test_app: AppFactory, broker_server: Any
+) -> None:
+    # Given signed entries on a store that is the broker (verified in
+    # Python, then pushed by push.lua, which takes each envelope as an
+    # argument), and a message parked before the server's limit was lowered
+    url = f"{broker_server.url}/0"
+    app = make_test_app(broker=url, conf={"zdelay_redis_url": url, "zdelay_signing_key": "k" * 32})
+    add = app.tasks["tests.add"]
+    big = add.apply_delayed(("x" * (SMALL_BULK_LIMIT + 1), ""), countdown=0).id
+    good = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
+    admin_client = broker_server.client(0)
+    admin_client.config_set("proto-max-bulk-len", SMALL_BULK_LIMIT)
+
+    # When the companion passes once
+    with Companion(app) as companion:
+        report = companion.release_due()
+        assert companion.handoff_state.startswith("on")
+
+    # Then the good ones are handed off and the big one dead-lettered
+    assert (report.handed_off, report.returned, report.dead_lettered) == (2, 0, 1)
+    assert _queued_ids(admin_client) == good
+    assert "proto-max-bulk-len" in str(_dead(app)[big])
+    assert _store_ids(app) == (0, 0, 1)
 
 
 def test_a_redis_refusal_that_waits_holds_back_its_message_only(

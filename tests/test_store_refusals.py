@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+import celery_zdelay
 from celery_zdelay import StoreRefusedError, ZDelayError
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
@@ -61,3 +62,31 @@ def test_a_read_only_replica_refuses_the_park_and_names_the_primary(
 
         # ... and the primary still holds only the first entry
         assert primary.client().zcard("{zdelay:0}:due") == 1
+
+
+def test_a_task_over_the_store_bulk_limit_is_refused_as_too_large_not_unreachable(
+    make_test_app: AppFactory,
+) -> None:
+    # Given a store that takes values of at most 1 MiB (Redis closes the
+    # connection on a longer one, which reads as an unreachable server)
+    limit = 1024 * 1024
+    with RedisServer() as server:
+        client = server.client()
+        client.config_set("proto-max-bulk-len", limit)
+        app = make_test_app(conf={"zdelay_redis_url": f"{server.url}/0"})
+        add = app.tasks["tests.add"]
+        add.apply_delayed((1, 1), countdown=600)
+
+        # When a task with an argument over it is parked, among others
+        def park_both() -> None:
+            with celery_zdelay.batch(app):
+                add.apply_delayed((2, 2), countdown=600)
+                add.apply_delayed(("x" * limit, ""), countdown=600)
+
+        with pytest.raises(StoreRefusedError, match="proto-max-bulk-len") as refused:
+            park_both()
+
+        # Then the producer hears the size and the fix, and nothing was written
+        assert "takes values of at most 1048576 bytes" in str(refused.value)
+        assert "nothing was written" in str(refused.value)
+        assert client.zcard("{zdelay:0}:due") == 1

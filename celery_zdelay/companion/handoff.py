@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..bulk_limit import DEFAULT_BULK_LIMIT, bulk_limit
 from ..redis_layout import RedisLayout
 from .publish import broker_connection
 
@@ -29,6 +30,8 @@ class Handoff:
     """The broker lists the companion may push to, per shard."""
 
     layout: RedisLayout
+    #: The server's proto-max-bulk-len: push.lua cannot take a longer envelope.
+    bulk_limit: int = DEFAULT_BULK_LIMIT
     _dests: dict[int, list[str]] = field(default_factory=dict)
 
     def dests(self, store: Store, shard: int, *, refresh: bool = False) -> list[str]:
@@ -61,7 +64,8 @@ def detect_handoff(app: Celery, store: Store, *, wait: float) -> tuple[Handoff |
             return None, "off (the broker is another Redis server than the store)"
         if broker_db != store_db:
             return None, f"off (the broker uses database {broker_db}, the store {store_db})"
-        return Handoff(RedisLayout(connection.transport_options)), "on (atomic, exactly once)"
+        handoff = Handoff(RedisLayout(connection.transport_options), bulk_limit(broker))
+        return handoff, "on (atomic, exactly once)"
     finally:
         connection.release()
 

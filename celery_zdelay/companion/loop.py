@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from .. import __version__, signals
+from ..bulk_limit import too_large
 from ..config import get_config
 from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError, StoreUnavailableError
@@ -369,7 +370,14 @@ class Companion:
             except EntryError as exc:
                 dead.append((entry.task_id, self._dead_reason(exc.reason, entry.due_ms)))
                 continue
-            if self._can_push(message):
+            handoff = self._handoff
+            if handoff is not None and self._can_push(message):
+                # push.lua takes the envelope as an argument: one over the
+                # server's limit would close the connection on every pass.
+                oversized = too_large(len(message.envelope_head), handoff.bulk_limit)
+                if oversized is not None:
+                    dead.append((entry.task_id, self._dead_reason(oversized, entry.due_ms)))
+                    continue
                 pushable.append((entry, message))
             else:
                 self._note_generic(message)

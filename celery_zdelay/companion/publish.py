@@ -31,6 +31,7 @@ except ImportError:  # kombu < 5.7 has no batch publishing: nothing raises it
     _BATCH_ERRORS = ()
 
 from .._format import counted
+from ..bulk_limit import DEFAULT_BULK_LIMIT, MessageTooLarge, bulk_limit, envelope_size, too_large
 from ..entry import TaskMessage
 
 if TYPE_CHECKING:
@@ -343,10 +344,12 @@ class RedisPublisher(Publisher):
     def __init__(self, app: Celery, *, broker_wait: float = MAX_BROKER_WAIT) -> None:
         super().__init__(app, broker_wait=broker_wait)
         self._batch: Any = None
+        self._bulk_limit = DEFAULT_BULK_LIMIT
 
     def _open_producer(self) -> Producer:
         producer = super()._open_producer()
         channel = producer.channel
+        self._bulk_limit = bulk_limit(channel.client)
         if getattr(channel, "create_publish_batch", None) is not None:
             # kombu's seam for batches: ours keeps the replies it gets.
             def create_publish_batch(max_size: int) -> Any:
@@ -355,6 +358,15 @@ class RedisPublisher(Publisher):
 
             channel.create_publish_batch = create_publish_batch
         return producer
+
+    def _publish_one(self, producer: Producer, message: TaskMessage) -> None:
+        # Sent, a value over the limit closes the connection: the batch would
+        # fail on every pass, holding back whatever is due after it.
+        limit = self._bulk_limit
+        reason = too_large(envelope_size(message.envelope_head, message.body, limit), limit)
+        if reason is not None:
+            raise MessageTooLarge(reason)
+        super()._publish_one(producer, message)
 
     def _settle_batch(self, sent: list[int], outcome: PublishOutcome) -> list[int]:
         batch, self._batch = self._batch, None

@@ -15,11 +15,20 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
+from ..bulk_limit import bulk_limit
 from ..config import ZDelayConfig
 from ..entry import Template, TemplateLookup
 from ..entry import template_id as entry_template_id
+from ..errors import StoreRefusedError
 from ..schedule import Due
-from .client import StoreClient, is_cluster, make_client, refused_as_error, unavailable_as_error
+from .client import (
+    StoreClient,
+    is_cluster,
+    make_client,
+    refused_as_error,
+    sanitize_url,
+    unavailable_as_error,
+)
 from .keys import ShardKeys, shard_keys, shard_of
 from .scripts import Scripts
 
@@ -100,6 +109,7 @@ class Store:
         self.scripts = Scripts(self.client)
         self._keys = [shard_keys(config.key_prefix, s) for s in range(config.shards)]
         self._templates: dict[str, bytes] = {}
+        self._bulk_limit: int | None = None
 
     def close(self) -> None:
         """Close the connections to Redis."""
@@ -137,6 +147,7 @@ class Store:
         for index, request in enumerate(requests):
             by_shard[self.shard_of(request.task_id)].append(index)
         with refused_as_error(self.url), unavailable_as_error(self.url):
+            self._check_sizes(requests)
             if len(by_shard) == 1 or self.cluster:
                 replies = [
                     self._park_call(shard, [requests[i] for i in indexes], self.client)
@@ -156,6 +167,26 @@ class Store:
             for index, ms in zip(indexes, reply, strict=True):
                 due_ms[index] = int(ms)
         return due_ms
+
+    def _check_sizes(self, requests: Sequence[ParkRequest]) -> None:
+        """Refuse a payload the server would take for a broken connection.
+
+        Redis closes the connection on a value over its proto-max-bulk-len:
+        the caller would be told the store is unreachable, and retry in vain.
+        """
+        if self._bulk_limit is None:
+            self._bulk_limit = bulk_limit(self.client)
+        limit = self._bulk_limit
+        for request in requests:
+            template = request.template.record if request.template is not None else b""
+            size = max(len(request.payload), len(template))
+            if size > limit:
+                raise StoreRefusedError(
+                    f"The celery-zdelay store at {sanitize_url(self.url)} takes values of at "
+                    f"most {limit} bytes (proto-max-bulk-len), and task {request.task_id} "
+                    f"needs {size}; nothing was written. Pass large data by reference "
+                    "(a file or object-store key), or raise proto-max-bulk-len"
+                )
 
     def _park_call(
         self,
