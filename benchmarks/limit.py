@@ -12,6 +12,14 @@ messages of the same size:
   queue" script does (ZRANGEBYSCORE ... LIMIT 0 batch, HMGET, LPUSH, ZREM,
   HDEL), called in a loop of the same batch size.
 
+* whole-message floor: the same messages stored whole, each behind a
+  metadata line as entries are (``{"p":...,"v":1,"k":...,"n":...}`` and a
+  newline), moved by :data:`WHOLE_MOVE_LUA`: the bare move plus the least a
+  handoff of whole stored messages must do per entry (read the line, cut
+  the message out, report its due time). It bounds what storing whole
+  messages instead of templates could win (issue 15's memory/speed
+  trade-off), without the delivery tag, the lease and template bookkeeping.
+
 Reported per path: the rate (wall clock of the calls, in this process),
 Redis script time (``INFO commandstats``, EVALSHA) per released task, and
 the ratio handoff / bare move. Runs alternate which path goes first.
@@ -59,6 +67,32 @@ redis.call('HDEL', KEYS[2], unpack(ids))
 return #ids
 """
 
+#: The bare move plus what a handoff of whole stored messages does per entry.
+WHOLE_MOVE_LUA = """
+-- KEYS and ARGV as BARE_MOVE_LUA; each value is a metadata line, a newline
+-- and the message. Returns each moved entry's due time in ms.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local claimed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms * 1024 + 1023,
+  'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+if #claimed == 0 then return {} end
+local ids = {}
+for i = 1, #claimed, 2 do ids[#ids + 1] = claimed[i] end
+local values = redis.call('HMGET', KEYS[2], unpack(ids))
+local messages, due_ms = {}, {}
+for j = 1, #ids do
+  local value = values[j]
+  local dest, n, pos = string.match(value, '^{"p":%d+,"v":1,"k":"([^"]*)","n":(%d+)}\\n()')
+  if not dest or #value - pos + 1 ~= tonumber(n) then return redis.error_reply('bad value') end
+  messages[j] = string.sub(value, pos)
+  due_ms[j] = math.floor(tonumber(claimed[2 * j]) / 1024)
+end
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
+redis.call('LPUSH', KEYS[3], unpack(messages))
+redis.call('HDEL', KEYS[2], unpack(ids))
+return due_ms
+"""
+
 _BARE_KEYS = ("bare:due", "bare:msg", "bare:queue")
 
 
@@ -87,30 +121,31 @@ def _compare(
     park_bulk(app, n, now_ms() - 1000)
     parked = {key: client.dump(key) for key in client.keys("*")}
 
-    handoffs: list[dict[str, Any]] = []
-    bares: list[dict[str, Any]] = []
+    runs: dict[str, list[dict[str, Any]]] = {"handoff": [], "bare": [], "whole": []}
     message_bytes = 0
     for run_no in range(sizes.release_repeat):
-        order = ["handoff", "bare"] if run_no % 2 == 0 else ["bare", "handoff"]
+        # The first run is handoff first: it measures the message size.
+        order = ["handoff", "bare", "whole"] if run_no % 2 == 0 else ["whole", "bare", "handoff"]
         for path in order:
             client.flushdb()
             if path == "handoff":
                 for key, value in parked.items():
                     client.restore(key, 0, value)
-                handoffs.append(_time_handoff(client, companion, n))
+                runs[path].append(_time_handoff(client, companion, n))
                 message_bytes = message_bytes or _mean_length(client, DEFAULT_QUEUE)
             else:
-                # The first run is handoff first: it measures the message size.
-                bares.append(_time_bare(client, n, batch, message_bytes))
+                runs[path].append(_time_move(client, path, n, batch, message_bytes))
     client.flushdb()
 
-    handoff, bare = median_run(handoffs, "rate"), median_run(bares, "rate")
+    handoff, bare, whole = (median_run(runs[path], "rate") for path in ("handoff", "bare", "whole"))
     return {
         "batch": batch,
         "message_bytes": message_bytes,
-        "handoff": {**handoff, "runs": [r["rate"] for r in handoffs]},
-        "bare": {**bare, "runs": [r["rate"] for r in bares]},
+        "handoff": {**handoff, "runs": [r["rate"] for r in runs["handoff"]]},
+        "bare": {**bare, "runs": [r["rate"] for r in runs["bare"]]},
+        "whole": {**whole, "runs": [r["rate"] for r in runs["whole"]]},
         "ratio": round(handoff["rate"] / bare["rate"], 3),
+        "whole_ratio": round(whole["rate"] / bare["rate"], 3),
         "script_time_ratio": round(handoff["script_us_per_task"] / bare["script_us_per_task"], 2)
         if bare["script_us_per_task"]
         else None,
@@ -128,16 +163,21 @@ def _time_handoff(client: redis.Redis, companion: Companion, n: int) -> dict[str
     return _figures(client, n, seconds, load, DEFAULT_QUEUE, passes=passes)
 
 
-def _time_bare(client: redis.Redis, n: int, batch: int, size: int) -> dict[str, Any]:
+def _time_move(client: redis.Redis, path: str, n: int, batch: int, size: int) -> dict[str, Any]:
+    """Time the bare move or the whole-message floor of *n* messages of *size* bytes."""
     due, msg, queue = _BARE_KEYS
-    move = client.register_script(BARE_MOVE_LUA)
-    # A unique body per message, padded to the handoff's mean message size.
+    whole = path == "whole"
+    move = client.register_script(WHOLE_MOVE_LUA if whole else BARE_MOVE_LUA)
+    # A unique body per message, padded to the handoff's mean message size;
+    # the whole-message floor's values have an entry's metadata line in front.
     due_ms = now_ms() - 1000
+    score = due_ms * 1024 if whole else due_ms
+    line = f'{{"p":{due_ms},"v":1,"k":"{DEFAULT_QUEUE}","n":{size}}}\n'.encode() if whole else b""
     with client.pipeline(transaction=False) as pipe:
         for start in range(0, n, 1000):
             ids = [f"{seq:08d}-bare-move-task-id" for seq in range(start, min(n, start + 1000))]
-            pipe.zadd(due, dict.fromkeys(ids, due_ms))
-            pipe.hset(msg, mapping={i: i.encode().ljust(size, b"x") for i in ids})
+            pipe.zadd(due, dict.fromkeys(ids, score))
+            pipe.hset(msg, mapping={i: line + i.encode().ljust(size, b"x") for i in ids})
         pipe.execute()
     move(keys=list(_BARE_KEYS), args=[0])  # loaded, as the handoff's scripts are
     reset_stats(client)
@@ -146,9 +186,10 @@ def _time_bare(client: redis.Redis, n: int, batch: int, size: int) -> dict[str, 
     moved = calls = 0
     while moved < n:
         calls += 1
-        got = int(move(keys=list(_BARE_KEYS), args=[batch]))
+        reply = move(keys=list(_BARE_KEYS), args=[batch])
+        got = len(reply) if whole else int(reply)
         if got == 0:
-            raise BenchmarkError(f"bare move: stalled at {moved}/{n}")
+            raise BenchmarkError(f"{path} move: stalled at {moved}/{n}")
         moved += got
     seconds = time.perf_counter() - started
     return _figures(client, n, seconds, load, queue, passes=calls)

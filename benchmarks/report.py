@@ -871,6 +871,18 @@ def _limit_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{handoff['script_us_per_task']:.2f} / {bare['script_us_per_task']:.2f} µs",
             ]
         )
+        whole = value.get("whole")
+        if whole:
+            rows.append(
+                [
+                    f"whole-message floor (batch {value['batch']:,}): the bare move plus "
+                    "reading each entry's metadata line",
+                    f"{fmt_int(whole['rate'])}/s",
+                    f"{fmt_int(bare['rate'])}/s (bare Lua move, ZSet+hash -> list)",
+                    f"{value['whole_ratio']:.2f}",
+                    f"{whole['script_us_per_task']:.2f} / {bare['script_us_per_task']:.2f} µs",
+                ]
+            )
     bulk = (results.get("producer") or {}).get("bulk") or {}
     bare = bulk.get("bare park")
     if bare:
