@@ -185,7 +185,7 @@ class LocalSentinel(_Deployment):
 
 
 class LocalTLSRedis(_Deployment):
-    """A redis-server that accepts TLS only, with a throwaway CA; an ACL user ``zd``."""
+    """A TLS-only redis-server with a throwaway CA; an ACL user ``zd`` denied CONFIG."""
 
     username = "zd"
     password = "tls-s3cret"
@@ -243,7 +243,8 @@ class LocalTLSRedis(_Deployment):
         while True:
             try:
                 with self.admin() as client:
-                    rules = f"on >{self.password} ~* &* +@all".split()
+                    # -config: as on most managed services, CONFIG is denied.
+                    rules = f"on >{self.password} ~* &* +@all -config".split()
                     client.execute_command("ACL", "SETUSER", self.username, *rules)
                 return
             except redis.exceptions.ConnectionError:
