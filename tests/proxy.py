@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Self
 
-__all__ = ["PausableProxy"]
+__all__ = ["OutageHTTPProxy", "PausableProxy"]
 
 
 class PausableProxy:
@@ -93,3 +93,66 @@ class PausableProxy:
         finally:
             with contextlib.suppress(OSError):
                 sink.shutdown(socket.SHUT_WR)
+
+
+class OutageHTTPProxy:
+    """Forward HTTP requests to ``127.0.0.1:<target_port>`` (moto's SQS).
+
+    While :attr:`outage` is set, the AWS operations named in it are answered
+    with HTTP 503 ``ServiceUnavailable``, as AWS does when it is in trouble;
+    every other request is forwarded.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        import http.client
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        proxy = self
+        #: AWS operations (``SendMessage``) answered with a 503 while set.
+        self.outage: set[str] = set()
+        #: Requests answered with a 503 so far.
+        self.refused = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                operation = (self.headers.get("X-Amz-Target") or "").rpartition(".")[2]
+                if operation in proxy.outage:
+                    proxy.refused += 1
+                    error = b'{"__type":"ServiceUnavailable","message":"Service Unavailable"}'
+                    self._answer(503, {"Content-Type": "application/x-amz-json-1.0"}, error)
+                    return
+                upstream = http.client.HTTPConnection("127.0.0.1", target_port, timeout=30)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                    upstream.request("POST", self.path, body=body, headers=headers)
+                    reply = upstream.getresponse()
+                    kept = {k: v for k, v in reply.getheaders() if k.lower() != "connection"}
+                    self._answer(reply.status, kept, reply.read())
+                finally:
+                    upstream.close()
+
+            def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    if name.lower() != "content-length":
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)

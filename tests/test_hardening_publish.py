@@ -17,7 +17,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.store import admin
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import wait_for
-from tests.proxy import PausableProxy
+from tests.proxy import OutageHTTPProxy, PausableProxy
 from tests.servers import LocalSQS
 
 pytestmark = pytest.mark.timeout(120)
@@ -257,6 +257,50 @@ def test_a_message_botocore_refuses_is_dead_lettered_and_the_others_published_on
         assert list(dead) == [bad]
         assert "ParamValidationError" in str(dead[bad])
         assert _store_ids(app) == (0, 0, 1)
+
+
+def test_an_sqs_outage_makes_the_messages_wait_instead_of_dead_lettering_them(
+    make_test_app: AppFactory,
+) -> None:
+    # Given an SQS broker that answers SendMessage with HTTP 503
+    # ServiceUnavailable (botocore's own retries off, so it shows at once)
+    with LocalSQS() as sqs, OutageHTTPProxy(sqs.port) as proxy:
+        options = sqs.transport_options(
+            wait_time_seconds=1, **{"client-config": {"retries": {"total_max_attempts": 1}}}
+        )
+        app = make_test_app(
+            broker=sqs.url.replace(f":{sqs.port}", f":{proxy.port}"),
+            conf={
+                "task_default_queue": "zdelay-outage",
+                "worker_enable_remote_control": False,
+                "broker_transport_options": options,
+            },
+        )
+        add = app.tasks["tests.add"]
+        parked = [add.apply_delayed((i, i), countdown=0).id for i in range(3)]
+        proxy.outage = {"SendMessage"}
+
+        # When the companion passes during the outage, and once after it
+        with Companion(app) as companion:
+            during = companion.release_due()
+            assert proxy.refused >= 1
+            left = _store_ids(app)
+            proxy.outage = set()
+            after = companion.release_due()
+
+        # Then the tasks waited in the store (before: each was dead-lettered
+        # with the 503 as its reason) and went out once the service was back
+        assert (during.published, during.dead_lettered, during.returned) == (0, 0, 3)
+        assert during.failed
+        assert left == (3, 0, 0)
+        assert (after.published, after.dead_lettered) == (3, 0)
+        with Connection(sqs.url, transport_options=options) as connection:
+            queue = Queue("zdelay-outage", no_declare=True).bind(connection.default_channel)
+            queued = []
+            while (message := queue.get(no_ack=True)) is not None:
+                queued.append(message.headers["id"])
+        assert sorted(queued) == sorted(parked)
+        assert _store_ids(app) == (0, 0, 0)
 
 
 def _queued_ids(client: Any, queue: str = "celery") -> list[str]:

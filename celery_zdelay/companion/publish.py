@@ -264,7 +264,7 @@ class Publisher:
         # BatchPublishError: a pipelined push failed as a whole (its replies
         # are read one by one otherwise); what it delivered is unknown.
         uncertain = (OperationalError, *_BATCH_ERRORS, ConnectionError, TimeoutError, OSError)
-        if isinstance(exc, uncertain) or is_transient_reply(exc):
+        if isinstance(exc, uncertain) or is_transient_reply(exc) or _is_service_outage(exc):
             return True
         connection = self._connection
         if connection is None:
@@ -293,6 +293,41 @@ def _refused_before_sending() -> tuple[type[BaseException], ...]:
     except ImportError:
         return ()
     return (ParamValidationError,)
+
+
+#: AWS error codes that describe the service's state, not the request
+#: (SQS throttling a FIFO queue, a service in trouble).
+_AWS_TRANSIENT_CODES = frozenset(
+    {
+        "RequestThrottled",
+        "Throttling",
+        "ThrottlingException",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "KMS.ThrottlingException",
+    }
+)
+
+
+def _is_service_outage(exc: BaseException) -> bool:
+    """Whether *exc* is an AWS service error the message should wait out.
+
+    botocore raises ``ClientError`` for every error response, the message's
+    (``InvalidParameterValue``: too large, a bad attribute) and the
+    service's (throttled, HTTP 5xx) alike, after its own retries. Only the
+    first kind is dead-lettered; the second waits, as for an unreachable broker.
+    """
+    try:
+        from botocore.exceptions import ClientError
+    except ImportError:
+        return False
+    response = getattr(exc, "response", None)
+    if not isinstance(exc, ClientError) or not isinstance(response, dict):
+        return False
+    code = str((response.get("Error") or {}).get("Code", ""))
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return code in _AWS_TRANSIENT_CODES or (isinstance(status, int) and status >= 500)
 
 
 #: Redis error replies that describe the server's state, not the command:
