@@ -14,6 +14,7 @@ from celery import Celery
 from kombu import Connection, Queue
 
 from celery_zdelay.companion import Companion
+from celery_zdelay.companion.publish import Confirms
 from celery_zdelay.store import admin
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import wait_for
@@ -114,6 +115,30 @@ def test_nothing_is_acked_in_the_store_while_the_broker_does_not_confirm(
 
 
 # -- 2. one message to a missing exchange -------------------------------------------
+
+
+def test_confirms_count_only_what_the_broker_acked_alone_or_in_multiples() -> None:
+    # RabbitMQ answers in order in practice; the bookkeeping must not rely on it.
+    confirms = Confirms()
+    sent = [confirms.next() for _ in range(6)]
+    confirms.on_ack(2, False)  # out of order, alone
+    confirms.on_nack(4, True)  # 1, 3 and 4 refused; 2 keeps its ack
+    confirms.on_ack(6, False)
+    assert not confirms.settled()  # 5 has no answer yet
+    assert [confirms.accepted(s) for s in sent] == [False, True, False, False, False, True]
+
+    confirms.on_ack(5, True)
+    assert confirms.settled()
+    assert [confirms.accepted(s) for s in sent] == [False, True, False, False, True, True]
+
+    # The next batch starts clean: old answers do not leak into it.
+    confirms.forget_settled()
+    later = confirms.next()
+    assert later == 7
+    assert not confirms.accepted(later)
+    confirms.on_nack(later, False)
+    assert confirms.settled()
+    assert not confirms.accepted(later)
 
 
 def test_a_message_to_a_missing_exchange_is_dead_lettered_and_harms_no_other(

@@ -486,12 +486,9 @@ class ConfirmPublisher(Publisher):
         assert self._connection is not None
         channel = self._connection.channel()
         channel.confirm_select()
-        self._published = 0
-        self._acked = 0
-        self._late_acks: set[int] = set()
-        self._nacked: set[int] = set()
-        channel.events["basic_ack"].add(self._on_ack)
-        channel.events["basic_nack"].add(self._on_nack)
+        self._confirms = Confirms()
+        channel.events["basic_ack"].add(self._confirms.on_ack)
+        channel.events["basic_nack"].add(self._confirms.on_nack)
         return Producer(channel, auto_declare=False)
 
     def _reopen_channel(self) -> Producer:
@@ -506,25 +503,6 @@ class ConfirmPublisher(Publisher):
         self._producer = self._open_producer()
         return self._producer
 
-    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        # Publisher sequence numbers count from 1 on the channel; "multiple"
-        # confirms everything up to the tag.
-        if multiple:
-            self._acked = max(self._acked, delivery_tag)
-        elif delivery_tag == self._acked + 1:
-            self._acked = delivery_tag
-        else:
-            self._late_acks.add(delivery_tag)
-        while self._acked + 1 in self._late_acks:
-            self._late_acks.discard(self._acked + 1)
-            self._acked += 1
-
-    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        first = self._acked + 1 if multiple else delivery_tag
-        # A "multiple" nack covers what is not confirmed yet, not what was acked alone.
-        self._nacked.update(t for t in range(first, delivery_tag + 1) if t not in self._late_acks)
-        self._on_ack(delivery_tag, multiple)
-
     def _declare(self, message: TaskMessage, producer: Producer) -> list[Any]:
         return []  # done by _prepare, message by message, before the batch
 
@@ -532,12 +510,12 @@ class ConfirmPublisher(Publisher):
         self, producer: Producer, messages: Sequence[TaskMessage], outcome: PublishOutcome
     ) -> None:
         producer, ready = self._prepare(producer, messages, outcome)
+        confirms = self._confirms
         sequence: dict[int, int] = {}  # batch index -> publisher sequence number
         try:
             with self._batched_io():
                 for index in self._publish_each(producer, messages, outcome, ready, sent=[]):
-                    self._published += 1
-                    sequence[index] = self._published
+                    sequence[index] = confirms.next()
             self._await_confirms(len(sequence))
         except Exception as exc:
             if self._is_channel_error(exc):
@@ -545,14 +523,11 @@ class ConfirmPublisher(Publisher):
                 # deleted meanwhile): what was confirmed is kept, the rest is
                 # given back, unpublished for all this companion can tell.
                 exc = TimeoutError(f"RabbitMQ closed the channel mid-batch: {exc!r}")
-            outcome.accepted.extend(
-                i for i, seq in sequence.items() if seq <= self._acked and seq not in self._nacked
-            )
-            self._nacked.clear()
             raise exc from None
-        # A nacked message is not accepted: it is given back and retried.
-        outcome.accepted.extend(i for i, seq in sequence.items() if seq not in self._nacked)
-        self._nacked.clear()
+        finally:
+            # Only what the broker acked counts; a nacked message is given back.
+            outcome.accepted.extend(i for i, seq in sequence.items() if confirms.accepted(seq))
+            confirms.forget_settled()
 
     def _prepare(
         self, producer: Producer, messages: Sequence[TaskMessage], outcome: PublishOutcome
@@ -635,12 +610,13 @@ class ConfirmPublisher(Publisher):
     def _await_confirms(self, count: int) -> None:
         assert self._connection is not None
         deadline = time.monotonic() + self.broker_wait
-        first = self._published - count
-        while self._acked < self._published:
+        confirms = self._confirms
+        first = confirms.published - count
+        while not confirms.settled():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
-                    f"RabbitMQ confirmed {max(self._acked - first, 0)} of {count} "
+                    f"RabbitMQ confirmed {max(confirms.acked - first, 0)} of {count} "
                     f"messages within {self.broker_wait:g}s"
                 )
             try:
@@ -651,6 +627,59 @@ class ConfirmPublisher(Publisher):
     def _is_channel_error(self, exc: BaseException) -> bool:
         connection = self._connection
         return connection is not None and isinstance(exc, connection.channel_errors)
+
+
+class Confirms:
+    """The publisher confirms of one channel: what the broker acked or nacked.
+
+    Publisher sequence numbers count from 1 on the channel. An ack or nack
+    with "multiple" answers for every message up to its tag that has no
+    answer yet; one without it, for its own tag only, possibly out of order.
+    """
+
+    def __init__(self) -> None:
+        #: Sequence number of the last message published on the channel.
+        self.published = 0
+        #: Every message up to this one has its answer (ack or nack).
+        self.acked = 0
+        self._late: set[int] = set()  # answered alone, beyond self.acked
+        self._nacked: set[int] = set()
+
+    def next(self) -> int:
+        """Count one more published message; return its sequence number."""
+        self.published += 1
+        return self.published
+
+    def on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        if multiple:
+            self.acked = max(self.acked, delivery_tag)
+        elif delivery_tag == self.acked + 1:
+            self.acked = delivery_tag
+        else:
+            self._late.add(delivery_tag)
+        while self.acked + 1 in self._late:
+            self._late.discard(self.acked + 1)
+            self.acked += 1
+
+    def on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        first = self.acked + 1 if multiple else delivery_tag
+        # A "multiple" nack covers what has no answer yet, not what was acked alone.
+        self._nacked.update(t for t in range(first, delivery_tag + 1) if t not in self._late)
+        self.on_ack(delivery_tag, multiple)
+
+    def settled(self) -> bool:
+        """Whether every published message has its answer."""
+        return self.acked >= self.published
+
+    def accepted(self, sequence: int) -> bool:
+        """Whether the broker acked message *sequence* (not nacked, not unanswered)."""
+        answered = sequence <= self.acked or sequence in self._late
+        return answered and sequence not in self._nacked
+
+    def forget_settled(self) -> None:
+        """Drop the answers up to :attr:`acked`, once their batch is accounted for."""
+        self._nacked = {t for t in self._nacked if t > self.acked}
+        self._late = {t for t in self._late if t > self.acked}
 
 
 def supports_confirms(transport: Any) -> bool:
