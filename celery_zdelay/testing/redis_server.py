@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import redis
@@ -95,6 +96,9 @@ class RedisServer:
         if unix_socket:
             self.config.update(unixsocket=str(self._dir / "redis.sock"), unixsocketperm="700")
         self._process: subprocess.Popen[bytes] | None = None
+        # Clients handed out by client(), closed by stop(): one dropped
+        # without close() leaves its socket to the garbage collector.
+        self._clients: weakref.WeakSet[redis.Redis] = weakref.WeakSet()
 
     @property
     def url(self) -> str:
@@ -108,7 +112,10 @@ class RedisServer:
         return f"unix://{self.config['unixsocket']}"
 
     def client(self, db: int = 0) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, db=db)
+        """Return a client of database *db*; :meth:`stop` closes it if it is still open."""
+        client = redis.Redis(host="127.0.0.1", port=self.port, db=db)
+        self._clients.add(client)
+        return client
 
     @property
     def running(self) -> bool:
@@ -181,7 +188,9 @@ class RedisServer:
         self.start()
 
     def stop(self) -> None:
-        """Stop the server and remove its files."""
+        """Stop the server, close the clients :meth:`client` gave out, remove its files."""
+        for client in list(self._clients):
+            client.close()
         if self._process is not None and self._process.poll() is None:
             self.resume()
             self._signal_and_wait(signal.SIGTERM)
