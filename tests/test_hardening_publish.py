@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from kombu import Connection, Queue
+from kombu import Connection, Exchange, Queue
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.companion.publish import Confirms
@@ -115,6 +115,66 @@ def test_nothing_is_acked_in_the_store_while_the_broker_does_not_confirm(
 
 
 # -- 2. one message to a missing exchange -------------------------------------------
+
+
+def test_a_queue_deleted_while_the_companion_runs_loses_nothing(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ
+) -> None:
+    # Given a companion that declared its queue once on its channel, and the
+    # queue deleted afterwards (RabbitMQ drops, and still acks, a message no
+    # queue is bound for)
+    app = make_test_app(broker=rabbitmq.url, conf={"task_default_queue": rabbitmq.queue})
+    add = app.tasks["tests.add"]
+    with Companion(app) as companion:
+        first = add.apply_delayed((0, 0), countdown=0).id
+        assert companion.release_due().published == 1
+        assert _drain(rabbitmq.url, rabbitmq.queue) == [first]
+        with Connection(rabbitmq.url) as connection:
+            Queue(rabbitmq.queue).bind(connection.default_channel).delete()
+        parked = [add.apply_delayed((i, i), countdown=0).id for i in range(1, 4)]
+
+        # When the companion passes on
+        returned = companion.release_due()
+        again = companion.release_due()
+
+    # Then the broker returned them (they went out "mandatory"), they waited,
+    # and the next pass declared the queue again and published them
+    assert (returned.published, returned.returned, returned.dead_lettered) == (0, 3, 0)
+    assert (again.published, again.dead_lettered) == (3, 0)
+    assert _drain(rabbitmq.url, rabbitmq.queue) == parked
+    assert _store_ids(app) == (0, 0, 0)
+
+
+def test_a_message_no_queue_is_bound_for_is_dead_lettered_not_dropped(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ
+) -> None:
+    # Given a task routed to an existing exchange with no queue bound for its
+    # routing key, between two good ones
+    exchange = f"{rabbitmq.queue}-x"
+    with Connection(rabbitmq.url) as connection:
+        Exchange(exchange, type="direct").bind(connection.default_channel).declare()
+    try:
+        app = make_test_app(broker=rabbitmq.url, conf={"task_default_queue": rabbitmq.queue})
+        add = app.tasks["tests.add"]
+        first = add.apply_delayed((1, 1), countdown=0).id
+        lost = add.apply_delayed((2, 2), countdown=0, exchange=exchange, routing_key="nowhere").id
+        last = add.apply_delayed((3, 3), countdown=0).id
+
+        # When the companion passes until nothing is left
+        with Companion(app) as companion:
+            reports = [companion.release_due() for _ in range(3)]
+    finally:
+        with Connection(rabbitmq.url) as connection:
+            Exchange(exchange).bind(connection.default_channel).delete()
+
+    # Then the good ones are published, and the unroutable one, which
+    # RabbitMQ would have acked and dropped, is dead-lettered with the route
+    assert sum(r.published for r in reports) == 2
+    assert _drain(rabbitmq.url, rabbitmq.queue) == [first, last]
+    reason = str(_dead(app)[lost])
+    assert "unroutable" in reason
+    assert "nowhere" in reason
+    assert _store_ids(app) == (0, 0, 1)
 
 
 def test_confirms_count_only_what_the_broker_acked_alone_or_in_multiples() -> None:

@@ -68,6 +68,9 @@ class PublishOutcome:
 class Publisher:
     """Publishes batches of task messages to the app's broker."""
 
+    #: Publish with AMQP's "mandatory" flag: the broker returns what no queue takes.
+    mandatory = False
+
     def __init__(self, app: Celery, *, broker_wait: float = MAX_BROKER_WAIT) -> None:
         self.app = app
         #: Seconds a batch may wait on the broker (connect, send, confirm).
@@ -220,6 +223,7 @@ class Publisher:
             expiration=expiration,
             retry=False,
             timeout=self.broker_wait,
+            mandatory=self.mandatory,
             **properties,
         )
 
@@ -470,12 +474,24 @@ class ConfirmPublisher(Publisher):
     the batch is published and its confirms awaited: a nack gives the message
     back to the store; no answer within the broker wait gives back every
     unconfirmed message of the batch.
+
+    Messages go out "mandatory": RabbitMQ acks, and drops, a message that no
+    queue is bound for, but returns a mandatory one first. A returned message
+    is given back and its queues declared again on the next pass (someone
+    deleted one); returned again, or with no queue of the app's to declare,
+    it is dead-lettered as unroutable.
     """
+
+    mandatory = True
 
     def __init__(self, app: Celery, *, broker_wait: float = MAX_BROKER_WAIT) -> None:
         super().__init__(app, broker_wait=broker_wait)
         #: Entity names declared or found on the broker since this connection opened.
         self._present: set[str] = set()
+        #: Task id -> why, for messages the broker returned in the batch in hand.
+        self._returned: dict[str, str] = {}
+        #: Task ids returned in an earlier batch, given back to be published again.
+        self._returned_before: set[str] = set()
 
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
@@ -489,7 +505,17 @@ class ConfirmPublisher(Publisher):
         self._confirms = Confirms()
         channel.events["basic_ack"].add(self._confirms.on_ack)
         channel.events["basic_nack"].add(self._confirms.on_nack)
+        channel.events["basic_return"].add(self._on_return)
         return Producer(channel, auto_declare=False)
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        # RabbitMQ sends the return before the message's ack.
+        task_id = str((getattr(message, "headers", None) or {}).get("id", ""))
+        self._returned[task_id] = (
+            f"unroutable: RabbitMQ returned it ({exc}): no queue is bound for routing key "
+            f"{routing_key!r} on exchange {exchange!r}. Declare the queue (task_queues) or "
+            "fix the task's route, then requeue this entry"
+        )
 
     def _reopen_channel(self) -> Producer:
         """Replace a channel the broker closed (the connection stays)."""
@@ -526,8 +552,32 @@ class ConfirmPublisher(Publisher):
             raise exc from None
         finally:
             # Only what the broker acked counts; a nacked message is given back.
-            outcome.accepted.extend(i for i, seq in sequence.items() if confirms.accepted(seq))
+            for index, seq in sequence.items():
+                if not confirms.accepted(seq):
+                    continue
+                if not self._note_returned(messages[index], index, outcome):
+                    outcome.accepted.append(index)
             confirms.forget_settled()
+            self._returned.clear()
+
+    def _note_returned(self, message: TaskMessage, index: int, outcome: PublishOutcome) -> bool:
+        """Whether the broker returned *message*: then give it back, or reject it."""
+        task_id = message.task_id
+        why = self._returned.get(task_id)
+        if why is None:
+            self._returned_before.discard(task_id)
+            return False
+        queues = [f"queue:{name}" for name in message.declare]
+        if task_id in self._returned_before or not queues:
+            self._returned_before.discard(task_id)
+            outcome.rejected[index] = why
+        else:
+            # Its queue was deleted since this channel declared it: declare
+            # it again on the next pass, and publish the message then.
+            logger.warning("RabbitMQ returned %s, its queue is gone: declaring it again", task_id)
+            self._present.difference_update(queues)
+            self._returned_before.add(task_id)
+        return True
 
     def _prepare(
         self, producer: Producer, messages: Sequence[TaskMessage], outcome: PublishOutcome
