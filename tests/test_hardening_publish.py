@@ -397,6 +397,15 @@ def _queued_ids(client: Any, queue: str = "celery") -> list[str]:
 SMALL_BULK_LIMIT = 1024 * 1024
 
 
+def _redis_broker_app(make_test_app: AppFactory, broker_server: Any, *, pipelined: bool) -> Celery:
+    """An app on *broker_server*, published to pipelined or (kombu's
+    retry_on_timeout turns batches off) one message at a time."""
+    options = {} if pipelined else {"retry_on_timeout": True}
+    return make_test_app(
+        broker=f"{broker_server.url}/0", conf={"broker_transport_options": options}
+    )
+
+
 def test_a_failure_mid_batch_does_not_publish_again_what_went_out_before_it(
     make_test_app: AppFactory, broker_server: Any
 ) -> None:
@@ -440,8 +449,7 @@ def test_a_message_over_the_redis_bulk_limit_is_dead_lettered_before_it_blocks_t
     # that message due first, before two good ones
     admin_client = broker_server.client(0)
     admin_client.config_set("proto-max-bulk-len", SMALL_BULK_LIMIT)
-    options = {} if pipelined else {"retry_on_timeout": True}
-    app = make_test_app(broker=f"{broker_server.url}/0", conf={"broker_transport_options": options})
+    app = _redis_broker_app(make_test_app, broker_server, pipelined=pipelined)
     add = app.tasks["tests.add"]
     big = add.apply_delayed(("x" * (SMALL_BULK_LIMIT + 1), ""), countdown=0).id
     good = [add.apply_delayed((i, i), countdown=0).id for i in range(2)]
@@ -468,8 +476,7 @@ def test_the_bulk_limit_is_checked_on_the_exact_bytes_kombu_pushes(
     # Given the exact size kombu pushes for a task with an 800 kB argument
     # (over 1 MiB once base64-encoded: Redis takes no lower limit)
     admin_client = broker_server.client(0)
-    options = {} if pipelined else {"retry_on_timeout": True}
-    app = make_test_app(broker=f"{broker_server.url}/0", conf={"broker_transport_options": options})
+    app = _redis_broker_app(make_test_app, broker_server, pipelined=pipelined)
     add = app.tasks["tests.add"]
 
     def release(limit: int) -> tuple[int, int]:
