@@ -40,7 +40,8 @@ batch_claimed = Signal(name="zdelay_batch_claimed")
 #: ``shard``; ``path``, ``"handoff"`` (atomic Lua push into a Redis broker) or
 #: ``"publish"`` (kombu, confirmed by the broker); ``count``; ``lateness_ms``,
 #: a list with each entry's release time minus its due time; ``task_ids``,
-#: the ids released (``None`` for the handoff, which moves them in Lua).
+#: the ids released (for the handoff, which moves them in Lua, ``None`` unless
+#: it named them: with ``zdelay_audit_log``, or near a periodic occurrence).
 batch_released = Signal(name="zdelay_batch_released")
 
 #: Sent when an entry moved to the dead-letter set. Sender: the companion.

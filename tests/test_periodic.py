@@ -282,6 +282,67 @@ def test_an_occurrence_released_is_never_parked_again(
     assert parked_ids(redis_client, "a") == set()
 
 
+def test_schedules_sharing_an_occurrence_time_record_only_their_own_runs(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given two schedules ticking at the same instants, served by a companion
+    app.conf.beat_schedule = {
+        "a": {"task": "tests.record", "schedule": crontab()},
+        "b": {"task": "tests.record", "schedule": crontab()},
+    }
+    with Companion(app, beat=True) as companion:
+        server = companion.periodic
+        assert server is not None
+        server.reconcile()
+        tend(server)
+        a_ids, b_ids = parked_ids(redis_client, "a"), parked_ids(redis_client, "b")
+        assert {occurrence_ms(i) for i in a_ids} == {occurrence_ms(i) for i in b_ids}
+        # and b's occurrences cancelled before they ran
+        assert all(store_for(app).cancel(sorted(b_ids)))
+        companion.release_due()  # reads the Redis clock, as every pass does
+
+        # When a's next occurrence is released
+        report = companion.release_due(advance_ms=61_000)
+        assert report.released >= 1
+        companion._note_periodic_runs(report)
+
+    # Then a ran and b did not: runs are matched by id, not by due time
+    infos = {i.name: i for i in periodic.schedules(app)[1]}
+    assert infos["a"].last_run_lateness_ms is not None
+    assert infos["b"].last_run_lateness_ms is None
+    assert parked_ids(redis_client, "b") == set()
+
+
+def test_the_handoff_names_what_it_moves_only_near_a_periodic_occurrence(app: Celery) -> None:
+    # Given a companion serving an hourly schedule, its next tick an hour away
+    app.conf.beat_schedule = {"hourly": {"task": "tests.record", "schedule": 3600}}
+    with Companion(app, beat=True) as companion:
+        server = companion.periodic
+        assert server is not None
+        server.reconcile()
+        tend(server)
+        asked: list[bool] = []
+        handoff = companion.store.handoff
+
+        def recording(shard: int, **kwargs: Any) -> Any:
+            asked.append(kwargs["with_ids"])
+            return handoff(shard, **kwargs)
+
+        companion.store.handoff = recording  # type: ignore[method-assign]
+
+        # When it releases with the Redis clock unknown, then known, then
+        # fast-forwarded to the tick
+        companion.release_due()
+        companion.release_due()
+        report = companion.release_due(advance_ms=3_601_000)
+
+    # Then only the first (no clock yet) and the last (the tick) asked for ids
+    assert asked == [True, False, True]
+    assert report.released == 1
+    (task_id,) = report.task_ids
+    assert str(task_id).startswith("periodic:hourly:")
+
+
 # -- occurrences: Celery's schedules, missed ticks ----------------------------------
 
 

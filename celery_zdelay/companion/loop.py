@@ -57,6 +57,11 @@ HEARTBEAT_SECONDS = 5.0
 HEARTBEAT_LIVE_SECONDS = COMPANION_ALIVE_MS / 1000
 #: Heartbeats older than this are removed from the companions hash.
 HEARTBEAT_PRUNE_SECONDS = 3600.0
+#: How far past the Redis clock's estimate a periodic occurrence makes the
+#: handoff name what it moves: covers the estimate's error (the time between
+#: the claim that read the clock and the next).
+OCCURRENCE_MARGIN_MS = 5_000
+
 #: Pauses after consecutive failures (store or broker unreachable), growing to the last.
 BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -72,8 +77,9 @@ class PassReport:
     returned: int = 0
     #: Lateness (release time minus due time) of each released entry, in ms.
     lateness_ms: list[int] = field(default_factory=list)
-    #: Due time of each released entry, in ms, in the order of :attr:`lateness_ms`.
-    due_ms: list[int] = field(default_factory=list)
+    #: Id of each released entry, in the order of :attr:`lateness_ms`; None
+    #: where the handoff moved it without naming it (see :meth:`Companion._claim`).
+    task_ids: list[str | None] = field(default_factory=list)
     #: Seconds until the next due time or lease expiry; None when idle.
     next_event_s: float | None = None
     #: The broker or store failed during the pass.
@@ -112,6 +118,9 @@ class Companion:
         self._started = time.monotonic()
         self._last_heartbeat = 0.0
         self._live_companions = 1
+        #: (Redis time in ms, perf_counter) at the last claim: the Redis clock
+        #: without asking it, between claims.
+        self._redis_clock: tuple[int, float] | None = None
         #: Routes (exchange, routing key) whose generic-path choice was logged.
         self._generic_routes: set[tuple[str, str]] = set()
         self._ownership = (
@@ -282,13 +291,14 @@ class Companion:
             started = time.perf_counter()
             result = self._claim(shard, fresh=fresh, advance_ms=advance_ms)
             claimed_at = time.perf_counter()
+            self._redis_clock = (result.now_ms, claimed_at)
             claim_s = claimed_at - started
             claimed = len(result.entries) + len(result.handed_due_ms)
             if result.handed_due_ms:
                 lateness = [result.now_ms - due for due in result.handed_due_ms]
                 report.handed_off += len(lateness)
                 report.lateness_ms += lateness
-                report.due_ms += result.handed_due_ms
+                report.task_ids += result.handed_ids or [None] * len(lateness)
                 self._send(
                     signals.batch_released,
                     shard=shard,
@@ -297,13 +307,14 @@ class Companion:
                     lateness_ms=lateness,
                     task_ids=result.handed_ids or None,
                 )
-                for task_id, late_ms in zip(result.handed_ids, lateness, strict=False):
-                    audit.info(
-                        "Released %s (handoff) %d ms after due",
-                        task_id,
-                        late_ms,
-                        extra={"task_id": task_id},
-                    )
+                if self.config.audit_log:
+                    for task_id, late_ms in zip(result.handed_ids, lateness, strict=True):
+                        audit.info(
+                            "Released %s (handoff) %d ms after due",
+                            task_id,
+                            late_ms,
+                            extra={"task_id": task_id},
+                        )
             if result.dead:
                 self._report_dead(shard, report, result.dead)
             if result.entries:
@@ -345,11 +356,26 @@ class Companion:
                 fresh=fresh,
                 advance_ms=advance_ms,
                 companion_id=self.id,
-                with_ids=self.config.audit_log,
+                with_ids=self.config.audit_log or self._occurrence_due(advance_ms),
             )
         return self.store.claim(
             shard, limit=self.batch_size, lease_ms=self.lease_ms, advance_ms=advance_ms
         )
+
+    def _occurrence_due(self, advance_ms: int) -> bool:
+        """Whether the next handoff may release a periodic occurrence: then it names what it moves.
+
+        The handoff names entries only when asked, so that a busy store does
+        not pay a string per entry for a schedule that ticks once a minute;
+        periodic runs are matched by id (see PeriodicServer.note_released).
+        """
+        if self.periodic is None:
+            return False
+        if self._redis_clock is None:
+            return True
+        redis_ms, at = self._redis_clock
+        now_ms = redis_ms + (time.perf_counter() - at) * 1000
+        return self.periodic.due_by(int(now_ms) + advance_ms + OCCURRENCE_MARGIN_MS)
 
     def _release_leased(
         self, shard: int, result: ClaimResult, report: PassReport, claimed_at: float
@@ -496,8 +522,8 @@ class Companion:
         else:
             report.published += len(released)
         report.lateness_ms += lateness
-        report.due_ms += [entry.due_ms for entry, _ in released]
         task_ids = [entry.task_id for entry, _ in released]
+        report.task_ids += task_ids
         self._send(
             signals.batch_released,
             shard=shard,
@@ -618,10 +644,10 @@ class Companion:
 
     def _note_periodic_runs(self, released: PassReport) -> None:
         """Record when the periodic occurrences among what *released* held ran, and how late."""
-        if self.periodic is None or not released.due_ms:
+        if self.periodic is None or not released.task_ids:
             return
         try:
-            self.periodic.note_released(released.due_ms, released.lateness_ms)
+            self.periodic.note_released(released.task_ids, released.lateness_ms)
         except StoreUnavailableError as exc:
             logger.warning("Store unreachable, periodic runs not recorded: %s", exc)
         except Exception:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -73,8 +74,9 @@ class PeriodicServer:
         self._failing: set[tuple[str, int]] = set()
         #: Occurrences this companion parked (first parker), for its totals.
         self.parked = 0
-        #: Occurrence ms -> schedule names, of occurrences parked lately.
-        self._occurrences: dict[int, list[str]] = {}
+        #: Id -> (schedule name, occurrence ms) of the occurrences parked
+        #: lately that no companion has recorded as run yet.
+        self._pending: dict[str, tuple[str, int]] = {}
 
     # -- configuration --------------------------------------------------------
 
@@ -142,11 +144,13 @@ class PeriodicServer:
         self._cancel(snap)
         # Built aside, then swapped in: note_released may read it meanwhile
         # (the companion's release loop, while this runs in its own thread).
-        occurrences: dict[int, list[str]] = {}
+        pending: dict[str, tuple[str, int]] = {}
         for name, pointer in snap.pointers.items():
-            for ms, _ in pointer.parked:
-                occurrences.setdefault(ms, []).append(name)
-        self._occurrences = occurrences
+            last_run = snap.runs.get(name, (-1, 0))[0]
+            for ms, task_id in pointer.parked:
+                if ms > last_run:
+                    pending[task_id] = (name, ms)
+        self._pending = pending
         parked = 0
         for name, definition in snap.definitions.items():
             if name in snap.paused:
@@ -160,17 +164,36 @@ class PeriodicServer:
         self.parked += parked
         return parked
 
-    def note_released(self, due_ms: list[int], lateness_ms: list[int]) -> None:
+    def due_by(self, ms: int) -> bool:
+        """Whether an occurrence not yet seen released is due at or before *ms*.
+
+        The handoff moves entries inside Redis and names them only when asked
+        (it costs a string per entry): the companion asks while this is true.
+        """
+        return any(due <= ms for _, due in self._pending.values())
+
+    def note_released(self, task_ids: Sequence[str | None], lateness_ms: Sequence[int]) -> None:
         """Record the periodic occurrences among released entries, and how late they ran.
 
-        Matched by due time: an occurrence is parked due at its exact time.
+        Matched by task id (None: released without its id, so not an
+        occurrence, see :meth:`due_by`): schedules that share an occurrence
+        time each get their own entry's run, and only once it ran.
         """
-        runs = {}
-        for due, late in zip(due_ms, lateness_ms, strict=True):
-            for name in self._occurrences.get(due, ()):
-                runs[name] = json.dumps({"ms": due, "lateness_ms": late, "by": self.companion_id})
+        pending = self._pending
+        runs: dict[str, tuple[int, int]] = {}
+        for task_id, late in zip(task_ids, lateness_ms, strict=True):
+            hit = pending.pop(task_id, None) if task_id is not None else None
+            if hit is not None:
+                name, ms = hit
+                if ms >= runs.get(name, (-1, 0))[0]:
+                    runs[name] = (ms, late)
         if runs:
-            self.periodic.record_runs(runs)
+            self.periodic.record_runs(
+                {
+                    name: json.dumps({"ms": ms, "lateness_ms": late, "by": self.companion_id})
+                    for name, (ms, late) in runs.items()
+                }
+            )
 
     def _cancel(self, snap: Snapshot) -> None:
         if not snap.to_cancel:
@@ -232,7 +255,7 @@ class PeriodicServer:
                         extra={"task_id": task_id, "task_name": definition.task},
                     )
             parked.append((ms, task_id))
-            self._occurrences.setdefault(ms, []).append(definition.name)
+            self._pending[task_id] = (definition.name, ms)
         if not parked:
             return 0
         status = self.periodic.advance(definition.name, version, parked[-1][0], parked, snap.now_ms)
@@ -240,9 +263,10 @@ class PeriodicServer:
             # Paused since the snapshot: take it all back. Changed or removed:
             # take back what is ahead; what was due already runs once, as
             # define.lua keeps it.
-            self.periodic.store.cancel(
-                [t for ms, t in parked if status == "paused" or ms > snap.now_ms]
-            )
+            taken_back = [t for ms, t in parked if status == "paused" or ms > snap.now_ms]
+            self.periodic.store.cancel(taken_back)
+            for task_id in taken_back:
+                self._pending.pop(task_id, None)
             return 0
         return first
 

@@ -314,7 +314,7 @@ class Store:
         :meth:`claim`; entries whose queue list key holds another type are
         dead-lettered (:attr:`ClaimResult.dead`, reasons naming *companion_id*).
         With *with_ids* the ids handed off are returned too
-        (:attr:`ClaimResult.handed_ids`), for the audit trail.
+        (:attr:`ClaimResult.handed_ids`), for the audit trail and periodic runs.
         """
         keys = self._keys[shard]
         reply = self._after_recover(
