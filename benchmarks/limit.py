@@ -12,6 +12,13 @@ messages of the same size:
   queue" script does (ZRANGEBYSCORE ... LIMIT 0 batch, HMGET, LPUSH, ZREM,
   HDEL), called in a loop of the same batch size.
 
+* template rendering alone: handoff.lua's own ``zdelay_render`` (loaded from
+  ``_expand.lua`` as the handoff loads it) building one parked entry's
+  message with a fresh delivery tag, N times in one script, timed with the
+  Redis clock (:data:`RENDER_LUA`). The handoff does at least what the bare
+  move does plus this, so bare / (bare + render), in script time per task,
+  bounds its ratio while entries are stored as templates (P7).
+
 * whole-message floor: the same messages stored whole, each behind a
   metadata line as entries are (``{"p":...,"v":1,"k":...,"n":...}`` and a
   newline), moved by :data:`WHOLE_MOVE_LUA`: the bare move plus the least a
@@ -34,6 +41,9 @@ from typing import Any
 import redis
 
 from celery_zdelay.companion import Companion
+from celery_zdelay.parking import store_for
+from celery_zdelay.store import Store
+from celery_zdelay.store.scripts import reader_source
 
 from .common import Sizes, median_run, now_ms, park_bulk, release_all
 from .infra import (
@@ -93,6 +103,26 @@ redis.call('HDEL', KEYS[2], unpack(ids))
 return due_ms
 """
 
+#: handoff.lua's rendering alone, on one parked entry (run after _expand.lua).
+RENDER_LUA = """
+-- KEYS[1] templates hash, KEYS[2] msg hash; ARGV[1] an entry id, ARGV[2] N,
+-- ARGV[3] delivery tag prefix. Returns {µs for N renders, the last message}.
+local payload = redis.call('HGET', KEYS[2], ARGV[1])
+local template, pos = zdelay_fast_entry(KEYS[1], payload)
+if not template then return redis.error_reply('ERR not an entry in the template form') end
+local n, prefix = tonumber(ARGV[2]), ARGV[3]
+local function clock_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local message
+local started = clock_us()
+for k = 1, n do
+  message = zdelay_render(template, payload, pos, prefix .. k .. '"}}')
+end
+return {tostring(clock_us() - started), message}
+"""
+
 _BARE_KEYS = ("bare:due", "bare:msg", "bare:queue")
 
 
@@ -120,6 +150,7 @@ def _compare(
     companion.release_due()  # connected and past handoff detection, as when running
     park_bulk(app, n, now_ms() - 1000)
     parked = {key: client.dump(key) for key in client.keys("*")}
+    render = _time_render(client, store_for(app), n, sizes.release_repeat)
 
     runs: dict[str, list[dict[str, Any]]] = {"handoff": [], "bare": [], "whole": []}
     message_bytes = 0
@@ -138,6 +169,8 @@ def _compare(
     client.flushdb()
 
     handoff, bare, whole = (median_run(runs[path], "rate") for path in ("handoff", "bare", "whole"))
+    if abs(render.pop("message_bytes") - message_bytes) > 0.05 * message_bytes:
+        raise BenchmarkError("the rendered message is not the size of those the handoff pushed")
     return {
         "batch": batch,
         "message_bytes": message_bytes,
@@ -146,6 +179,11 @@ def _compare(
         "whole": {**whole, "runs": [r["rate"] for r in runs["whole"]]},
         "ratio": round(handoff["rate"] / bare["rate"], 3),
         "whole_ratio": round(whole["rate"] / bare["rate"], 3),
+        "render": render,
+        # The handoff does the bare move's work and renders each message.
+        "render_bound": round(
+            bare["script_us_per_task"] / (bare["script_us_per_task"] + render["us_per_entry"]), 3
+        ),
         "script_time_ratio": round(handoff["script_us_per_task"] / bare["script_us_per_task"], 2)
         if bare["script_us_per_task"]
         else None,
@@ -161,6 +199,24 @@ def _time_handoff(client: redis.Redis, companion: Companion, n: int) -> dict[str
     if handed_off != n:
         raise BenchmarkError("handoff: entries took the generic path; the handoff is off")
     return _figures(client, n, seconds, load, DEFAULT_QUEUE, passes=passes)
+
+
+def _time_render(client: redis.Redis, store: Store, n: int, repeat: int) -> dict[str, Any]:
+    """µs per entry of handoff.lua's rendering alone, on one parked entry; median of *repeat*."""
+    keys = store.keys(0)
+    (entry_id,) = client.zrange(keys.due, 0, 0)
+    render = client.register_script(reader_source(RENDER_LUA))
+    timings, message = [], b""
+    for _ in range(repeat):
+        elapsed_us, message = render(
+            keys=[keys.templates, keys.msg], args=[entry_id, n, keys.tag_prefix]
+        )
+        timings.append(int(elapsed_us) / n)
+    return {
+        "us_per_entry": round(statistics.median(timings), 3),
+        "runs": [round(t, 3) for t in timings],
+        "message_bytes": len(message),
+    }
 
 
 def _time_move(client: redis.Redis, path: str, n: int, batch: int, size: int) -> dict[str, Any]:

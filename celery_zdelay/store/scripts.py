@@ -9,7 +9,7 @@ from redis.commands.core import Script
 
 from .client import StoreClient
 
-__all__ = ["SCRIPT_NAMES", "Scripts", "guarded", "script_source"]
+__all__ = ["SCRIPT_NAMES", "Scripts", "guarded", "reader_source", "script_source"]
 
 #: Every operation of the store that runs as a script.
 SCRIPT_NAMES = (
@@ -40,10 +40,17 @@ def script_source(name: str, before: str = "") -> str:
     Every script gets the checks of ``_guard.lua`` in front (they run before
     its first write); readers of entries also get ``_expand.lua``.
     """
-    source = _lua_file(name)
     if name in _READERS:
-        source = _lua_file("_expand") + source
-    return guarded(before + source)
+        return reader_source(_lua_file(name), before)
+    return guarded(before + _lua_file(name))
+
+
+def reader_source(body: str, before: str = "") -> str:
+    """Return Lua *body* with the entry reader ``_expand.lua`` in front, as handoff.lua runs.
+
+    Also for measuring the reader alone (``python -m benchmarks --only limit``).
+    """
+    return guarded(before + _lua_file("_expand") + body)
 
 
 def guarded(source: str) -> str:
