@@ -77,6 +77,9 @@ class PeriodicServer:
         #: Id -> (schedule name, occurrence ms) of the occurrences parked
         #: lately that no companion has recorded as run yet.
         self._pending: dict[str, tuple[str, int]] = {}
+        #: The earliest occurrence ms in _pending (or earlier: one released
+        #: since stays until the next tend), None when there is none.
+        self._next_pending_ms: int | None = None
 
     # -- configuration --------------------------------------------------------
 
@@ -151,6 +154,7 @@ class PeriodicServer:
                 if ms > last_run:
                     pending[task_id] = (name, ms)
         self._pending = pending
+        self._next_pending_ms = min((ms for _, ms in pending.values()), default=None)
         parked = 0
         for name, definition in snap.definitions.items():
             if name in snap.paused:
@@ -170,7 +174,8 @@ class PeriodicServer:
         The handoff moves entries inside Redis and names them only when asked
         (it costs a string per entry): the companion asks while this is true.
         """
-        return any(due <= ms for _, due in self._pending.values())
+        earliest = self._next_pending_ms
+        return earliest is not None and earliest <= ms
 
     def note_released(self, task_ids: Sequence[str | None], lateness_ms: Sequence[int]) -> None:
         """Record the periodic occurrences among released entries, and how late they ran.
@@ -256,6 +261,8 @@ class PeriodicServer:
                     )
             parked.append((ms, task_id))
             self._pending[task_id] = (definition.name, ms)
+            if self._next_pending_ms is None or ms < self._next_pending_ms:
+                self._next_pending_ms = ms
         if not parked:
             return 0
         status = self.periodic.advance(definition.name, version, parked[-1][0], parked, snap.now_ms)
