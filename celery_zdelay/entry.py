@@ -22,6 +22,17 @@ name, routing, content type), so it is stored in two parts:
       {"v":1,"t":"9f86d081884c7d65","n":269}
       "W1s0Ml0sIHt9..."\0"f9fe6d14-431f-..."\0"(42,)"\0...\0
 
+With ``zdelay_whole_messages`` an entry is instead the message exactly as
+the handoff pushes it, delivery tag included: the tag, chosen when the entry
+is built, is ``zdelay.<route id>.<32 hex digits>``, and the route id names a
+**route record** in the templates hash (``{"w":1,"k":...,"l":...,"q":[...]}``
+and a newline), which holds what a metadata line would. handoff.lua pushes
+such an entry as it is, without building a string (the memory/speed trade-off
+of that setting). It has no metadata line: no parked-at stamp and no
+signature (the setting refuses a signing key)::
+
+    {"body":"W1s0Ml0s...", ..., "delivery_tag":"zdelay.5d41402abc4b2a76.9f86d0..."}}
+
 park.lua adds when the entry was parked, in epoch ms on the Redis clock, as
 the first key of the stored metadata line (``{"p":1764547200123,"v":1,...}``;
 see :func:`parked_ms`). No signature covers it: the producer cannot know it,
@@ -45,6 +56,7 @@ import hashlib
 import hmac
 import json
 import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +89,10 @@ _TAG_TAIL = '"delivery_tag":""}}'
 _COMPACT = (",", ":")
 _SIGNATURE_CONTEXT = b"celery-zdelay entry v1\0"
 _MARKER = re.compile(rb"\x00(.)", re.DOTALL)
+#: How an entry stored whole starts (the envelope's first key), and how it
+#: ends: its delivery tag, naming its route record.
+_WHOLE_START = b'{"body":"'
+_WHOLE_TAG = re.compile(rb'"delivery_tag":"zdelay\.([0-9a-f]{16})\.[0-9a-f]{32}"\}\}\Z')
 #: The parked-at stamp park.lua writes first in the stored metadata line.
 _PARKED = re.compile(rb'\{"p":(\d{1,16}),')
 #: json's own (C) string encoder, as json.dumps uses it with ensure_ascii.
@@ -153,12 +169,15 @@ def encode_entry(
     dest: str | None = None,
     layout: str | None = None,
     signing_key: bytes | None = None,
+    whole: bool = False,
 ) -> tuple[bytes, Template | None]:
     """Return the payload that parks *message*, and the template it refers to.
 
     *dest* and *layout* name the Redis broker list the handoff pushes to;
-    *signing_key* signs the entry so companions can refuse forged ones. The
-    template is ``None`` when the message is stored in one part.
+    *signing_key* signs the entry so companions can refuse forged ones;
+    *whole* stores the message as it is pushed, referring to a route record
+    (``zdelay_whole_messages``; it cannot be signed). The template is
+    ``None`` when the message is stored in one part.
     """
     envelope = _envelope(message)
     routing: dict[str, Any] = {}
@@ -167,6 +186,13 @@ def encode_entry(
         routing["l"] = layout
     if message.declare:
         routing["q"] = message.declare
+    if whole:
+        if signing_key:
+            raise ValueError("a message stored whole carries no signature")
+        record = _line({"w": 1, **routing}) + b"\n"
+        route = Template(id=template_id(record), record=record)
+        tag = b'zdelay.%s.%s"}}' % (route.id.encode(), uuid.uuid4().hex.encode())
+        return _head(envelope) + tag, route
 
     variables: list[bytes] = []
     numbers: dict[bytes, int] = {}
@@ -250,11 +276,37 @@ def expand_entry(payload: bytes, lookup: TemplateLookup) -> bytes:
     Raises:
         EntryError: the template is unknown, or the values do not fit it.
     """
+    if payload.startswith(_WHOLE_START):
+        meta, head = _whole(payload, lookup)
+        return _line(meta) + b"\n" + head
     meta_line, sep, blob = payload.partition(b"\n")
     if not sep or b'"t":' not in meta_line:
         return payload
     meta, head = _expanded(_meta(meta_line, blob), blob, lookup)
     return _line({**meta, "n": len(head)}) + b"\n" + head
+
+
+def _whole(payload: bytes, lookup: TemplateLookup | None) -> tuple[dict[str, Any], bytes]:
+    """Return the single-part metadata and envelope head of an entry stored whole."""
+    found = _WHOLE_TAG.search(payload, max(0, len(payload) - 100))
+    if found is None:
+        raise EntryError(
+            "damaged payload: a message stored whole must end with its celery-zdelay delivery tag"
+        )
+    route_id = found.group(1).decode()
+    record = lookup(route_id) if lookup is not None else None
+    if record is None:
+        raise EntryError(
+            f"template missing: the entry refers to route record {route_id!r}, "
+            "which the store does not hold"
+        )
+    route, _ = _parsed_template(record)
+    if route.get("w") != 1:
+        raise EntryError(f"damaged payload: {route_id!r} is not a route record")
+    head = payload[: found.start() + len(b'"delivery_tag":"')]
+    meta = {"v": SCHEMA_VERSION, "n": len(head)}
+    meta.update({key: route[key] for key in ("k", "l", "q") if key in route})
+    return meta, head
 
 
 def _expanded(
@@ -414,8 +466,9 @@ def decode_entry(
 def parked_ms(payload: bytes | None) -> int | None:
     """Return when *payload* was parked, in epoch ms on the Redis clock.
 
-    None when it was not recorded: parked by a release before park.lua
-    stamped entries, or not read from the store.
+    None when it was not recorded: stored whole (``zdelay_whole_messages``),
+    parked by a release before park.lua stamped entries, or not read from
+    the store.
     """
     match = _PARKED.match(payload) if payload else None
     return int(match.group(1)) if match else None
@@ -438,6 +491,8 @@ def entry_headers(payload: bytes, templates: TemplateLookup | None = None) -> di
 
 
 def _split(payload: bytes, templates: TemplateLookup | None) -> tuple[dict[str, Any], bytes]:
+    if payload.startswith(_WHOLE_START):
+        return _whole(payload, templates)
     meta_line, sep, rest = payload.partition(b"\n")
     meta = _meta(meta_line if sep else b"", rest)
     if "t" in meta:

@@ -46,18 +46,26 @@ class EntryEncoder:
     One encoder serves one park (its groups are not kept beyond it).
     """
 
-    def __init__(self, signing_key: bytes | None = None, *, repeats: bool = True) -> None:
+    def __init__(
+        self, signing_key: bytes | None = None, *, repeats: bool = True, whole: bool = False
+    ) -> None:
         self._signing_key = signing_key
         #: False for a park of one message: grouping pays only for repeats, so
         #: a single message goes straight to encode_entry.
         self._repeats = repeats
+        #: Messages stored whole have no template to share.
+        self._whole = whole
         #: Group key -> the group's template, or None where encode_entry is used.
         self._templates: dict[Any, Template | None] = {}
 
     def encode(
         self, message: TaskMessage, *, dest: str | None = None, layout: str | None = None
     ) -> tuple[bytes, Template | None]:
-        """Return what ``encode_entry(message, dest=, layout=, signing_key=)`` returns."""
+        """Return what ``encode_entry(message, dest=, layout=, signing_key=, whole=)`` returns."""
+        if self._whole:
+            return encode_entry(
+                message, dest=dest, layout=layout, signing_key=self._signing_key, whole=True
+            )
         if not self._repeats:
             return encode_entry(message, dest=dest, layout=layout, signing_key=self._signing_key)
         try:

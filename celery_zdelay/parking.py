@@ -248,7 +248,9 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
     parking = _parking(app)
     signing_key = parking.config.signing_keys[0] if parking.config.signing_keys else None
     # One encoder per park: a template is worked out once for its messages.
-    encoder = EntryEncoder(signing_key, repeats=len(messages) > 1)
+    encoder = EntryEncoder(
+        signing_key, repeats=len(messages) > 1, whole=parking.config.whole_messages
+    )
     requests = []
     for message in messages:
         if parking.config.worker_dedupe:

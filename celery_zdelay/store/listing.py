@@ -63,7 +63,8 @@ class ParkedEntry:
     #: waiting for the broker); it returns to the due set if that fails.
     in_flight: bool = False
     #: When it was parked, in epoch ms on the Redis clock; None when not
-    #: recorded (parked by an earlier release, which did not record it).
+    #: recorded (parked whole, by ``zdelay_whole_messages``, or by an earlier
+    #: release, which did not record it).
     parked_ms: int | None = None
 
 

@@ -48,7 +48,8 @@ class ParkedTask:
     #: Why it was dead-lettered (``state == "dead"``), or why its message cannot be read.
     reason: str | None = None
     #: When it was parked, in epoch ms on the Redis clock; None when not
-    #: recorded (parked by an earlier release, which did not record it).
+    #: recorded (parked whole, by ``zdelay_whole_messages``, or by an earlier
+    #: release, which did not record it).
     parked_ms: int | None = None
 
     @property

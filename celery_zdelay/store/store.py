@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.cluster import RedisCluster
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from ..bulk_limit import bulk_limit
 from ..config import ZDelayConfig
@@ -287,11 +289,9 @@ class Store:
         reply = self._after_recover(
             keys,
             limit,
-            lambda client: self.scripts.claim(
-                keys=[keys.due, keys.msg, keys.lease, keys.leased, keys.tags],
-                args=[lease_ms, limit, advance_ms],
-                client=client,
-            ),
+            self.scripts.claim,
+            [keys.due, keys.msg, keys.lease, keys.leased, keys.tags],
+            [lease_ms, limit, advance_ms],
         )
         return _claim_result(reply, offset=4)
 
@@ -320,30 +320,28 @@ class Store:
         reply = self._after_recover(
             keys,
             limit,
-            lambda client: self.scripts.handoff(
-                keys=[
-                    keys.due,
-                    keys.msg,
-                    keys.lease,
-                    keys.leased,
-                    keys.tags,
-                    keys.templates,
-                    keys.dead,
-                    keys.dead_msg,
-                    *dests,
-                ],
-                args=[
-                    lease_ms,
-                    limit,
-                    layout,
-                    keys.tag_prefix,
-                    "1" if fresh else "0",
-                    advance_ms,
-                    companion_id,
-                    "1" if with_ids else "0",
-                ],
-                client=client,
-            ),
+            self.scripts.handoff,
+            [
+                keys.due,
+                keys.msg,
+                keys.lease,
+                keys.leased,
+                keys.tags,
+                keys.templates,
+                keys.dead,
+                keys.dead_msg,
+                *dests,
+            ],
+            [
+                lease_ms,
+                limit,
+                layout,
+                keys.tag_prefix,
+                "1" if fresh else "0",
+                advance_ms,
+                companion_id,
+                "1" if with_ids else "0",
+            ],
         )
         n_leased, n_dead = int(reply[5]), int(reply[6])
         end = 7 + 3 * n_leased
@@ -352,30 +350,46 @@ class Store:
             (reply[i].decode(), json.loads(reply[i + 1])) for i in range(end, end + 2 * n_dead, 2)
         ]
         end += 2 * n_dead
-        handed = reply[end:]
         if with_ids:
-            result.handed_ids = [task_id.decode() for task_id in handed[0::2]]
-            handed = handed[1::2]
-        result.handed_due_ms = [int(ms) for ms in handed]
+            result.handed_ids = [task_id.decode() for task_id in reply[end:-1]]
+        # Scores as Redis prints them ("1.8393728123812342e+18"): due_ms * 1024 + sequence.
+        scores = reply[-1].split(b",") if reply[-1] else []
+        result.handed_due_ms = [int(float(score)) // 1024 for score in scores]
         result.needs_dests = bool(int(reply[4]))
         return result
 
-    def _after_recover(self, keys: ShardKeys, limit: int, call: Any) -> Any:
-        """Recover the shard's expired leases, then make *call*: one round trip."""
-
-        def recover(client: Any) -> Any:
-            return self.scripts.recover(
-                keys=[keys.lease, keys.leased, keys.due], args=[limit], client=client
-            )
-
+    def _after_recover(
+        self, keys: ShardKeys, limit: int, script: Script, script_keys: list[Any], args: list[Any]
+    ) -> Any:
+        """Recover the shard's expired leases, then run *script*: one round trip."""
+        recover = (self.scripts.recover, [keys.lease, keys.leased, keys.due], [limit])
         with unavailable_as_error(self.url):
             if self.cluster:
-                recover(self.client)
-                return call(self.client)
-            with self.client.pipeline(transaction=False) as pipe:
-                recover(pipe)
-                call(pipe)
-                return pipe.execute()[1]
+                for each, each_keys, each_args in (recover, (script, script_keys, args)):
+                    reply = each(keys=each_keys, args=each_args, client=self.client)
+                return reply
+            return self._run_pipelined([recover, (script, script_keys, args)])[1]
+
+    def _run_pipelined(self, calls: list[tuple[Script, list[Any], list[Any]]]) -> list[Any]:
+        """Run script *calls* (script, keys, args) in one round trip, by EVALSHA.
+
+        redis-py's pipeline asks ``SCRIPT EXISTS`` before every execute that
+        holds a script, a round trip of its own on every claim. Instead, a
+        call that Redis answers ``NOSCRIPT`` (restarted, flushed, failed
+        over: the script never started) is made again on its own, which
+        loads the script; the others ran once, in order, as before.
+        """
+        with self.client.pipeline(transaction=False) as pipe:
+            for script, keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            replies = list(pipe.execute(raise_on_error=False))
+        for index, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                script, keys, args = calls[index]
+                replies[index] = script(keys=keys, args=args, client=self.client)
+            elif isinstance(reply, Exception):
+                raise reply
+        return replies
 
     def push(
         self, shard: int, token: int, routes: Sequence[tuple[str, str, bytes]]

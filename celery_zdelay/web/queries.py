@@ -360,8 +360,12 @@ _TEMPLATE_REF = re.compile(rb'"t":"([0-9a-f]{1,64})"')
 
 
 def _template_of(payload: bytes) -> str | None:
-    line = payload[: payload.find(b"\n")]
-    found = _TEMPLATE_REF.search(line)
+    end = payload.find(b"\n")
+    if end < 0:
+        # No metadata line (a message stored whole): the message's own
+        # headers may hold anything, '"t":"..."' included.
+        return None
+    found = _TEMPLATE_REF.search(payload, 0, end)
     return found.group(1).decode() if found else None
 
 

@@ -106,6 +106,29 @@ local function zdelay_fast_entry(templates_key, payload)
   return template, pos
 end
 
+-- Route records of this call (entries stored whole): id -> {k, l, tid} or false.
+local zdelay_routes = {}
+
+-- The route record of an entry stored whole (zdelay_whole_messages: the
+-- message exactly as it is pushed, its delivery tag naming the record; see
+-- entry.py), given its id (zdelay_template_id); nil when the record is
+-- missing or was rewritten by someone else.
+local function zdelay_whole_route(templates_key, rid)
+  local cached = zdelay_routes[rid]
+  if cached ~= nil then return cached or nil end
+  cached = false
+  local record = redis.call('HGET', templates_key, rid)
+  if record and string.sub(redis.sha1hex(record), 1, 16) == rid then
+    local nl = string.find(record, '\n', 1, true)
+    local ok, meta = pcall(cjson.decode, string.sub(record, 1, (nl or 0) - 1))
+    if ok and type(meta) == 'table' and meta.w == 1 then
+      cached = {k = meta.k, l = meta.l, tid = rid}
+    end
+  end
+  zdelay_routes[rid] = cached
+  return cached or nil
+end
+
 -- One parts table reused for every message of the call: no table per entry.
 local zdelay_parts = {}
 

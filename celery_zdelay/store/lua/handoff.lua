@@ -25,11 +25,14 @@
 -- ARGV[6] ms to add to the Redis clock when picking due entries: 0, except
 --         in tests that fast-forward time (celery_zdelay.testing)
 -- ARGV[7] companion id, written into dead-letter reasons
--- ARGV[8] "1": return the id before the due_ms of each entry handed off
---         (zdelay_audit_log); anything else: the due_ms only
+-- ARGV[8] "1": return the id of each entry handed off too (zdelay_audit_log,
+--         periodic runs); anything else: their due scores only
 -- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, needs_dests,
 --          n_leased, n_dead, id, due_score, payload (n_leased times),
---          id, reason JSON (n_dead times), [id,] due_ms of each entry handed off}
+--          id, reason JSON (n_dead times), [id of each entry handed off,]
+--          the due scores of the entries handed off, joined by commas}
+--          (one string: a reply element per entry costs the caller more to
+--          read than the whole string)
 if redis.replicate_commands then redis.replicate_commands() end
 
 local due, msg, lease, leased, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -57,37 +60,49 @@ local function dest_type(dest)
   return kind
 end
 
--- Where a payload goes: its destination list, and its template and where its
--- values start (the form parked today) or its envelope head (other forms);
--- nil when it must take the generic path.
+-- Where a payload goes: its destination list; its template and where its
+-- values start (the form parked by default), or its envelope head (other
+-- forms), or neither (a message stored whole, pushed as it is); and the id
+-- of the template or route record it refers to (false for none). nil when
+-- it must take the generic path.
 local function destination(payload)
+  if not payload then return nil end
+  local b1, b2, b3 = string.byte(payload, 1, 3)
+  if b3 == 98 and b1 == 123 and b2 == 34 then  -- {"b: stored whole, or nothing of ours
+    local rid = zdelay_template_id(payload)
+    local route = rid and zdelay_whole_route(templates, rid)
+    if not route or type(route.k) ~= 'string' or route.l ~= layout then return nil end
+    return route.k, nil, nil, rid
+  end
   local template, pos = zdelay_fast_entry(templates, payload)
   if template then
     if type(template.k) ~= 'string' or template.l ~= layout then return nil end
-    return template.k, template, pos
+    return template.k, template, pos, template.tid
   end
   local meta, head = zdelay_read(templates, payload)
   if not meta or type(meta.k) ~= 'string' or meta.l ~= layout or meta.s ~= nil then
     return nil
   end
-  return meta.k, nil, head
+  return meta.k, nil, head, zdelay_template_id(payload) or false
 end
 
 local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', (now_ms + advance_ms) * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
 local payloads = {}
 if #claimed > 0 then
   local ids = {}
-  for i = 1, #claimed, 2 do ids[#ids + 1] = claimed[i] end
+  for i = 1, #claimed, 2 do ids[(i + 1) / 2] = claimed[i] end
   payloads = redis.call('HMGET', msg, unpack(ids))
 end
 
 -- Every message is built here, with its delivery tag, before the first write.
 local pushes, order, handed, handed_due, generic, bad = {}, {}, {}, {}, {}, {}
 local released_templates = {}
-local taken, needs_dests = 0, 0
+local taken, needs_dests, n_handed = 0, 0, 0
+-- The list of the previous entry's destination: most batches have one.
+local last_dest, last_list
 for j = 1, #claimed / 2 do
   local id, score, payload = claimed[2 * j - 1], claimed[2 * j], payloads[j]
-  local dest, template, rest = destination(payload)
+  local dest, template, rest, tid = destination(payload)
   if dest and not known[dest] and not fresh then
     -- Stop here, leaving this entry and later ones parked, so the caller can
     -- reread the dests set and keep the release order.
@@ -98,21 +113,27 @@ for j = 1, #claimed / 2 do
   local kind = dest and known[dest] and dest_type(dest)
   local message
   if kind == 'list' or kind == 'none' then
-    local tail = tag_prefix .. (tag_base + #handed + 1) .. '"}}'
     if template then
-      message = zdelay_render(template, payload, rest, tail)
-    else
+      message = zdelay_render(template, payload, rest, tag_prefix .. (tag_base + n_handed + 1) .. '"}}')
+    elseif rest then
       -- The stored envelope ends at the delivery tag's opening quote.
-      message = rest .. tail
+      message = rest .. tag_prefix .. (tag_base + n_handed + 1) .. '"}}'
+    else
+      -- Stored whole, with the delivery tag chosen when it was parked.
+      message = payload
     end
   end
   if message then
-    zdelay_count(released_templates, template and template.tid or zdelay_template_id(payload), -1)
-    if not pushes[dest] then pushes[dest] = {}; order[#order + 1] = dest end
-    local list = pushes[dest]
-    list[#list + 1] = message
-    handed[#handed + 1] = id
-    handed_due[#handed_due + 1] = math.floor(tonumber(score) / 1024)
+    zdelay_count(released_templates, tid or nil, -1)
+    if dest ~= last_dest then
+      last_list = pushes[dest]
+      if not last_list then last_list = {}; pushes[dest] = last_list; order[#order + 1] = dest end
+      last_dest = dest
+    end
+    last_list[#last_list + 1] = message
+    n_handed = n_handed + 1
+    handed[n_handed] = id
+    handed_due[n_handed] = score  -- the caller divides
   elseif kind and kind ~= 'list' and kind ~= 'none' then
     local due_ms = math.floor(tonumber(score) / 1024)
     bad[#bad + 1] = {id, zdelay_reason('queue list ' .. dest .. ' is a ' .. kind ..
@@ -175,11 +196,10 @@ for _, entry in ipairs(bad) do
   result[#result + 1] = entry[2]
 end
 
-local with_ids = ARGV[8] == '1'
-for i, due_ms in ipairs(handed_due) do
-  if with_ids then result[#result + 1] = handed[i] end
-  result[#result + 1] = due_ms
+if ARGV[8] == '1' then
+  for i = 1, n_handed do result[#result + 1] = handed[i] end
 end
+result[#result + 1] = table.concat(handed_due, ',')
 
 zdelay_next_events(result, due, lease)
 return result

@@ -23,7 +23,7 @@
 --
 -- Each payload is stored with when it was parked on the Redis clock: "p":<ms>
 -- spliced first into its metadata line ({"p":<ms>,"v":1,...}), replacing
--- one a re-parked payload carries. It is outside what a signature covers
+-- one a re-parked payload carries (a message stored whole has no such line). It is outside what a signature covers
 -- (entry.py signs the envelope and its routing, never the metadata line).
 if redis.replicate_commands then redis.replicate_commands() end
 
@@ -53,6 +53,9 @@ local stamp = '{"p":' .. string.format('%.0f', now_ms) .. ','
 local byte, gsub = string.byte, string.gsub
 local function stamped(payload)
   if byte(payload, 1) ~= 123 or byte(payload, 2) ~= 34 then return payload end  -- {"
+  -- A message stored whole ({"body":...) has no metadata line: it is kept
+  -- exactly as the handoff pushes it.
+  if byte(payload, 3) == 98 then return payload end  -- b
   if byte(payload, 3) == 112 then  -- p
     local restamped, found = gsub(payload, '^{"p":%d+,', stamp, 1)
     if found == 1 then return restamped end
