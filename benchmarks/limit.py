@@ -19,17 +19,16 @@ messages of the same size:
   move does plus this, so bare / (bare + render), in script time per task,
   bounds its ratio while entries are stored as templates (P7).
 
-* whole-message floor: the same messages stored whole, each behind a
-  metadata line as entries are (``{"p":...,"v":1,"k":...,"n":...}`` and a
-  newline), moved by :data:`WHOLE_MOVE_LUA`: the bare move plus the least a
-  handoff of whole stored messages must do per entry (read the line, cut
-  the message out, report its due time). It bounds what storing whole
-  messages instead of templates could win (issue 15's memory/speed
-  trade-off), without the delivery tag, the lease and template bookkeeping.
+* handoff of whole messages: the same N tasks parked with
+  ``zdelay_whole_messages`` (each message stored exactly as it is pushed,
+  delivery tag included) and released by the same handoff, which then
+  builds no string: the speed side of that setting's memory/speed
+  trade-off (the memory benchmark measures the other side).
 
 Reported per path: the rate (wall clock of the calls, in this process),
 Redis script time (``INFO commandstats``, EVALSHA) per released task, and
-the ratio handoff / bare move. Runs alternate which path goes first.
+the ratios handoff / bare move and handoff of whole messages / bare move.
+Runs alternate which path goes first.
 """
 
 from __future__ import annotations
@@ -77,32 +76,6 @@ redis.call('HDEL', KEYS[2], unpack(ids))
 return #ids
 """
 
-#: The bare move plus what a handoff of whole stored messages does per entry.
-WHOLE_MOVE_LUA = """
--- KEYS and ARGV as BARE_MOVE_LUA; each value is a metadata line, a newline
--- and the message. Returns each moved entry's due time in ms.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local claimed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms * 1024 + 1023,
-  'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
-if #claimed == 0 then return {} end
-local ids = {}
-for i = 1, #claimed, 2 do ids[#ids + 1] = claimed[i] end
-local values = redis.call('HMGET', KEYS[2], unpack(ids))
-local messages, due_ms = {}, {}
-for j = 1, #ids do
-  local value = values[j]
-  local dest, n, pos = string.match(value, '^{"p":%d+,"v":1,"k":"([^"]*)","n":(%d+)}\\n()')
-  if not dest or #value - pos + 1 ~= tonumber(n) then return redis.error_reply('bad value') end
-  messages[j] = string.sub(value, pos)
-  due_ms[j] = math.floor(tonumber(claimed[2 * j]) / 1024)
-end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
-redis.call('LPUSH', KEYS[3], unpack(messages))
-redis.call('HDEL', KEYS[2], unpack(ids))
-return due_ms
-"""
-
 #: handoff.lua's rendering alone, on one parked entry (run after _expand.lua).
 RENDER_LUA = """
 -- KEYS[1] templates hash, KEYS[2] msg hash; ARGV[1] an entry id, ARGV[2] N,
@@ -148,27 +121,37 @@ def _compare(
     companion = Companion(app)
     res.callback(companion.close)
     companion.release_due()  # connected and past handoff detection, as when running
+    # The same tasks parked both ways; the companion releases either form.
     park_bulk(app, n, now_ms() - 1000)
-    parked = {key: client.dump(key) for key in client.keys("*")}
+    parked = {"handoff": {key: client.dump(key) for key in client.keys("*")}}
     render = _time_render(client, store_for(app), n, sizes.release_repeat)
+    client.flushdb()
+    whole_app = make_app(broker=f"{url}/0", store=f"{url}/0", conf={"zdelay_whole_messages": True})
+    res.callback(whole_app.close)
+    park_bulk(whole_app, n, now_ms() - 1000)
+    parked["handoff_whole"] = {key: client.dump(key) for key in client.keys("*")}
 
-    runs: dict[str, list[dict[str, Any]]] = {"handoff": [], "bare": [], "whole": []}
+    paths = ("handoff", "bare", "handoff_whole")
+    runs: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
     message_bytes = 0
     for run_no in range(sizes.release_repeat):
         # The first run is handoff first: it measures the message size.
-        order = ["handoff", "bare", "whole"] if run_no % 2 == 0 else ["whole", "bare", "handoff"]
-        for path in order:
+        for path in paths if run_no % 2 == 0 else paths[::-1]:
             client.flushdb()
-            if path == "handoff":
-                for key, value in parked.items():
-                    client.restore(key, 0, value)
-                runs[path].append(_time_handoff(client, companion, n))
-                message_bytes = message_bytes or _mean_length(client, DEFAULT_QUEUE)
-            else:
-                runs[path].append(_time_move(client, path, n, batch, message_bytes))
+            if path == "bare":
+                runs[path].append(_time_move(client, n, batch, message_bytes))
+                continue
+            for key, value in parked[path].items():
+                client.restore(key, 0, value)
+            runs[path].append(_time_handoff(client, companion, n))
+            length = _mean_length(client, DEFAULT_QUEUE)
+            message_bytes = message_bytes or length
+            # Only the delivery tags differ: a whole message's is chosen at park time.
+            if abs(length - message_bytes) > 0.06 * message_bytes:
+                raise BenchmarkError("the two forms released messages of different sizes")
     client.flushdb()
 
-    handoff, bare, whole = (median_run(runs[path], "rate") for path in ("handoff", "bare", "whole"))
+    handoff, bare, whole = (median_run(runs[path], "rate") for path in paths)
     if abs(render.pop("message_bytes") - message_bytes) > 0.05 * message_bytes:
         raise BenchmarkError("the rendered message is not the size of those the handoff pushed")
     return {
@@ -176,7 +159,7 @@ def _compare(
         "message_bytes": message_bytes,
         "handoff": {**handoff, "runs": [r["rate"] for r in runs["handoff"]]},
         "bare": {**bare, "runs": [r["rate"] for r in runs["bare"]]},
-        "whole": {**whole, "runs": [r["rate"] for r in runs["whole"]]},
+        "handoff_whole": {**whole, "runs": [r["rate"] for r in runs["handoff_whole"]]},
         "ratio": round(handoff["rate"] / bare["rate"], 3),
         "whole_ratio": round(whole["rate"] / bare["rate"], 3),
         "render": render,
@@ -219,21 +202,17 @@ def _time_render(client: redis.Redis, store: Store, n: int, repeat: int) -> dict
     }
 
 
-def _time_move(client: redis.Redis, path: str, n: int, batch: int, size: int) -> dict[str, Any]:
-    """Time the bare move or the whole-message floor of *n* messages of *size* bytes."""
+def _time_move(client: redis.Redis, n: int, batch: int, size: int) -> dict[str, Any]:
+    """Time the bare move of *n* messages of *size* bytes."""
     due, msg, queue = _BARE_KEYS
-    whole = path == "whole"
-    move = client.register_script(WHOLE_MOVE_LUA if whole else BARE_MOVE_LUA)
-    # A unique body per message, padded to the handoff's mean message size;
-    # the whole-message floor's values have an entry's metadata line in front.
+    move = client.register_script(BARE_MOVE_LUA)
+    # A unique body per message, padded to the handoff's mean message size.
     due_ms = now_ms() - 1000
-    score = due_ms * 1024 if whole else due_ms
-    line = f'{{"p":{due_ms},"v":1,"k":"{DEFAULT_QUEUE}","n":{size}}}\n'.encode() if whole else b""
     with client.pipeline(transaction=False) as pipe:
         for start in range(0, n, 1000):
             ids = [f"{seq:08d}-bare-move-task-id" for seq in range(start, min(n, start + 1000))]
-            pipe.zadd(due, dict.fromkeys(ids, score))
-            pipe.hset(msg, mapping={i: line + i.encode().ljust(size, b"x") for i in ids})
+            pipe.zadd(due, dict.fromkeys(ids, due_ms))
+            pipe.hset(msg, mapping={i: i.encode().ljust(size, b"x") for i in ids})
         pipe.execute()
     move(keys=list(_BARE_KEYS), args=[0])  # loaded, as the handoff's scripts are
     reset_stats(client)
@@ -242,10 +221,9 @@ def _time_move(client: redis.Redis, path: str, n: int, batch: int, size: int) ->
     moved = calls = 0
     while moved < n:
         calls += 1
-        reply = move(keys=list(_BARE_KEYS), args=[batch])
-        got = len(reply) if whole else int(reply)
+        got = int(move(keys=list(_BARE_KEYS), args=[batch]))
         if got == 0:
-            raise BenchmarkError(f"{path} move: stalled at {moved}/{n}")
+            raise BenchmarkError(f"bare move: stalled at {moved}/{n}")
         moved += got
     seconds = time.perf_counter() - started
     return _figures(client, n, seconds, load, queue, passes=calls)

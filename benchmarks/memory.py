@@ -21,6 +21,12 @@ Native ETA
     hash holds all N and the list is empty, RSS and used_memory are read:
     RSS minus the first worker's idle baseline (same command, same app) is
     the worker's cost, used_memory delta / N the Redis cost of held tasks.
+
+celery-zdelay with ``zdelay_whole_messages``
+    Between the two, the database is flushed and the same N tasks are parked
+    by an app with the setting on (each message stored exactly as it is
+    pushed): used_memory after minus before, / N. It is the memory side of
+    the setting's trade-off; the limit benchmark measures its speed.
 """
 
 from __future__ import annotations
@@ -75,6 +81,19 @@ def run_memory(sizes: Sizes) -> dict[str, Any]:
         payload_len = _mean_field_len(client, keys.msg)
         worker.stop()
 
+        # -- celery-zdelay, zdelay_whole_messages: the same tasks stored whole -----
+        client.flushall()
+        whole_app = make_app(broker=url, store=url, conf={"zdelay_whole_messages": True})
+        res.callback(whole_app.close)
+        whole_before = used_memory(client)
+        park_bulk(whole_app, n, now_ms() + 3_600_000)
+        whole = {
+            "redis_bytes_per_task": round((used_memory(client) - whole_before) / n),
+            "due_zset_bytes_per_task": round(memory_usage(client, keys.due) / n),
+            "msg_hash_bytes_per_task": round(memory_usage(client, keys.msg) / n),
+            "mean_payload_bytes": _mean_field_len(client, keys.msg),
+        }
+
         # -- native ETA: first in the queue list, then held by a worker ------------
         client.flushall()
         base = used_memory(client)
@@ -117,6 +136,7 @@ def run_memory(sizes: Sizes) -> dict[str, Any]:
             "mean_payload_bytes": payload_len,
             "park_seconds": round(park_s, 2),
         },
+        "zdelay_whole": whole,
         "native": {
             "worker_rss_mib": round(rss_native / MIB, 1),
             "worker_rss_added_mib": round((rss_native - rss_idle) / MIB, 1),
