@@ -362,13 +362,13 @@ class Store:
         self, keys: ShardKeys, limit: int, script: Script, script_keys: list[Any], args: list[Any]
     ) -> Any:
         """Recover the shard's expired leases, then run *script*: one round trip."""
-        recover = (self.scripts.recover, [keys.lease, keys.leased, keys.due], [limit])
+        recover_keys = [keys.lease, keys.leased, keys.due]
         with unavailable_as_error(self.url):
             if self.cluster:
-                for each, each_keys, each_args in (recover, (script, script_keys, args)):
-                    reply = each(keys=each_keys, args=each_args, client=self.client)
-                return reply
-            return self._run_pipelined([recover, (script, script_keys, args)])[1]
+                self.scripts.recover(keys=recover_keys, args=[limit], client=self.client)
+                return script(keys=script_keys, args=args, client=self.client)
+            calls = [(self.scripts.recover, recover_keys, [limit]), (script, script_keys, args)]
+            return self._run_pipelined(calls)[1]
 
     def _run_pipelined(self, calls: list[tuple[Script, list[Any], list[Any]]]) -> list[Any]:
         """Run script *calls* (script, keys, args) in one round trip, by EVALSHA.
@@ -377,7 +377,7 @@ class Store:
         holds a script, a round trip of its own on every claim. Instead, a
         call that Redis answers ``NOSCRIPT`` (restarted, flushed, failed
         over: the script never started) is made again on its own, which
-        loads the script; the others ran once, in order, as before.
+        loads the script; the others ran, once.
         """
         with self.client.pipeline(transaction=False) as pipe:
             for script, keys, args in calls:

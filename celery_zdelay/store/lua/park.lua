@@ -23,8 +23,9 @@
 --
 -- Each payload is stored with when it was parked on the Redis clock: "p":<ms>
 -- spliced first into its metadata line ({"p":<ms>,"v":1,...}), replacing
--- one a re-parked payload carries (a message stored whole has no such line). It is outside what a signature covers
--- (entry.py signs the envelope and its routing, never the metadata line).
+-- one a re-parked payload carries. It is outside what a signature covers
+-- (entry.py signs the envelope and its routing, never the metadata line). A
+-- message stored whole (zdelay_whole_messages) has no such line.
 if redis.replicate_commands then redis.replicate_commands() end
 
 local due, msg, lease, leased, dests, marker, templates =
