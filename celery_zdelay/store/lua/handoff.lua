@@ -95,7 +95,7 @@ if #claimed > 0 then
 end
 
 -- Every message is built here, with its delivery tag, before the first write.
-local pushes, order, handed, handed_due, generic, bad = {}, {}, {}, {}, {}, {}
+local pushes, order, handed, handed_scores, generic, bad = {}, {}, {}, {}, {}, {}
 local released_templates = {}
 local taken, needs_dests, n_handed = 0, 0, 0
 -- The list of the previous entry's destination: most batches have one.
@@ -133,7 +133,7 @@ for j = 1, #claimed / 2 do
     last_list[#last_list + 1] = message
     n_handed = n_handed + 1
     handed[n_handed] = id
-    handed_due[n_handed] = score  -- the caller divides
+    handed_scores[n_handed] = score  -- due_ms * 1024 + sequence: the caller divides
   elseif kind and kind ~= 'list' and kind ~= 'none' then
     local due_ms = math.floor(tonumber(score) / 1024)
     bad[#bad + 1] = {id, zdelay_reason('queue list ' .. dest .. ' is a ' .. kind ..
@@ -199,7 +199,7 @@ end
 if ARGV[8] == '1' then
   for i = 1, n_handed do result[#result + 1] = handed[i] end
 end
-result[#result + 1] = table.concat(handed_due, ',')
+result[#result + 1] = table.concat(handed_scores, ',')
 
 zdelay_next_events(result, due, lease)
 return result
