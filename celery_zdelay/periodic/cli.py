@@ -198,8 +198,8 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     show_default=True,
     cls=CeleryOption,
     help_group="Entry Options",
-    help="Occurrences no companion was up to park: once runs the latest (as beat), "
-    "skip none, all each.",
+    help="Occurrences no companion released in time (all were down): once runs one "
+    "for the whole gap (as beat), skip none, all each.",
 )
 @click.pass_context
 def add(

@@ -34,9 +34,9 @@ __all__ = [
     "definitions_from_config",
 ]
 
-#: What happens to occurrences no companion parked (all were down):
-#: ``once`` runs the latest of them (as celery beat does), ``skip`` none,
-#: ``all`` every one of them.
+#: What happens to occurrences no companion released in time (all were
+#: down, or the broker was): ``once`` runs one for the whole gap, the first
+#: of them (as celery beat runs one), ``skip`` none, ``all`` every one of them.
 MISSED_POLICIES = ("once", "skip", "all")
 #: Entries read from ``app.conf.beat_schedule``.
 SOURCE_CONFIG = "config"

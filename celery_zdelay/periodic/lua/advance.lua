@@ -20,6 +20,8 @@ if redis.call('SISMEMBER', paused, name) == 1 then return 0 end
 if tostring(r.v) ~= ARGV[2] then return -1 end
 local new_ms = tonumber(ARGV[3])
 if new_ms > r.ms then r.ms = new_ms end
+-- A tick taken over from the previous version (define.lua) is planned now.
+if new_ms >= r.ms then r.incl = nil end
 local keep_after = tonumber(ARGV[4])
 local ids, seen = {}, {}
 if type(r.ids) == 'table' then
