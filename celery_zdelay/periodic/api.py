@@ -57,7 +57,8 @@ def schedules_in(periodic: PeriodicStore) -> tuple[int, list[ScheduleInfo]]:
     for name in sorted(snap.definitions):
         definition = snap.definitions[name]
         pointer = snap.pointers.get(name) or Pointer(0, 0, [])
-        times = [ms for ms, _ in pointer.parked]
+        # When each runs: its time plus the schedule's jitter offset.
+        times = [ms + definition.offset_ms(ms) for ms, _ in pointer.parked]
         upcoming = [ms for ms in times if ms > snap.now_ms]
         past = [ms for ms in times if ms <= snap.now_ms]
         result.append(
@@ -126,11 +127,14 @@ def add(
     options: Any = None,
     relative: bool = False,
     missed: str = "once",
+    jitter: float = 0.0,
 ) -> bool:
     """Add (or replace) a schedule at run time, in ``beat_schedule``'s terms.
 
     Returns whether anything changed. A later ``beat_schedule`` deploy
-    replaces an entry of the same name.
+    replaces an entry of the same name. *jitter* (seconds) is
+    ``zdelay_jitter``: each occurrence runs at an offset of its own in
+    ``[0, jitter)`` after its time.
 
     Raises:
         ConfigurationError: the task is unknown to *app*, or the entry cannot
@@ -144,6 +148,7 @@ def add(
         "options": options or {},
         "relative": relative,
         "zdelay_missed": missed,
+        "zdelay_jitter": jitter,
     }
     app.loader.import_default_modules()
     definition = from_beat_entry(name, entry, known_tasks=set(app.tasks.keys()), source=SOURCE_API)

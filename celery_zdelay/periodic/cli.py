@@ -201,6 +201,16 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help="Occurrences no companion released in time (all were down): once runs one "
     "for the whole gap (as beat), skip none, all each.",
 )
+@click.option(
+    "--jitter",
+    type=click.FloatRange(min=0, max=86_400),
+    default=0.0,
+    metavar="SECONDS",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Run each occurrence up to SECONDS after its time, at an offset of its own "
+    "(the same on every companion): spreads schedules due at the same moment.",
+)
 @click.pass_context
 def add(
     ctx: click.Context,
@@ -212,6 +222,7 @@ def add(
     kwargs: Any,
     options: Any,
     missed: str,
+    jitter: float,
 ) -> None:
     """Add (or replace) a schedule, stored in Redis for every companion."""
     if (every is None) == (cron is None):
@@ -241,6 +252,7 @@ def add(
             kwargs=kwargs,
             options=options,
             missed=missed,
+            jitter=jitter,
         )
     click.echo(f"{'added' if changed else 'unchanged'} {name}")
 

@@ -43,8 +43,19 @@ SOURCE_CONFIG = "config"
 #: Entries added at run time (Python API or ``zdelay periodic add``).
 SOURCE_API = "api"
 
-#: Keys of a ``beat_schedule`` entry; ``zdelay_missed`` is ours.
-_ENTRY_KEYS = ("task", "schedule", "args", "kwargs", "options", "relative", "zdelay_missed")
+#: Keys of a ``beat_schedule`` entry; ``zdelay_missed`` and ``zdelay_jitter`` are ours.
+_ENTRY_KEYS = (
+    "task",
+    "schedule",
+    "args",
+    "kwargs",
+    "options",
+    "relative",
+    "zdelay_missed",
+    "zdelay_jitter",
+)
+#: Largest ``zdelay_jitter`` (seconds): a day.
+MAX_JITTER_SECONDS = 86_400
 _CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
 
 
@@ -61,22 +72,39 @@ class Definition:
     options: dict[str, Any] = field(default_factory=dict)
     missed: str = "once"
     source: str = SOURCE_CONFIG
+    #: Each occurrence runs this many ms after its time at most: a
+    #: deterministic offset in ``[0, jitter_ms)`` (see :meth:`offset_ms`).
+    jitter_ms: int = 0
 
     def body(self) -> str:
         """Return the canonical JSON stored in Redis (equal definitions, equal text)."""
-        return json.dumps(
-            {
-                "task": self.task,
-                "schedule": self.schedule,
-                "args": self.args,
-                "kwargs": self.kwargs,
-                "options": self.options,
-                "missed": self.missed,
-                "source": self.source,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {
+            "task": self.task,
+            "schedule": self.schedule,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "options": self.options,
+            "missed": self.missed,
+            "source": self.source,
+        }
+        if self.jitter_ms:
+            # Only when set: definitions stored before jitter existed keep their text.
+            data["jitter_ms"] = self.jitter_ms
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def offset_ms(self, occurrence_ms: int) -> int:
+        """Return how long after its time the occurrence at *occurrence_ms* runs.
+
+        A hash of the schedule's name and the occurrence time, in
+        ``[0, jitter_ms)``: the same in every companion and every release
+        (so the occurrence keeps one id and runs once), spread evenly over
+        the window, and different from one schedule to the next (so entries
+        due at the top of the hour do not all run at once).
+        """
+        if self.jitter_ms <= 0:
+            return 0
+        digest = hashlib.sha256(f"{self.name}\n{occurrence_ms}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") % self.jitter_ms
 
     @classmethod
     def from_body(cls, name: str, body: str | bytes) -> Definition:
@@ -90,6 +118,7 @@ class Definition:
             options=dict(data.get("options") or {}),
             missed=data.get("missed", "once"),
             source=data.get("source", SOURCE_CONFIG),
+            jitter_ms=int(data.get("jitter_ms") or 0),
         )
 
     def celery_schedule(self, app: Celery) -> BaseSchedule:
@@ -99,14 +128,15 @@ class Definition:
     def describe(self) -> str:
         """Return the schedule as a person reads it (``every 10s``, ``crontab 0 3 * * *``)."""
         spec = self.schedule
+        jitter = f" (jitter {self.jitter_ms / 1000:g}s)" if self.jitter_ms else ""
         if "every" in spec:
             text = f"every {spec['every']:g}s"
-            return text + " (relative)" if spec.get("relative") else text
+            return (text + " (relative)" if spec.get("relative") else text) + jitter
         if "crontab" in spec:
             cron = spec["crontab"]
-            return "crontab " + " ".join(str(cron[f]) for f in _CRONTAB_FIELDS)
+            return "crontab " + " ".join(str(cron[f]) for f in _CRONTAB_FIELDS) + jitter
         sun = spec["solar"]
-        return f"solar {sun['event']} at {sun['lat']},{sun['lon']}"
+        return f"solar {sun['event']} at {sun['lat']},{sun['lon']}" + jitter
 
 
 def definitions_from_config(app: Celery) -> tuple[list[Definition], dict[str, str]]:
@@ -163,6 +193,18 @@ def from_beat_entry(
         raise ConfigurationError(
             f"{where}: zdelay_missed must be one of {', '.join(MISSED_POLICIES)}, got {missed!r}."
         )
+    jitter = entry.get("zdelay_jitter", 0)
+    if isinstance(jitter, timedelta):
+        jitter = jitter.total_seconds()
+    if (
+        isinstance(jitter, bool)
+        or not isinstance(jitter, numbers.Real)
+        or not 0 <= float(jitter) <= MAX_JITTER_SECONDS
+    ):
+        raise ConfigurationError(
+            f"{where}: zdelay_jitter must be a number of seconds from 0 to "
+            f"{MAX_JITTER_SECONDS} (or a timedelta), got {jitter!r}."
+        )
     args = entry.get("args") or ()
     kwargs = entry.get("kwargs") or {}
     options = entry.get("options") or {}
@@ -179,6 +221,7 @@ def from_beat_entry(
         options=dict(options),
         missed=missed,
         source=source,
+        jitter_ms=round(float(jitter) * 1000),
     )
     try:
         body = definition.body()

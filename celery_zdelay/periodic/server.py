@@ -274,7 +274,9 @@ class PeriodicServer:
         stale = sorted(
             (ms, task_id)
             for ms, task_id in pointer.parked
-            if last_run < ms <= snap.now_ms - STALE_MS and task_id not in self._settled
+            if last_run < ms
+            and ms + definition.offset_ms(ms) <= snap.now_ms - STALE_MS
+            and task_id not in self._settled
         )
         if not stale:
             return False
@@ -383,14 +385,19 @@ class PeriodicServer:
     def _requests(
         self, definition: Definition, task_id: str, occurrence_ms: int
     ) -> list[ParkRequest]:
-        """Build the message celery beat would send for this occurrence, parked at its time."""
+        """Build the message celery beat would send for this occurrence, parked at its time.
+
+        Its time is the occurrence's plus the schedule's jitter offset
+        (:meth:`Definition.offset_ms`, the same in every companion).
+        """
+        due_ms = occurrence_ms + definition.offset_ms(occurrence_ms)
         options: dict[str, Any] = dict(definition.options)
         expires = options.get("expires")
         if isinstance(expires, (int, float)) and not isinstance(expires, bool):
-            # Seconds from when beat would send it: the occurrence, not now.
-            options["expires"] = datetime.fromtimestamp(
-                occurrence_ms / 1000, tz=timezone.utc
-            ) + timedelta(seconds=expires)
+            # Seconds from when beat would send it: when it is due, not now.
+            options["expires"] = datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc) + timedelta(
+                seconds=expires
+            )
         task = self.app.tasks.get(definition.task)
         args, kwargs = list(definition.args), dict(definition.kwargs)
 
@@ -402,4 +409,4 @@ class PeriodicServer:
             )
 
         _, messages = capture(self.app, send)
-        return park_requests(self.app, messages, Due("a", occurrence_ms))
+        return park_requests(self.app, messages, Due("a", due_ms))
