@@ -128,13 +128,15 @@ def add(
     relative: bool = False,
     missed: str = "once",
     jitter: float = 0.0,
+    timezone: str | None = None,
 ) -> bool:
     """Add (or replace) a schedule at run time, in ``beat_schedule``'s terms.
 
     Returns whether anything changed. A later ``beat_schedule`` deploy
     replaces an entry of the same name. *jitter* (seconds) is
     ``zdelay_jitter``: each occurrence runs at an offset of its own in
-    ``[0, jitter)`` after its time.
+    ``[0, jitter)`` after its time. *timezone* (an IANA name) is
+    ``zdelay_timezone``: a crontab in that zone rather than the app's.
 
     Raises:
         ConfigurationError: the task is unknown to *app*, or the entry cannot
@@ -150,6 +152,8 @@ def add(
         "zdelay_missed": missed,
         "zdelay_jitter": jitter,
     }
+    if timezone is not None:
+        entry["zdelay_timezone"] = timezone
     app.loader.import_default_modules()
     definition = from_beat_entry(name, entry, known_tasks=set(app.tasks.keys()), source=SOURCE_API)
     validate_spec(definition.schedule, app, f"periodic schedule {name!r}")

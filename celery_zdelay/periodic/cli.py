@@ -211,6 +211,14 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help="Run each occurrence up to SECONDS after its time, at an offset of its own "
     "(the same on every companion): spreads schedules due at the same moment.",
 )
+@click.option(
+    "--timezone",
+    "zone",
+    metavar="ZONE",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="With --crontab: its time zone (IANA name, e.g. Europe/Paris) instead of the app's.",
+)
 @click.pass_context
 def add(
     ctx: click.Context,
@@ -223,6 +231,7 @@ def add(
     options: Any,
     missed: str,
     jitter: float,
+    zone: str | None,
 ) -> None:
     """Add (or replace) a schedule, stored in Redis for every companion."""
     if (every is None) == (cron is None):
@@ -253,6 +262,7 @@ def add(
             options=options,
             missed=missed,
             jitter=jitter,
+            timezone=zone,
         )
     click.echo(f"{'added' if changed else 'unchanged'} {name}")
 

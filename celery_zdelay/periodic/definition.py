@@ -15,8 +15,9 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
@@ -53,6 +54,7 @@ _ENTRY_KEYS = (
     "relative",
     "zdelay_missed",
     "zdelay_jitter",
+    "zdelay_timezone",
 )
 #: Largest ``zdelay_jitter`` (seconds): a day.
 MAX_JITTER_SECONDS = 86_400
@@ -134,7 +136,8 @@ class Definition:
             return (text + " (relative)" if spec.get("relative") else text) + jitter
         if "crontab" in spec:
             cron = spec["crontab"]
-            return "crontab " + " ".join(str(cron[f]) for f in _CRONTAB_FIELDS) + jitter
+            zone = f" {spec['tz']}" if spec.get("tz") else ""
+            return "crontab " + " ".join(str(cron[f]) for f in _CRONTAB_FIELDS) + zone + jitter
         sun = spec["solar"]
         return f"solar {sun['event']} at {sun['lat']},{sun['lon']}" + jitter
 
@@ -212,10 +215,14 @@ def from_beat_entry(
         raise ConfigurationError(f"{where}: args must be a list or tuple, got {args!r}.")
     if not isinstance(kwargs, Mapping) or not isinstance(options, Mapping):
         raise ConfigurationError(f"{where}: kwargs and options must be dicts.")
+    spec = schedule_spec(entry.get("schedule"), bool(entry.get("relative")), where)
+    zone = entry.get("zdelay_timezone")
+    if zone is not None:
+        spec = {**spec, "tz": _zone_name(zone, spec, where)}
     definition = Definition(
         name=name,
         task=task,
-        schedule=schedule_spec(entry.get("schedule"), bool(entry.get("relative")), where),
+        schedule=spec,
         args=list(args),
         kwargs=dict(kwargs),
         options=dict(options),
@@ -260,11 +267,60 @@ def schedule_spec(value: Any, relative: bool, where: str) -> dict[str, Any]:
     )
 
 
+class ZonedCrontab(crontab):  # type: ignore[misc]
+    """A ``crontab`` in a time zone of its own rather than the app's (``zdelay_timezone``).
+
+    Celery's crontab reads its zone from ``self.tz`` (the app's timezone)
+    wherever it matches fields and steps over DST, so answering with another
+    zone there gives exactly Celery's behaviour in that zone, as for an app
+    whose ``timezone`` it is.
+    """
+
+    def __init__(self, *args: Any, zone: tzinfo, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._zone = zone
+
+    @property
+    def tz(self) -> tzinfo:
+        return self._zone
+
+    def __copy__(self) -> ZonedCrontab:
+        # crontab's own __reduce__ would rebuild it without its zone.
+        twin: ZonedCrontab = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+
+def _zone_name(value: Any, spec: Mapping[str, Any], where: str) -> str:
+    """Check a ``zdelay_timezone`` value; return its IANA name."""
+    name = getattr(value, "key", value)  # a ZoneInfo gives its name
+    if "crontab" not in spec:
+        raise ConfigurationError(
+            f"{where}: zdelay_timezone applies to crontab schedules only (an interval "
+            "does not depend on the zone); remove it or use a crontab."
+        )
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(
+            f"{where}: zdelay_timezone must be an IANA time zone name such as "
+            f"'Europe/Paris', got {value!r}."
+        )
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigurationError(
+            f"{where}: the time zone {name!r} does not exist: use an IANA name such as "
+            "'Europe/Paris' or 'America/New_York'."
+        ) from None
+    return name
+
+
 def build_schedule(spec: Mapping[str, Any], app: Celery) -> BaseSchedule:
     """Return Celery's schedule object for a stored *spec*."""
     if "every" in spec:
         return schedule(timedelta(seconds=spec["every"]), relative=bool(spec["relative"]), app=app)
     if "crontab" in spec:
+        if spec.get("tz"):
+            return ZonedCrontab(**spec["crontab"], app=app, zone=ZoneInfo(spec["tz"]))
         return crontab(**spec["crontab"], app=app)
     if "solar" in spec:
         sun = spec["solar"]
