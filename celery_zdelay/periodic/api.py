@@ -129,6 +129,10 @@ def add(
     missed: str = "once",
     jitter: float = 0.0,
     timezone: str | None = None,
+    start: Any = None,
+    end: Any = None,
+    max_runs: int | None = None,
+    one_off: bool = False,
 ) -> bool:
     """Add (or replace) a schedule at run time, in ``beat_schedule``'s terms.
 
@@ -137,6 +141,9 @@ def add(
     ``zdelay_jitter``: each occurrence runs at an offset of its own in
     ``[0, jitter)`` after its time. *timezone* (an IANA name) is
     ``zdelay_timezone``: a crontab in that zone rather than the app's.
+    *start* and *end* (datetimes or ISO strings), *max_runs* and *one_off*
+    are ``zdelay_start``, ``zdelay_end``, ``zdelay_max_runs`` and
+    ``zdelay_one_off``.
 
     Raises:
         ConfigurationError: the task is unknown to *app*, or the entry cannot
@@ -152,8 +159,14 @@ def add(
         "zdelay_missed": missed,
         "zdelay_jitter": jitter,
     }
-    if timezone is not None:
-        entry["zdelay_timezone"] = timezone
+    optional = {
+        "zdelay_timezone": timezone,
+        "zdelay_start": start,
+        "zdelay_end": end,
+        "zdelay_max_runs": max_runs,
+        "zdelay_one_off": one_off or None,
+    }
+    entry.update({key: value for key, value in optional.items() if value is not None})
     app.loader.import_default_modules()
     definition = from_beat_entry(name, entry, known_tasks=set(app.tasks.keys()), source=SOURCE_API)
     validate_spec(definition.schedule, app, f"periodic schedule {name!r}")

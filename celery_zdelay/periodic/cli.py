@@ -219,6 +219,34 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help_group="Entry Options",
     help="With --crontab: its time zone (IANA name, e.g. Europe/Paris) instead of the app's.",
 )
+@click.option(
+    "--start",
+    metavar="TIME",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="No occurrence before this ISO time (UTC unless it has an offset).",
+)
+@click.option(
+    "--end",
+    metavar="TIME",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="No occurrence after this ISO time (UTC unless it has an offset).",
+)
+@click.option(
+    "--max-runs",
+    type=click.IntRange(min=1),
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Run at most this many occurrences (counted per definition; a change starts again).",
+)
+@click.option(
+    "--one-off",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Run the next occurrence only (as --max-runs 1).",
+)
 @click.pass_context
 def add(
     ctx: click.Context,
@@ -232,6 +260,10 @@ def add(
     missed: str,
     jitter: float,
     zone: str | None,
+    start: str | None,
+    end: str | None,
+    max_runs: int | None,
+    one_off: bool,
 ) -> None:
     """Add (or replace) a schedule, stored in Redis for every companion."""
     if (every is None) == (cron is None):
@@ -263,6 +295,10 @@ def add(
             missed=missed,
             jitter=jitter,
             timezone=zone,
+            start=start,
+            end=end,
+            max_runs=max_runs,
+            one_off=one_off,
         )
     click.echo(f"{'added' if changed else 'unchanged'} {name}")
 

@@ -15,7 +15,7 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -55,6 +55,10 @@ _ENTRY_KEYS = (
     "zdelay_missed",
     "zdelay_jitter",
     "zdelay_timezone",
+    "zdelay_start",
+    "zdelay_end",
+    "zdelay_max_runs",
+    "zdelay_one_off",
 )
 #: Largest ``zdelay_jitter`` (seconds): a day.
 MAX_JITTER_SECONDS = 86_400
@@ -77,6 +81,12 @@ class Definition:
     #: Each occurrence runs this many ms after its time at most: a
     #: deterministic offset in ``[0, jitter_ms)`` (see :meth:`offset_ms`).
     jitter_ms: int = 0
+    #: Occurrences before this epoch ms do not run (None: no start).
+    start_ms: int | None = None
+    #: Occurrences after this epoch ms do not run (None: no end).
+    end_ms: int | None = None
+    #: At most this many occurrences run, per definition (None: no limit).
+    max_runs: int | None = None
 
     def body(self) -> str:
         """Return the canonical JSON stored in Redis (equal definitions, equal text)."""
@@ -89,9 +99,15 @@ class Definition:
             "missed": self.missed,
             "source": self.source,
         }
+        # Each only when set: definitions stored before they existed keep their text.
         if self.jitter_ms:
-            # Only when set: definitions stored before jitter existed keep their text.
             data["jitter_ms"] = self.jitter_ms
+        if self.start_ms is not None:
+            data["start_ms"] = self.start_ms
+        if self.end_ms is not None:
+            data["end_ms"] = self.end_ms
+        if self.max_runs is not None:
+            data["max_runs"] = self.max_runs
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def offset_ms(self, occurrence_ms: int) -> int:
@@ -121,7 +137,16 @@ class Definition:
             missed=data.get("missed", "once"),
             source=data.get("source", SOURCE_CONFIG),
             jitter_ms=int(data.get("jitter_ms") or 0),
+            start_ms=_optional_int(data.get("start_ms")),
+            end_ms=_optional_int(data.get("end_ms")),
+            max_runs=_optional_int(data.get("max_runs")),
         )
+
+    def in_window(self, occurrence_ms: int) -> bool:
+        """Whether the occurrence at *occurrence_ms* lies between the start and end dates."""
+        if self.start_ms is not None and occurrence_ms < self.start_ms:
+            return False
+        return self.end_ms is None or occurrence_ms <= self.end_ms
 
     def celery_schedule(self, app: Celery) -> BaseSchedule:
         """Return Celery's schedule object for this definition, in *app*'s timezone."""
@@ -131,6 +156,14 @@ class Definition:
         """Return the schedule as a person reads it (``every 10s``, ``crontab 0 3 * * *``)."""
         spec = self.schedule
         jitter = f" (jitter {self.jitter_ms / 1000:g}s)" if self.jitter_ms else ""
+        if self.start_ms is not None:
+            jitter += f" from {_iso(self.start_ms)}"
+        if self.end_ms is not None:
+            jitter += f" until {_iso(self.end_ms)}"
+        if self.max_runs == 1:
+            jitter += " (one-off)"
+        elif self.max_runs is not None:
+            jitter += f" (at most {self.max_runs} runs)"
         if "every" in spec:
             text = f"every {spec['every']:g}s"
             return (text + " (relative)" if spec.get("relative") else text) + jitter
@@ -219,6 +252,28 @@ def from_beat_entry(
     zone = entry.get("zdelay_timezone")
     if zone is not None:
         spec = {**spec, "tz": _zone_name(zone, spec, where)}
+    start_ms = _moment_ms(entry.get("zdelay_start"), "zdelay_start", where)
+    end_ms = _moment_ms(entry.get("zdelay_end"), "zdelay_end", where)
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        raise ConfigurationError(f"{where}: zdelay_end is before zdelay_start; swap them.")
+    max_runs = entry.get("zdelay_max_runs")
+    if max_runs is not None and (
+        isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+    ):
+        raise ConfigurationError(
+            f"{where}: zdelay_max_runs must be a whole number of runs, at least 1, "
+            f"got {max_runs!r}."
+        )
+    one_off = entry.get("zdelay_one_off", False)
+    if not isinstance(one_off, bool):
+        raise ConfigurationError(f"{where}: zdelay_one_off must be True or False, got {one_off!r}.")
+    if one_off:
+        if max_runs not in (None, 1):
+            raise ConfigurationError(
+                f"{where}: zdelay_one_off runs once, zdelay_max_runs says {max_runs}: "
+                "keep one of them."
+            )
+        max_runs = 1
     definition = Definition(
         name=name,
         task=task,
@@ -229,6 +284,9 @@ def from_beat_entry(
         missed=missed,
         source=source,
         jitter_ms=round(float(jitter) * 1000),
+        start_ms=start_ms,
+        end_ms=end_ms,
+        max_runs=max_runs,
     )
     try:
         body = definition.body()
@@ -289,6 +347,37 @@ class ZonedCrontab(crontab):  # type: ignore[misc]
         twin: ZonedCrontab = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         return twin
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _moment_ms(value: Any, key: str, where: str) -> int | None:
+    """Check a ``zdelay_start``/``zdelay_end`` value; return it in epoch ms.
+
+    A datetime (naive: UTC, as Celery's worker reads an ``eta``) or an ISO
+    8601 string.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            value = None
+    if not isinstance(value, datetime):
+        raise ConfigurationError(
+            f"{where}: {key} must be a datetime or an ISO 8601 time such as "
+            f"'2026-07-01T00:00:00+00:00'."
+        )
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return int(value.timestamp() * 1000)
 
 
 def _zone_name(value: Any, spec: Mapping[str, Any], where: str) -> str:

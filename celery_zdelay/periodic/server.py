@@ -319,7 +319,12 @@ class PeriodicServer:
             missed="skip" if gap_decided else definition.missed,
             inclusive=pointer.inclusive,
         )
-        if not todo.park:
+        # The start and end dates and the run limit leave some out; every
+        # companion planning from this pointer leaves out the same.
+        todo_park = [ms for ms in todo.park if definition.in_window(ms)]
+        if definition.max_runs is not None:
+            todo_park = todo_park[: max(0, definition.max_runs - pointer.runs)]
+        if not todo_park:
             if todo.pointer_ms != pointer.ms:
                 self.periodic.advance(definition.name, version, todo.pointer_ms, [], snap.now_ms)
             return 0
@@ -328,13 +333,13 @@ class PeriodicServer:
                 "Periodic task %r: %d occurrences passed while no companion served it; "
                 "zdelay_missed=%r ran %s of them",
                 definition.name,
-                todo.skipped + len([ms for ms in todo.park if ms <= snap.now_ms]),
+                todo.skipped + len([ms for ms in todo_park if ms <= snap.now_ms]),
                 definition.missed,
-                len([ms for ms in todo.park if ms <= snap.now_ms]),
+                len([ms for ms in todo_park if ms <= snap.now_ms]),
             )
         parked: list[tuple[int, str]] = []
         first = 0
-        for ms in todo.park:
+        for ms in todo_park:
             task_id = occurrence_id(definition.name, version, ms)
             try:
                 requests = self._requests(definition, task_id, ms)
@@ -363,11 +368,15 @@ class PeriodicServer:
                 self._next_pending_ms = ms
         if not parked:
             return 0
-        status = self.periodic.advance(definition.name, version, parked[-1][0], parked, snap.now_ms)
+        # Past what the dates and the limit left out too, unless parking stopped early.
+        new_pointer = todo.pointer_ms if len(parked) == len(todo_park) else parked[-1][0]
+        status = self.periodic.advance(definition.name, version, new_pointer, parked, snap.now_ms)
         if status != "done":
-            # Paused since the snapshot: take it all back. Changed or removed:
-            # take back what is ahead; what was due already runs once, as
-            # define.lua keeps it.
+            # Only on a Redis Cluster store (elsewhere park_once refused them
+            # in the script that checks the version). Paused since the
+            # snapshot: take it all back. Changed or removed: take back what
+            # is ahead; what was due already runs once (the new version
+            # starts from the change there).
             taken_back = [t for ms, t in parked if status == "paused" or ms > snap.now_ms]
             self.periodic.store.cancel(taken_back)
             for task_id in taken_back:

@@ -46,6 +46,8 @@ class Pointer:
     #: Whether *ms* is itself an occurrence still to run (a tick that was
     #: due and waiting when the definition changed runs under the new one).
     inclusive: bool = False
+    #: Occurrences parked under this definition so far (for ``zdelay_max_runs``).
+    runs: int = 0
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Pointer:
@@ -57,6 +59,7 @@ class Pointer:
             ms=int(data["ms"]),
             parked=parked,
             inclusive=data.get("incl") is True,
+            runs=int(data.get("n") or 0),
         )
 
 

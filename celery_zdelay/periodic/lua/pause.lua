@@ -32,7 +32,16 @@ if ARGV[1] == 'pause' then
   local plan = periodic_withdraw_plan(shards, ids)
   redis.call('SADD', paused, name)
   if #shards > 0 then
-    periodic_withdraw_apply(plan)
+    -- Those taken back from the due set never ran: they no longer count
+    -- against zdelay_max_runs (those leased are in flight and run).
+    local unrun = 0
+    for _, where in pairs(periodic_withdraw_apply(plan)) do
+      if where == 'due' then unrun = unrun + 1 end
+    end
+    if r and unrun > 0 and tonumber(r.n) then
+      r.n = math.max(0, tonumber(r.n) - unrun)
+      redis.call('HSET', pointers, name, cjson.encode(r))
+    end
   else
     for _, id in ipairs(ids) do redis.call('SADD', cancel, id) end
   end
