@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.schedules import crontab
 
-from celery_zdelay.periodic.takeover import beat_last_runs
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
+from celery_zdelay.periodic.takeover import beat_last_runs, set_since
 from tests.helpers import CeleryProcess, Runs, wait_for
-from tests.periodic_helpers import BeatCompanion, CeleryBeat, occurrence_ms
+from tests.periodic_helpers import BeatCompanion, CeleryBeat, occurrence_ms, redis_ms
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -71,3 +74,32 @@ def test_switching_from_a_running_celery_beat_loses_and_doubles_no_tick(
         last_by_beat,
     )
     assert "goes on from its last run elsewhere" in companion.log()
+
+
+def test_without_beats_file_since_carries_a_crontab_over_the_switch(
+    app: Celery, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given a per-minute crontab that celery beat last ran 3 minutes ago,
+    # no beat schedule file here, and the time given with --since
+    now = redis_ms(redis_client)
+    last_run = now - now % 60_000 - 3 * 60_000
+    app.conf.beat_schedule_filename = str(tmp_path / "no-such-file")
+    app.conf.beat_schedule = {"minutely": {"task": "tests.record", "schedule": crontab()}}
+    set_since(app, last_run)
+
+    # When a companion stores the schedule for the first time
+    server = PeriodicServer(app, store_for(app), companion_id="c")
+    server.reconcile()
+    server.tend()
+
+    # Then it goes on from beat's last run: the first minute after it is the
+    # missed run (once), then the next minute ahead; nothing between
+    parked = {i.decode() for i in redis_client.zrange("{zdelay:0}:due", 0, -1)}
+    missed_run = occurrence_id("minutely", 1, last_run + 60_000)
+    assert missed_run in parked
+    assert all(occurrence_ms(i) > now for i in parked - {missed_run}), parked
+    # and a companion that stores it again later does not move it back
+    again = PeriodicServer(app, store_for(app), companion_id="c2")
+    set_since(app, last_run - 3_600_000)
+    again.reconcile()
+    assert again.periodic.snapshot().pointers["minutely"].ms > last_run
