@@ -14,7 +14,14 @@ from tests.helpers import ROOT, CeleryProcess
 
 BEAT_ENV = "ZDELAY_TEST_BEAT"  # read by tests.periodic_app
 
-__all__ = ["BeatCompanion", "occurrence_ms", "start_beat_companion", "ticks_of"]
+__all__ = [
+    "BeatCompanion",
+    "CeleryBeat",
+    "occurrence_ms",
+    "redis_ms",
+    "start_beat_companion",
+    "ticks_of",
+]
 
 
 class BeatCompanion(CeleryProcess):
@@ -35,6 +42,20 @@ class BeatCompanion(CeleryProcess):
                 stderr=subprocess.STDOUT,
             )
         return self
+
+
+class CeleryBeat(BeatCompanion):
+    """A real ``celery -A tests.periodic_app beat -s FILE`` with a schedule from JSON."""
+
+    def __init__(self, app: Celery, schedule: dict[str, Any], schedule_file: str) -> None:
+        super().__init__(app, schedule)
+        self.args = ["beat", "-l", "INFO", "-s", schedule_file]
+
+
+def redis_ms(client: Any) -> int:
+    """The Redis clock in epoch ms (the one clock every due decision uses)."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def start_beat_companion(app: Celery, schedule: dict[str, Any], *args: str) -> BeatCompanion:

@@ -368,8 +368,11 @@ def test_missed_occurrences_follow_the_entry_policy() -> None:
     # The pointer is 10.5 s behind now: occurrences at +1 s ... +10 s were missed.
     common = {"pointer_ms": 0, "now_ms": 10_500, "horizon_ms": 2_000}
     once = plan(every, missed="once", **common)
-    assert once.park == [10_000, 11_000, 12_000, 13_000]
+    # "once": the first missed one, counted from the pointer, so that every
+    # companion picks the same one whenever it plans
+    assert once.park == [1_000, 11_000, 12_000, 13_000]
     assert once.skipped == 9
+    assert plan(every, missed="once", **{**common, "now_ms": 10_900}).park[0] == 1_000
     assert plan(every, missed="skip", **common).park == [11_000, 12_000, 13_000]
     assert plan(every, missed="all", **common).park == [i * 1000 for i in range(1, 14)]
     # Nothing to do while the newest parked one is beyond the horizon
@@ -529,7 +532,7 @@ def test_when_every_companion_was_down_the_missed_policy_decides(
     tend(server)
 
     # Then the first (parked before) waits to run late, the next one is parked
-    # ahead, and of the missed ones: the latest (once), none (skip), each (all)
+    # ahead, and of the missed ones: the first (once), none (skip), each (all)
     parked = sorted(parked_ids(redis_client, "a"), key=occurrence_ms)
     missed_parked = parked[1:-1]  # between the first and the one ahead
     assert parked[0] == first
@@ -602,10 +605,12 @@ def test_a_long_outage_of_a_frequent_calendar_schedule_is_planned_quickly() -> N
     now_ms = _ms("2026-06-02T12:00:00.500000")
     for sched, period in ((every_second, 1000), (every_minute, 60_000)):
         started = time.monotonic()
-        once = plan(sched, pointer_ms=now_ms - day_ms, now_ms=now_ms, horizon_ms=0, missed="once")
+        pointer_ms = now_ms - day_ms
+        once = plan(sched, pointer_ms=pointer_ms, now_ms=now_ms, horizon_ms=0, missed="once")
         assert time.monotonic() - started < 2.0
         latest = now_ms - now_ms % period
-        assert once.park == [latest, latest + period]
+        first_missed = pointer_ms - pointer_ms % period + period
+        assert once.park == [first_missed, latest + period]
         assert abs(once.skipped - (day_ms // period - 1)) <= 2
     app.close()
 

@@ -1,6 +1,7 @@
 """The periodic scripts check everything that can fail before their first
 write (issue 11 item 3, for issue 13's scripts), and a change or removal of
-a schedule keeps an occurrence that is already due."""
+a schedule withdraws the old version's occurrences in the same script
+(issue 20 item 2)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from celery import Celery
 from celery_zdelay import periodic
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
-from celery_zdelay.periodic.server import PeriodicServer
+from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
 from celery_zdelay.schedule import Due
 from celery_zdelay.store.keys import shard_keys
 from celery_zdelay.testing import RedisServer, free_port
@@ -151,7 +152,7 @@ def test_park_once_with_an_invalid_due_time_fails_and_ticks_nothing(
     store = server.periodic
     (parked,) = _parked(redis_client, "a")
     definition = store.snapshot().definitions["a"]
-    task_id = parked.replace(":v1:", ":v7:")
+    task_id = occurrence_id("a", 1, occurrence_ms(parked) + 10_000)  # the next one
     (request,) = server._requests(definition, task_id, occurrence_ms(parked))
     broken = dataclasses.replace(request, due=Due("a", "nan"))  # type: ignore[arg-type]
     before = _everything(redis_client)
@@ -167,11 +168,11 @@ def test_park_once_with_an_invalid_due_time_fails_and_ticks_nothing(
     assert task_id in _parked(redis_client, "a")
 
 
-# -- item 3: a change or removal keeps an occurrence already due ----------------------
+# -- issue 20 item 2: a change or removal withdraws the old version at once ---------------
 
 
 @pytest.mark.parametrize("how", ["changed", "removed"])
-def test_a_change_or_removal_keeps_an_occurrence_already_due(
+def test_a_change_or_removal_withdraws_every_old_occurrence_and_the_new_version_runs_the_due_one(
     app: Celery, redis_client: redis.Redis, how: str
 ) -> None:
     # Given a 1-second schedule parked ahead, its first occurrence due but not
@@ -184,33 +185,30 @@ def test_a_change_or_removal_keeps_an_occurrence_already_due(
     wait_for(lambda: _redis_ms(redis_client) > earliest, timeout=10)
 
     # When the entry is changed (or removed) by a deploy
-    before_ms = _redis_ms(redis_client)
     schedule = {"a": {"task": "tests.record", "schedule": 30.0}} if how == "changed" else {}
     second = _server(app, {**schedule, "z": {"task": "tests.record", "schedule": 60.0}}, "c2")
     assert second.reconcile() == "done"
-    after_ms = _redis_ms(redis_client)
+
+    # Then, as soon as the change returns and before any companion's pass,
+    # no occurrence of the old version is parked any more
+    assert not _parked(redis_client, "a")
+
+    # And the tick that was due and waiting runs once, under the new
+    # version (a removed entry runs nothing more)
     _tend(second)
-
-    # Then what was due at the change is still parked, what was ahead is cancelled
-    due_then = {i for i in old if occurrence_ms(i) <= before_ms}
-    ahead = {i for i in old if occurrence_ms(i) > after_ms}
-    assert due_then
-    assert ahead
-    now_parked = _parked(redis_client, "a")
-    assert due_then <= now_parked
-    assert not ahead & now_parked
-    if how == "changed":
-        assert any(i.startswith("periodic:a:v2:") for i in now_parked)
-
-    # And a companion releases each due one once
     with Companion(app) as companion:
         companion.release_due()
     queued = redis_client.lrange("celery", 0, -1)
-    for task_id in due_then:
-        assert sum(task_id.encode() in raw for raw in queued) == 1
+    assert not any(i.encode() in raw for i in old for raw in queued)
+    ran = {i for i in _ticked(redis_client) if i.startswith("periodic:a:v2:")}
+    if how == "changed":
+        assert occurrence_id("a", 2, earliest) in ran
+        assert sum(occurrence_id("a", 2, earliest).encode() in raw for raw in queued) == 1
+    else:
+        assert not ran
 
 
-def test_a_companion_that_read_the_schedule_before_a_change_keeps_what_was_due(
+def test_a_companion_that_read_the_schedule_before_a_change_parks_nothing_of_the_old_version(
     app: Celery, redis_client: redis.Redis
 ) -> None:
     # Given a 1-second schedule nobody parked yet, its first occurrence due,
@@ -227,10 +225,10 @@ def test_a_companion_that_read_the_schedule_before_a_change_keeps_what_was_due(
     assert other.reconcile() == "done"
     assert server._tend_one(definition, snap) == 0
 
-    # Then it takes back the old version's occurrences ahead, not the due ones
-    v1 = {i for i in _parked(redis_client, "a") if ":v1:" in i}
-    assert v1
-    assert all(occurrence_ms(i) <= snap.now_ms for i in v1)
+    # Then it parked nothing of the old version, not even the due one: each
+    # park was refused in the same script that checked the version
+    assert not [i for i in _ticked(redis_client) if ":v1:" in i]
+    assert not _parked(redis_client, "a")
 
 
 # -- a broker outage does not hold back parking ahead ----------------------------------

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import click
@@ -79,6 +80,28 @@ Examples:
     "replaces celery beat (docs/beat.rst).",
 )
 @click.option(
+    "-s",
+    "--schedule",
+    "beat_schedule_file",
+    cls=CeleryOption,
+    metavar="PATH",
+    help_group="Companion Options",
+    help="celery beat's schedule file (as celery beat -s; default: beat_schedule_filename, "
+    "celerybeat-schedule): with --beat, an entry stored for the first time goes on from "
+    "its last run there, so the switch from celery beat loses and doubles no tick.",
+)
+@click.option(
+    "--since",
+    "beat_since",
+    cls=CeleryOption,
+    metavar="TIME",
+    type=click.DateTime(formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+    help_group="Companion Options",
+    help="With --beat and no celery beat schedule file: when celery beat last ran the "
+    "entries (ISO time, UTC unless it has an offset); entries stored for the first time "
+    "go on from then.",
+)
+@click.option(
     "--metrics-port",
     cls=CeleryOption,
     type=click.IntRange(0, 65535),
@@ -102,6 +125,8 @@ def zdelay(
     loglevel: Any,
     log_format: str,
     beat: bool,
+    beat_schedule_file: str | None,
+    beat_since: datetime | None,
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
@@ -125,6 +150,15 @@ def zdelay(
     logging.getLogger("celery_zdelay").setLevel(loglevel)
 
     from ..companion import Companion
+
+    if beat_schedule_file:
+        app.conf.beat_schedule_filename = beat_schedule_file
+    if beat_since is not None:
+        from ..periodic.takeover import set_since
+
+        if beat_since.tzinfo is None:
+            beat_since = beat_since.replace(tzinfo=timezone.utc)
+        set_since(app, int(beat_since.timestamp() * 1000))
 
     stopping = threading.Event()
     started: list[Companion] = []

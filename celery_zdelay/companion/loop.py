@@ -57,6 +57,8 @@ HEARTBEAT_SECONDS = 5.0
 HEARTBEAT_LIVE_SECONDS = COMPANION_ALIVE_MS / 1000
 #: Heartbeats older than this are removed from the companions hash.
 HEARTBEAT_PRUNE_SECONDS = 3600.0
+#: Longest a starting companion waits for its first periodic pass before releasing.
+FIRST_PERIODIC_PASS_SECONDS = 5.0
 #: How far past the Redis clock's estimate a periodic occurrence makes the
 #: handoff name what it moves: covers the estimate's error (the time between
 #: the claim that read the clock and the next).
@@ -616,6 +618,10 @@ class Companion:
             target=self._serve_periodic, name=f"zdelay-periodic-{self.id}", daemon=True
         )
         thread.start()
+        # Occurrences an outage left parked are sorted out by the missed
+        # policy before this companion releases any (bounded: a store that
+        # does not answer must not hold releases back).
+        self.periodic.first_pass.wait(FIRST_PERIODIC_PASS_SECONDS)
         return thread
 
     def _serve_periodic(self) -> None:

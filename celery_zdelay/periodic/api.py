@@ -57,7 +57,8 @@ def schedules_in(periodic: PeriodicStore) -> tuple[int, list[ScheduleInfo]]:
     for name in sorted(snap.definitions):
         definition = snap.definitions[name]
         pointer = snap.pointers.get(name) or Pointer(0, 0, [])
-        times = [ms for ms, _ in pointer.parked]
+        # When each runs: its time plus the schedule's jitter offset.
+        times = [ms + definition.offset_ms(ms) for ms, _ in pointer.parked]
         upcoming = [ms for ms in times if ms > snap.now_ms]
         past = [ms for ms in times if ms <= snap.now_ms]
         result.append(
@@ -126,11 +127,23 @@ def add(
     options: Any = None,
     relative: bool = False,
     missed: str = "once",
+    jitter: float = 0.0,
+    timezone: str | None = None,
+    start: Any = None,
+    end: Any = None,
+    max_runs: int | None = None,
+    one_off: bool = False,
 ) -> bool:
     """Add (or replace) a schedule at run time, in ``beat_schedule``'s terms.
 
     Returns whether anything changed. A later ``beat_schedule`` deploy
-    replaces an entry of the same name.
+    replaces an entry of the same name. *jitter* (seconds) is
+    ``zdelay_jitter``: each occurrence runs at an offset of its own in
+    ``[0, jitter)`` after its time. *timezone* (an IANA name) is
+    ``zdelay_timezone``: a crontab in that zone rather than the app's.
+    *start* and *end* (datetimes or ISO strings), *max_runs* and *one_off*
+    are ``zdelay_start``, ``zdelay_end``, ``zdelay_max_runs`` and
+    ``zdelay_one_off``.
 
     Raises:
         ConfigurationError: the task is unknown to *app*, or the entry cannot
@@ -144,7 +157,16 @@ def add(
         "options": options or {},
         "relative": relative,
         "zdelay_missed": missed,
+        "zdelay_jitter": jitter,
     }
+    optional = {
+        "zdelay_timezone": timezone,
+        "zdelay_start": start,
+        "zdelay_end": end,
+        "zdelay_max_runs": max_runs,
+        "zdelay_one_off": one_off or None,
+    }
+    entry.update({key: value for key, value in optional.items() if value is not None})
     app.loader.import_default_modules()
     definition = from_beat_entry(name, entry, known_tasks=set(app.tasks.keys()), source=SOURCE_API)
     validate_spec(definition.schedule, app, f"periodic schedule {name!r}")

@@ -198,8 +198,54 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     show_default=True,
     cls=CeleryOption,
     help_group="Entry Options",
-    help="Occurrences no companion was up to park: once runs the latest (as beat), "
-    "skip none, all each.",
+    help="Occurrences no companion released in time (all were down): once runs one "
+    "for the whole gap (as beat), skip none, all each.",
+)
+@click.option(
+    "--jitter",
+    type=click.FloatRange(min=0, max=86_400),
+    default=0.0,
+    metavar="SECONDS",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Run each occurrence up to SECONDS after its time, at an offset of its own "
+    "(the same on every companion): spreads schedules due at the same moment.",
+)
+@click.option(
+    "--timezone",
+    "zone",
+    metavar="ZONE",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="With --crontab: its time zone (IANA name, e.g. Europe/Paris) instead of the app's.",
+)
+@click.option(
+    "--start",
+    metavar="TIME",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="No occurrence before this ISO time (UTC unless it has an offset).",
+)
+@click.option(
+    "--end",
+    metavar="TIME",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="No occurrence after this ISO time (UTC unless it has an offset).",
+)
+@click.option(
+    "--max-runs",
+    type=click.IntRange(min=1),
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Run at most this many occurrences (counted per definition; a change starts again).",
+)
+@click.option(
+    "--one-off",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="Run the next occurrence only (as --max-runs 1).",
 )
 @click.pass_context
 def add(
@@ -212,6 +258,12 @@ def add(
     kwargs: Any,
     options: Any,
     missed: str,
+    jitter: float,
+    zone: str | None,
+    start: str | None,
+    end: str | None,
+    max_runs: int | None,
+    one_off: bool,
 ) -> None:
     """Add (or replace) a schedule, stored in Redis for every companion."""
     if (every is None) == (cron is None):
@@ -241,6 +293,12 @@ def add(
             kwargs=kwargs,
             options=options,
             missed=missed,
+            jitter=jitter,
+            timezone=zone,
+            start=start,
+            end=end,
+            max_runs=max_runs,
+            one_off=one_off,
         )
     click.echo(f"{'added' if changed else 'unchanged'} {name}")
 

@@ -15,8 +15,9 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
@@ -34,17 +35,33 @@ __all__ = [
     "definitions_from_config",
 ]
 
-#: What happens to occurrences no companion parked (all were down):
-#: ``once`` runs the latest of them (as celery beat does), ``skip`` none,
-#: ``all`` every one of them.
+#: What happens to occurrences no companion released in time (all were
+#: down, or the broker was): ``once`` runs one for the whole gap, the first
+#: of them (as celery beat runs one), ``skip`` none, ``all`` every one of them.
 MISSED_POLICIES = ("once", "skip", "all")
 #: Entries read from ``app.conf.beat_schedule``.
 SOURCE_CONFIG = "config"
 #: Entries added at run time (Python API or ``zdelay periodic add``).
 SOURCE_API = "api"
 
-#: Keys of a ``beat_schedule`` entry; ``zdelay_missed`` is ours.
-_ENTRY_KEYS = ("task", "schedule", "args", "kwargs", "options", "relative", "zdelay_missed")
+#: Keys of a ``beat_schedule`` entry; ``zdelay_missed`` and ``zdelay_jitter`` are ours.
+_ENTRY_KEYS = (
+    "task",
+    "schedule",
+    "args",
+    "kwargs",
+    "options",
+    "relative",
+    "zdelay_missed",
+    "zdelay_jitter",
+    "zdelay_timezone",
+    "zdelay_start",
+    "zdelay_end",
+    "zdelay_max_runs",
+    "zdelay_one_off",
+)
+#: Largest ``zdelay_jitter`` (seconds): a day.
+MAX_JITTER_SECONDS = 86_400
 _CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
 
 
@@ -61,22 +78,51 @@ class Definition:
     options: dict[str, Any] = field(default_factory=dict)
     missed: str = "once"
     source: str = SOURCE_CONFIG
+    #: Each occurrence runs this many ms after its time at most: a
+    #: deterministic offset in ``[0, jitter_ms)`` (see :meth:`offset_ms`).
+    jitter_ms: int = 0
+    #: Occurrences before this epoch ms do not run (None: no start).
+    start_ms: int | None = None
+    #: Occurrences after this epoch ms do not run (None: no end).
+    end_ms: int | None = None
+    #: At most this many occurrences run, per definition (None: no limit).
+    max_runs: int | None = None
 
     def body(self) -> str:
         """Return the canonical JSON stored in Redis (equal definitions, equal text)."""
-        return json.dumps(
-            {
-                "task": self.task,
-                "schedule": self.schedule,
-                "args": self.args,
-                "kwargs": self.kwargs,
-                "options": self.options,
-                "missed": self.missed,
-                "source": self.source,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {
+            "task": self.task,
+            "schedule": self.schedule,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "options": self.options,
+            "missed": self.missed,
+            "source": self.source,
+        }
+        # Each only when set: definitions stored before they existed keep their text.
+        if self.jitter_ms:
+            data["jitter_ms"] = self.jitter_ms
+        if self.start_ms is not None:
+            data["start_ms"] = self.start_ms
+        if self.end_ms is not None:
+            data["end_ms"] = self.end_ms
+        if self.max_runs is not None:
+            data["max_runs"] = self.max_runs
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def offset_ms(self, occurrence_ms: int) -> int:
+        """Return how long after its time the occurrence at *occurrence_ms* runs.
+
+        A hash of the schedule's name and the occurrence time, in
+        ``[0, jitter_ms)``: the same in every companion and every release
+        (so the occurrence keeps one id and runs once), spread evenly over
+        the window, and different from one schedule to the next (so entries
+        due at the top of the hour do not all run at once).
+        """
+        if self.jitter_ms <= 0:
+            return 0
+        digest = hashlib.sha256(f"{self.name}\n{occurrence_ms}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") % self.jitter_ms
 
     @classmethod
     def from_body(cls, name: str, body: str | bytes) -> Definition:
@@ -90,7 +136,17 @@ class Definition:
             options=dict(data.get("options") or {}),
             missed=data.get("missed", "once"),
             source=data.get("source", SOURCE_CONFIG),
+            jitter_ms=int(data.get("jitter_ms") or 0),
+            start_ms=_optional_int(data.get("start_ms")),
+            end_ms=_optional_int(data.get("end_ms")),
+            max_runs=_optional_int(data.get("max_runs")),
         )
+
+    def in_window(self, occurrence_ms: int) -> bool:
+        """Whether the occurrence at *occurrence_ms* lies between the start and end dates."""
+        if self.start_ms is not None and occurrence_ms < self.start_ms:
+            return False
+        return self.end_ms is None or occurrence_ms <= self.end_ms
 
     def celery_schedule(self, app: Celery) -> BaseSchedule:
         """Return Celery's schedule object for this definition, in *app*'s timezone."""
@@ -99,14 +155,24 @@ class Definition:
     def describe(self) -> str:
         """Return the schedule as a person reads it (``every 10s``, ``crontab 0 3 * * *``)."""
         spec = self.schedule
+        jitter = f" (jitter {self.jitter_ms / 1000:g}s)" if self.jitter_ms else ""
+        if self.start_ms is not None:
+            jitter += f" from {_iso(self.start_ms)}"
+        if self.end_ms is not None:
+            jitter += f" until {_iso(self.end_ms)}"
+        if self.max_runs == 1:
+            jitter += " (one-off)"
+        elif self.max_runs is not None:
+            jitter += f" (at most {self.max_runs} runs)"
         if "every" in spec:
             text = f"every {spec['every']:g}s"
-            return text + " (relative)" if spec.get("relative") else text
+            return (text + " (relative)" if spec.get("relative") else text) + jitter
         if "crontab" in spec:
             cron = spec["crontab"]
-            return "crontab " + " ".join(str(cron[f]) for f in _CRONTAB_FIELDS)
+            zone = f" {spec['tz']}" if spec.get("tz") else ""
+            return "crontab " + " ".join(str(cron[f]) for f in _CRONTAB_FIELDS) + zone + jitter
         sun = spec["solar"]
-        return f"solar {sun['event']} at {sun['lat']},{sun['lon']}"
+        return f"solar {sun['event']} at {sun['lat']},{sun['lon']}" + jitter
 
 
 def definitions_from_config(app: Celery) -> tuple[list[Definition], dict[str, str]]:
@@ -163,6 +229,18 @@ def from_beat_entry(
         raise ConfigurationError(
             f"{where}: zdelay_missed must be one of {', '.join(MISSED_POLICIES)}, got {missed!r}."
         )
+    jitter = entry.get("zdelay_jitter", 0)
+    if isinstance(jitter, timedelta):
+        jitter = jitter.total_seconds()
+    if (
+        isinstance(jitter, bool)
+        or not isinstance(jitter, numbers.Real)
+        or not 0 <= float(jitter) <= MAX_JITTER_SECONDS
+    ):
+        raise ConfigurationError(
+            f"{where}: zdelay_jitter must be a number of seconds from 0 to "
+            f"{MAX_JITTER_SECONDS} (or a timedelta), got {jitter!r}."
+        )
     args = entry.get("args") or ()
     kwargs = entry.get("kwargs") or {}
     options = entry.get("options") or {}
@@ -170,15 +248,45 @@ def from_beat_entry(
         raise ConfigurationError(f"{where}: args must be a list or tuple, got {args!r}.")
     if not isinstance(kwargs, Mapping) or not isinstance(options, Mapping):
         raise ConfigurationError(f"{where}: kwargs and options must be dicts.")
+    spec = schedule_spec(entry.get("schedule"), bool(entry.get("relative")), where)
+    zone = entry.get("zdelay_timezone")
+    if zone is not None:
+        spec = {**spec, "tz": _zone_name(zone, spec, where)}
+    start_ms = _moment_ms(entry.get("zdelay_start"), "zdelay_start", where)
+    end_ms = _moment_ms(entry.get("zdelay_end"), "zdelay_end", where)
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        raise ConfigurationError(f"{where}: zdelay_end is before zdelay_start; swap them.")
+    max_runs = entry.get("zdelay_max_runs")
+    if max_runs is not None and (
+        isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+    ):
+        raise ConfigurationError(
+            f"{where}: zdelay_max_runs must be a whole number of runs, at least 1, "
+            f"got {max_runs!r}."
+        )
+    one_off = entry.get("zdelay_one_off", False)
+    if not isinstance(one_off, bool):
+        raise ConfigurationError(f"{where}: zdelay_one_off must be True or False, got {one_off!r}.")
+    if one_off:
+        if max_runs not in (None, 1):
+            raise ConfigurationError(
+                f"{where}: zdelay_one_off runs once, zdelay_max_runs says {max_runs}: "
+                "keep one of them."
+            )
+        max_runs = 1
     definition = Definition(
         name=name,
         task=task,
-        schedule=schedule_spec(entry.get("schedule"), bool(entry.get("relative")), where),
+        schedule=spec,
         args=list(args),
         kwargs=dict(kwargs),
         options=dict(options),
         missed=missed,
         source=source,
+        jitter_ms=round(float(jitter) * 1000),
+        start_ms=start_ms,
+        end_ms=end_ms,
+        max_runs=max_runs,
     )
     try:
         body = definition.body()
@@ -217,11 +325,91 @@ def schedule_spec(value: Any, relative: bool, where: str) -> dict[str, Any]:
     )
 
 
+class ZonedCrontab(crontab):  # type: ignore[misc]
+    """A ``crontab`` in a time zone of its own rather than the app's (``zdelay_timezone``).
+
+    Celery's crontab reads its zone from ``self.tz`` (the app's timezone)
+    wherever it matches fields and steps over DST, so answering with another
+    zone there gives exactly Celery's behaviour in that zone, as for an app
+    whose ``timezone`` it is.
+    """
+
+    def __init__(self, *args: Any, zone: tzinfo, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._zone = zone
+
+    @property
+    def tz(self) -> tzinfo:
+        return self._zone
+
+    def __copy__(self) -> ZonedCrontab:
+        # crontab's own __reduce__ would rebuild it without its zone.
+        twin: ZonedCrontab = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _moment_ms(value: Any, key: str, where: str) -> int | None:
+    """Check a ``zdelay_start``/``zdelay_end`` value; return it in epoch ms.
+
+    A datetime (naive: UTC, as Celery's worker reads an ``eta``) or an ISO
+    8601 string.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            value = None
+    if not isinstance(value, datetime):
+        raise ConfigurationError(
+            f"{where}: {key} must be a datetime or an ISO 8601 time such as "
+            f"'2026-07-01T00:00:00+00:00'."
+        )
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return int(value.timestamp() * 1000)
+
+
+def _zone_name(value: Any, spec: Mapping[str, Any], where: str) -> str:
+    """Check a ``zdelay_timezone`` value; return its IANA name."""
+    name = getattr(value, "key", value)  # a ZoneInfo gives its name
+    if "crontab" not in spec:
+        raise ConfigurationError(
+            f"{where}: zdelay_timezone applies to crontab schedules only (an interval "
+            "does not depend on the zone); remove it or use a crontab."
+        )
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(
+            f"{where}: zdelay_timezone must be an IANA time zone name such as "
+            f"'Europe/Paris', got {value!r}."
+        )
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigurationError(
+            f"{where}: the time zone {name!r} does not exist: use an IANA name such as "
+            "'Europe/Paris' or 'America/New_York'."
+        ) from None
+    return name
+
+
 def build_schedule(spec: Mapping[str, Any], app: Celery) -> BaseSchedule:
     """Return Celery's schedule object for a stored *spec*."""
     if "every" in spec:
         return schedule(timedelta(seconds=spec["every"]), relative=bool(spec["relative"]), app=app)
     if "crontab" in spec:
+        if spec.get("tz"):
+            return ZonedCrontab(**spec["crontab"], app=app, zone=ZoneInfo(spec["tz"]))
         return crontab(**spec["crontab"], app=app)
     if "solar" in spec:
         sun = spec["solar"]

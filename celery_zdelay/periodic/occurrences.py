@@ -21,16 +21,15 @@ __all__ = ["MAX_MISSED", "Plan", "next_after", "plan"]
 MAX_MISSED = 1000
 #: Most occurrences computed in one plan (a long outage of a short crontab).
 MAX_STEPS = 200_000
-#: Missed occurrences computed one by one before skipping to near now
-#: (policies other than ``all`` run at most the latest of them).
+#: Missed occurrences left out one by one before jumping to near now.
 JUMP_AFTER = 100
 
 
 def next_after(sched: BaseSchedule, after_ms: int) -> int:
     """Return the first occurrence of *sched* strictly after *after_ms* (epoch ms)."""
-    if type(sched) is schedule and not sched.relative:
+    step = _interval_ms(sched)
+    if step:
         # Plain intervals need no calendar: a fixed step from the anchor.
-        step: int = max(1, round(sched.run_every.total_seconds() * 1000))
         return after_ms + step
     after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
     pinned = copy.copy(sched)
@@ -61,58 +60,71 @@ def plan(
     now_ms: int,
     horizon_ms: int,
     missed: str,
+    inclusive: bool = False,
 ) -> Plan:
     """Plan the occurrences after *pointer_ms* (the newest one parked, or the anchor).
 
-    Occurrences up to ``now + horizon`` are parked ahead of time, so the next
-    one is already parked while the current one is released. Occurrences at
-    or before *now* were due while no companion parked them: the *missed*
-    policy picks which of them run (``once``: the latest, ``skip``: none,
-    ``all``: each, at most :data:`MAX_MISSED`).
+    Occurrences up to ``now + horizon`` are parked ahead of time, and the
+    first one after that too, so the next one is always parked while the
+    current one is released. Occurrences at or before *now* were due while
+    no companion parked them: the *missed* policy picks which of them run
+    (``once``: the first, ``skip``: none, ``all``: each, at most
+    :data:`MAX_MISSED`, the first ones).
+
+    The result depends on *now* only through where "missed" ends and
+    "ahead" begins: the occurrence times are those of the schedule from
+    *pointer_ms* on, and the missed ones chosen are counted from the
+    pointer, so companions that plan from the same pointer at different
+    moments park the same ids (``park_once`` keeps each once) and run the
+    same missed one. With *inclusive*, the schedule's first occurrence at
+    or after *pointer_ms* runs whatever the policy: it is a tick that was
+    parked in time and still waiting when its definition changed, taken
+    over by the new version (see define.lua); it counts as the missed run.
     """
     if pointer_ms > now_ms + horizon_ms:
         return Plan(park=[], skipped=0, pointer_ms=pointer_ms)
+    keep = {"all": MAX_MISSED, "once": 1}.get(missed, 0)
+    interval = _interval_ms(sched)
     late: list[int] = []
     ahead: list[int] = []
-    at = pointer_ms
     skipped = 0
-    if type(sched) is schedule and not sched.relative:
-        # A long outage of a short interval: jump over what no policy parks.
-        step = max(1, round(sched.run_every.total_seconds() * 1000))
-        behind = (now_ms - at) // step - MAX_MISSED
-        if behind > 0:
-            at += behind * step
-            skipped += behind
+    at = pointer_ms
+    if inclusive:
+        at = pointer_ms - interval if interval else pointer_ms - 1
+    taken_over = inclusive
     for _ in range(MAX_STEPS):
         previous, at = at, next_after(sched, at)
         if at <= now_ms:
-            late.append(at)
-            if len(late) > MAX_MISSED:
-                skipped += len(late) - MAX_MISSED
-                late = late[-MAX_MISSED:]
-            if missed != "all" and len(late) >= JUMP_AFTER:
-                # Only the latest missed one can run: skip to two periods
-                # before now instead of computing every occurrence between.
-                # Calendar schedules (crontab, solar, relative) give the same
-                # occurrences from any starting point, so companions agree.
-                period = max(1, at - previous)
-                near = now_ms - 2 * period
-                if near > at:
-                    # (How many were jumped over is estimated from the period.)
-                    skipped += len(late) + (near - at) // period
-                    late, at = [], near
+            if len(late) < keep or taken_over:
+                taken_over = False
+                late.append(at)
+                continue
+            skipped += 1
+            if skipped >= JUMP_AFTER:
+                # A long outage: jump over what no policy runs, in whole
+                # periods from this occurrence, so a plain interval keeps its
+                # phase (anchor + k * period) whoever jumps and whenever;
+                # calendar schedules give the same occurrences from any
+                # starting point.
+                period = interval or max(1, at - previous)
+                periods = (now_ms - 2 * period - at) // period
+                if periods > 0:
+                    at += periods * period
+                    skipped += periods
             continue
+        taken_over = False
         ahead.append(at)
         if at > now_ms + horizon_ms:
             break
     else:
-        # Years of a minute schedule missed: go on from now, not from the past.
-        ahead.append(next_after(sched, now_ms))
-    if missed == "all":
-        chosen = late
-    elif missed == "once":
-        chosen = late[-1:]
-    else:
-        chosen = []
-    skipped += len(late) - len(chosen)
-    return Plan(park=chosen + ahead, skipped=skipped, pointer_ms=ahead[-1])
+        # Years of a minute schedule missed: go on from here next pass.
+        return Plan(park=late, skipped=skipped, pointer_ms=at)
+    return Plan(park=late + ahead, skipped=skipped, pointer_ms=ahead[-1])
+
+
+def _interval_ms(sched: BaseSchedule) -> int:
+    """The fixed step of a plain interval, 0 for calendar (and relative) schedules."""
+    if type(sched) is schedule and not sched.relative:
+        step: int = max(1, round(sched.run_every.total_seconds() * 1000))
+        return step
+    return 0

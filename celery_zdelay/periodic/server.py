@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
@@ -33,17 +34,29 @@ from ..store import ParkRequest, Store
 from .definition import Definition, config_hash, definitions_from_config
 from .occurrences import plan
 from .store import PeriodicStore, Snapshot
+from .takeover import since_for
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["HORIZON_MS", "TEND_EVERY_SECONDS", "PeriodicServer", "occurrence_id"]
+__all__ = [
+    "HORIZON_MS",
+    "STALE_MS",
+    "TEND_EVERY_SECONDS",
+    "PeriodicServer",
+    "occurrence_id",
+]
 
 logger = logging.getLogger(__name__)
 
-#: Occurrences are parked this far ahead, so the next one is parked long
-#: before the current one is released, even by a companion that stalls.
+#: Occurrences are parked this far ahead (and the first one after that
+#: too), so the next one is parked long before the current one is
+#: released, even by a companion that stalls.
 HORIZON_MS = 5000
+#: An occurrence still parked this long after its time was missed: no
+#: companion released it (all were down, or the broker was). Its schedule's
+#: ``zdelay_missed`` then decides which of the missed ones run.
+STALE_MS = 2000
 #: Least time between two passes over the stored schedules.
 TEND_EVERY_SECONDS = 0.25
 #: How often the app's own beat_schedule is compared with what was stored.
@@ -80,6 +93,11 @@ class PeriodicServer:
         #: The earliest occurrence ms in _pending (or earlier: one released
         #: since stays until the next tend), None when there is none.
         self._next_pending_ms: int | None = None
+        #: Occurrences found released after their time: not looked up again.
+        self._settled: set[str] = set()
+        #: Set once the first pass is over: a starting companion releases
+        #: only after it, so what an outage left parked is sorted out first.
+        self.first_pass = threading.Event()
 
     # -- configuration --------------------------------------------------------
 
@@ -102,8 +120,11 @@ class PeriodicServer:
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
         self._config_errors = errors
+        since = (
+            since_for(self.app, [d.name for d in definitions]) if self._config_hash is None else {}
+        )
         status, changed = self.periodic.store_config(
-            definitions, digest, writer=self.companion_id, force=force, keep=errors
+            definitions, digest, writer=self.companion_id, force=force, keep=errors, since=since
         )
         self._config_hash = digest
         if status == "older":
@@ -112,15 +133,28 @@ class PeriodicServer:
                 "serving the stored schedule. To make this configuration the current one again, "
                 "run: celery -A proj zdelay periodic sync --force",
                 digest,
-                changed[0] if changed else "?",
+                changed[0][1] if changed else "?",
             )
         elif status == "done":
+            by_kind = {
+                kind: ", ".join(name for k, name in changed if k == kind) or "none"
+                for kind in ("new", "changed", "removed")
+            }
             logger.info(
-                "Stored beat_schedule %s (%d entries); changed: %s",
+                "Stored beat_schedule %s (%d entries); new: %s; changed: %s; removed: %s",
                 digest,
                 len(definitions),
-                ", ".join(changed) or "none",
+                by_kind["new"],
+                by_kind["changed"],
+                by_kind["removed"],
             )
+            for kind, name in changed:
+                if kind == "new" and name in since:
+                    logger.info(
+                        "Periodic task %r goes on from its last run elsewhere (celery beat): %s",
+                        name,
+                        datetime.fromtimestamp(since[name] / 1000, tz=timezone.utc).isoformat(),
+                    )
         return status
 
     # -- each pass ------------------------------------------------------------
@@ -134,6 +168,13 @@ class PeriodicServer:
         if now - self._last_tend < TEND_EVERY_SECONDS:
             return 0
         self._last_tend = now
+        try:
+            return self._tend()
+        finally:
+            self.first_pass.set()
+
+    def _tend(self) -> int:
+        now = time.monotonic()
         if now - self._last_check >= RECONCILE_CHECK_SECONDS:
             self.reconcile()
         snap = self.periodic.snapshot()
@@ -156,11 +197,13 @@ class PeriodicServer:
         self._pending = pending
         self._next_pending_ms = min((ms for _, ms in pending.values()), default=None)
         parked = 0
+        self._settled &= set(pending)
         for name, definition in snap.definitions.items():
             if name in snap.paused:
                 continue
             try:
-                parked += self._tend_one(definition, snap)
+                gap_decided = self._sort_out_missed(definition, snap)
+                parked += self._tend_one(definition, snap, gap_decided=gap_decided)
             except StoreUnavailableError:
                 raise
             except Exception:
@@ -210,7 +253,58 @@ class PeriodicServer:
                 logger.info("Cancelled periodic occurrence %s", task_id, extra={"task_id": task_id})
         self.periodic.forget_cancelled(snap.to_cancel)
 
-    def _tend_one(self, definition: Definition, snap: Snapshot) -> int:
+    def _sort_out_missed(self, definition: Definition, snap: Snapshot) -> bool:
+        """Apply the missed policy to occurrences parked ahead that an outage left behind.
+
+        Occurrences parked ahead before every companion (or the broker) went
+        away are still parked when one comes back, long after their time.
+        They are missed ticks like those no companion parked, and
+        ``zdelay_missed`` counts them together: ``once`` keeps the first
+        still parked and withdraws the others, ``skip`` withdraws them all,
+        ``all`` keeps them all. Returns whether one of them is the missed
+        run (so the plan adds none).
+
+        A starting companion does this before it releases anything
+        (:attr:`first_pass`), so the others are withdrawn before they run.
+        """
+        pointer = snap.pointers.get(definition.name)
+        if pointer is None or definition.missed == "all":
+            return False
+        last_run = snap.runs.get(definition.name, (-1, 0))[0]
+        stale = sorted(
+            (ms, task_id)
+            for ms, task_id in pointer.parked
+            if last_run < ms
+            and ms + definition.offset_ms(ms) <= snap.now_ms - STALE_MS
+            and task_id not in self._settled
+        )
+        if not stale:
+            return False
+        still = self.periodic.parked_among([task_id for _, task_id in stale])
+        self._settled |= {task_id for _, task_id in stale if task_id not in still}
+        waiting = [task_id for _, task_id in stale if task_id in still]
+        if not waiting:
+            return False
+        kept = waiting[:1] if definition.missed == "once" else []
+        withdrawn = waiting[len(kept) :]
+        found = self.periodic.store.cancel(withdrawn) if withdrawn else []
+        self._settled |= set(withdrawn)
+        logger.warning(
+            "Periodic task %r: %d occurrences parked ahead were not released within %d ms of "
+            "their time (no companion or no broker); zdelay_missed=%r runs %d of them, "
+            "withdrew %d",
+            definition.name,
+            len(waiting),
+            STALE_MS,
+            definition.missed,
+            len(kept),
+            sum(found),
+        )
+        return True
+
+    def _tend_one(
+        self, definition: Definition, snap: Snapshot, *, gap_decided: bool = False
+    ) -> int:
         pointer = snap.pointers.get(definition.name)
         if pointer is None:
             return 0
@@ -221,22 +315,31 @@ class PeriodicServer:
             pointer_ms=pointer.ms,
             now_ms=snap.now_ms,
             horizon_ms=self.horizon_ms,
-            missed=definition.missed,
+            # Missed ones parked ahead were counted already: none more.
+            missed="skip" if gap_decided else definition.missed,
+            inclusive=pointer.inclusive,
         )
-        if not todo.park:
+        # The start and end dates and the run limit leave some out; every
+        # companion planning from this pointer leaves out the same.
+        todo_park = [ms for ms in todo.park if definition.in_window(ms)]
+        if definition.max_runs is not None:
+            todo_park = todo_park[: max(0, definition.max_runs - pointer.runs)]
+        if not todo_park:
+            if todo.pointer_ms != pointer.ms:
+                self.periodic.advance(definition.name, version, todo.pointer_ms, [], snap.now_ms)
             return 0
         if todo.skipped:
             logger.warning(
                 "Periodic task %r: %d occurrences passed while no companion served it; "
                 "zdelay_missed=%r ran %s of them",
                 definition.name,
-                todo.skipped + len([ms for ms in todo.park if ms <= snap.now_ms]),
+                todo.skipped + len([ms for ms in todo_park if ms <= snap.now_ms]),
                 definition.missed,
-                len([ms for ms in todo.park if ms <= snap.now_ms]),
+                len([ms for ms in todo_park if ms <= snap.now_ms]),
             )
         parked: list[tuple[int, str]] = []
         first = 0
-        for ms in todo.park:
+        for ms in todo_park:
             task_id = occurrence_id(definition.name, version, ms)
             try:
                 requests = self._requests(definition, task_id, ms)
@@ -265,11 +368,15 @@ class PeriodicServer:
                 self._next_pending_ms = ms
         if not parked:
             return 0
-        status = self.periodic.advance(definition.name, version, parked[-1][0], parked, snap.now_ms)
+        # Past what the dates and the limit left out too, unless parking stopped early.
+        new_pointer = todo.pointer_ms if len(parked) == len(todo_park) else parked[-1][0]
+        status = self.periodic.advance(definition.name, version, new_pointer, parked, snap.now_ms)
         if status != "done":
-            # Paused since the snapshot: take it all back. Changed or removed:
-            # take back what is ahead; what was due already runs once, as
-            # define.lua keeps it.
+            # Only on a Redis Cluster store (elsewhere park_once refused them
+            # in the script that checks the version). Paused since the
+            # snapshot: take it all back. Changed or removed: take back what
+            # is ahead; what was due already runs once (the new version
+            # starts from the change there).
             taken_back = [t for ms, t in parked if status == "paused" or ms > snap.now_ms]
             self.periodic.store.cancel(taken_back)
             for task_id in taken_back:
@@ -287,14 +394,19 @@ class PeriodicServer:
     def _requests(
         self, definition: Definition, task_id: str, occurrence_ms: int
     ) -> list[ParkRequest]:
-        """Build the message celery beat would send for this occurrence, parked at its time."""
+        """Build the message celery beat would send for this occurrence, parked at its time.
+
+        Its time is the occurrence's plus the schedule's jitter offset
+        (:meth:`Definition.offset_ms`, the same in every companion).
+        """
+        due_ms = occurrence_ms + definition.offset_ms(occurrence_ms)
         options: dict[str, Any] = dict(definition.options)
         expires = options.get("expires")
         if isinstance(expires, (int, float)) and not isinstance(expires, bool):
-            # Seconds from when beat would send it: the occurrence, not now.
-            options["expires"] = datetime.fromtimestamp(
-                occurrence_ms / 1000, tz=timezone.utc
-            ) + timedelta(seconds=expires)
+            # Seconds from when beat would send it: when it is due, not now.
+            options["expires"] = datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc) + timedelta(
+                seconds=expires
+            )
         task = self.app.tasks.get(definition.task)
         args, kwargs = list(definition.args), dict(definition.kwargs)
 
@@ -306,4 +418,4 @@ class PeriodicServer:
             )
 
         _, messages = capture(self.app, send)
-        return park_requests(self.app, messages, Due("a", occurrence_ms))
+        return park_requests(self.app, messages, Due("a", due_ms))

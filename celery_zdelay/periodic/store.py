@@ -10,7 +10,7 @@ the store's ``park.lua``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -27,6 +27,11 @@ __all__ = ["PeriodicStore", "Pointer", "Snapshot"]
 #: Ids of parked occurrences are remembered this long after their time, so
 #: a change, removal or pause can still cancel them.
 REMEMBER_PARKED_MS = 60_000
+#: How long ``park_once`` remembers an occurrence it parked (ms since it was
+#: parked): no occurrence is parked twice within this time, so a companion
+#: that stalls between reading a pointer and parking what follows it (GC,
+#: swap, a frozen VM) for less than this cannot run a tick again.
+TICK_MEMORY_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -38,13 +43,24 @@ class Pointer:
     ms: int
     #: (occurrence ms, id) of occurrences parked lately.
     parked: list[tuple[int, str]]
+    #: Whether *ms* is itself an occurrence still to run (a tick that was
+    #: due and waiting when the definition changed runs under the new one).
+    inclusive: bool = False
+    #: Occurrences parked under this definition so far (for ``zdelay_max_runs``).
+    runs: int = 0
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Pointer:
         data = json.loads(raw)
         ids = data.get("ids")
         parked = [(int(p[0]), str(p[1])) for p in ids] if isinstance(ids, list) else []
-        return cls(version=int(data["v"]), ms=int(data["ms"]), parked=parked)
+        return cls(
+            version=int(data["v"]),
+            ms=int(data["ms"]),
+            parked=parked,
+            inclusive=data.get("incl") is True,
+            runs=int(data.get("n") or 0),
+        )
 
 
 @dataclass
@@ -78,10 +94,28 @@ class PeriodicStore:
         client = store.client
         # Each runs after the store's checks (_guard.lua), which it calls
         # before its first write.
-        self._define = client.register_script(guarded(_lua("_pointer") + _lua("define")))
+        withdraw = _lua("_pointer") + _lua("_withdraw")
+        self._define = client.register_script(guarded(withdraw + _lua("define")))
         self._advance = client.register_script(guarded(_lua("advance")))
-        self._pause = client.register_script(guarded(_lua("_pointer") + _lua("pause")))
+        self._pause = client.register_script(guarded(withdraw + _lua("pause")))
         self._park_once = client.register_script(script_source("park", before=_lua("park_once")))
+        #: See :data:`TICK_MEMORY_MS`.
+        self.tick_memory_ms = TICK_MEMORY_MS
+
+    def _shard_keys(self) -> list[str]:
+        """The keys a change withdraws occurrences from, in the same script (see _withdraw.lua).
+
+        None on a Redis Cluster: its shards are other slots than the
+        schedules', so the change lists them in the cancel set and the
+        caller cancels them on each shard before it returns.
+        """
+        if self.store.cluster:
+            return []
+        keys: list[str] = []
+        for shard in self.store.shards:
+            k = self.store.keys(shard)
+            keys += [k.due, k.msg, k.lease, k.leased, k.templates]
+        return keys
 
     # -- reading ------------------------------------------------------------
 
@@ -131,49 +165,87 @@ class PeriodicStore:
         writer: str,
         force: bool,
         keep: Iterable[str] = (),
-    ) -> tuple[str, list[str]]:
-        """Store a ``beat_schedule``; return ("same"|"older"|"done", names changed).
+        since: Mapping[str, int] | None = None,
+    ) -> tuple[str, list[tuple[str, str]]]:
+        """Store a ``beat_schedule``; return ("same"|"older"|"done", [(kind, name), ...]).
 
-        Names in *keep* are entries this process cannot serve: what is stored
-        under them stays as it is, neither removed nor replaced.
+        Each kind is "new", "changed" or "removed". Names in *keep* are
+        entries this process cannot serve: what is stored under them stays
+        as it is, neither removed nor replaced. *since* maps names to the
+        last time they ran elsewhere (celery beat): an entry stored for the
+        first time goes on from then, not from now.
         """
+        since = since or {}
         args: list[Any] = ["config", config_hash, "1" if force else "0", writer]
         for definition in definitions:
-            args += [definition.name, definition.body()]
+            args += [definition.name, definition.body(), since.get(definition.name, "")]
         for name in keep:
-            args += [name, ""]
+            args += [name, "", ""]
         return self._define_call(args)
 
     def put(self, definition: Definition, *, writer: str) -> bool:
         """Add or replace one definition; return whether it changed."""
-        _, changed = self._define_call(["put", "", "0", writer, definition.name, definition.body()])
+        _, changed = self._define_call(
+            ["put", "", "0", writer, definition.name, definition.body(), ""]
+        )
         return bool(changed)
 
     def drop(self, names: Iterable[str]) -> list[str]:
-        """Remove definitions (their parked occurrences get cancelled); return those removed."""
+        """Remove definitions (their parked occurrences are withdrawn); return those removed."""
         _, changed = self._define_call(["drop", "", "0", "", *names])
-        return changed
+        return [name for _, name in changed]
 
-    def _define_call(self, args: list[Any]) -> tuple[str, list[str]]:
+    def _define_call(self, args: list[Any]) -> tuple[str, list[tuple[str, str]]]:
         k = self.keys
         with unavailable_as_error(self.store.url):
             reply = self._define(
-                keys=[k.defs, k.versions, k.pointers, k.paused, k.cancel, k.meta, k.superseded],
+                keys=[
+                    k.defs,
+                    k.versions,
+                    k.pointers,
+                    k.paused,
+                    k.cancel,
+                    k.meta,
+                    k.superseded,
+                    *self._shard_keys(),
+                ],
                 args=args,
             )
-        status, *names = [_text(part) for part in reply]
-        return status, names
+        status, *rest = [_text(part) for part in reply]
+        if status == "done":
+            self.cancel_listed()
+            return status, list(zip(rest[::2], rest[1::2], strict=True))
+        return status, [("", name) for name in rest]
 
     def set_paused(self, name: str, paused: bool) -> int:
         """Pause or resume *name*: 1 done, 0 no such schedule, 2 already so."""
         k = self.keys
         with unavailable_as_error(self.store.url):
-            return int(
+            done = int(
                 self._pause(
-                    keys=[k.defs, k.pointers, k.paused, k.cancel, k.versions],
+                    keys=[k.defs, k.pointers, k.paused, k.cancel, k.versions, *self._shard_keys()],
                     args=["pause" if paused else "resume", name],
                 )
             )
+        self.cancel_listed()
+        return done
+
+    def cancel_listed(self) -> list[str]:
+        """Cancel the occurrences listed in the cancel set on their shards; return those cancelled.
+
+        Only a Redis Cluster store lists any (elsewhere a change withdraws
+        them itself): the caller of a change runs this before it returns,
+        and every companion on its next pass.
+        """
+        if not self.store.cluster:
+            return []
+        with unavailable_as_error(self.store.url):
+            ids = sorted(_text(i) for i in self.store.client.smembers(self.keys.cancel))
+        if not ids:
+            return []
+        found = self.store.cancel(ids)
+        self.forget_cancelled(ids)
+        return [i for i, was in zip(ids, found, strict=True) if was]
 
     # -- occurrences ----------------------------------------------------------
 
@@ -182,9 +254,24 @@ class PeriodicStore:
         store = self.store
         shard = store.shard_of(request.task_id)
         keys, args = store.park_arguments(shard, [request])
+        keys = [*keys, store.keys(shard).ticks]
+        if not store.cluster:
+            # Refused atomically once its version is replaced or paused.
+            keys += [self.keys.pointers, self.keys.paused]
         with unavailable_as_error(store.url):
-            reply = self._park_once(keys=[*keys, store.keys(shard).ticks], args=args)
+            reply = self._park_once(keys=keys, args=[*args, self.tick_memory_ms])
         return bool(reply)
+
+    def parked_among(self, task_ids: Sequence[str]) -> set[str]:
+        """Return which of *task_ids* are still parked (waiting in a due set)."""
+        store = self.store
+        found: set[str] = set()
+        with unavailable_as_error(store.url):
+            for task_id in task_ids:
+                due = store.keys(store.shard_of(task_id)).due
+                if store.client.zscore(due, task_id) is not None:
+                    found.add(task_id)
+        return found
 
     def advance(
         self,

@@ -3,25 +3,36 @@
 -- KEYS[1] defs hash        name -> definition JSON
 -- KEYS[2] versions hash    name -> version (only grows, also across removals)
 -- KEYS[3] pointers hash    name -> {"v": version, "ms": newest occurrence parked
---                          (or the anchor), "ids": [[ms, id], ...] parked lately}
+--                          (or the anchor), "ids": [[ms, id], ...] parked lately,
+--                          "incl": true when "ms" is itself an occurrence still to run}
 -- KEYS[4] paused set       names
 -- KEYS[5] cancel set       occurrence ids every companion cancels (then forgets)
 -- KEYS[6] meta hash        hash, written_by, written_ms of the stored configuration
 -- KEYS[7] superseded set   configuration hashes replaced by a newer one
+-- KEYS[8..] the shards' keys, five per shard (see _withdraw.lua); none on a
+--           Redis Cluster, whose shards are other slots
 -- ARGV[1] mode             "config": replace the entries from configuration
---                          "put": add or replace ARGV[5..6]; "drop": remove ARGV[5..]
+--                          "put": add or replace one entry; "drop": remove ARGV[5..]
 -- ARGV[2] configuration hash ("config" mode)
 -- ARGV[3] "1": write even a superseded configuration (a deliberate rollback)
 -- ARGV[4] writer (companion id)
--- ARGV[5..] "config"/"put": name, definition JSON pairs; "drop": names
+-- ARGV[5..] "config"/"put": triples name, definition JSON, since ms ("" for
+--           none: a new entry starts from now; else from that time, e.g.
+--           celery beat's last run of it, so the missed policy covers the
+--           switch); "drop": names
 --           ("config": an empty definition keeps what is stored under that
 --           name: the entry is in the configuration but this companion
 --           cannot serve it, e.g. its task module does not import here)
--- returns {status, names changed...}; status "same" (configuration already
---         stored), "older" (superseded: not written), "done"
+-- returns {status, kind, name, kind, name, ...}: status "same" (configuration
+--         already stored), "older" (superseded: not written), "done"; each
+--         kind "new", "changed" or "removed"
+--
+-- A change or removal takes the old version's occurrences back from the
+-- shards in this same script (_withdraw.lua): once it returns, no companion
+-- can release one of them, so no tick runs under two versions.
 --
 -- Everything that can fail is checked before the first write (key types,
--- version counters): a failure leaves every schedule as it was.
+-- version counters, template counts): a failure leaves every schedule as it was.
 if redis.replicate_commands then redis.replicate_commands() end
 
 local defs, versions, pointers, paused, cancel, meta, superseded =
@@ -29,82 +40,111 @@ local defs, versions, pointers, paused, cancel, meta, superseded =
 local mode = ARGV[1]
 zdelay_expect(defs, 'hash', versions, 'hash', pointers, 'hash', paused, 'set', cancel, 'set',
   meta, 'hash', superseded, 'set')
+local shards = periodic_shards(8)
 local now_ms = zdelay_now_ms()
 
--- Occurrences parked ahead for a definition that changes or goes away are
--- cancelled by whichever companion passes next (the cancel set survives a
--- crash here). Those already due are kept: each is released once, as it
--- would have been without the change (it may be waiting for a broker).
--- Returns them.
-local function cancel_ahead(name)
-  local ahead, due = periodic_parked(periodic_pointer(pointers, name), now_ms)
-  for _, pair in ipairs(ahead) do redis.call('SADD', cancel, pair[2]) end
-  return due
+-- 1. Decide (reads only): which names are new, changed or removed.
+local puts, drops = {}, {}
+local function want_put(name, body, since)
+  local stored = redis.call('HGET', defs, name)
+  if stored == body then return end
+  zdelay_expect_field_counter(versions, name)
+  puts[#puts + 1] = {name, body, since, stored and 'changed' or 'new'}
+end
+local function want_drop(name)
+  if redis.call('HEXISTS', defs, name) == 1 then drops[#drops + 1] = name end
 end
 
-local function drop(name)
-  if redis.call('HEXISTS', defs, name) == 0 then return false end
-  cancel_ahead(name)
-  redis.call('HDEL', defs, name)
-  redis.call('HDEL', pointers, name)
-  redis.call('SREM', paused, name)
-  return true
-end
-
--- A new or changed definition gets a new version and starts from now; the
--- old version's occurrences already due stay listed (a pause still cancels them).
-local function put(name, body)
-  if redis.call('HGET', defs, name) == body then return false end
-  local due = cancel_ahead(name)
-  local version = redis.call('HINCRBY', versions, name, 1)
-  redis.call('HSET', defs, name, body)
-  redis.call('HSET', pointers, name, cjson.encode({v = version, ms = now_ms, ids = due}))
-  return true
-end
-
--- HINCRBY fails on a version that is not a count: check every one first.
-if mode == 'put' then
-  zdelay_expect_field_counter(versions, ARGV[5])
-elseif mode == 'config' then
-  for i = 5, #ARGV, 2 do zdelay_expect_field_counter(versions, ARGV[i]) end
-end
-
-local changed = {}
-if mode == 'drop' then
-  for i = 5, #ARGV do
-    if drop(ARGV[i]) then changed[#changed + 1] = ARGV[i] end
-  end
-  return {'done', unpack(changed)}
-end
-if mode == 'put' then
-  if put(ARGV[5], ARGV[6]) then changed[1] = ARGV[5] end
-  return {'done', unpack(changed)}
-end
-
--- "config": the newest configuration wins. One that was replaced before
--- (a companion of the previous deploy, restarted) is never written again.
 local hash = ARGV[2]
 local current = redis.call('HGET', meta, 'hash')
-if current == hash then return {'same'} end
-if ARGV[3] ~= '1' and redis.call('SISMEMBER', superseded, hash) == 1 then
-  return {'older', current or ''}
+if mode == 'drop' then
+  for i = 5, #ARGV do want_drop(ARGV[i]) end
+elseif mode == 'put' then
+  want_put(ARGV[5], ARGV[6], ARGV[7])
+else
+  -- "config": the newest configuration wins. One that was replaced before
+  -- (a companion of the previous deploy, restarted) is never written again.
+  if current == hash then return {'same'} end
+  if ARGV[3] ~= '1' and redis.call('SISMEMBER', superseded, hash) == 1 then
+    return {'older', current or ''}
+  end
+  local incoming = {}
+  for i = 5, #ARGV, 3 do incoming[ARGV[i]] = true end
+  local stored = redis.call('HGETALL', defs)
+  for i = 1, #stored, 2 do
+    if not incoming[stored[i]] then
+      local ok, d = pcall(cjson.decode, stored[i + 1])
+      if ok and type(d) == 'table' and d.source == 'config' then want_drop(stored[i]) end
+    end
+  end
+  for i = 5, #ARGV, 3 do
+    if ARGV[i + 1] ~= '' then want_put(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
+  end
 end
-local incoming = {}
-for i = 5, #ARGV, 2 do incoming[ARGV[i]] = true end
-local stored = redis.call('HGETALL', defs)
-for i = 1, #stored, 2 do
-  local name = stored[i]
-  if not incoming[name] then
-    local ok, d = pcall(cjson.decode, stored[i + 1])
-    if ok and type(d) == 'table' and d.source == 'config' and drop(name) then
-      changed[#changed + 1] = name
+
+-- 2. What the old versions still have parked or leased: taken back below.
+local listed = {}   -- name -> {{ms, id}, ...}
+local ids, seen = {}, {}
+local function gather(name)
+  local ahead, due = periodic_parked(periodic_pointer(pointers, name), now_ms)
+  listed[name] = due
+  for _, list in ipairs({ahead, due}) do
+    for _, pair in ipairs(list) do
+      if not seen[pair[2]] then
+        seen[pair[2]] = true
+        ids[#ids + 1] = pair[2]
+      end
     end
   end
 end
-for i = 5, #ARGV, 2 do
-  if ARGV[i + 1] ~= '' and put(ARGV[i], ARGV[i + 1]) then changed[#changed + 1] = ARGV[i] end
+for _, p in ipairs(puts) do gather(p[1]) end
+for _, name in ipairs(drops) do gather(name) end
+local withdraw = periodic_withdraw_plan(shards, ids)
+
+-- 3. Write.
+local taken = {}
+if #shards > 0 then
+  taken = periodic_withdraw_apply(withdraw)
+else
+  -- A cluster: every companion (and the caller, before it returns) cancels these.
+  for _, id in ipairs(ids) do redis.call('SADD', cancel, id) end
 end
-if current then redis.call('SADD', superseded, current) end
-redis.call('SREM', superseded, hash)
-redis.call('HSET', meta, 'hash', hash, 'written_by', ARGV[4], 'written_ms', now_ms)
+
+local changed = {}
+for _, name in ipairs(drops) do
+  redis.call('HDEL', defs, name)
+  redis.call('HDEL', pointers, name)
+  redis.call('SREM', paused, name)
+  changed[#changed + 1] = 'removed'
+  changed[#changed + 1] = name
+end
+for _, p in ipairs(puts) do
+  local name, body, since, kind = p[1], p[2], p[3], p[4]
+  local version = redis.call('HINCRBY', versions, name, 1)
+  local record = {v = version, ms = now_ms, ids = {}}
+  -- A tick that was due and still waiting in the due set (taken back
+  -- above) runs under the new version: the schedule goes on from it,
+  -- inclusive. One leased to a companion is in flight under the old one.
+  local first_due = nil
+  for _, pair in ipairs(listed[name]) do
+    if taken[pair[2]] == 'due' and type(pair[1]) == 'number'
+        and (not first_due or pair[1] < first_due) then
+      first_due = pair[1]
+    end
+  end
+  if first_due then
+    record.ms, record.incl = first_due, true
+  elseif kind == 'new' and tonumber(since) and tonumber(since) < now_ms then
+    record.ms = tonumber(since)
+  end
+  redis.call('HSET', defs, name, body)
+  redis.call('HSET', pointers, name, cjson.encode(record))
+  changed[#changed + 1] = kind
+  changed[#changed + 1] = name
+end
+if mode == 'config' then
+  if current then redis.call('SADD', superseded, current) end
+  redis.call('SREM', superseded, hash)
+  redis.call('HSET', meta, 'hash', hash, 'written_by', ARGV[4], 'written_ms', now_ms)
+end
 return {'done', unpack(changed)}

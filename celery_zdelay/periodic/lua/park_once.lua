@@ -3,23 +3,43 @@
 --
 -- KEYS[1..7] as park.lua
 -- KEYS[8] ticks zset    occurrence id -> ms it was first parked
+-- KEYS[9] periodic pointers hash, KEYS[10] periodic paused set (optional:
+--         not on a Redis Cluster, where they are another slot): an
+--         occurrence of a version that is no longer current, or of a
+--         paused schedule, is refused, so a companion that read the
+--         schedule before a change or pause cannot park it afterwards
 -- ARGV as park.lua, with exactly one entry
+-- ARGV[#ARGV] (after park.lua's) ms to remember the id for (see PeriodicStore.park_once)
 -- returns {} when the id was parked before (it may be released already:
---         parking it again would run it twice), else what park.lua returns
+--         parking it again would run it twice) or is refused, else what
+--         park.lua returns
 if redis.replicate_commands then redis.replicate_commands() end
 
-local once_ticks = KEYS[8]
-KEYS[8] = nil  -- park.lua would take it for another shard's key to check
+local once_ticks, once_pointers, once_paused = KEYS[8], KEYS[9], KEYS[10]
+-- park.lua would take them for another shard's keys to check
+KEYS[8], KEYS[9], KEYS[10] = nil, nil, nil
+-- Remembered for an hour after parking (by default): longer than any
+-- companion takes between reading a schedule's pointer and parking what
+-- follows it. (Removed from ARGV: park.lua reads entries to its end.)
+local ONCE_KEEP_MS = tonumber(ARGV[#ARGV])
+ARGV[#ARGV] = nil
 -- The tick below is written before park.lua runs: everything park.lua
 -- checks is checked first (an occurrence ticked but not parked would never
 -- be parked again).
 zdelay_expect_park()
 zdelay_expect(once_ticks, 'zset')
 local once_id = ARGV[4 + 2 * tonumber(ARGV[3])]
--- Remembered for an hour after parking: longer than any companion takes
--- between reading a schedule's pointer and parking what follows it.
-local ONCE_KEEP_MS = 3600000
+if not ONCE_KEEP_MS then error('park_once needs the ms to remember an occurrence') end
 local once_now = zdelay_now_ms()
+if once_pointers then
+  zdelay_expect(once_pointers, 'hash', once_paused, 'set')
+  local name, version = string.match(once_id, '^periodic:(.+):v(%d+):%d+%-%d+%-%d+T[%d:%.]+Z$')
+  if name then
+    if redis.call('SISMEMBER', once_paused, name) == 1 then return {} end
+    local ok, r = pcall(cjson.decode, redis.call('HGET', once_pointers, name) or '')
+    if not ok or type(r) ~= 'table' or tostring(r.v) ~= version then return {} end
+  end
+end
 if redis.call('ZSCORE', once_ticks, once_id) then return {} end
 redis.call('ZREMRANGEBYSCORE', once_ticks, '-inf', once_now - ONCE_KEEP_MS)
 redis.call('ZADD', once_ticks, once_now, once_id)

@@ -5,6 +5,8 @@
 -- KEYS[3] paused set
 -- KEYS[4] cancel set
 -- KEYS[5] versions hash    (see define.lua)
+-- KEYS[6..] the shards' keys, five per shard (see _withdraw.lua); none on a
+--           Redis Cluster
 -- ARGV[1] "pause" or "resume"
 -- ARGV[2] name
 -- returns 1 done, 0 no such schedule, 2 already so
@@ -14,15 +16,35 @@ local defs, pointers, paused, cancel, versions = KEYS[1], KEYS[2], KEYS[3], KEYS
 local name = ARGV[2]
 -- Everything that can fail is checked before the first write.
 zdelay_expect(defs, 'hash', pointers, 'hash', paused, 'set', cancel, 'set', versions, 'hash')
+local shards = periodic_shards(6)
 if redis.call('HEXISTS', defs, name) == 0 then return 0 end
 local r = periodic_pointer(pointers, name)
 if ARGV[1] == 'pause' then
   if redis.call('SISMEMBER', paused, name) == 1 then return 2 end
-  redis.call('SADD', paused, name)
-  -- What was parked would still run, even what is due already: cancel it.
+  -- What was parked would still run, even what is due already: take it
+  -- back in this script, so that none runs once the pause is written
+  -- (only one a companion is publishing at this instant is in flight).
   local ahead, due = periodic_parked(r, 0)
-  for _, pair in ipairs(ahead) do redis.call('SADD', cancel, pair[2]) end
-  for _, pair in ipairs(due) do redis.call('SADD', cancel, pair[2]) end
+  local ids = {}
+  for _, list in ipairs({ahead, due}) do
+    for _, pair in ipairs(list) do ids[#ids + 1] = pair[2] end
+  end
+  local plan = periodic_withdraw_plan(shards, ids)
+  redis.call('SADD', paused, name)
+  if #shards > 0 then
+    -- Those taken back from the due set never ran: they no longer count
+    -- against zdelay_max_runs (those leased are in flight and run).
+    local unrun = 0
+    for _, where in pairs(periodic_withdraw_apply(plan)) do
+      if where == 'due' then unrun = unrun + 1 end
+    end
+    if r and unrun > 0 and tonumber(r.n) then
+      r.n = math.max(0, tonumber(r.n) - unrun)
+      redis.call('HSET', pointers, name, cjson.encode(r))
+    end
+  else
+    for _, id in ipairs(ids) do redis.call('SADD', cancel, id) end
+  end
   return 1
 end
 if redis.call('SISMEMBER', paused, name) == 0 then return 2 end
