@@ -224,6 +224,11 @@ class Dashboard:
         filters, problems = _filters(ctx.request.args, self.store.time_ms)
         raw_cursor = ctx.request.args.get("cursor", "")
         cursor = queries.Cursor.decode(raw_cursor) if raw_cursor else None
+        if raw_cursor and cursor is None:
+            raise BadRequest(
+                f"cursor={raw_cursor[:40]!r} is not a place in the listing: follow the "
+                "page's 'next page' link, or drop cursor= to start from the first page."
+            )
         with ctx.timer():
             page = queries.parked_page(self.store, filters, after=cursor, limit=PAGE_SIZE)
             # Above the first page, as the counts call them overdue once due.
