@@ -13,7 +13,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
@@ -32,9 +32,24 @@ from ..schedule import Due, due_from
 from ..store import Store, admin
 from ..store.client import unavailable_as_error
 from . import queries
-from .security import CSRF_COOKIE, CSRF_FIELD, csrf_token, new_csrf_cookie, valid_csrf
+from .security import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    LOOPBACK_HOSTS,
+    csrf_token,
+    foreign_origin,
+    host_allowed,
+    host_name,
+    new_csrf_cookie,
+    valid_csrf,
+)
 
-__all__ = ["MAX_BULK", "Dashboard", "create_app"]
+__all__ = ["FORM_FIELDS_KEY", "MAX_BULK", "Dashboard", "create_app"]
+
+#: WSGI environ key a mount sets to (name, value) pairs every action form
+#: carries besides the dashboard's own token (the Django mount: Django's
+#: CSRF token, so Django's own CSRF check passes).
+FORM_FIELDS_KEY = "celery_zdelay.form_fields"
 
 #: Most entries one "apply to every match" action changes, so one click
 #: cannot hold a server thread for long; the page says when more are left.
@@ -55,14 +70,32 @@ def create_app(
     actions: bool = False,
     secret_key: str | bytes | None = None,
     title: str = "celery-zdelay",
+    allowed_hosts: Iterable[str] | None = None,
+    trusted_origins: Iterable[str] = (),
 ) -> Dashboard:
     """Return the dashboard of *celery_app*'s store as a WSGI application.
 
     Read-only unless *actions* is true. *secret_key* signs the CSRF tokens:
     give the same one to every process serving the dashboard (the Django
     mount passes ``SECRET_KEY``); by default each process makes its own.
+
+    *allowed_hosts* are the names (and addresses) browsers reach the
+    dashboard by: a request naming any other ``Host`` is refused with a 400,
+    which is what defeats DNS rebinding. Default: the loopback names
+    (``localhost``, ``127.0.0.1``, ``::1``); ``.example.com`` matches its
+    subdomains; ``"*"`` turns the check off, for a framework that checks
+    hosts itself. An action whose ``Origin`` (or ``Referer``) is not the
+    dashboard's own host is refused, unless it is one of *trusted_origins*
+    (``"https://ops.example.com"``, for a proxy that rewrites ``Host``).
     """
-    return Dashboard(celery_app, actions=actions, secret_key=secret_key, title=title)
+    return Dashboard(
+        celery_app,
+        actions=actions,
+        secret_key=secret_key,
+        title=title,
+        allowed_hosts=allowed_hosts,
+        trusted_origins=trusted_origins,
+    )
 
 
 class Dashboard:
@@ -75,10 +108,28 @@ class Dashboard:
         actions: bool = False,
         secret_key: str | bytes | None = None,
         title: str = "celery-zdelay",
+        allowed_hosts: Iterable[str] | None = None,
+        trusted_origins: Iterable[str] = (),
+        check_origin: bool = True,
     ) -> None:
         self.celery_app = celery_app
         self.actions = actions
         self.title = title
+        self.allowed_hosts = tuple(LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts)
+        if not self.allowed_hosts:
+            raise ConfigurationError(
+                "The dashboard's allowed_hosts is empty, so it would refuse every request: "
+                "name the hosts browsers reach it by, or leave it None for the loopback names."
+            )
+        if isinstance(trusted_origins, str):
+            # A string is an iterable of one-letter "origins": almost surely a slip.
+            raise ConfigurationError(
+                f"trusted_origins takes a list of origins, such as [{trusted_origins!r}]."
+            )
+        self.trusted_origins = tuple(trusted_origins)
+        # Off only where the framework that mounts it checks origins itself
+        # (the Django mount: Django's CSRF check, with its trusted origins).
+        self.check_origin = check_origin
         if secret_key is None:
             self.secret = os.urandom(32)
         else:
@@ -157,6 +208,10 @@ class Dashboard:
         return response(environ, start_response)
 
     def handle(self, request: Request) -> Response:
+        if not host_allowed(request.host, self.allowed_hosts):
+            # Before anything is read or a cookie set: a rebound name must
+            # get neither a page nor a token.
+            return self._refuse_host(request)
         started = time.perf_counter()
         timer = _Timer(lambda: get_config(self.celery_app).redis_url)
         adapter = self.urls.bind_to_environ(request.environ)
@@ -372,8 +427,21 @@ class Dashboard:
                 "This dashboard is read-only. Build it with create_app(app, actions=True) "
                 "or run: celery -A proj zdelay web --actions"
             )
-        form = ctx.request.form
-        cookie = ctx.request.cookies.get(CSRF_COOKIE)
+        request = ctx.request
+        foreign = self.check_origin and foreign_origin(
+            request.host,
+            request.headers.get("Origin"),
+            request.headers.get("Referer"),
+            self.trusted_origins,
+        )
+        if foreign:
+            raise Forbidden(
+                f"This action came from {foreign[:100]!r}, not from the dashboard's own "
+                "pages: nothing was changed. If a reverse proxy serves the dashboard under "
+                "another origin, add it to trusted_origins (--trusted-origin)."
+            )
+        form = request.form
+        cookie = request.cookies.get(CSRF_COOKIE)
         if not valid_csrf(self.secret, cookie, form.get(CSRF_FIELD)):
             raise Forbidden(
                 "The form's CSRF token is missing or wrong: nothing was changed. "
@@ -420,9 +488,22 @@ class Dashboard:
             csrf_field=CSRF_FIELD,
             csrf=csrf_token(self.secret, ctx.cookie),
             message=ctx.request.args.get("msg"),
+            form_fields=ctx.request.environ.get(FORM_FIELDS_KEY, ()),
             **values,
         )
         return Response(html, status=status, mimetype="text/html")
+
+    def _refuse_host(self, request: Request) -> Response:
+        name = host_name(request.host)[:100]
+        text = (
+            f"400 Bad Request: this dashboard does not serve the host {name!r}. If that is "
+            "the name you reach it by, add it: create_app(app, allowed_hosts=[...]) or "
+            "celery -A proj zdelay web --allowed-host NAME.\n"
+        )
+        response = Response(text, status=400, mimetype="text/plain")
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Cache-Control"] = "no-store"
+        return response
 
     def _error(self, ctx: _Context, exc: HTTPException) -> Response:
         return self._render(
