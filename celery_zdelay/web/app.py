@@ -51,9 +51,13 @@ __all__ = ["FORM_FIELDS_KEY", "MAX_BULK", "Dashboard", "create_app"]
 #: CSRF token, so Django's own CSRF check passes).
 FORM_FIELDS_KEY = "celery_zdelay.form_fields"
 
-#: Most entries one "apply to every match" action changes, so one click
-#: cannot hold a server thread for long; the page says when more are left.
-MAX_BULK = 10_000
+#: Most entries one action changes, so one click cannot hold a server thread
+#: for long. An action on a filter that matches more changes nothing and
+#: says so (narrow the filter, or use the CLI, which has no such bound):
+#: "apply again for the rest" would take the first matches in due order
+#: again, and a reschedule whose new time still matches would move the same
+#: entries twice and never reach the rest.
+MAX_BULK = 25_000
 #: Entries per page of the parked listing.
 PAGE_SIZE = 50
 #: Characters of a repr shown in a listing cell (the entry page shows all of it).
@@ -362,20 +366,29 @@ class Dashboard:
                 due = _due_from_form(form)
             except ConfigurationError as exc:
                 return self._back(ctx, form, f"Not rescheduled: {exc}")
+        verb = {"cancel": "cancelled", "run": "released now", "reschedule": "rescheduled"}[op]
         with ctx.timer():
-            ids, left = self._targets(form)
+            # Every id is chosen before the first is changed: the action
+            # applies to what matched when the operator confirmed it, never
+            # to an entry it moved itself (a new time that still matches).
+            ids = self._targets(form)
+            if ids is None:
+                return self._back(
+                    ctx,
+                    form,
+                    f"Nothing {verb}: more than {count(MAX_BULK)} entries match, more than "
+                    "one action changes. Narrow the filter (a due window, a task name), "
+                    "or use the command line, which takes every match: celery -A proj "
+                    f"zdelay {'cancel' if op == 'cancel' else 'reschedule'} --help",
+                )
             store = self.store
             if op == "cancel":
                 done = sum(store.cancel(ids))
-                verb = "cancelled"
             else:
                 done = sum(store.reschedule(task_id, due) is not None for task_id in ids)
-                verb = "released now" if op == "run" else "rescheduled"
         message = f"{verb} {done} of {len(ids)}"
         if len(ids) > done:
             message += " (the others were no longer parked)"
-        if left:
-            message += f"; more than {MAX_BULK} matched: apply again for the rest"
         return self._back(ctx, form, message)
 
     def view_act_dead(self, ctx: _Context) -> Response:
@@ -449,24 +462,23 @@ class Dashboard:
             )
         return form
 
-    def _targets(self, form: Any) -> tuple[list[str], bool]:
-        """Return the ids an action applies to, and whether more matched than it takes."""
+    def _targets(self, form: Any) -> list[str] | None:
+        """Return every id an action applies to, or None when more than MAX_BULK match."""
         if form.get("scope") != "filter":
-            return queries.as_ids(form.getlist("ids"))[:MAX_BULK], False
+            ids = queries.as_ids(form.getlist("ids"))
+            return ids if len(ids) <= MAX_BULK else None
         filters, problems = _filters(form, self.store.time_ms)
         if problems:
             raise BadRequest("; ".join(problems))
-        ids: list[str] = []
+        found: list[str] = []
         cursor = None
-        while len(ids) < MAX_BULK:
-            page = queries.parked_page(
-                self.store, filters, after=cursor, limit=min(1000, MAX_BULK - len(ids))
-            )
-            ids += [entry.task_id for entry in page.entries]
+        while len(found) <= MAX_BULK:
+            page = queries.parked_page(self.store, filters, after=cursor, limit=1000)
+            found += [entry.task_id for entry in page.entries]
             if page.next is None:
-                return ids, False
+                return found if len(found) <= MAX_BULK else None
             cursor = page.next
-        return ids, True
+        return None
 
     # -- helpers -----------------------------------------------------------------
 
