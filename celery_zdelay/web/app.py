@@ -44,12 +44,15 @@ from .security import (
     valid_csrf,
 )
 
-__all__ = ["FORM_FIELDS_KEY", "MAX_BULK", "Dashboard", "create_app"]
+__all__ = ["FORM_FIELDS_KEY", "HOME_KEY", "MAX_BULK", "Dashboard", "create_app"]
 
 #: WSGI environ key a mount sets to (name, value) pairs every action form
 #: carries besides the dashboard's own token (the Django mount: Django's
 #: CSRF token, so Django's own CSRF check passes).
 FORM_FIELDS_KEY = "celery_zdelay.form_fields"
+#: WSGI environ key a mount sets to (label, url) of the site the dashboard
+#: lives in, linked from its header (the Django mount: the admin index).
+HOME_KEY = "celery_zdelay.home"
 
 #: Most entries one action changes, so one click cannot hold a server thread
 #: for long. An action on a filter that matches more changes nothing and
@@ -158,6 +161,7 @@ class Dashboard:
             duration=duration,
             utc=utc,
             clip=_clip,
+            release_path=_release_path,
         )
         self.env.globals.update(relative_due=relative_due, ago=ago)
         self.urls = Map(
@@ -486,6 +490,13 @@ class Dashboard:
         back = form.get("back", "")
         if not _BACK.match(back):
             back = ""
+        if back.startswith("entry") and form.get("op") in ("cancel", "purge"):
+            # The entry is gone: its page would greet a success with a red
+            # "Not found". Back to the listing it was in, with the id said.
+            back = "dead" if form.get("op") == "purge" else "parked"
+            ids = queries.as_ids(form.getlist("ids"))
+            if len(ids) == 1:
+                message = f"{message}: {ids[0][:200]}"
         separator = "&" if "?" in back else "?"
         target = f"{ctx.request.script_root}/{back}{separator}{urlencode({'msg': message})}"
         return Response(status=303, headers={"Location": target})
@@ -501,6 +512,7 @@ class Dashboard:
             csrf=csrf_token(self.secret, ctx.cookie),
             message=ctx.request.args.get("msg"),
             form_fields=ctx.request.environ.get(FORM_FIELDS_KEY, ()),
+            home=ctx.request.environ.get(HOME_KEY),
             **values,
         )
         return Response(html, status=status, mimetype="text/html")
@@ -611,6 +623,21 @@ def _due_from_form(form: Any) -> Due:
         due_from(countdown=ms / 1000)
         return Due("r", ms)
     return due_from(eta=eta)
+
+
+def _release_path(handoff: str) -> tuple[str, str]:
+    """Say how a companion releases, from its heartbeat's ``handoff`` field, as (path, why).
+
+    "off (the broker is amqp, not Redis)" read as a fault; it is the normal
+    path for every broker but a Redis one on the store's server.
+    """
+    text = handoff.strip()
+    if text.startswith("on"):
+        return "atomic handoff", "one Redis script, exactly once"
+    if text.startswith("off"):
+        why = text[3:].strip().removeprefix("(").removesuffix(")")
+        return "publish to the broker", f"{why}: no atomic handoff" if why else ""
+    return text, ""
 
 
 def _clip(value: Any, limit: int = CLIP) -> str:

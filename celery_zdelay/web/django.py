@@ -15,6 +15,10 @@ By default only active staff users get in (``staff_member_required``,
 which sends others to the admin login); pass ``permission="app.codename"``
 to require a permission instead, or ``decorator=`` for any view decorator.
 
+With ``"celery_zdelay.contrib.django"`` in ``INSTALLED_APPS`` before
+``"django.contrib.admin"``, the admin index links to the dashboard; the
+dashboard's header links back to the admin index.
+
 Hosts and origins follow Django's own rules: a request whose host is not in
 ``ALLOWED_HOSTS`` is refused by ``request.get_host()`` (a 400), and every
 action passes Django's CSRF check (``Origin`` against the host and
@@ -36,11 +40,11 @@ from django.contrib.auth.decorators import permission_required
 from django.http import HttpRequest, HttpResponse
 from django.http.request import RawPostDataException
 from django.middleware.csrf import get_token
-from django.urls import URLPattern, re_path
+from django.urls import NoReverseMatch, URLPattern, re_path, reverse
 from django.views.decorators.csrf import csrf_protect
 
 from ..errors import ConfigurationError
-from .app import FORM_FIELDS_KEY, Dashboard
+from .app import FORM_FIELDS_KEY, HOME_KEY, Dashboard
 
 __all__ = ["dashboard_urls", "dashboard_view"]
 
@@ -69,6 +73,9 @@ def dashboard_view(
         request.get_host()
         environ = dict(request.META)
         environ[FORM_FIELDS_KEY] = [("csrfmiddlewaretoken", get_token(request))]
+        home = _admin_index()
+        if home is not None:
+            environ[HOME_KEY] = ("Django admin", home)
         prefix = request.path[: len(request.path) - len(path)].rstrip("/")
         environ["SCRIPT_NAME"] = prefix
         environ["PATH_INFO"] = "/" + path
@@ -105,6 +112,14 @@ def dashboard_view(
     if permission is not None:
         return permission_required(permission)(view)  # type: ignore[no-any-return]
     return staff_member_required(view)  # type: ignore[no-any-return]
+
+
+def _admin_index() -> str | None:
+    """Return the URL of the admin index, or None when the project has no admin."""
+    try:
+        return str(reverse("admin:index"))
+    except NoReverseMatch:
+        return None
 
 
 def dashboard_urls(
