@@ -18,6 +18,8 @@ SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "example only: not a secret")
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 INSTALLED_APPS = [
+    # Before the admin: its admin/index.html links the admin to the dashboard.
+    "celery_zdelay.contrib.django",
     "django.contrib.admin",
     "django.contrib.contenttypes",
     "django.contrib.auth",

@@ -235,16 +235,23 @@ def test_an_action_without_a_valid_csrf_token_is_refused_and_changes_nothing(
             page.goto(served.url + "/entry?id=" + parked.id)
             token = page.get_attribute("#entry-actions input[name=csrf_token]", "value")
             form = {"op": "cancel", "ids": parked.id}
+            # Another browser that loaded the dashboard too: it holds a valid
+            # cookie of its own, so the token below is refused for being
+            # bound to another cookie, not for a missing one.
+            other = browser.new_context()
+            other.new_page().goto(served.url + "/parked")
+            assert [c["name"] for c in other.cookies()] == ["zdelay_csrf"]
             # No token, a wrong token, and a good token from another browser.
             for fields, ctx in (
                 (form, context),
                 ({**form, "csrf_token": "0" * 64}, context),
-                ({**form, "csrf_token": token}, browser.new_context()),
+                ({**form, "csrf_token": token}, other),
             ):
                 reply = ctx.request.post(served.url + "/actions/parked", form=fields)
                 assert reply.status == 403
                 assert "CSRF" in reply.text()
                 assert store.client.zscore(keys.due, parked.id) is not None
+            other.close()
             # A GET never acts.
             reply = context.request.get(served.url + "/actions/parked?op=cancel&ids=" + parked.id)
             assert reply.status == 405

@@ -7,14 +7,17 @@ downloads a browser of its own here.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 from celery import Celery
 from werkzeug.serving import make_server
@@ -62,6 +65,67 @@ def serve(celery_app: Celery, *, actions: bool = True, wrap: Any = None) -> Iter
     dashboard = create_app(celery_app, actions=actions)
     with Served(wrap(dashboard) if wrap else dashboard, dashboard) as served:
         yield served
+
+
+@contextmanager
+def chromium(*args: str) -> Iterator[Any]:
+    """A headless Chromium launched by Playwright with CHROMIUM_ARGS and *args*."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=[*CHROMIUM_ARGS, *args]
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def raw_request(
+    url: str,
+    method: str,
+    path: str,
+    *,
+    headers: dict[str, str] | None = None,
+    form: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], str]:
+    """Send one request over a real socket with exactly these headers (Host included).
+
+    Returns (status, headers in lower case, body). urllib would put its own
+    Host and follow redirects; an attacker's request is sent as it is.
+    """
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        body = urlencode(form).encode() if form is not None else None
+        sent = {"Host": parts.netloc, **(headers or {})}
+        if body is not None:
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+            sent["Content-Length"] = str(len(body))
+        connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in sent.items():
+            connection.putheader(name, value)
+        connection.endheaders(body)
+        reply = connection.getresponse()
+        received = {name.lower(): value for name, value in reply.getheaders()}
+        return reply.status, received, reply.read().decode(errors="replace")
+    finally:
+        connection.close()
+
+
+def cookie_of(headers: dict[str, str]) -> str:
+    """Return the ``name=value`` of the CSRF cookie a response set."""
+    value = headers.get("set-cookie", "")
+    assert value.startswith("zdelay_csrf="), headers
+    return value.split(";", 1)[0]
+
+
+def token_in(html: str) -> str:
+    """Return the CSRF token of the first form in *html*."""
+    found = re.search(r'name="csrf_token" value="([0-9a-f]+)"', html)
+    assert found is not None, html[:500]
+    return found.group(1)
 
 
 def chromium_path() -> str:

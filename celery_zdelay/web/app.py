@@ -13,7 +13,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
@@ -32,13 +32,35 @@ from ..schedule import Due, due_from
 from ..store import Store, admin
 from ..store.client import unavailable_as_error
 from . import queries
-from .security import CSRF_COOKIE, CSRF_FIELD, csrf_token, new_csrf_cookie, valid_csrf
+from .security import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    LOOPBACK_HOSTS,
+    csrf_token,
+    foreign_origin,
+    host_allowed,
+    host_name,
+    new_csrf_cookie,
+    valid_csrf,
+)
 
-__all__ = ["MAX_BULK", "Dashboard", "create_app"]
+__all__ = ["FORM_FIELDS_KEY", "HOME_KEY", "MAX_BULK", "Dashboard", "create_app"]
 
-#: Most entries one "apply to every match" action changes, so one click
-#: cannot hold a server thread for long; the page says when more are left.
-MAX_BULK = 10_000
+#: WSGI environ key a mount sets to (name, value) pairs every action form
+#: carries besides the dashboard's own token (the Django mount: Django's
+#: CSRF token, so Django's own CSRF check passes).
+FORM_FIELDS_KEY = "celery_zdelay.form_fields"
+#: WSGI environ key a mount sets to (label, url) of the site the dashboard
+#: lives in, linked from its header (the Django mount: the admin index).
+HOME_KEY = "celery_zdelay.home"
+
+#: Most entries one action changes, so one click cannot hold a server thread
+#: for long. An action on a filter that matches more changes nothing and
+#: says so (narrow the filter, or use the CLI, which has no such bound):
+#: "apply again for the rest" would take the first matches in due order
+#: again, and a reschedule whose new time still matches would move the same
+#: entries twice and never reach the rest.
+MAX_BULK = 25_000
 #: Entries per page of the parked listing.
 PAGE_SIZE = 50
 #: Characters of a repr shown in a listing cell (the entry page shows all of it).
@@ -55,14 +77,32 @@ def create_app(
     actions: bool = False,
     secret_key: str | bytes | None = None,
     title: str = "celery-zdelay",
+    allowed_hosts: Iterable[str] | None = None,
+    trusted_origins: Iterable[str] = (),
 ) -> Dashboard:
     """Return the dashboard of *celery_app*'s store as a WSGI application.
 
     Read-only unless *actions* is true. *secret_key* signs the CSRF tokens:
     give the same one to every process serving the dashboard (the Django
     mount passes ``SECRET_KEY``); by default each process makes its own.
+
+    *allowed_hosts* are the names (and addresses) browsers reach the
+    dashboard by: a request naming any other ``Host`` is refused with a 400,
+    which is what defeats DNS rebinding. Default: the loopback names
+    (``localhost``, ``127.0.0.1``, ``::1``); ``.example.com`` matches its
+    subdomains; ``"*"`` turns the check off, for a framework that checks
+    hosts itself. An action whose ``Origin`` (or ``Referer``) is not the
+    dashboard's own host is refused, unless it is one of *trusted_origins*
+    (``"https://ops.example.com"``, for a proxy that rewrites ``Host``).
     """
-    return Dashboard(celery_app, actions=actions, secret_key=secret_key, title=title)
+    return Dashboard(
+        celery_app,
+        actions=actions,
+        secret_key=secret_key,
+        title=title,
+        allowed_hosts=allowed_hosts,
+        trusted_origins=trusted_origins,
+    )
 
 
 class Dashboard:
@@ -75,10 +115,28 @@ class Dashboard:
         actions: bool = False,
         secret_key: str | bytes | None = None,
         title: str = "celery-zdelay",
+        allowed_hosts: Iterable[str] | None = None,
+        trusted_origins: Iterable[str] = (),
+        check_origin: bool = True,
     ) -> None:
         self.celery_app = celery_app
         self.actions = actions
         self.title = title
+        self.allowed_hosts = tuple(LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts)
+        if not self.allowed_hosts:
+            raise ConfigurationError(
+                "The dashboard's allowed_hosts is empty, so it would refuse every request: "
+                "name the hosts browsers reach it by, or leave it None for the loopback names."
+            )
+        if isinstance(trusted_origins, str):
+            # A string is an iterable of one-letter "origins": almost surely a slip.
+            raise ConfigurationError(
+                f"trusted_origins takes a list of origins, such as [{trusted_origins!r}]."
+            )
+        self.trusted_origins = tuple(trusted_origins)
+        # Off only where the framework that mounts it checks origins itself
+        # (the Django mount: Django's CSRF check, with its trusted origins).
+        self.check_origin = check_origin
         if secret_key is None:
             self.secret = os.urandom(32)
         else:
@@ -103,6 +161,7 @@ class Dashboard:
             duration=duration,
             utc=utc,
             clip=_clip,
+            release_path=_release_path,
         )
         self.env.globals.update(relative_due=relative_due, ago=ago)
         self.urls = Map(
@@ -157,6 +216,10 @@ class Dashboard:
         return response(environ, start_response)
 
     def handle(self, request: Request) -> Response:
+        if not host_allowed(request.host, self.allowed_hosts):
+            # Before anything is read or a cookie set: a rebound name must
+            # get neither a page nor a token.
+            return self._refuse_host(request)
         started = time.perf_counter()
         timer = _Timer(lambda: get_config(self.celery_app).redis_url)
         adapter = self.urls.bind_to_environ(request.environ)
@@ -224,6 +287,11 @@ class Dashboard:
         filters, problems = _filters(ctx.request.args, self.store.time_ms)
         raw_cursor = ctx.request.args.get("cursor", "")
         cursor = queries.Cursor.decode(raw_cursor) if raw_cursor else None
+        if raw_cursor and cursor is None:
+            raise BadRequest(
+                f"cursor={raw_cursor[:40]!r} is not a place in the listing: follow the "
+                "page's 'next page' link, or drop cursor= to start from the first page."
+            )
         with ctx.timer():
             page = queries.parked_page(self.store, filters, after=cursor, limit=PAGE_SIZE)
             # Above the first page, as the counts call them overdue once due.
@@ -302,20 +370,29 @@ class Dashboard:
                 due = _due_from_form(form)
             except ConfigurationError as exc:
                 return self._back(ctx, form, f"Not rescheduled: {exc}")
+        verb = {"cancel": "cancelled", "run": "released now", "reschedule": "rescheduled"}[op]
         with ctx.timer():
-            ids, left = self._targets(form)
+            # Every id is chosen before the first is changed: the action
+            # applies to what matched when the operator confirmed it, never
+            # to an entry it moved itself (a new time that still matches).
+            ids = self._targets(form)
+            if ids is None:
+                return self._back(
+                    ctx,
+                    form,
+                    f"Nothing {verb}: more than {count(MAX_BULK)} entries match, more than "
+                    "one action changes. Narrow the filter (a due window, a task name), "
+                    "or use the command line, which takes every match: celery -A proj "
+                    f"zdelay {'cancel' if op == 'cancel' else 'reschedule'} --help",
+                )
             store = self.store
             if op == "cancel":
                 done = sum(store.cancel(ids))
-                verb = "cancelled"
             else:
                 done = sum(store.reschedule(task_id, due) is not None for task_id in ids)
-                verb = "released now" if op == "run" else "rescheduled"
         message = f"{verb} {done} of {len(ids)}"
         if len(ids) > done:
             message += " (the others were no longer parked)"
-        if left:
-            message += f"; more than {MAX_BULK} matched: apply again for the rest"
         return self._back(ctx, form, message)
 
     def view_act_dead(self, ctx: _Context) -> Response:
@@ -367,8 +444,21 @@ class Dashboard:
                 "This dashboard is read-only. Build it with create_app(app, actions=True) "
                 "or run: celery -A proj zdelay web --actions"
             )
-        form = ctx.request.form
-        cookie = ctx.request.cookies.get(CSRF_COOKIE)
+        request = ctx.request
+        foreign = self.check_origin and foreign_origin(
+            request.host,
+            request.headers.get("Origin"),
+            request.headers.get("Referer"),
+            self.trusted_origins,
+        )
+        if foreign:
+            raise Forbidden(
+                f"This action came from {foreign[:100]!r}, not from the dashboard's own "
+                "pages: nothing was changed. If a reverse proxy serves the dashboard under "
+                "another origin, add it to trusted_origins (--trusted-origin)."
+            )
+        form = request.form
+        cookie = request.cookies.get(CSRF_COOKIE)
         if not valid_csrf(self.secret, cookie, form.get(CSRF_FIELD)):
             raise Forbidden(
                 "The form's CSRF token is missing or wrong: nothing was changed. "
@@ -376,24 +466,23 @@ class Dashboard:
             )
         return form
 
-    def _targets(self, form: Any) -> tuple[list[str], bool]:
-        """Return the ids an action applies to, and whether more matched than it takes."""
+    def _targets(self, form: Any) -> list[str] | None:
+        """Return every id an action applies to, or None when more than MAX_BULK match."""
         if form.get("scope") != "filter":
-            return queries.as_ids(form.getlist("ids"))[:MAX_BULK], False
+            ids = queries.as_ids(form.getlist("ids"))
+            return ids if len(ids) <= MAX_BULK else None
         filters, problems = _filters(form, self.store.time_ms)
         if problems:
             raise BadRequest("; ".join(problems))
-        ids: list[str] = []
+        found: list[str] = []
         cursor = None
-        while len(ids) < MAX_BULK:
-            page = queries.parked_page(
-                self.store, filters, after=cursor, limit=min(1000, MAX_BULK - len(ids))
-            )
-            ids += [entry.task_id for entry in page.entries]
+        while len(found) <= MAX_BULK:
+            page = queries.parked_page(self.store, filters, after=cursor, limit=1000)
+            found += [entry.task_id for entry in page.entries]
             if page.next is None:
-                return ids, False
+                return found if len(found) <= MAX_BULK else None
             cursor = page.next
-        return ids, True
+        return None
 
     # -- helpers -----------------------------------------------------------------
 
@@ -401,6 +490,13 @@ class Dashboard:
         back = form.get("back", "")
         if not _BACK.match(back):
             back = ""
+        if back.startswith("entry") and form.get("op") in ("cancel", "purge"):
+            # The entry is gone: its page would greet a success with a red
+            # "Not found". Back to the listing it was in, with the id said.
+            back = "dead" if form.get("op") == "purge" else "parked"
+            ids = queries.as_ids(form.getlist("ids"))
+            if len(ids) == 1:
+                message = f"{message}: {ids[0][:200]}"
         separator = "&" if "?" in back else "?"
         target = f"{ctx.request.script_root}/{back}{separator}{urlencode({'msg': message})}"
         return Response(status=303, headers={"Location": target})
@@ -415,9 +511,23 @@ class Dashboard:
             csrf_field=CSRF_FIELD,
             csrf=csrf_token(self.secret, ctx.cookie),
             message=ctx.request.args.get("msg"),
+            form_fields=ctx.request.environ.get(FORM_FIELDS_KEY, ()),
+            home=ctx.request.environ.get(HOME_KEY),
             **values,
         )
         return Response(html, status=status, mimetype="text/html")
+
+    def _refuse_host(self, request: Request) -> Response:
+        name = host_name(request.host)[:100]
+        text = (
+            f"400 Bad Request: this dashboard does not serve the host {name!r}. If that is "
+            "the name you reach it by, add it: create_app(app, allowed_hosts=[...]) or "
+            "celery -A proj zdelay web --allowed-host NAME.\n"
+        )
+        response = Response(text, status=400, mimetype="text/plain")
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Cache-Control"] = "no-store"
+        return response
 
     def _error(self, ctx: _Context, exc: HTTPException) -> Response:
         return self._render(
@@ -513,6 +623,21 @@ def _due_from_form(form: Any) -> Due:
         due_from(countdown=ms / 1000)
         return Due("r", ms)
     return due_from(eta=eta)
+
+
+def _release_path(handoff: str) -> tuple[str, str]:
+    """Say how a companion releases, from its heartbeat's ``handoff`` field, as (path, why).
+
+    "off (the broker is amqp, not Redis)" read as a fault; it is the normal
+    path for every broker but a Redis one on the store's server.
+    """
+    text = handoff.strip()
+    if text.startswith("on"):
+        return "atomic handoff", "one Redis script, exactly once"
+    if text.startswith("off"):
+        why = text[3:].strip().removeprefix("(").removesuffix(")")
+        return "publish to the broker", f"{why}: no atomic handoff" if why else ""
+    return text, ""
 
 
 def _clip(value: Any, limit: int = CLIP) -> str:

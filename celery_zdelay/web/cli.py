@@ -3,7 +3,11 @@
 Binds 127.0.0.1 unless told otherwise, and is read-only unless ``--actions``
 is given. ``--auth user:password`` asks for HTTP basic authentication;
 ``--auth-header X-Forwarded-User`` lets in what a reverse proxy has
-authenticated. The web extra is imported only when this command runs.
+authenticated; actions without either need ``--no-auth``, said out loud.
+Only the loopback names and the bound address are served as ``Host``
+(``--allowed-host`` adds more): that is what defeats DNS rebinding, where
+a page of another site has the browser reach 127.0.0.1 under its own name.
+The web extra is imported only when this command runs.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ _EPILOG = """\b
 Examples:
   celery -A proj zdelay web                               read-only, http://127.0.0.1:8080
   celery -A proj zdelay web --port 9000 --actions --auth ops:$ZDELAY_WEB_PASSWORD
-  celery -A proj zdelay web --bind 0.0.0.0 --auth-header X-Forwarded-User   behind a proxy
+  celery -A proj zdelay web --bind 0.0.0.0 --auth-header X-Forwarded-User \\
+      --allowed-host ops.example.com                       behind a proxy
+  celery -A proj zdelay web --actions --no-auth            a laptop, knowingly
 
 \b
 Set ZDELAY_WEB_SECRET to sign CSRF tokens with a fixed key (default: a new
@@ -71,6 +77,35 @@ key per start, which logs browsers' open forms out of their actions).
     help_group="Security Options",
     help="Let in only requests where the reverse proxy set HEADER (e.g. X-Forwarded-User).",
 )
+@click.option(
+    "--no-auth",
+    "no_auth",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Security Options",
+    help="Allow --actions without --auth or --auth-header: anyone who reaches the port "
+    "can cancel and purge.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    cls=CeleryOption,
+    help_group="Security Options",
+    help="Also serve requests for this Host (repeatable; .example.com: its subdomains too). "
+    "Default: localhost, 127.0.0.1, ::1 and the --bind address.",
+)
+@click.option(
+    "--trusted-origin",
+    "trusted_origins",
+    multiple=True,
+    metavar="URL",
+    cls=CeleryOption,
+    help_group="Security Options",
+    help="Accept actions from this origin besides the dashboard's own host (repeatable), "
+    "e.g. https://ops.example.com behind a proxy that rewrites Host.",
+)
 @click.pass_context
 def web(
     ctx: click.Context,
@@ -79,6 +114,9 @@ def web(
     actions: bool,
     auth: str | None,
     auth_header: str | None,
+    no_auth: bool,
+    allowed_hosts: tuple[str, ...],
+    trusted_origins: tuple[str, ...],
 ) -> None:
     """Serve the web dashboard of what is parked."""
     user, _, password = (auth or "").partition(":")
@@ -87,24 +125,49 @@ def web(
         raise click.BadParameter("use USER:PASSWORD, neither of them empty", param_hint="--auth")
     if auth is not None and auth_header is not None:
         raise click.UsageError("Give --auth or --auth-header, not both.")
+    authenticated = auth is not None or auth_header is not None
+    if no_auth and authenticated:
+        raise click.UsageError("Give --no-auth or --auth/--auth-header, not both.")
+    if actions and not authenticated and not no_auth:
+        # Loopback is no boundary: every local process, and every web page
+        # the operator opens (DNS rebinding), reaches 127.0.0.1.
+        raise click.UsageError(
+            "--actions without --auth or --auth-header lets anything that reaches the "
+            "port cancel, reschedule and purge. Add --auth USER:PASSWORD, or --no-auth "
+            "to choose that knowingly."
+        )
     try:
         from werkzeug.serving import make_server
 
         from . import create_app
-        from .security import BasicAuth, ProxyHeaderAuth
+        from .security import LOOPBACK_HOSTS, BasicAuth, ProxyHeaderAuth
     except ImportError as exc:
         click.echo(f"Error: {exc.name} is missing: pip install 'celery-zdelay[web]'", err=True)
         ctx.exit(78)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
+    if bind not in ("0.0.0.0", "::", ""):
+        hosts.append(bind)
     dashboard = create_app(
-        ctx.obj.app, actions=actions, secret_key=os.environ.get("ZDELAY_WEB_SECRET")
+        ctx.obj.app,
+        actions=actions,
+        secret_key=os.environ.get("ZDELAY_WEB_SECRET"),
+        allowed_hosts=hosts,
+        trusted_origins=trusted_origins,
     )
     wsgi: Any = dashboard
     if auth is not None:
         wsgi = BasicAuth(dashboard, user, password)
     elif auth_header is not None:
         wsgi = ProxyHeaderAuth(dashboard, auth_header)
-    elif bind not in ("127.0.0.1", "localhost", "::1"):
+    if actions and no_auth:
+        logger.warning(
+            "ACTIONS WITHOUT AUTHENTICATION (--no-auth): any local user or process that "
+            "reaches %s:%s can cancel, reschedule, requeue and purge parked tasks.",
+            bind,
+            port,
+        )
+    elif not authenticated and bind not in ("127.0.0.1", "localhost", "::1"):
         logger.warning(
             "The dashboard listens on %s without authentication: anyone who reaches the "
             "port sees what is parked%s. Use --auth or --auth-header.",
@@ -114,7 +177,8 @@ def web(
     server = make_server(bind, port, wsgi, threaded=True)
     click.echo(
         f"celery-zdelay dashboard on http://{bind}:{server.server_port}/ "
-        f"({'actions enabled' if actions else 'read-only'}); Ctrl-C stops it.",
+        f"({'actions enabled' if actions else 'read-only'}); serving the hosts "
+        f"{', '.join(hosts)}; Ctrl-C stops it.",
         err=True,
     )
     try:

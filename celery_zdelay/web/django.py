@@ -14,6 +14,16 @@
 By default only active staff users get in (``staff_member_required``,
 which sends others to the admin login); pass ``permission="app.codename"``
 to require a permission instead, or ``decorator=`` for any view decorator.
+
+With ``"celery_zdelay.contrib.django"`` in ``INSTALLED_APPS`` before
+``"django.contrib.admin"``, the admin index links to the dashboard; the
+dashboard's header links back to the admin index.
+
+Hosts and origins follow Django's own rules: a request whose host is not in
+``ALLOWED_HOSTS`` is refused by ``request.get_host()`` (a 400), and every
+action passes Django's CSRF check (``Origin`` against the host and
+``CSRF_TRUSTED_ORIGINS``, ``Referer`` over HTTPS, Django's token, which the
+dashboard's forms carry besides their own).
 """
 
 from __future__ import annotations
@@ -28,11 +38,13 @@ from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, re_path
-from django.views.decorators.csrf import csrf_exempt
+from django.http.request import RawPostDataException
+from django.middleware.csrf import get_token
+from django.urls import NoReverseMatch, URLPattern, re_path, reverse
+from django.views.decorators.csrf import csrf_protect
 
 from ..errors import ConfigurationError
-from .app import Dashboard, create_app
+from .app import FORM_FIELDS_KEY, HOME_KEY, Dashboard
 
 __all__ = ["dashboard_urls", "dashboard_view"]
 
@@ -51,16 +63,31 @@ def dashboard_view(
             "permission with your decorator, wrap permission_required() in it."
         )
 
-    # The dashboard checks its own CSRF token on every action (a Django form
-    # token is not in its forms), so Django's check is left to it.
-    @csrf_exempt  # type: ignore[untyped-decorator]
+    # Django's CSRF check runs on every action, whether or not the project
+    # has CsrfViewMiddleware: its Origin and Referer rules are the project's
+    # (CSRF_TRUSTED_ORIGINS), and the dashboard's forms carry Django's token.
+    @csrf_protect  # type: ignore[untyped-decorator]
     def view(request: HttpRequest, path: str = "") -> HttpResponse:
+        # ALLOWED_HOSTS, as Django checks it (DisallowedHost: a 400). The
+        # dashboard's own host check is off ("*") in this mount, so this is it.
+        request.get_host()
         environ = dict(request.META)
+        environ[FORM_FIELDS_KEY] = [("csrfmiddlewaretoken", get_token(request))]
+        home = _admin_index()
+        if home is not None:
+            environ[HOME_KEY] = ("Django admin", home)
         prefix = request.path[: len(request.path) - len(path)].rstrip("/")
         environ["SCRIPT_NAME"] = prefix
         environ["PATH_INFO"] = "/" + path
-        environ["wsgi.input"] = io.BytesIO(request.body)
-        environ["CONTENT_LENGTH"] = str(len(request.body))
+        try:
+            body = request.body
+        except RawPostDataException:
+            # Django's CSRF check parsed a multipart form from the stream: pass
+            # on its fields (the dashboard's forms hold no files).
+            body = request.POST.urlencode().encode()
+            environ["CONTENT_TYPE"] = "application/x-www-form-urlencoded"
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
         # What a WSGI server sets and an ASGI request's META lacks.
         environ.setdefault("wsgi.url_scheme", request.scheme)
         environ.setdefault("wsgi.errors", sys.stderr)
@@ -87,6 +114,14 @@ def dashboard_view(
     return staff_member_required(view)  # type: ignore[no-any-return]
 
 
+def _admin_index() -> str | None:
+    """Return the URL of the admin index, or None when the project has no admin."""
+    try:
+        return str(reverse("admin:index"))
+    except NoReverseMatch:
+        return None
+
+
 def dashboard_urls(
     celery_app: Celery,
     *,
@@ -95,6 +130,12 @@ def dashboard_urls(
     decorator: Callable[[Any], Any] | None = None,
 ) -> list[URLPattern]:
     """Return URL patterns serving the dashboard of *celery_app*; ``include()`` them."""
-    dashboard = create_app(celery_app, actions=actions, secret_key=settings.SECRET_KEY)
+    dashboard = Dashboard(
+        celery_app,
+        actions=actions,
+        secret_key=settings.SECRET_KEY,
+        allowed_hosts=["*"],
+        check_origin=False,
+    )
     view = dashboard_view(dashboard, permission=permission, decorator=decorator)
     return [re_path(r"^(?P<path>.*)$", view, name="zdelay-dashboard")]

@@ -174,11 +174,17 @@ class Cursor:
 
     @classmethod
     def decode(cls, text: str) -> Cursor | None:
-        score, _, rest = text.partition(".")
-        shard, _, task_id = rest.partition(".")
-        if not (score.isdigit() and shard.isdigit()):
+        """Return the cursor *text* encodes, or None when it is not one."""
+        # ASCII digits of a bounded length: str.isdigit() also accepts "²"
+        # and "٣", which int() refuses, and int() refuses 4,300+ digits.
+        found = _CURSOR.fullmatch(text)
+        if found is None:
             return None
-        return cls(int(score), int(shard), task_id)
+        return cls(int(found.group(1)), int(found.group(2)), found.group(3))
+
+
+#: score.shard.task_id; a score is at most 2**63 (20 digits).
+_CURSOR = re.compile(r"([0-9]{1,20})\.([0-9]{1,6})\.(.*)", re.ASCII | re.DOTALL)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,12 @@
-"""CSRF tokens for the dashboard's forms, and the standalone server's authentication.
+"""Who may talk to the dashboard: served hosts, origins, CSRF tokens, authentication.
+
+A page of another site must not drive the dashboard. DNS rebinding points
+a name the attacker owns at 127.0.0.1, so the operator's browser treats the
+dashboard as that site's own origin: it may read pages (task ids, the
+token) and post forms. Only the ``Host`` header tells such requests apart,
+so every request naming a host the dashboard does not serve is refused
+(:func:`host_allowed`); a state change whose ``Origin`` (or, without one,
+``Referer``) is another site is refused too (:func:`foreign_origin`).
 
 Every action is a POST that must carry a token bound to a cookie of the same
 browser (signed double submit): a page on another site can make the browser
@@ -16,13 +24,18 @@ import hmac
 import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 __all__ = [
     "CSRF_COOKIE",
     "CSRF_FIELD",
+    "LOOPBACK_HOSTS",
     "BasicAuth",
     "ProxyHeaderAuth",
     "csrf_token",
+    "foreign_origin",
+    "host_allowed",
+    "host_name",
     "new_csrf_cookie",
     "valid_csrf",
 ]
@@ -31,6 +44,9 @@ __all__ = [
 CSRF_COOKIE = "zdelay_csrf"
 #: Form field holding the token.
 CSRF_FIELD = "csrf_token"
+
+#: Hosts served when no others are named: the loopback names, on any port.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -50,6 +66,66 @@ def valid_csrf(secret: bytes, cookie: str | None, token: str | None) -> bool:
     if not cookie or not token:
         return False
     return hmac.compare_digest(csrf_token(secret, cookie), token)
+
+
+def host_name(host: str) -> str:
+    """Return the name in a ``Host`` header value, without port, lower case, without a final dot."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        name = host.partition(":")[0]
+    else:
+        name = host
+    return name.rstrip(".")
+
+
+def host_allowed(host: str, allowed: Iterable[str]) -> bool:
+    """Whether the ``Host`` header value *host* names one of *allowed*.
+
+    Entries are names or addresses (any port); ``.example.com`` also matches
+    every subdomain, as in Django's ``ALLOWED_HOSTS``; ``*`` matches any host
+    (for a mount whose framework checked the host already).
+    """
+    name = host_name(host)
+    if not name:
+        return False
+    for given in allowed:
+        if given == "*":
+            return True
+        entry = host_name(given)
+        if name == entry:
+            return True
+        if entry.startswith(".") and (name == entry[1:] or name.endswith(entry)):
+            return True
+    return False
+
+
+def foreign_origin(
+    host: str, origin: str | None, referer: str | None, trusted: Iterable[str]
+) -> str | None:
+    """Return the foreign origin a state change came from, or None when it may act.
+
+    The origin is the ``Origin`` header, or without one the scheme and host of
+    the ``Referer``. It may act when its host (and port) is the request's
+    *host* itself, or when it is one of *trusted* (``https://ops.example.com``,
+    for a proxy that rewrites ``Host``). A request with neither header (curl,
+    scripts) is left to the CSRF token; ``Origin: null`` (a sandboxed frame,
+    a ``data:`` page) is foreign.
+    """
+    source = origin
+    if source is None and referer:
+        parts = urlsplit(referer)
+        source = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else "null"
+    if source is None:
+        return None
+    source = source.strip()
+    parts = urlsplit(source)
+    if parts.scheme in ("http", "https") and parts.netloc.lower() == host.strip().lower():
+        return None
+    if source.rstrip("/").lower() in {t.rstrip("/").lower() for t in trusted}:
+        return None
+    return source
 
 
 class BasicAuth:

@@ -1,0 +1,179 @@
+"""Every page of the dashboard as an operator sees it, in Chromium at 1400x1000.
+
+Given a store with reminders, an entry with a long list of headers, a dead
+letter and periodic schedules served by a real companion (with ``--beat``),
+when an operator walks every page at 1400x1000, then past times read "ago"
+(a last run, a death), never "overdue"; no cell breaks a word in the middle
+("activ e"); the entry page shows its Cancel button without scrolling, and
+a successful cancel lands on the listing with its message and no red "Not
+found". A companion publishing to RabbitMQ is shown on the normal release
+path, not as something "off". Each page is kept as a screenshot
+(``ZDELAY_WEB_SCREENSHOTS=docs/_static`` writes the ones in the docs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from werkzeug.test import Client
+
+from celery_zdelay import periodic
+from celery_zdelay.store import Store
+from celery_zdelay.web import create_app
+from tests.conftest import AppFactory, RabbitMQ
+from tests.helpers import CeleryProcess
+from tests.web_support import chromium, make_dead_letter, open_store, screenshot, serve
+
+pytestmark = pytest.mark.timeout(240)
+
+WIDTH, HEIGHT = 1400, 1000
+
+#: Words of table cells broken across two lines: a word's characters whose
+#: boxes sit on more than one line. Words of <code> (reprs, headers) may break.
+BROKEN_WORDS = """() => {
+    const broken = [];
+    for (const cell of document.querySelectorAll('td, th')) {
+        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+            if (node.parentElement.closest('code')) continue;
+            // Parts between spaces and hyphens: a line may end after a hyphen.
+            for (const word of node.data.matchAll(/[^\\s\\-]+/g)) {
+                if (word[0].length > 24) continue;  // an id may break; a word must not
+                const range = document.createRange();
+                range.setStart(node, word.index);
+                range.setEnd(node, word.index + word[0].length);
+                const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+                if (tops.size > 1) broken.push(word[0]);
+            }
+        }
+    }
+    return broken;
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(
+        viewport={"width": WIDTH, "height": HEIGHT}, timezone_id="Europe/Paris"
+    )
+    opened = context.new_page()
+    opened.set_default_timeout(20_000)
+    opened.on("dialog", lambda dialog: dialog.accept())
+    yield opened
+    context.close()
+
+
+@pytest.fixture
+def store(app: Celery) -> Iterator[Store]:
+    opened = open_store(app)
+    yield opened
+    opened.close()
+
+
+def _wait_for_a_last_run(app: Celery, names: set[str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ran = {s.name for s in periodic.schedules(app)[1] if s.last_run_ms is not None}
+        if names <= ran:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no last run of {names} within {timeout_s} s")
+
+
+def test_an_operator_reads_every_page_at_1400_by_1000(
+    app: Celery,
+    store: Store,
+    page: Any,
+    companion: Callable[..., CeleryProcess],
+    tmp_path: Path,
+) -> None:
+    record = app.tasks["tests.record"]
+    for i in range(40):
+        record.apply_delayed((f"reminder {i}",), {"user": i}, countdown=900 + 137 * i)
+    # An entry whose headers table is long: tracing and business headers.
+    noisy = record.apply_delayed(
+        ("order 42", "x" * 400),
+        countdown=3600,
+        headers={f"x-trace-{i:02d}": f"span-{i:02d}-" + "ab" * 20 for i in range(60)},
+    )
+    lost = record.apply_delayed(("requeue me",), countdown=3600)
+    make_dead_letter(store, lost.id, "bad signature: the entry was signed with an old key")
+    for name, every in (("heartbeat-ping", 1), ("nightly-report", 86_400)):
+        assert periodic.add(
+            name, app=app, task="tests.record", schedule=every, args=[name, "y" * 300]
+        )
+    companion(app, "--beat")
+    _wait_for_a_last_run(app, {"heartbeat-ping"})
+
+    with serve(app) as served:
+        page.goto(served.url + "/")
+        page.wait_for_selector("#companions tr.alive", timeout=30_000)
+        assert page.evaluate(BROKEN_WORDS) == []
+        assert "atomic handoff" in page.text_content("#companions")
+        screenshot(page, "web-overview.png", tmp_path)
+
+        page.goto(served.url + "/parked")
+        assert page.evaluate(BROKEN_WORDS) == []
+        screenshot(page, "web-parked.png", tmp_path)
+
+        page.goto(served.url + "/periodic")
+        row = '#periodic tr[data-name="heartbeat-ping"]'
+        assert "ago" in (page.text_content(row) or "")  # its last run
+        assert "overdue" not in page.text_content("#periodic")
+        assert page.evaluate(BROKEN_WORDS) == []
+        screenshot(page, "web-periodic.png", tmp_path)
+
+        page.goto(served.url + "/dead")
+        assert "ago" in page.text_content(f'#dead tr[data-id="{lost.id}"]')
+        assert "overdue" not in page.text_content("#dead")
+        assert page.evaluate(BROKEN_WORDS) == []
+        screenshot(page, "web-dead.png", tmp_path)
+
+        # The entry: its actions in view without scrolling, above 60 headers.
+        page.goto(served.url + "/entry?id=" + noisy.id)
+        assert page.locator("#headers tr").count() >= 60
+        cancel = page.locator("#entry-actions button[value=cancel]")
+        box = cancel.bounding_box()
+        assert box is not None
+        assert box["y"] + box["height"] <= HEIGHT
+        assert page.evaluate(BROKEN_WORDS) == []
+        screenshot(page, "web-entry.png", tmp_path)
+
+        # Cancel it: the listing says so, and nothing reads as an error.
+        cancel.click()
+        page.wait_for_selector("p.message")
+        assert f"cancelled 1 of 1: {noisy.id}" in page.text_content("p.message")
+        assert page.locator(".error").count() == 0
+        assert page.url.startswith(served.url + "/parked")
+        assert page.locator(f'#parked tr[data-id="{noisy.id}"]').count() == 0
+
+
+def test_a_companion_publishing_to_rabbitmq_is_on_the_normal_path_not_off(
+    make_test_app: AppFactory,
+    rabbitmq: RabbitMQ,
+    companion: Callable[..., CeleryProcess],
+) -> None:
+    app = make_test_app(broker=rabbitmq.url)
+    companion(app)
+    client = Client(create_app(app))
+    deadline = time.monotonic() + 60
+    html = ""
+    while time.monotonic() < deadline and "alive" not in html:
+        html = client.get("/overview.part").get_data(as_text=True)
+        time.sleep(0.2)
+    assert 'class="alive"' in html, html[-2000:]
+    cell = html.split('class="path">', 1)[1].split("</td>", 1)[0]
+    assert cell.startswith("publish to the broker")
+    assert "amqp" in cell  # why not the handoff, as a note
+    assert "off (" not in cell
