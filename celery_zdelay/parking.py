@@ -241,6 +241,7 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
             logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
         if not parking.companion_checked:
             _warn_without_companion(app, parking)
+            _warn_without_wakeup(parking)
 
 
 def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:
@@ -331,6 +332,22 @@ def _warn_without_companion(app: Celery, parking: _Parking) -> None:
         return
     if warning is not None:
         logger.warning("%s", warning)
+
+
+def _warn_without_wakeup(parking: _Parking) -> None:
+    """On the first park of this process, warn when Redis refuses this user the wake-up channels.
+
+    park.lua's wake-up is a best effort after its writes (a refusal never
+    fails a park that wrote), so a refusal would otherwise go unseen: the
+    tasks are released, up to a second late.
+    """
+    try:
+        problem = admin.wake_problem(parking.store)
+    except ZDelayError as exc:  # the park itself succeeded: never fail it for this
+        logger.debug("Could not check the wake-up channels: %r", exc)
+        return
+    if problem is not None:
+        logger.warning("%s", problem)
 
 
 def _handoff_dest(app: Celery, layout: RedisLayout | None, message: TaskMessage) -> str | None:

@@ -256,7 +256,8 @@ class Store:
         for index, task_id in enumerate(ids):
             by_shard[self.shard_of(task_id)].append(index)
         found = [False] * len(ids)
-        with unavailable_as_error(self.url):
+        # cancel.lua checks before it writes: a refusal wrote nothing.
+        with refused_as_error(self.url), unavailable_as_error(self.url):
             for shard, indexes in by_shard.items():
                 keys = self._keys[shard]
                 reply = self.scripts.cancel(
@@ -271,7 +272,9 @@ class Store:
     def reschedule(self, task_id: str, due: Due) -> int | None:
         """Move a parked entry to *due*; return its new due ms, or None if not parked."""
         keys = self._keys[self.shard_of(task_id)]
-        with unavailable_as_error(self.url):
+        # reschedule.lua checks before it writes, and its wake-up after the
+        # move cannot fail it: a refusal wrote nothing.
+        with refused_as_error(self.url), unavailable_as_error(self.url):
             reply = self.scripts.reschedule(
                 keys=[keys.due], args=[keys.wake, task_id, due.mode, due.ms], client=self.client
             )
