@@ -19,7 +19,7 @@ from redis.exceptions import NoScriptError
 
 from ..bulk_limit import bulk_limit
 from ..config import ZDelayConfig
-from ..entry import Template, TemplateLookup
+from ..entry import TaskMessage, Template, TemplateLookup
 from ..entry import template_id as entry_template_id
 from ..errors import StoreRefusedError
 from ..schedule import Due
@@ -55,6 +55,9 @@ class ParkRequest:
     dest: str | None = None
     #: The template *payload* refers to, stored with it if the shard lacks it.
     template: Template | None = None
+    #: The captured message this parks, for its ``after_task_publish`` once
+    #: parked (:func:`celery_zdelay.capture.announce_parked`); the store ignores it.
+    message: TaskMessage | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
