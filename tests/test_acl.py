@@ -339,3 +339,27 @@ def test_a_user_denied_the_store_keys_is_refused_before_anything_is_written(
         assert not parked(truth, target)
     finally:
         truth.close()
+
+
+def test_a_user_denied_a_command_a_script_runs_after_its_first_write_is_refused_before_it(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # Given the producer's rule without SET, which park.lua runs last (its
+    # retry marker), after it wrote the entries
+    rule = [word for word in documented_acl("producer") if word != "+set"]
+    assert len(rule) == len(documented_acl("producer")) - 1
+    app = make_acl_app(rule)
+    truth = superuser_store(store_server)
+    try:
+        # When it parks
+        result_id = str(uuid.uuid4())
+        with pytest.raises(StoreRefusedError) as refused:
+            app.tasks["tests.record"].apply_delayed((1,), countdown=600, task_id=result_id)
+
+        # Then nothing was written, as the error says, and it names the command
+        assert not parked(truth, result_id)
+        assert truth.client.hget(truth.keys(truth.shard_of(result_id)).msg, result_id) is None
+        assert "nothing was written" in str(refused.value)
+        assert "refuse SET, which park.lua runs" in str(refused.value)
+    finally:
+        truth.close()
