@@ -7,15 +7,27 @@ is a kombu producer that keeps what it is handed instead of sending it, so
 the parked message is Celery's own, not a copy of Celery's logic. (Chains
 and chords do not pass ``producer=`` on to the tasks they publish first, so
 :func:`capture` also routes the app's ``producer_or_acquire`` to it.)
+
+Celery's send path sends ``after_task_publish`` right after the producer
+takes the message. A captured message is not published, and may never be
+parked (the store refuses it, a ``batch()`` block raises, a transaction
+rolls back), so that signal is held back for each message the capturing
+producer takes: its arguments stay with the message
+(:class:`CapturedMessage`), and :func:`announce_parked` sends it once the
+store has parked it. ``before_task_publish`` runs where Celery runs it: its
+receivers may change the headers, and the parked message has their changes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from celery import signals
 from kombu import Connection, Producer, Queue
 
 from .entry import TaskMessage
@@ -24,9 +36,18 @@ from .errors import ConfigurationError
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["CapturingProducer", "capture"]
+__all__ = ["CapturedMessage", "CapturingProducer", "announce_parked", "capture"]
 
 R = TypeVar("R")
+
+
+@dataclass
+class CapturedMessage(TaskMessage):
+    """A task message taken by a :class:`CapturingProducer`, with its held-back signal."""
+
+    #: The arguments of the ``after_task_publish`` Celery sent for it, held
+    #: back until it is parked (:func:`announce_parked`); None once sent.
+    announcement: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 class CapturingProducer(Producer):  # type: ignore[misc]
@@ -42,7 +63,7 @@ class CapturingProducer(Producer):  # type: ignore[misc]
         self.__connection__ = connection
         self._event_exchange = event_exchange
         #: Task messages captured, in publish order.
-        self.messages: list[TaskMessage] = []
+        self.messages: list[CapturedMessage] = []
 
     def _get_channel(self) -> Any:
         if self._channel is None:  # type: ignore[has-type]
@@ -50,6 +71,24 @@ class CapturingProducer(Producer):  # type: ignore[misc]
         return super()._get_channel()
 
     channel = property(_get_channel, Producer._set_channel)
+
+    def publish(self, body: Any, routing_key: Any = None, *args: Any, **kwargs: Any) -> Any:
+        taken = len(self.messages)
+        result = super().publish(body, routing_key, *args, **kwargs)
+        if len(self.messages) > taken:
+            message = self.messages[-1]
+            # What Celery's send path passes to after_task_publish, which it
+            # sends next, for this message: that send is held back
+            # (_hold_after_publish) and made by announce_parked instead.
+            message.announcement = {
+                "sender": message.task_name,
+                "body": body,
+                "headers": kwargs.get("headers"),
+                "exchange": kwargs.get("exchange"),
+                "routing_key": routing_key,
+            }
+            _held.set(message.task_name)
+        return result
 
     def _publish(
         self,
@@ -80,7 +119,7 @@ class CapturingProducer(Producer):  # type: ignore[misc]
             # kombu's json serializer returns text; transports send it as UTF-8.
             body = body.encode("utf-8")
         self.messages.append(
-            TaskMessage(
+            CapturedMessage(
                 body=body,
                 content_type=content_type,
                 content_encoding=content_encoding,
@@ -108,12 +147,62 @@ def capture(app: Celery, send: Callable[[CapturingProducer], R]) -> tuple[R, lis
     """
     producer = CapturingProducer(_lazy_connection(app), app.conf.event_exchange)
     _route_acquired_producers(app)
+    _hold_after_publish()
     token = _capturing.set((app, producer))
+    held = _held.set(None)
     try:
         result = send(producer)
     finally:
+        _held.reset(held)
         _capturing.reset(token)
-    return result, producer.messages
+    return result, list(producer.messages)
+
+
+def announce_parked(messages: Iterable[TaskMessage | None]) -> None:
+    """Send ``after_task_publish`` for captured *messages* the store has parked, once each.
+
+    Call it only after the park succeeded: receivers (audit rows, "scheduled"
+    flags, metrics, traces) learn of a task that is parked, never of one that
+    is not. A receiver's error is logged by Celery and changes nothing.
+    """
+    for message in messages:
+        if isinstance(message, CapturedMessage) and message.announcement is not None:
+            announcement, message.announcement = message.announcement, None
+            signals.after_task_publish.send(**announcement)
+
+
+#: The task name whose next ``after_task_publish`` is held back: the message
+#: a capturing producer just took, in this thread or task.
+_held: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "celery_zdelay_held_signal", default=None
+)
+_holding = threading.Lock()
+
+
+def _hold_after_publish() -> None:
+    """Make ``after_task_publish`` skip the message a capturing producer just took.
+
+    Celery's sender binds ``after_task_publish.send`` when an app first
+    builds it, so the signal's own receiver lookup is the one place that
+    sees every send, whenever the app was made. Every other send (a real
+    publish, another thread) reaches every receiver as before.
+    """
+    signal = signals.after_task_publish
+    if getattr(signal, "_zdelay_holds", False):
+        return
+    with _holding:
+        if getattr(signal, "_zdelay_holds", False):
+            return
+        live_receivers = signal._live_receivers
+
+        def _live_receivers(sender: Any) -> Any:
+            if sender is not None and _held.get() == sender:
+                _held.set(None)
+                return []
+            return live_receivers(sender)
+
+        signal._live_receivers = _live_receivers
+        signal._zdelay_holds = True
 
 
 #: The app being captured in this context, and its capturing producer.

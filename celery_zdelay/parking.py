@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
 
 from .bulk import build_messages, split_call
-from .capture import capture
+from .capture import announce_parked, capture
 from .config import ZDelayConfig, get_config
 from .dedupe import mark_parked
 from .entry import TaskMessage
@@ -157,8 +157,10 @@ def send_delayed(
 def batch(app: Celery) -> Iterator[None]:
     """Park every delayed call made inside the block in one round trip.
 
-    Nothing is parked if the block raises; when it exits normally all its
-    entries are parked atomically (per shard on a Redis Cluster)::
+    Nothing is parked if the block raises (and ``after_task_publish`` is
+    sent for none of its calls); when it exits normally all its entries are
+    parked atomically (per shard on a Redis Cluster), then the signal is
+    sent once per call::
 
         with celery_zdelay.batch(app):
             for order in orders:
@@ -172,6 +174,7 @@ def batch(app: Celery) -> Iterator[None]:
         _current_batch.reset(token)
     if pending.requests:
         store_for(app).park(pending.requests)
+        announce_parked(request.message for request in pending.requests)
 
 
 # -- parking ----------------------------------------------------------------
@@ -239,8 +242,11 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
         due_ms = parking.store.park(requests)
         for message, ms in zip(messages, due_ms, strict=True):
             logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
+        # Only now: receivers of after_task_publish learn of parked tasks only.
+        announce_parked(messages)
         if not parking.companion_checked:
             _warn_without_companion(app, parking)
+            _warn_without_wakeup(parking)
 
 
 def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:
@@ -265,7 +271,7 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
             dest=dest,
             layout=parking.layout.fingerprint if parking.layout and dest else None,
         )
-        requests.append(ParkRequest(message.task_id, due, payload, dest, template))
+        requests.append(ParkRequest(message.task_id, due, payload, dest, template, message=message))
     return requests
 
 
@@ -331,6 +337,22 @@ def _warn_without_companion(app: Celery, parking: _Parking) -> None:
         return
     if warning is not None:
         logger.warning("%s", warning)
+
+
+def _warn_without_wakeup(parking: _Parking) -> None:
+    """On the first park of this process, warn when Redis refuses this user the wake-up channels.
+
+    park.lua's wake-up is a best effort after its writes (a refusal never
+    fails a park that wrote), so a refusal would otherwise go unseen: the
+    tasks are released, up to a second late.
+    """
+    try:
+        problem = admin.wake_problem(parking.store)
+    except ZDelayError as exc:  # the park itself succeeded: never fail it for this
+        logger.debug("Could not check the wake-up channels: %r", exc)
+        return
+    if problem is not None:
+        logger.warning("%s", problem)
 
 
 def _handoff_dest(app: Celery, layout: RedisLayout | None, message: TaskMessage) -> str | None:

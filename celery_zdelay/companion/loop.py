@@ -114,6 +114,8 @@ class Companion:
         self._handoff: Handoff | None = None
         self._handoff_known = False
         self.handoff_state = "unknown"
+        #: The wake-up listener while :meth:`run` runs (its problem goes in the heartbeat).
+        self._wakeup: Wakeup | None = None
         self._stopping = threading.Event()
         #: When this companion was made, on the monotonic clock; heartbeats
         #: turn it into Redis time (the one clock ``status`` compares with).
@@ -158,6 +160,7 @@ class Companion:
         log_store_warnings(self.store)
         wakeup = Wakeup(self.store.client, [self.store.keys(s).wake for s in self.shards])
         wakeup.start()
+        self._wakeup = wakeup
         self._send(signals.companion_started)
         failures = 0
         try:
@@ -725,6 +728,7 @@ class Companion:
                 "seen_ms": now_ms,
                 "released": self.totals.released,
                 "dead_lettered": self.totals.dead_lettered,
+                "wakeup": (self._wakeup.problem if self._wakeup else None) or "",
             }
             client = self.store.client
             client.hset(key, self.id, json.dumps(beat))

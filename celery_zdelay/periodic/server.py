@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.schedules import BaseSchedule
 
-from ..capture import capture
+from ..capture import announce_parked, capture
 from ..errors import StoreUnavailableError
 from ..parking import park_requests
 from ..schedule import Due
@@ -355,6 +355,9 @@ class PeriodicServer:
                 break
             for request in requests:
                 if self.periodic.park_once(request):
+                    # Once, by the companion that parked it: the others built
+                    # the same occurrence and parked nothing.
+                    announce_parked([request.message])
                     first += 1
                     logger.debug(
                         "Parked periodic %s[%s]",

@@ -33,6 +33,7 @@ from .health import (
     status,
     stranded_shards,
     stranded_warning,
+    wake_problem,
 )
 from .listing import MAX_SCAN, Listing, ParkedEntry, list_parked
 
@@ -63,4 +64,5 @@ __all__ = [
     "status",
     "stranded_shards",
     "stranded_warning",
+    "wake_problem",
 ]

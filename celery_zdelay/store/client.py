@@ -205,8 +205,9 @@ def _refusal_message(url: str, exc: Exception) -> str:
         )
     elif text.startswith("NOPERM"):
         fix = (
-            "refused the write: its ACL user lacks a command or key it needs. Allow "
-            "the user EVALSHA, SCRIPT and the keys under zdelay_key_prefix"
+            "refused the write: its ACL user lacks a command or key it needs. Give the "
+            "user the ACL rule of its role (producer, companion, dashboard) listed under "
+            '"Redis ACL" in the deployment docs'
         )
     else:
         fix = "refused the write"

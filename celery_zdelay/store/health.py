@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +35,8 @@ __all__ = [
     "status",
     "stranded_shards",
     "stranded_warning",
+    "wake_problem",
+    "wake_refusal",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,6 +70,8 @@ class CompanionInfo:
     dead_lettered: int
     #: The heartbeat is younger than :data:`COMPANION_ALIVE_MS`.
     alive: bool
+    #: Why the companion gets no wake-ups (a permission Redis refused), or "".
+    wakeup: str = ""
 
 
 def companions(store: Store, *, now_ms: int | None = None) -> list[CompanionInfo]:
@@ -97,6 +102,7 @@ def companions(store: Store, *, now_ms: int | None = None) -> list[CompanionInfo
                     released=int(beat.get("released", 0)),
                     dead_lettered=int(beat.get("dead_lettered", 0)),
                     alive=now - seen_ms <= COMPANION_ALIVE_MS,
+                    wakeup=str(beat.get("wakeup") or ""),
                 )
             )
         except (ValueError, TypeError, AttributeError):
@@ -122,6 +128,59 @@ def no_companion_warning(store: Store) -> str | None:
         f"(key prefix {store.config.key_prefix!r}): parked tasks are not released until one "
         "runs. Start it next to your workers: celery -A proj zdelay"
     )
+
+
+# -- wake-ups -----------------------------------------------------------------
+
+
+def wake_refusal(exc: Exception, channels: Sequence[str], *, action: str) -> str:
+    """The message for Redis refusing *action* ("subscribe to", "publish to") *channels*."""
+    pattern = _channel_pattern(channels)
+    return (
+        f"Redis refused to let this ACL user {action} the wake-up channels "
+        f"({', '.join(channels[:2])}{', ...' if len(channels) > 2 else ''}): "
+        f"{str(exc).rstrip('.')}. Parked tasks are still released, up to a second late "
+        f"(the companion's idle timer). Grant the channels: ACL SETUSER <user> {pattern}"
+    )
+
+
+def _channel_pattern(channels: Sequence[str]) -> str:
+    """An ACL channel pattern that covers *channels*: ``&{zdelay:*}:wake`` for every shard."""
+    if not channels:
+        return "&*"
+    # Every shard's channel is "{<prefix>:<shard>}:wake" (store/keys.py).
+    return "&" + re.sub(r":\d+\}:wake$", ":*}:wake", channels[0])
+
+
+def wake_problem(store: Store) -> str | None:
+    """Return why this client cannot wake companions, or None when it can.
+
+    Scripts publish on the wake channels after they write, as a best effort
+    (a refusal never fails a park). So a producer whose ACL user lacks the
+    channels is told once, on its first park, by publishing an empty wake-up
+    (it costs a companion one extra look at its shards).
+
+    Raises:
+        StoreUnavailableError: Redis cannot be reached.
+    """
+    channels = [store.keys(shard).wake for shard in store.shards]
+    with unavailable_as_error(store.url):
+        if store.cluster:
+            # PUBLISH reaches every node from any one: the first channel tells.
+            replies: list[object] = []
+            try:
+                store.client.publish(channels[0], "0")
+            except redis.exceptions.ResponseError as exc:
+                replies.append(exc)
+        else:
+            with store.client.pipeline(transaction=False) as pipe:
+                for channel in channels:
+                    pipe.publish(channel, "0")
+                replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, redis.exceptions.ResponseError):
+            return wake_refusal(reply, channels, action="publish to")
+    return None
 
 
 # -- server health ------------------------------------------------------------
@@ -342,7 +401,9 @@ def check(current: Status, *, max_overdue_ms: int) -> list[str]:
     """Return what is wrong for a liveness probe; an empty list means healthy.
 
     Wrong is: no live companion, a shard no live companion releases (a
-    stranded one included), or an overdue entry older than *max_overdue_ms*.
+    stranded one included), a live companion Redis refuses its wake-up
+    channels (tasks released up to a second late), or an overdue entry older
+    than *max_overdue_ms*.
     """
     problems = []
     if current.stranded_problem is not None:
@@ -359,6 +420,7 @@ def check(current: Status, *, max_overdue_ms: int) -> list[str]:
                 + ("s " if len(orphans) > 1 else " ")
                 + ",".join(map(str, orphans))
             )
+    problems += [f"companion {c.id}: {c.wakeup}" for c in alive if c.wakeup]
     age = current.counts.oldest_overdue_age_ms
     if age is not None and age > max_overdue_ms:
         problems.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 
@@ -9,7 +10,14 @@ from redis.commands.core import Script
 
 from .client import StoreClient
 
-__all__ = ["SCRIPT_NAMES", "Scripts", "guarded", "reader_source", "script_source"]
+__all__ = [
+    "SCRIPT_NAMES",
+    "Scripts",
+    "guarded",
+    "reader_source",
+    "script_commands",
+    "script_source",
+]
 
 #: Every operation of the store that runs as a script.
 SCRIPT_NAMES = (
@@ -76,6 +84,18 @@ return redis.error_reply(tostring(zdelay_result))
 """
 
 
+@cache
+def script_commands(name: str) -> tuple[str, ...]:
+    """Return the commands script *name* may call with ``redis.call``, in order, once each.
+
+    Read from its source (checks and readers included), so the list cannot
+    fall behind the script. ``redis.pcall`` (the best-effort wake-up) is
+    left out: a refusal there fails nothing.
+    """
+    found = re.findall(r"redis\.call\('([A-Z]+)'", script_source(name))
+    return tuple(dict.fromkeys(found))
+
+
 def _lua_file(name: str) -> str:
     return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
 
@@ -86,6 +106,7 @@ class Scripts:
     def __init__(self, client: StoreClient) -> None:
         for name in SCRIPT_NAMES:
             setattr(self, name, client.register_script(script_source(name)))
+        self.allowed = client.register_script(_lua_file("allowed"))
 
     park: Script
     claim: Script
@@ -100,3 +121,5 @@ class Scripts:
     requeue: Script
     purge: Script
     own: Script
+    #: Asks which command of a script the user may not run (``allowed.lua``).
+    allowed: Script

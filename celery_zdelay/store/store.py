@@ -19,7 +19,7 @@ from redis.exceptions import NoScriptError
 
 from ..bulk_limit import bulk_limit
 from ..config import ZDelayConfig
-from ..entry import Template, TemplateLookup
+from ..entry import TaskMessage, Template, TemplateLookup
 from ..entry import template_id as entry_template_id
 from ..errors import StoreRefusedError
 from ..schedule import Due
@@ -32,7 +32,7 @@ from .client import (
     unavailable_as_error,
 )
 from .keys import ShardKeys, shard_keys, shard_of
-from .scripts import Scripts
+from .scripts import Scripts, script_commands
 
 __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
 
@@ -55,6 +55,9 @@ class ParkRequest:
     dest: str | None = None
     #: The template *payload* refers to, stored with it if the shard lacks it.
     template: Template | None = None
+    #: The captured message this parks, for its ``after_task_publish`` once
+    #: parked (:func:`celery_zdelay.capture.announce_parked`); the store ignores it.
+    message: TaskMessage | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class Store:
         self._keys = [shard_keys(config.key_prefix, s) for s in range(config.shards)]
         self._templates: dict[str, bytes] = {}
         self._bulk_limit: int | None = None
+        #: Scripts whose every command this client's ACL user may run.
+        self._allowed: set[str] = set()
 
     def close(self) -> None:
         """Close the connections to Redis."""
@@ -150,6 +155,9 @@ class Store:
             by_shard[self.shard_of(request.task_id)].append(index)
         with refused_as_error(self.url), unavailable_as_error(self.url):
             self._check_sizes(requests)
+            for shard in by_shard:  # once per Store: the first shard's key will do
+                self._ensure_allowed(self._keys[shard].due, "park")
+                break
             if len(by_shard) == 1 or self.cluster:
                 replies = [
                     self._park_call(shard, [requests[i] for i in indexes], self.client)
@@ -169,6 +177,32 @@ class Store:
             for index, ms in zip(indexes, reply, strict=True):
                 due_ms[index] = int(ms)
         return due_ms
+
+    def _ensure_allowed(self, key: str, *names: str) -> None:
+        """Refuse to run scripts *names* whose commands this ACL user may not all run.
+
+        Redis checks a script's commands one by one as it calls them: a
+        refusal after the script's first write would leave that write done
+        and report an error. Asked once per script and Store, before its
+        first call (``allowed.lua``; Redis 7, older servers cannot tell).
+        *key* is a key the scripts name, which EVALSHA checks anyway.
+        """
+        for name in names:
+            if name in self._allowed:
+                continue
+            with unavailable_as_error(self.url):
+                refused = self.scripts.allowed(
+                    keys=[key], args=list(script_commands(name)), client=self.client
+                )
+            if refused:
+                command = refused.decode() if isinstance(refused, bytes) else str(refused)
+                raise StoreRefusedError(
+                    f"The celery-zdelay store at {sanitize_url(self.url)} would refuse "
+                    f"{command}, which {name}.lua runs: its ACL user lacks that command, and "
+                    "the script did not start, so nothing was written. Give the user the ACL "
+                    'rule of its role listed under "Redis ACL" in the deployment docs.'
+                )
+            self._allowed.add(name)
 
     def _check_sizes(self, requests: Sequence[ParkRequest]) -> None:
         """Refuse a payload the server would take for a broken connection.
@@ -256,9 +290,11 @@ class Store:
         for index, task_id in enumerate(ids):
             by_shard[self.shard_of(task_id)].append(index)
         found = [False] * len(ids)
-        with unavailable_as_error(self.url):
+        # cancel.lua checks before it writes: a refusal wrote nothing.
+        with refused_as_error(self.url), unavailable_as_error(self.url):
             for shard, indexes in by_shard.items():
                 keys = self._keys[shard]
+                self._ensure_allowed(keys.due, "cancel")
                 reply = self.scripts.cancel(
                     keys=[keys.due, keys.msg, keys.templates],
                     args=[ids[i] for i in indexes],
@@ -271,7 +307,10 @@ class Store:
     def reschedule(self, task_id: str, due: Due) -> int | None:
         """Move a parked entry to *due*; return its new due ms, or None if not parked."""
         keys = self._keys[self.shard_of(task_id)]
-        with unavailable_as_error(self.url):
+        # reschedule.lua checks before it writes, and its wake-up after the
+        # move cannot fail it: a refusal wrote nothing.
+        with refused_as_error(self.url), unavailable_as_error(self.url):
+            self._ensure_allowed(keys.due, "reschedule")
             reply = self.scripts.reschedule(
                 keys=[keys.due], args=[keys.wake, task_id, due.mode, due.ms], client=self.client
             )
@@ -286,6 +325,7 @@ class Store:
         tests use it (:mod:`celery_zdelay.testing`).
         """
         keys = self._keys[shard]
+        self._ensure_allowed(keys.due, "recover", "claim")
         reply = self._after_recover(
             keys,
             limit,
@@ -317,6 +357,7 @@ class Store:
         (:attr:`ClaimResult.handed_ids`), for the audit trail and periodic runs.
         """
         keys = self._keys[shard]
+        self._ensure_allowed(keys.due, "recover", "handoff")
         reply = self._after_recover(
             keys,
             limit,
@@ -410,6 +451,7 @@ class Store:
         args: list[Any] = [token, keys.tag_prefix]
         for task_id, dest, head in routes:
             args += [task_id, index[dest], head]
+        self._ensure_allowed(keys.due, "push")
         with unavailable_as_error(self.url):
             pushed, refused = self.scripts.push(
                 keys=[keys.lease, keys.leased, keys.msg, keys.tags, keys.templates, *dests],
@@ -455,6 +497,7 @@ class Store:
         if not task_ids:
             return 0
         keys = self._keys[shard]
+        self._ensure_allowed(keys.due, "ack")
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.ack(
@@ -469,6 +512,7 @@ class Store:
         if not task_ids:
             return 0
         keys = self._keys[shard]
+        self._ensure_allowed(keys.due, "unclaim")
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.unclaim(
@@ -488,6 +532,7 @@ class Store:
         args: list[Any] = [token]
         for task_id, reason in reasons:
             args += [task_id, json.dumps(reason, separators=(",", ":"))]
+        self._ensure_allowed(keys.due, "deadletter")
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.deadletter(
@@ -505,6 +550,7 @@ class Store:
         if not task_ids:
             return 0
         keys = self._keys[shard]
+        self._ensure_allowed(keys.due, "purge")
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.purge(
@@ -520,6 +566,7 @@ class Store:
         Returns whether *companion_id* owns the shard afterwards.
         """
         keys = self._keys[shard]
+        self._ensure_allowed(keys.due, "own")
         with unavailable_as_error(self.url):
             owned = self.scripts.own(
                 keys=[keys.owner], args=[companion_id, action, lease_ms], client=self.client

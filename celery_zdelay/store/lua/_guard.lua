@@ -178,3 +178,14 @@ local function zdelay_next_events(result, due, lease)
   local first_lease = redis.call('ZRANGE', lease, 0, 0, 'WITHSCORES')
   if first_lease[2] then result[4] = tonumber(first_lease[2]) end
 end
+
+-- Wake sleeping companions: a message on the shard's wake channel. The one
+-- step a script may take after its writes, so it must not fail: an ACL
+-- user without the channel (Redis 7's default is resetchannels) gets an
+-- error reply from redis.pcall instead of a failed script, and the entries
+-- written stay written. Without it a companion still wakes on its own
+-- timer (at most a second late); status and the companion's log name the
+-- missing permission (health.py, wakeup.py).
+local function zdelay_wake(channel, due_ms)
+  redis.pcall('PUBLISH', channel, string.format('%.0f', due_ms))
+end

@@ -13,6 +13,7 @@
 --           take fails in every shard's call before any of them writes (a
 --           MULTI/EXEC does not undo the calls that ran before a failing one)
 -- ARGV[1] wake channel, published to when the earliest due time moves earlier
+--         (best effort, after the writes: see zdelay_wake in _guard.lua)
 -- ARGV[2] ms the call marker lives (longer than the caller's retries take)
 -- ARGV[3] number of templates that follow
 -- ARGV[4..] two per template: id, record (stored once; ids are content hashes)
@@ -134,7 +135,7 @@ end
 zdelay_refs_apply(templates, refs, keep)
 
 if lowest and (not before or lowest < before) then
-  redis.call('PUBLISH', ARGV[1], math.floor(lowest / 1024))
+  zdelay_wake(ARGV[1], math.floor(lowest / 1024))
 end
 redis.call('SET', marker, table.concat(result, ','), 'PX', ARGV[2])
 return result

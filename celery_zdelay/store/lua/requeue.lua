@@ -5,7 +5,7 @@
 -- KEYS[3] due zset      id -> due_ms * 1024 + seq
 -- KEYS[4] msg hash      id -> payload
 -- KEYS[5] lease zset    id -> lease expiry ms (entries being released)
--- ARGV[1] wake channel
+-- ARGV[1] wake channel (best effort, after the writes: see zdelay_wake in _guard.lua)
 -- ARGV[2..] ids
 -- returns one flag per id: 1 requeued; 0 not dead-lettered, without payload,
 --         or parked again under the same id (waiting, or being released)
@@ -37,5 +37,5 @@ for _, entry in ipairs(chosen) do
   redis.call('ZREM', dead, entry[1])
   redis.call('HDEL', dead_msg, entry[1])
 end
-if #chosen > 0 then redis.call('PUBLISH', ARGV[1], now_ms) end
+if #chosen > 0 then zdelay_wake(ARGV[1], now_ms) end
 return result

@@ -3,6 +3,7 @@
 --
 -- KEYS[1] due zset      id -> due_ms * 1024 + seq
 -- ARGV[1] wake channel, published to when the earliest due time moves earlier
+--         (best effort, after the writes: see zdelay_wake in _guard.lua)
 -- ARGV[2] id
 -- ARGV[3] mode: "r" due ms after the Redis clock, "a" absolute epoch ms
 -- ARGV[4] ms
@@ -27,6 +28,6 @@ local score = lo
 if top[2] then score = math.min(tonumber(top[2]) + 1, lo + 1023) end
 redis.call('ZADD', due, score, id)
 if score < before then
-  redis.call('PUBLISH', ARGV[1], due_ms)
+  zdelay_wake(ARGV[1], due_ms)
 end
 return due_ms

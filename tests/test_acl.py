@@ -1,0 +1,365 @@
+"""Least privilege: Redis 7 ACL users, and the truth about what a refused step wrote.
+
+Every test runs a private redis-server as the store, with the ACL users of
+``docs/deployment.rst`` ("Redis ACL"), read from that page, or with one
+permission taken away. The broker, result backend and task records stay on
+the session's own private Redis (its default user).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery, chain
+from celery.bin.base import CLIContext
+from click.testing import CliRunner, Result
+from werkzeug.test import Client
+
+import celery_zdelay
+from celery_zdelay.cli import EXIT_CHECK_FAILED, zdelay
+from celery_zdelay.config import get_config
+from celery_zdelay.errors import StoreRefusedError
+from celery_zdelay.store import Store, admin
+from celery_zdelay.testing import RedisServer
+from celery_zdelay.web import create_app
+from tests.conftest import BACKEND_DB, BROKER_DB, RECORD_DB
+from tests.helpers import ROOT, CeleryProcess, wait_for
+from tests.project import close_app, make_app
+
+pytestmark = pytest.mark.timeout(120)
+
+DOCS = ROOT / "docs" / "deployment.rst"
+PASSWORD = "s3cret-acl"
+WAKE_PATTERN = "&{zdelay:*}:wake"
+
+
+def documented_acl(role: str) -> list[str]:
+    """The ``ACL SETUSER zdelay-<role>`` line of the docs, as arguments, with our password."""
+    for line in Path(DOCS).read_text().splitlines():
+        words = line.split()
+        if words[:3] == ["ACL", "SETUSER", f"zdelay-{role}"]:
+            return [PASSWORD.join(w.split("PASSWORD")) for w in words[2:]]
+    raise AssertionError(f"docs/deployment.rst lists no ACL SETUSER zdelay-{role}")
+
+
+def without_channels(rule: list[str]) -> list[str]:
+    """*rule* with its channel patterns taken away (Redis 7's default: resetchannels)."""
+    return [word for word in rule if not word.startswith("&")]
+
+
+@pytest.fixture
+def store_server() -> Iterator[RedisServer]:
+    """A private Redis 7 store, its users made by each test."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def make_acl_app(
+    redis_server: RedisServer, store_server: RedisServer
+) -> Iterator[Callable[[list[str]], Celery]]:
+    """Build an app whose store user is made from an ``ACL SETUSER`` rule."""
+    apps: list[Celery] = []
+
+    def factory(rule: list[str], **conf: object) -> Celery:
+        admin_client = store_server.client()
+        admin_client.execute_command("ACL", "SETUSER", *rule)
+        admin_client.close()
+        user = rule[0]
+        store_url = f"redis://{user}:{PASSWORD}@127.0.0.1:{store_server.port}/0"
+        app = make_app(
+            f"{redis_server.url}/{BROKER_DB}",
+            f"{redis_server.url}/{BACKEND_DB}",
+            f"{redis_server.url}/{RECORD_DB}",
+            conf={"zdelay_redis_url": store_url, "zdelay_shards": 4, **conf},
+        )
+        apps.append(app)
+        return app
+
+    yield factory
+    # AsyncResults unsubscribe from the result backend when collected: let
+    # them do it while Redis still runs (as conftest's make_test_app does).
+    gc.collect()
+    for app in apps:
+        close_app(app)
+
+
+def superuser_store(store_server: RedisServer) -> Store:
+    """The store as its default (all-powerful) user sees it: what was really written."""
+    app = Celery("truth", broker="memory://", set_as_current=False)
+    app.conf.zdelay_redis_url = f"{store_server.url}/0"
+    app.conf.zdelay_shards = 4
+    return Store(get_config(app))
+
+
+def parked(store: Store, task_id: str) -> bool:
+    keys = store.keys(store.shard_of(task_id))
+    return store.client.zscore(keys.due, task_id) is not None
+
+
+def denials(store_server: RedisServer) -> list[str]:
+    """What Redis refused any user since the log was reset (ACL LOG)."""
+    client = store_server.client()
+    try:
+        entries = client.execute_command("ACL", "LOG")
+    finally:
+        client.close()
+    found = []
+    for entry in entries:
+        fields = entry
+        if not isinstance(entry, dict):  # RESP2: a flat list of names and values
+            fields = dict(zip(entry[::2], entry[1::2], strict=True))
+        text = {str(k, "utf-8") if isinstance(k, bytes) else k: v for k, v in fields.items()}
+        found.append(f"{text.get('username')}: {text.get('reason')} {text.get('object')}")
+    return found
+
+
+def cli(app: Celery, *args: str) -> Result:
+    return CliRunner().invoke(
+        zdelay,
+        list(args),
+        obj=CLIContext(app=app, no_color=True, workdir=None),
+        prog_name="celery zdelay",
+        catch_exceptions=False,
+    )
+
+
+def broker_length(redis_server: RedisServer, queue: str = "celery") -> int:
+    client = redis_server.client(BROKER_DB)
+    try:
+        return int(client.llen(queue))
+    finally:
+        client.close()
+
+
+# -- the wake-up channels: a refusal never makes "parked" look like "not parked" -----
+
+
+def test_a_producer_denied_the_wake_up_channels_parks_once_and_is_not_told_otherwise(
+    make_acl_app: Callable[..., Celery],
+    store_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given the documented producer user, without its channel rights
+    app = make_acl_app(without_channels(documented_acl("producer")))
+    record = app.tasks["tests.record"]
+    truth = superuser_store(store_server)
+    try:
+        # When it parks a task that becomes the earliest one (so park.lua
+        # publishes the wake-up after its writes)
+        with caplog.at_level(logging.WARNING, logger="celery_zdelay"):
+            result = record.apply_delayed((1,), countdown=600)
+
+        # Then the call returned, and the task is parked: a caller that trusted an
+        # error and parked again would have run it twice
+        assert parked(truth, result.id)
+        # And the producer was told, once, what to grant
+        warnings = [r.getMessage() for r in caplog.records if WAKE_PATTERN in r.getMessage()]
+        assert len(warnings) == 1, caplog.text
+        assert "publish to" in warnings[0]
+
+        # When it reschedules it earlier, and parks many across shards in one transaction
+        assert celery_zdelay.reschedule(result.id, countdown=5, app=app) is True
+        many = record.apply_delayed_many([(i,) for i in range(20)], countdown=1)
+
+        # Then each moved or parked, and no call failed
+        due_ms = truth.client.zscore(truth.keys(truth.shard_of(result.id)).due, result.id)
+        assert due_ms is not None
+        assert due_ms // 1024 < truth.time_ms() + 10_000
+        assert all(parked(truth, r.id) for r in many)
+    finally:
+        truth.close()
+
+
+def test_a_dead_letter_requeued_by_a_user_denied_the_channels_is_requeued_once(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # Given a dead-lettered entry, and the companion's user without channel rights
+    app = make_acl_app(without_channels(documented_acl("companion")))
+    truth = superuser_store(store_server)
+    try:
+        result = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
+        keys = truth.keys(truth.shard_of(result.id))
+        payload = truth.client.hget(keys.msg, result.id)
+        assert payload is not None
+        truth.client.zrem(keys.due, result.id)
+        truth.client.hdel(keys.msg, result.id)
+        truth.client.hset(keys.dead_msg, result.id, b'{"reason":"test"}\n' + payload)
+        truth.client.zadd(keys.dead, {result.id: 1})
+
+        # When that user requeues it (requeue.lua publishes after its writes)
+        store = Store(get_config(app))
+        try:
+            requeued = admin.requeue_dead(store, [result.id])
+        finally:
+            store.close()
+
+        # Then it says so, truly: the entry is due again and no longer dead
+        assert requeued == [True]
+        assert parked(truth, result.id)
+        assert truth.client.zscore(keys.dead, result.id) is None
+    finally:
+        truth.close()
+
+
+def test_a_companion_denied_the_wake_up_channels_keeps_releasing_and_says_what_is_missing(
+    make_acl_app: Callable[..., Celery],
+    store_server: RedisServer,
+    redis_server: RedisServer,
+    processes: list[CeleryProcess],
+) -> None:
+    # Given a companion whose user may not subscribe to the wake-up channels
+    companion_app = make_acl_app(without_channels(documented_acl("companion")))
+    producer_app = make_acl_app(documented_acl("producer"))
+    process = CeleryProcess(companion_app, "zdelay", "-l", "INFO").start()
+    processes.append(process)
+    process.wait_for_log(" started: ")
+
+    # Then it logs the permission it lacks, and runs on
+    process.wait_for_log(WAKE_PATTERN)
+    assert "subscribe to" in process.log()
+
+    # And it still releases what is parked (on its idle timer)
+    record = producer_app.tasks["tests.record"]
+    for i in range(3):
+        record.apply_delayed((i,), countdown=0.2)
+        wait_for(lambda n=i + 1: broker_length(redis_server) == n, timeout=20)  # type: ignore[misc]
+    assert process.process.poll() is None
+
+    # And `status --check` (run by an operator) fails naming the missing permission
+    operator = superuser_app(store_server, redis_server)
+
+    def failing_check() -> Result | None:
+        result = cli(operator, "status", "--check")
+        return result if result.exit_code == EXIT_CHECK_FAILED else None
+
+    try:
+        result = wait_for(failing_check, timeout=30, message="status --check to fail")
+    finally:
+        close_app(operator)
+    assert WAKE_PATTERN in result.output
+    assert "subscribe to" in result.output
+
+
+def superuser_app(store_server: RedisServer, redis_server: RedisServer) -> Celery:
+    return make_app(
+        f"{redis_server.url}/{BROKER_DB}",
+        f"{redis_server.url}/{BACKEND_DB}",
+        f"{redis_server.url}/{RECORD_DB}",
+        conf={"zdelay_redis_url": f"{store_server.url}/0", "zdelay_shards": 4},
+    )
+
+
+# -- the documented users do their whole job, and nothing more ---------------------------
+
+
+def test_the_documented_acl_users_park_release_and_browse_without_one_refusal(
+    make_acl_app: Callable[..., Celery],
+    store_server: RedisServer,
+    redis_server: RedisServer,
+    processes: list[CeleryProcess],
+) -> None:
+    # Given the three users exactly as docs/deployment.rst lists them
+    producer = make_acl_app(documented_acl("producer"))
+    companion = make_acl_app(documented_acl("companion"))
+    dashboard = make_acl_app(documented_acl("dashboard"))
+    store_client = store_server.client()
+    store_client.execute_command("ACL", "LOG", "RESET")
+    store_client.close()
+    record = producer.tasks["tests.record"]
+
+    # When the producer parks in every way, cancels and reschedules
+    kept = record.apply_delayed((0,), countdown=600)
+    record.apply_delayed_many([(i,) for i in range(10)], countdown=600)
+    with celery_zdelay.batch(producer):
+        for i in range(5):
+            record.apply_delayed((i,), countdown=600)
+    canvas = celery_zdelay.apply_delayed(
+        chain(record.s(1), record.s()), countdown=600, app=producer
+    )
+    assert celery_zdelay.cancel(canvas.id, app=producer) is True
+    assert celery_zdelay.reschedule(kept.id, countdown=700, app=producer) is True
+    soon = [record.apply_delayed((i,), countdown=0.3).id for i in range(3)]
+
+    # And the companion releases what falls due
+    process = CeleryProcess(companion, "zdelay", "-l", "INFO").start()
+    processes.append(process)
+    process.wait_for_log(" started: ")
+    wait_for(lambda: broker_length(redis_server) == len(soon), timeout=30)
+
+    # And the dashboard user browses every page and reads the status
+    client = Client(create_app(dashboard, actions=False))
+    for path in ("/", "/parked", "/dead", "/periodic", f"/entry?id={kept.id}"):
+        reply = client.get(path)
+        assert reply.status_code == 200, (path, reply.get_data(as_text=True)[:300])
+    dashboard_store = Store(get_config(dashboard))
+    try:
+        assert admin.status(dashboard_store).counts.parked >= 16
+
+        # Then nobody was refused anything, the best-effort wake-ups included,
+        # but CONFIG GET, which the docs leave out on purpose
+        refused = [d for d in denials(store_server) if "config|get" not in d]
+        assert refused == []
+
+        # And the dashboard user cannot change what is parked
+        with pytest.raises((StoreRefusedError, redis.exceptions.NoPermissionError)):
+            dashboard_store.cancel([kept.id])
+    finally:
+        dashboard_store.close()
+    assert celery_zdelay.cancel(kept.id, app=producer) is True
+    assert "refused" not in process.log(), process.log()
+
+
+def test_a_user_denied_the_store_keys_is_refused_before_anything_is_written(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # Given the producer's rule with its key patterns narrowed to one shard
+    rule = [
+        ("~{zdelay:0}*" if word == "~{zdelay:*" else word) for word in documented_acl("producer")
+    ]
+    app = make_acl_app(rule)
+    truth = superuser_store(store_server)
+    try:
+        # When it parks a task on a shard it may not touch
+        target = next(
+            tid for tid in (str(uuid.uuid4()) for _ in range(100)) if truth.shard_of(tid) != 0
+        )
+        with pytest.raises(StoreRefusedError) as refused:
+            app.tasks["tests.record"].apply_delayed((1,), countdown=600, task_id=target)
+        # Then the error says nothing was written, and that is true
+        assert "nothing was written" in str(refused.value)
+        assert re.search(r"NOPERM|permission", str(refused.value))
+        assert not parked(truth, target)
+    finally:
+        truth.close()
+
+
+def test_a_user_denied_a_command_a_script_runs_after_its_first_write_is_refused_before_it(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # Given the producer's rule without SET, which park.lua runs last (its
+    # retry marker), after it wrote the entries
+    rule = [word for word in documented_acl("producer") if word != "+set"]
+    assert len(rule) == len(documented_acl("producer")) - 1
+    app = make_acl_app(rule)
+    truth = superuser_store(store_server)
+    try:
+        # When it parks
+        result_id = str(uuid.uuid4())
+        with pytest.raises(StoreRefusedError) as refused:
+            app.tasks["tests.record"].apply_delayed((1,), countdown=600, task_id=result_id)
+
+        # Then nothing was written, as the error says, and it names the command
+        assert not parked(truth, result_id)
+        assert truth.client.hget(truth.keys(truth.shard_of(result_id)).msg, result_id) is None
+        assert "nothing was written" in str(refused.value)
+        assert "refuse SET, which park.lua runs" in str(refused.value)
+    finally:
+        truth.close()
