@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIM_BUCKETS",
+    "DEFAULT_METRICS_ADDR",
     "LATENESS_BUCKETS",
     "Metrics",
     "MetricsServer",
@@ -245,10 +246,17 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
+#: Where metrics are served unless told otherwise: loopback, as the
+#: dashboard. The endpoint has no authentication and names schedules, shards
+#: and queues, so listening on every interface is a choice (``--metrics-addr
+#: 0.0.0.0``, e.g. in a pod scraped by its IP), not a default.
+DEFAULT_METRICS_ADDR = "127.0.0.1"
+
+
 class MetricsServer:
     """An HTTP server answering ``GET /metrics`` from a daemon thread."""
 
-    def __init__(self, metrics: Metrics, *, port: int, addr: str = "0.0.0.0") -> None:
+    def __init__(self, metrics: Metrics, *, port: int, addr: str = DEFAULT_METRICS_ADDR) -> None:
         prometheus = _prometheus()
         self.metrics = metrics
         server_class = type(
@@ -290,7 +298,9 @@ class MetricsServer:
         self.metrics.close()
 
 
-def serve_metrics(companion: Companion, *, port: int, addr: str = "0.0.0.0") -> MetricsServer:
+def serve_metrics(
+    companion: Companion, *, port: int, addr: str = DEFAULT_METRICS_ADDR
+) -> MetricsServer:
     """Count what *companion* does and serve it, with the store gauges, on *port*.
 
     Raises:

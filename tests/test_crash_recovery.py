@@ -1,5 +1,13 @@
 """A companion killed after claiming a batch loses nothing; one asked to stop
-finishes its batch; several companions never release an entry twice."""
+finishes its batch; several companions never release an entry twice.
+
+A companion killed mid-publish on the generic path promises at-least-once:
+what it had claimed is released again when the lease expires, and a message
+the broker received before the kill then runs twice. The kill test asserts
+exactly that (every id runs; any duplicate is one the dead companion held),
+not "no duplicates", which holds only while the frozen broker happens to
+have received none of the batch.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +20,11 @@ import redis
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import Runs, wait_for
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(120)
 
-LEASE = "{zdelay:0}:lease"
+LEASE = SHARD0.lease
 
 
 def test_a_companion_killed_after_claiming_loses_nothing(
@@ -38,17 +47,19 @@ def test_a_companion_killed_after_claiming_loses_nothing(
     # When it has claimed a batch (now leased) and is SIGKILLed while publishing
     wait_for(lambda: redis_client.zcard(LEASE) > 0, message="a claimed batch")
     doomed.kill()
-    assert redis_client.zcard(LEASE) > 0
+    in_hand = {m.decode() for m in redis_client.zrange(LEASE, 0, -1)}
+    assert in_hand
     broker_server.resume()
 
-    # Then another companion releases everything once the lease expires
+    # Then another companion releases everything once the lease expires:
+    # each id runs, and only ids the dead companion held may run twice
     worker(app)
     companion(app)
     runs.wait_for_ids(ids, stall_timeout=60)
     assert set(runs.ids()) == ids
-    assert runs.duplicates() == {}
+    assert set(runs.duplicates()) <= in_hand
     wait_for(lambda: redis_client.zcard(LEASE) == 0, message="no entry left in flight")
-    assert redis_client.hlen("{zdelay:0}:msg") == 0
+    assert redis_client.hlen(SHARD0.msg) == 0
 
 
 @pytest.mark.parametrize("path", ["handoff", "generic"])
@@ -109,10 +120,10 @@ def test_a_companion_stopped_mid_batch_finishes_it_exits_0_and_strands_nothing(
     # Then it publishes the batch in hand, exits 0 and leaves nothing in flight
     assert stopping.process.wait(timeout=60) == 0, stopping.log()[-3000:]
     assert redis_client.zcard(LEASE) == 0
-    assert redis_client.hlen("{zdelay:0}:leased") == 0
+    assert redis_client.hlen(SHARD0.leased) == 0
     broker = broker_server.client(0)
     queued = [json.loads(raw)["headers"]["id"] for raw in broker.lrange("celery", 0, -1)]
-    parked = {m.decode() for m in redis_client.zrange("{zdelay:0}:due", 0, -1)}
+    parked = {m.decode() for m in redis_client.zrange(SHARD0.due, 0, -1)}
     assert in_hand <= set(queued)
     assert len(queued) == len(set(queued))
     assert set(queued) | parked == ids

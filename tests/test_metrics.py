@@ -84,7 +84,7 @@ def test_a_running_companion_serves_metrics_that_match_the_store(
         # When the companion runs with --metrics-port
         port = free_port()
         process = companion(app, "--shards", "0", "--metrics-port", str(port))
-        assert f"Serving Prometheus metrics on 0.0.0.0:{port}/metrics" in process.log()
+        assert f"Serving Prometheus metrics on 127.0.0.1:{port}/metrics" in process.log()
         url = f"http://127.0.0.1:{port}/metrics"
 
         # Then its counters show what it did

@@ -15,32 +15,39 @@ from celery_zdelay.companion import Companion
 from tests.conftest import RECORD_DB, AppFactory, RabbitMQ
 from tests.helpers import Runs
 from tests.project import RECEIVED_KEY, RECORD_RECEIVED_ENV
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _store_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def _due_ms(client: redis.Redis, task_id: str) -> int:
-    score = client.zscore("{zdelay:0}:due", task_id)
+    score = client.zscore(SHARD0.due, task_id)
     assert score is not None
     return int(score) // 1024
 
 
 @pytest.mark.parametrize("path", ["handoff", "generic"])
 def test_the_claim_scripts_never_pick_an_entry_before_its_due_time_on_the_redis_clock(
-    make_test_app: AppFactory, redis_server, path: str
+    make_test_app: AppFactory, redis_server, redis_client: redis.Redis, path: str
 ) -> None:
-    # The scripts themselves, each claim's "now" against each entry's due
-    # time; the test below checks the same promise end to end, at the worker.
-    # The generic path runs when the broker is another Redis database.
+    """Each claim against each entry's due time, on a clock the script does not report.
+
+    The Redis clock is read before and after every claim: the claim ran
+    between the two readings, so its "now" must lie between them, and no
+    entry it released may be due after it. Checking against the ``now_ms``
+    a script reports about itself would pass a script that runs ahead of
+    the clock and says so; this catches, in claim.lua (and in handoff.lua)::
+
+        local now_ms = zdelay_now_ms()  ->  local now_ms = zdelay_now_ms() + 30
+
+    The test below checks the same promise end to end, at the worker. The
+    generic path runs when the broker is another Redis database.
+    """
     broker = None if path == "handoff" else f"{redis_server.url}/3"
     app = make_test_app(broker=broker)
     record = app.tasks["tests.record"]
-    client = redis_server.client(0)
+    client = redis_client
     dues = {}
     for i in range(200):
         result = record.apply_delayed((i,), countdown=0.05 + (i % 40) * 0.01)
@@ -52,7 +59,10 @@ def test_the_claim_scripts_never_pick_an_entry_before_its_due_time_on_the_redis_
         while released < len(dues):
             assert time.monotonic() < deadline, f"released {released} of {len(dues)}"
             for shard in companion.shards:
+                before_ms = redis_ms(client)
                 result = companion._claim(shard, fresh=True)
+                after_ms = redis_ms(client)
+                assert before_ms <= result.now_ms <= after_ms
                 for due in result.handed_due_ms:
                     assert due <= result.now_ms
                 released += len(result.handed_due_ms)
@@ -149,7 +159,7 @@ def test_beyond_1024_entries_in_one_millisecond_the_rest_share_its_last_slot(
     # Then each of the first 1,024 takes the next of the millisecond's slots,
     # and the rest share the last one: none spills into the next millisecond
     first_slot = int(instant.timestamp() * 1000) * 1024
-    scores = dict(redis_client.zrange("{zdelay:0}:due", 0, -1, withscores=True))
+    scores = dict(redis_client.zrange(SHARD0.due, 0, -1, withscores=True))
     assert [int(scores[i.encode()]) for i in parked] == [
         first_slot + min(k, 1023) for k in range(1_100)
     ]
@@ -187,10 +197,37 @@ def test_eta_is_read_as_celery_reads_it(
     assert _due_ms(redis_client, result.id) == expected
 
 
-def test_a_countdown_counts_on_the_redis_clock(app: Celery, redis_client: redis.Redis) -> None:
-    before = _store_ms(redis_client)
-    result = app.tasks["tests.record"].apply_delayed((1,), countdown=1800)
-    after = _store_ms(redis_client)
+SKEW_S = 600
+
+
+@pytest.mark.parametrize("skew_s", [SKEW_S, -SKEW_S], ids=["ahead", "behind"])
+@pytest.mark.parametrize("call", ["apply_delayed", "send_delayed"])
+def test_a_countdown_counts_on_the_redis_clock_whatever_the_producers_clock_says(
+    app: Celery, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, skew_s: int, call: str
+) -> None:
+    """A producer whose clock is 10 minutes off still parks at Redis-now + countdown.
+
+    Only the producer's clock is moved (``time.time`` in this process);
+    Redis keeps the true time. Catches, in ``schedule.due_from``::
+
+        return Due("r", math.ceil(countdown * 1000))
+        ->  return Due("a", math.ceil((time.time() + countdown) * 1000))
+
+    (a countdown added to the producer's clock): the entry would be due 10
+    minutes early or late.
+    """
+    true_time = time.time
+    true_time_ns = time.time_ns
+    monkeypatch.setattr(time, "time", lambda: true_time() + skew_s)
+    monkeypatch.setattr(time, "time_ns", lambda: true_time_ns() + skew_s * 10**9)
+    assert abs(time.time() - true_time() - skew_s) < 1
+
+    before = redis_ms(redis_client)
+    if call == "apply_delayed":
+        result = app.tasks["tests.record"].apply_delayed((1,), countdown=1800)
+    else:
+        result = celery_zdelay.send_delayed(app, "tests.record", args=(1,), countdown=1800)
+    after = redis_ms(redis_client)
     assert before + 1_800_000 <= _due_ms(redis_client, result.id) <= after + 1_800_000
 
 

@@ -120,13 +120,14 @@ def test_filesystem_broker(
     _every_parked_task_runs_once(app, worker, companion, runs)
 
 
-def test_sqs_native_countdown_past_the_visibility_timeout_runs_twice_parked_once(
+def test_sqs_a_parked_countdown_past_the_visibility_timeout_runs_once(
     make_test_app: AppFactory, sqs: LocalSQS, worker, companion, runs: Runs
 ) -> None:
     """SQS redelivers a message the worker has not acked within the queue's
     visibility timeout; a native ETA task waits unacked in the worker, so a
-    countdown longer than that timeout runs twice. The parked one stays in
-    Redis until due and runs once."""
+    countdown longer than that timeout may run twice (Celery's own bug, not
+    sent here: this test must not depend on it happening). The parked one
+    stays in Redis until due, reaches the broker only then, and runs once."""
     visibility_timeout, countdown = 3, 6
     app = make_test_app(
         broker=sqs.url,
@@ -136,15 +137,13 @@ def test_sqs_native_countdown_past_the_visibility_timeout_runs_twice_parked_once
     worker(app, "zdelay-sqs-vt")
     companion(app)
 
-    native = add.apply_async((1, 1), countdown=countdown)
     parked = add.apply_delayed((2, 2), countdown=countdown)
-    # Runs well after both, once a redelivered copy of either would have run.
+    # Runs well after it, once a redelivered copy would have run.
     last = add.apply_delayed((3, 3), countdown=countdown + 3 * visibility_timeout)
 
-    runs.wait_for_ids({native.id, parked.id, last.id})
-    ran = runs.ids()
-    assert ran.count(parked.id) == 1
-    assert ran.count(native.id) >= 2, f"native ETA ran {ran.count(native.id)} time(s)"
+    runs.wait_for_ids({parked.id, last.id})
+    assert runs.ids().count(parked.id) == 1
+    assert runs.duplicates() == {}
 
 
 def test_a_broker_unreachable_at_companion_start_gets_the_tasks_once_it_is_up(

@@ -24,7 +24,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.web import queries
 from tests.conftest import AppFactory, RabbitMQ
-from tests.test_fidelity import PRIORITY_SEP, _raw_amqp, assert_same_message
+from tests.support.fidelity import PRIORITY_SEP, assert_same_message, raw_amqp
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,7 +68,7 @@ def test_the_stored_message_is_pushed_byte_for_byte_and_equals_the_native_one(
     task_id = str(uuid.uuid4())
     # Given the same call sent natively and parked whole
     record.apply_async((42, "x"), task_id=task_id, **options)
-    native = json.loads(redis_client.rpop(key))
+    native = redis_client.rpop(key)
     record.apply_delayed((42, "x"), task_id=task_id, countdown=0, **options)
     stored = _stored(app, redis_client, task_id)
     assert stored.startswith(b'{"body":"')
@@ -80,7 +80,7 @@ def test_the_stored_message_is_pushed_byte_for_byte_and_equals_the_native_one(
     assert report.handed_off == 1
     pushed = redis_client.rpop(key)
     assert pushed == stored
-    assert_same_message(json.loads(pushed), native)
+    assert_same_message(pushed, native)
 
 
 def test_both_forms_release_together_and_leave_no_record_behind(
@@ -176,7 +176,7 @@ def test_rabbitmq_receives_the_native_message_from_a_whole_entry(
     task_id = str(uuid.uuid4())
     # Given the same call sent natively and parked whole (no expiry: it is counted per call)
     record.apply_async((1, "a"), task_id=task_id, priority=3, headers={"x_custom": "v"})
-    native = _raw_amqp(rabbitmq.url, rabbitmq.queue)
+    native = raw_amqp(rabbitmq.url, rabbitmq.queue)
     record.apply_delayed(
         (1, "a"), task_id=task_id, countdown=0, priority=3, headers={"x_custom": "v"}
     )
@@ -186,7 +186,7 @@ def test_rabbitmq_receives_the_native_message_from_a_whole_entry(
 
     # Then RabbitMQ holds Celery's own message
     assert report.published == 1
-    assert _raw_amqp(rabbitmq.url, rabbitmq.queue) == native
+    assert raw_amqp(rabbitmq.url, rabbitmq.queue) == native
 
 
 @pytest.mark.parametrize(

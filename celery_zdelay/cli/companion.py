@@ -15,6 +15,7 @@ from celery.bin.base import LOG_LEVEL, CeleryOption, handle_preload_options
 
 from .._logjson import JsonFormatter
 from ..errors import ConfigurationError, StoreUnavailableError
+from ..metrics import DEFAULT_METRICS_ADDR
 from ._base import _CONTEXT, EXIT_OK, ZDelayGroup, _exit_codes, _parse_shards
 
 __all__ = ["zdelay"]
@@ -28,7 +29,7 @@ Examples:
   celery -A proj zdelay                      run the companion
   celery -A proj zdelay -l DEBUG             ... logging every batch
   celery -A proj zdelay --shards 0,1         ... releasing shards 0 and 1 only
-  celery -A proj zdelay --metrics-port 9808  ... serving Prometheus metrics
+  celery -A proj zdelay --metrics-port 9808  ... serving Prometheus metrics on loopback
   celery -A proj zdelay --log-format json    ... logging JSON lines
   celery -A proj zdelay --beat               ... serving beat_schedule too
   celery -A proj zdelay status               what is parked, late, in flight, dead
@@ -112,10 +113,11 @@ Examples:
 @click.option(
     "--metrics-addr",
     cls=CeleryOption,
-    default="0.0.0.0",
+    default=DEFAULT_METRICS_ADDR,
     show_default=True,
     help_group="Metrics Options",
-    help="Address the metrics server listens on.",
+    help="Address the metrics server listens on; 0.0.0.0 (or the pod's address) "
+    "for a Prometheus on another host.",
 )
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]

@@ -34,7 +34,7 @@ Examples:
   celery -A proj zdelay status
   celery -A proj zdelay status --per-shard
   celery -A proj zdelay status --json | jq .overdue
-  celery -A proj zdelay status --check --max-overdue 120   # Kubernetes probe
+  celery -A proj zdelay status --check --max-overdue 120   # alert (docs/operations.rst)
 
 \b
 Exit codes: 0 ok; 1 --check failed; 69 Redis unreachable; 78 bad setting.

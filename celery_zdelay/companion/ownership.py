@@ -13,6 +13,11 @@ expiring ``{prefix:N}:owner`` key per shard) and claims only from those.
 - A shard that stays unowned for two looks in a row is taken by whoever sees
   it, share or not: a companion that dies hands its shards over within one
   ``zdelay_lease_seconds``.
+- A shard taken that way is kept above the share until more companions are
+  live than when it was taken. A companion that died still counts as live
+  until its heartbeat ages out (30 s), so the share stays as it was; giving
+  the orphan up at the next look would hand it to nobody, and its entries
+  would wait a check interval, again at every other look, until then.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class ShardOwnership:
         self.check_seconds = self.owner_lease_ms / 3000
         self.owned: set[int] = set()
         self._seen_unowned: set[int] = set()
+        #: Shards taken as orphans, with the live companions counted then.
+        self._orphans: dict[int, int] = {}
         self._next_check = 0.0
 
     def shards(self) -> list[int]:
@@ -64,9 +71,16 @@ class ShardOwnership:
         for shard in sorted(self.owned):
             if not self._own(shard, "renew"):
                 self.owned.discard(shard)
-        for shard in sorted(self.owned, reverse=True)[: max(0, len(self.owned) - share)]:
+        # Orphans stay, outside the share, until a companion joins: only
+        # a newcomer can take them, a dead owner never will.
+        shared = [s for s in sorted(self.owned, reverse=True) if not self._kept(s, live_companions)]
+        for shard in shared[: max(0, len(shared) - share)]:
             self._own(shard, "release")
             self.owned.discard(shard)
+        # Counted down as the dead are forgotten, so the next newcomer counts.
+        self._orphans = {
+            s: min(live, live_companions) for s, live in self._orphans.items() if s in self.owned
+        }
         unowned = set()
         for shard in self.candidates:
             if shard in self.owned or self.store.owner(shard) is not None:
@@ -74,6 +88,8 @@ class ShardOwnership:
             unowned.add(shard)
             orphaned = shard in self._seen_unowned
             if (len(self.owned) < share or orphaned) and self._own(shard, "acquire"):
+                if len(self.owned) >= share:
+                    self._orphans[shard] = live_companions
                 self.owned.add(shard)
         self._seen_unowned = unowned - self.owned
         if self.owned != before:
@@ -86,6 +102,11 @@ class ShardOwnership:
                 live_companions,
             )
 
+    def _kept(self, shard: int, live_companions: int) -> bool:
+        """Whether *shard*, taken as an orphan, stays above the share."""
+        taken_with = self._orphans.get(shard)
+        return taken_with is not None and live_companions <= taken_with
+
     def release_all(self) -> None:
         """Give up every lease, so others take the shards at once."""
         for shard in sorted(self.owned):
@@ -94,6 +115,7 @@ class ShardOwnership:
             except Exception:  # the store is down: the leases expire on their own
                 logger.debug("Could not release shard %d", shard, exc_info=True)
         self.owned.clear()
+        self._orphans.clear()
 
     def _own(self, shard: int, action: str) -> bool:
         return self.store.own(shard, self.companion_id, action, lease_ms=self.owner_lease_ms)

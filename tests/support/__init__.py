@@ -1,0 +1,5 @@
+"""What many tests repeat, in one place: key names, the Redis clock, dead letters.
+
+Test files import from here (and from ``tests.helpers``), never from each
+other: a helper that two test files need moves here.
+"""

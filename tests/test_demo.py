@@ -1,0 +1,72 @@
+"""The demo (``make demo``) passes only when its story holds.
+
+It runs the shop end to end, a real worker and companion on a private
+Redis, and its exit status is what CI and a reader trust: 0 only when no
+cancel task ran early, no paid order was cancelled, every order ended as
+planned and the periodic clean-up ran.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.timeout(240)
+
+#: Parks every cancel task 400 ms before its window closes, in the demo's
+#: own process (the producer), as a broken due time would.
+EARLY_CANCELS = """
+import datetime, sys
+from example_project import demo
+story = demo.run_story
+def run_story_with_early_cancels():
+    from example_project.shop import orders
+    parked = orders.cancel_unpaid.apply_delayed_on_commit
+    def early(args, *, eta, **options):
+        return parked(args, eta=eta - datetime.timedelta(milliseconds=400), **options)
+    orders.cancel_unpaid.apply_delayed_on_commit = early
+    return story()
+demo.run_story = run_story_with_early_cancels
+sys.exit(demo.main())
+"""
+
+
+def _demo(*, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    command = ["-c", code] if code else ["-m", "example_project.demo"]
+    environment = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    return subprocess.run(
+        [sys.executable, *command],
+        check=False,
+        cwd=ROOT,
+        env={**environment, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+
+
+def test_the_demo_tells_its_story_and_exits_0() -> None:
+    done = _demo()
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+    assert "orders in the expected state                12" in done.stdout
+    assert "FAILED" not in done.stdout
+
+
+def test_the_demo_fails_when_the_periodic_clean_up_never_runs() -> None:
+    """Old demo exited 0 here: it printed "0 runs" and carried on."""
+    done = _demo(SHOP_SWEEP_SECONDS="3600")
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert "FAILED: the periodic clean-up never ran" in done.stdout
+
+
+def test_the_demo_fails_when_a_cancel_task_runs_early() -> None:
+    """Old demo exited 0 here when the orders still ended as planned: it
+    counted early cancels but never failed on them."""
+    done = _demo(code=EARLY_CANCELS)
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert "cancel task(s) ran before the window closed" in done.stdout

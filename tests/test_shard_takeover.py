@@ -1,0 +1,122 @@
+"""A companion that takes over a dead one's shards keeps them.
+
+The rule, checked look by look rather than by the pace of a loaded machine:
+a dead companion's heartbeat still counts it as live for up to 30 s, so the
+survivor's fair share stays half of the shards; the dead one's shards, once
+their owner keys expire, are taken as orphans beyond that share, and must
+not be handed back to nobody at the next look (each shard so dropped waits
+unreleased for a check interval, again and again, until the heartbeat ages
+out: with the default 60 s ``zdelay_lease_seconds`` that is 10 s at a time).
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from celery_zdelay.companion.ownership import ShardOwnership
+from celery_zdelay.config import get_config
+from celery_zdelay.store import Store
+from tests.conftest import AppFactory
+from tests.support.keys import keys_of
+
+pytestmark = pytest.mark.timeout(60)
+
+SHARDS = 8
+SURVIVOR, DEAD = "survivor", "dead"
+#: Live companions by their heartbeats: the dead one's is still fresh.
+LIVE = 2
+
+
+def _owners(client: redis.Redis) -> list[str | None]:
+    values = [client.get(keys_of(s).owner) for s in range(SHARDS)]
+    return [v.decode() if v else None for v in values]
+
+
+def _look(ownership: ShardOwnership, live: int = LIVE) -> None:
+    """One of the survivor's periodic looks, now rather than a check interval later."""
+    ownership._next_check = 0.0
+    ownership.maybe_renew(live)
+
+
+@pytest.mark.parametrize("expiry", ["together", "staggered"])
+def test_shards_taken_from_a_dead_companion_stay_owned_at_every_later_look(
+    make_test_app: AppFactory, redis_client: redis.Redis, expiry: str
+) -> None:
+    """Catches, in ``ShardOwnership.maybe_renew``, giving up every shard above
+    the share, orphans included (the code before this test)::
+
+        shared = [s for s in ... if not self._kept(s, live_companions)]
+        ->  shared = sorted(self.owned, reverse=True)
+
+    The shards then flap: all owned at one look, the surplus dropped at the
+    next ("together"), or a steady two unowned at every look when the dead
+    one's leases expire at different times ("staggered").
+    """
+    app = make_test_app(conf={"zdelay_shards": SHARDS, "zdelay_shard_leases": True})
+    store = Store(get_config(app))
+    try:
+        survivor = ShardOwnership(store, SURVIVOR, range(SHARDS), lease_ms=60_000)
+        # Given the survivor owning its half, the other half owned by a
+        # companion that was just SIGKILLed (its heartbeat still fresh),
+        for shard in range(SHARDS):
+            if shard % 2:
+                assert store.own(shard, SURVIVOR, "acquire", lease_ms=60_000)
+                survivor.owned.add(shard)
+        dead = [s for s in range(SHARDS) if s % 2 == 0]
+        # when the dead one's owner keys expire, together or one pair after the other,
+        later = [] if expiry == "together" else dead[2:]
+        for shard in later:
+            assert store.own(shard, DEAD, "acquire", lease_ms=60_000)
+        _look(survivor)
+        _look(survivor)
+        for shard in later:
+            redis_client.delete(keys_of(shard).owner)
+        # then within a few looks the survivor owns every shard,
+        for _ in range(3):
+            _look(survivor)
+        assert _owners(redis_client) == [SURVIVOR] * SHARDS
+        # and at every later look it still does (no shard handed back to nobody).
+        for look in range(10):
+            _look(survivor)
+            assert _owners(redis_client) == [SURVIVOR] * SHARDS, f"look {look}"
+            assert survivor.shards() == list(range(SHARDS))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("dead_forgotten", [False, True], ids=["dead-counted", "dead-forgotten"])
+def test_orphans_are_shared_out_again_when_a_companion_joins(
+    make_test_app: AppFactory, redis_client: redis.Redis, dead_forgotten: bool
+) -> None:
+    # Keeping orphans must not keep a newcomer without shards: when another
+    # companion starts (its heartbeat raises the live count), the survivor
+    # gives its surplus up, and the newcomer takes its share; also when the
+    # dead companion's heartbeat aged out before the newcomer came.
+    app = make_test_app(conf={"zdelay_shards": SHARDS, "zdelay_shard_leases": True})
+    store = Store(get_config(app))
+    try:
+        survivor = ShardOwnership(store, SURVIVOR, range(SHARDS), lease_ms=60_000)
+        for shard in range(SHARDS):
+            if shard % 2:
+                assert store.own(shard, SURVIVOR, "acquire", lease_ms=60_000)
+                survivor.owned.add(shard)
+        for _ in range(3):
+            _look(survivor)
+        assert survivor.shards() == list(range(SHARDS))
+        live = LIVE
+        if dead_forgotten:
+            live = 1
+            _look(survivor, live=live)
+            assert survivor.shards() == list(range(SHARDS))
+
+        newcomer = ShardOwnership(store, "newcomer", range(SHARDS), lease_ms=60_000)
+        for _ in range(3):
+            _look(survivor, live=live + 1)
+            _look(newcomer, live=live + 1)
+        owners = _owners(redis_client)
+        assert None not in owners
+        assert owners.count("newcomer") >= 2
+        assert owners.count(SURVIVOR) <= 6
+    finally:
+        store.close()
