@@ -75,16 +75,17 @@ def main(argv: list[str] | None = None) -> int:
         found = run(target, tree, timeout_s=timeout_s)
         records.extend(found)
         seconds[target.name] = round(time.monotonic() - started, 1)
-        killed = sum(1 for r in found if r["killed"])
+        counted = [r for r in found if r["killed"] is not None]
+        killed = sum(1 for r in counted if r["killed"])
         print(
-            f"{target.name}: {killed}/{len(found)} killed in {seconds[target.name]:.0f}s",
+            f"{target.name}: {killed}/{len(counted)} killed in {seconds[target.name]:.0f}s",
             flush=True,
         )
     print(write(args.out, records, seconds))
     print(f"report: {args.out / 'mutants.txt'} and {args.out / 'mutants.json'}")
     if args.fail_under is not None:
         for target in targets:
-            found = [r for r in records if r["target"] == target.name]
+            found = [r for r in records if r["target"] == target.name and r["killed"] is not None]
             if found and 100 * sum(r["killed"] for r in found) / len(found) < args.fail_under:
                 return 1
     return 0

@@ -12,12 +12,16 @@ made to catch nothing, each decorator removed, each ``for`` loop emptied.
 
 from __future__ import annotations
 
+import ast
 import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from cosmic_ray.work_db import WorkDB, use_db  # type: ignore[import-untyped]
+from cosmic_ray.work_item import WorkerOutcome, WorkResult  # type: ignore[import-untyped]
 
 from .run import pytest_command
 from .targets import Target
@@ -91,6 +95,44 @@ def _config(target: Target, timeout_s: float) -> str:
     )
 
 
+Span = tuple[tuple[int, int], tuple[int, int]]
+
+
+def _annotation_spans(module: Path) -> list[Span]:
+    """The (start, end) positions of every type annotation in *module*."""
+    spans: list[Span] = []
+    for node in ast.walk(ast.parse(module.read_text())):
+        annotation: ast.expr | None = None
+        if isinstance(node, (ast.arg, ast.AnnAssign)):
+            annotation = node.annotation
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            annotation = node.returns
+        if annotation is not None and annotation.end_lineno is not None:
+            end_col = annotation.end_col_offset or 0
+            start = (annotation.lineno, annotation.col_offset)
+            spans.append((start, (annotation.end_lineno, end_col)))
+    return spans
+
+
+def _within(position: tuple[int, int], span: Span) -> bool:
+    return span[0] <= tuple(position) < span[1]
+
+
+def _skip_annotations(module: Path, session: Path) -> None:
+    """Skip mutants inside annotations: with ``from __future__ import annotations``
+    (every module here) they are never evaluated, so those mutants are
+    equivalent by construction and would only lower the kill rate."""
+    spans = _annotation_spans(module)
+    with use_db(str(session), WorkDB.Mode.open) as work_db:
+        for item in list(work_db.pending_work_items):
+            mutation = item.mutations[0]
+            if any(_within(mutation.start_pos, span) for span in spans):
+                work_db.set_result(
+                    item.job_id,
+                    WorkResult(output="In an annotation", worker_outcome=WorkerOutcome.SKIPPED),
+                )
+
+
 def _cli(tree: Path, *args: str) -> str:
     bin_dir = Path(sys.executable).parent
     done = subprocess.run(
@@ -113,6 +155,7 @@ def run_module(target: Target, tree: Path, *, timeout_s: float) -> list[dict[str
     _cli(tree, "cosmic-ray", "init", str(config), str(session))
     _cli(tree, "cr-filter-operators", str(session), str(config))
     _cli(tree, "cr-filter-pragma", str(session))
+    _skip_annotations(tree / target.path, session)
     _cli(tree, "cosmic-ray", "exec", str(config), str(session))
     records = []
     for line in _cli(tree, "cosmic-ray", "dump", str(session)).splitlines():
@@ -120,6 +163,7 @@ def run_module(target: Target, tree: Path, *, timeout_s: float) -> list[dict[str
         if result is None or result.get("worker_outcome") == "skipped":
             continue
         mutation = item["mutations"][0]
+        outcome = result.get("test_outcome")
         records.append(
             {
                 "target": target.name,
@@ -127,8 +171,10 @@ def run_module(target: Target, tree: Path, *, timeout_s: float) -> list[dict[str
                 "line": mutation["start_pos"][0],
                 "kind": mutation["operator_name"].removeprefix("core/"),
                 "description": f"{mutation['operator_name']} #{mutation['occurrence']}",
-                "killed": result.get("test_outcome") != "survived",
-                "outcome": result.get("test_outcome") or result.get("worker_outcome"),
+                # "incompetent": cosmic-ray could not make this mutant (it
+                # raised while rewriting the module); not a mutant, not counted.
+                "killed": None if outcome == "incompetent" else outcome != "survived",
+                "outcome": outcome or result.get("worker_outcome"),
                 "diff": result.get("diff") or "",
             }
         )

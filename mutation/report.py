@@ -16,14 +16,17 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for record in records:
         by_target[record["target"]].append(record)
     summary = {}
-    for name, items in by_target.items():
+    for name, everything in by_target.items():
+        # A mutant the tool could not make (killed is None) is listed, not counted.
+        items = [r for r in everything if r["killed"] is not None]
         killed = sum(1 for r in items if r["killed"])
         summary[name] = {
-            "path": items[0]["path"],
+            "path": everything[0]["path"],
             "mutants": len(items),
+            "not_made": len(everything) - len(items),
             "killed": killed,
             "kill_rate": round(killed / len(items), 4) if items else None,
-            "survivors": [r for r in items if not r["killed"]],
+            "survivors": [r for r in items if r["killed"] is False],
         }
     return summary
 

@@ -102,6 +102,16 @@ def test_basic_auth_lets_in_the_one_user_with_its_password_only() -> None:
     assert status == "401 Unauthorized"
 
 
+def test_basic_auth_refuses_credentials_that_are_not_strict_base64() -> None:
+    app = BasicAuth(_inner, "ops", "s3cret")
+    encoded = base64.b64encode(b"ops:s3cret").decode()
+    # A lenient decoder would drop the stray characters and let these in.
+    for mangled in (encoded[:4] + "*" + encoded[4:], encoded[:4] + "\n" + encoded[4:]):
+        assert _call(app, HTTP_AUTHORIZATION=f"Basic {mangled}")[0] == "401 Unauthorized"
+    # WSGI hands headers over as latin-1 text: a non-ASCII one is refused, not a crash.
+    assert _call(app, HTTP_AUTHORIZATION="Basic b3BzOnMzY3JldA==\u00e9")[0] == "401 Unauthorized"
+
+
 def test_basic_auth_names_its_realm() -> None:
     app = BasicAuth(_inner, "ops", "s3cret", realm="shop")
     _, headers, _ = _call(app)
