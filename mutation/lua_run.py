@@ -32,6 +32,11 @@ def run_script(target: Target, tree: Path, *, timeout_s: float) -> list[dict[str
                     n=1,
                 )
             )
+            print(
+                f"  {mutant.ident}: {'survived' if outcome.passed else 'killed'}"
+                f" ({outcome.seconds:.0f}s)",
+                flush=True,
+            )
             records.append(
                 {
                     "target": target.name,

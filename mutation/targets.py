@@ -27,11 +27,13 @@ class Target:
         return self.path.endswith(".lua")
 
 
+# A target's own kill tests come first: they need no worker or companion,
+# so most mutants are killed within seconds.
 _SIGNING = (
+    "tests/test_mutation_kills_entry.py",
     "tests/test_security.py",
     "tests/test_hardening_signing.py",
     "tests/test_entry_format.py",
-    "tests/test_mutation_kills_entry.py",
 )
 _RELEASE = ("tests/test_release.py", "tests/test_handoff.py")
 
@@ -90,7 +92,11 @@ LUA = (
     Target("claim.lua", _STORE + "claim.lua", ("tests/test_crash_recovery.py", *_RELEASE)),
     Target("handoff.lua", _STORE + "handoff.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
     Target("push.lua", _STORE + "push.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
-    Target("ack.lua", _STORE + "ack.lua", ("tests/test_crash_recovery.py", *_RELEASE)),
+    Target(
+        "ack.lua",
+        _STORE + "ack.lua",
+        ("tests/test_mutation_kills_ack_lua.py", "tests/test_crash_recovery.py", *_RELEASE),
+    ),
     Target(
         "unclaim.lua",
         _STORE + "unclaim.lua",
@@ -102,7 +108,11 @@ LUA = (
     Target("reschedule.lua", _STORE + "reschedule.lua", ("tests/test_cancel_reschedule.py",)),
     Target("requeue.lua", _STORE + "requeue.lua", _ADMIN),
     Target("purge.lua", _STORE + "purge.lua", _ADMIN),
-    Target("own.lua", _STORE + "own.lua", ("tests/test_shard_leases.py",)),
+    Target(
+        "own.lua",
+        _STORE + "own.lua",
+        ("tests/test_mutation_kills_own_lua.py", "tests/test_shard_leases.py"),
+    ),
     Target("_pointer.lua", _PERIODIC + "_pointer.lua", _PERIODIC_TESTS),
     Target("define.lua", _PERIODIC + "define.lua", _PERIODIC_TESTS),
     Target("advance.lua", _PERIODIC + "advance.lua", _PERIODIC_TESTS),
