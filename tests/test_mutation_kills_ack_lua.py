@@ -71,3 +71,15 @@ def test_the_last_acknowledgement_of_a_template_deletes_it(
     assert list(_template_counts(redis_client).values()) == [b"1"]
     assert store_for(app).ack(0, token, ["b"]) == 1
     assert redis_client.hlen(KEYS.templates) == 0
+
+
+def test_a_key_of_another_type_is_refused_with_the_fix_before_anything_is_forgotten(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    token = _park_and_claim(app, ["a"])
+    redis_client.delete(KEYS.msg)
+    redis_client.set(KEYS.msg, "something else wrote this")
+    with pytest.raises(redis.ResponseError, match=r"holds a string, not a hash"):
+        store_for(app).ack(0, token, ["a"])
+    assert redis_client.zscore(KEYS.lease, "a") is not None
+    assert redis_client.hexists(KEYS.leased, "a")
