@@ -1,0 +1,133 @@
+"""What is mutated, and the tests each mutant runs against.
+
+Each target is one file that guards a promise, with the tests that cover
+that promise: a mutant runs only those (``pytest -x``: the first failure
+kills it), so the whole run fits a stated time on a 2-core machine (see
+docs/mutation.rst for the time it took). A test added for a promise goes
+into its target's list here too, or the run does not see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LUA", "PYTHON", "QUICK", "Target", "by_name"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A file to mutate, and the test files (or node ids) that must catch each mutant."""
+
+    name: str
+    path: str
+    tests: tuple[str, ...]
+
+    @property
+    def is_lua(self) -> bool:
+        return self.path.endswith(".lua")
+
+
+# A target's own kill tests come first: they need no worker or companion,
+# so most mutants are killed within seconds.
+_SIGNING = (
+    "tests/test_mutation_kills_entry.py",
+    "tests/test_security.py",
+    "tests/test_hardening_signing.py",
+    "tests/test_entry_format.py",
+)
+_RELEASE = ("tests/test_release.py", "tests/test_handoff.py")
+
+PYTHON = (
+    # Entry signing and verification: what the companion publishes is what was signed.
+    Target("entry", "celery_zdelay/entry.py", _SIGNING),
+    # Due times: countdown= and eta= as Celery reads them, never early.
+    Target(
+        "schedule",
+        "celery_zdelay/schedule.py",
+        ("tests/test_mutation_kills_schedule.py", "tests/test_bad_input.py"),
+    ),
+    # The dashboard's CSRF tokens and the standalone server's authentication.
+    Target(
+        "web.security",
+        "celery_zdelay/web/security.py",
+        ("tests/test_mutation_kills_web_security.py", "tests/test_web.py"),
+    ),
+    # Periodic occurrences: each one parked once, none missed.
+    Target(
+        "periodic.occurrences",
+        "celery_zdelay/periodic/occurrences.py",
+        ("tests/test_periodic.py", "tests/test_periodic_hardening.py"),
+    ),
+    # The companion's publish and publisher confirms: forgotten only when accepted.
+    Target(
+        "companion.publish",
+        "celery_zdelay/companion/publish.py",
+        ("tests/test_hardening_publish.py", *_RELEASE),
+    ),
+    # The second-delivery guard.
+    Target("dedupe", "celery_zdelay/dedupe.py", ("tests/test_dedupe.py",)),
+    # Capture: the message Celery would have sent is the one parked.
+    Target(
+        "capture",
+        "celery_zdelay/capture.py",
+        ("tests/test_entry_many.py", "tests/test_transparent.py", "tests/test_fidelity.py"),
+    ),
+)
+
+_STORE = "celery_zdelay/store/lua/"
+_PERIODIC = "celery_zdelay/periodic/lua/"
+_PERIODIC_TESTS = ("tests/test_periodic.py", "tests/test_periodic_hardening.py")
+_ADMIN = ("tests/test_admin.py",)
+
+LUA = (
+    Target(
+        "_guard.lua",
+        _STORE + "_guard.lua",
+        ("tests/test_hardening_store.py", "tests/test_store_refusals.py"),
+    ),
+    Target("_expand.lua", _STORE + "_expand.lua", ("tests/test_entry_format.py", *_RELEASE)),
+    Target(
+        "park.lua", _STORE + "park.lua", ("tests/test_parked_at.py", "tests/test_bulk_parking.py")
+    ),
+    Target("claim.lua", _STORE + "claim.lua", ("tests/test_crash_recovery.py", *_RELEASE)),
+    Target("handoff.lua", _STORE + "handoff.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
+    Target("push.lua", _STORE + "push.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
+    Target(
+        "ack.lua",
+        _STORE + "ack.lua",
+        ("tests/test_mutation_kills_ack_lua.py", "tests/test_crash_recovery.py", *_RELEASE),
+    ),
+    Target(
+        "unclaim.lua",
+        _STORE + "unclaim.lua",
+        ("tests/test_crash_recovery.py", "tests/test_hardening_publish.py"),
+    ),
+    Target("recover.lua", _STORE + "recover.lua", ("tests/test_crash_recovery.py",)),
+    Target("deadletter.lua", _STORE + "deadletter.lua", ("tests/test_security.py", *_ADMIN)),
+    Target("cancel.lua", _STORE + "cancel.lua", ("tests/test_cancel_reschedule.py",)),
+    Target("reschedule.lua", _STORE + "reschedule.lua", ("tests/test_cancel_reschedule.py",)),
+    Target("requeue.lua", _STORE + "requeue.lua", _ADMIN),
+    Target("purge.lua", _STORE + "purge.lua", _ADMIN),
+    Target(
+        "own.lua",
+        _STORE + "own.lua",
+        ("tests/test_mutation_kills_own_lua.py", "tests/test_shard_leases.py"),
+    ),
+    Target("_pointer.lua", _PERIODIC + "_pointer.lua", _PERIODIC_TESTS),
+    Target("define.lua", _PERIODIC + "define.lua", _PERIODIC_TESTS),
+    Target("advance.lua", _PERIODIC + "advance.lua", _PERIODIC_TESTS),
+    Target("pause.lua", _PERIODIC + "pause.lua", _PERIODIC_TESTS),
+    Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
+)
+
+#: ``make mutants-quick`` (CI): small files whose tests take seconds.
+QUICK = ("schedule", "web.security", "ack.lua", "own.lua")
+
+
+def by_name(name: str) -> Target:
+    """The target called *name* (a module's dotted name or a script's file name)."""
+    for target in (*PYTHON, *LUA):
+        if target.name == name:
+            return target
+    names = ", ".join(t.name for t in (*PYTHON, *LUA))
+    raise SystemExit(f"No mutation target {name!r}; the targets are: {names}.")

@@ -1,0 +1,89 @@
+"""Every Lua mutant that ``make mutants`` runs is valid Lua that changes code, never a comment.
+
+A mutant that does not compile would be "killed" by any test and inflate
+the kill rate; a mutant inside a comment or an error message would
+survive every test and deflate it. So each one is compiled by a real
+Redis (``SCRIPT LOAD`` compiles without running) and compared, token by
+token, with its script.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import redis
+
+from celery_zdelay.testing import RedisServer
+from mutation.lua_mutants import mutants, tokenize
+from mutation.targets import LUA
+from mutation.tree import ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _prose(source: str) -> Counter[str]:
+    return Counter(t.text for t in tokenize(source) if t.kind in ("comment", "string"))
+
+
+def test_comments_strings_and_long_brackets_are_single_tokens() -> None:
+    source = (
+        "-- a < b and c\n"
+        "--[[ x == y\n  or z ]]\n"
+        "local s = 'it''s' .. \"a \\\" - b\" .. [==[ 1 + 2 ]==]\n"
+        "return -1 <= #s and not s ~= 0x1F\n"
+    )
+    kinds = [(t.kind, t.text) for t in tokenize(source)]
+    assert kinds[:2] == [("comment", "-- a < b and c"), ("comment", "--[[ x == y\n  or z ]]")]
+    assert ("string", '"a \\" - b"') in kinds
+    assert ("string", "[==[ 1 + 2 ]==]") in kinds
+    assert ("op", "<=") in kinds
+    assert ("op", "~=") in kinds
+    assert ("number", "0x1F") in kinds
+    assert [t.line for t in tokenize(source) if t.text == "return"] == [5]
+
+
+def test_each_kind_of_mutant_is_made_once_per_place() -> None:
+    source = (
+        "local n = tonumber(ARGV[1])\n"
+        "if n >= 2 and not done then\n"
+        "  redis.call('DEL', KEYS[1])\n"
+        "end\n"
+        "return -1\n"
+    )
+    found = {(m.line, m.kind, m.description) for m in mutants("x.lua", source)}
+    assert found == {
+        (1, "constant", "1 -> 2"),
+        (2, "operator", ">= -> >"),
+        (2, "constant", "2 -> 3"),
+        (2, "operator", "and -> or"),
+        (2, "operator", "not -> (removed)"),
+        (3, "constant", "1 -> 2"),
+        (3, "line", "deleted: redis.call('DEL', KEYS[1])"),
+        (5, "operator", "- -> (removed)"),
+        (5, "constant", "1 -> 2"),
+        (5, "line", "deleted: return -1"),
+    }
+
+
+def test_every_mutant_of_every_script_compiles_and_leaves_comments_and_strings_alone(
+    redis_server: RedisServer,
+) -> None:
+    client: redis.Redis = redis_server.client()
+    total = 0
+    for target in LUA:
+        original = (ROOT / target.path).read_text()
+        client.script_load(original)
+        found = mutants(target.name, original)
+        assert found, target.name
+        for mutant in found:
+            assert mutant.source != original, mutant.ident
+            if mutant.kind != "line":
+                assert _prose(mutant.source) == _prose(original), mutant.ident
+            try:
+                client.script_load(mutant.source)
+            except redis.ResponseError as exc:  # pragma: no cover - the failure message
+                pytest.fail(f"{mutant.ident} does not compile: {exc}")
+        total += len(found)
+    client.script_flush()
+    assert total > 500
