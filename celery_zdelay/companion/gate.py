@@ -109,12 +109,23 @@ class Gate:
             return task
         return None
 
-    def releasable(self, shards: Iterable[int]) -> list[str]:
-        """Return the controls with held entries on *shards* that are not paused."""
-        names: set[str] = set()
-        for shard in shards:
-            names |= self.lanes.get(shard, set())
-        return sorted(name for name in names if name not in self.paused)
+    def releasable(self, shards: Iterable[int]) -> dict[str, list[int]]:
+        """Return the controls that may hold entries on *shards* and are not paused.
+
+        For each, the shards to look at: all of them for a limit (another
+        companion may have held entries on a shard since the lanes were
+        read, and due order across shards needs them all), else those with
+        a held set of it (a removed limit or a resumed pause, to drain).
+        """
+        shard_list = list(shards)
+        found: dict[str, list[int]] = {}
+        for name in self.limits:
+            found[name] = shard_list
+        for shard in shard_list:
+            for name in self.lanes.get(shard, ()):
+                if name not in self.limits:
+                    found.setdefault(name, []).append(shard)
+        return {name: found[name] for name in sorted(found) if name not in self.paused}
 
     def first_held(self, name: str, shards: Iterable[int], count: int) -> list[int]:
         """Return the shard of each of the first *count* entries *name* holds, in due order.
@@ -123,9 +134,7 @@ class Gate:
         not overtake older entries held on another.
         """
         scores = [
-            [(score, shard) for score in self.control.peek(shard, name, count)]
-            for shard in shards
-            if name in self.lanes.get(shard, ())
+            [(score, shard) for score in self.control.peek(shard, name, count)] for shard in shards
         ]
         return [shard for _, shard in _first(scores, count)]
 

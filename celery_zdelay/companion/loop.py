@@ -471,9 +471,8 @@ class Companion:
         claimed entries come back when their lease expires.
         """
         gate = self.gate
-        for name in gate.releasable(shards):
+        for name, lane_shards in gate.releasable(shards).items():
             limit = gate.limits.get(name)
-            lane_shards = [s for s in shards if name in gate.lanes.get(s, ())]
             while not self._stopping.is_set() and not report.failed:
                 order = gate.first_held(name, lane_shards, self.batch_size)
                 wanted = len(order)
