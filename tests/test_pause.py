@@ -11,12 +11,15 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.companion.gate import REFRESH_SECONDS
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import UnknownControlWarning, controls
+from celery_zdelay.metrics import Metrics
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, largest_overtake_s
 from tests.helpers import CeleryProcess
@@ -167,3 +170,35 @@ def test_pausing_an_unknown_task_is_a_warning_and_a_bad_name_an_error(app: Celer
         celery_zdelay.pause("emails", app=app)
     assert celery_zdelay.resume("task:tests.ad", app=app) is True
     assert celery_zdelay.resume("task:tests.ad", app=app) is False
+
+
+def test_metrics_tell_held_by_a_pause_from_held_by_a_limit(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given emails paused, tests.add limited to 1/m, and both due
+    app = _app(make_test_app)
+    celery_zdelay.pause("queue:emails", app=app)
+    celery_zdelay.set_rate_limit("task:tests.add", "1/m", app=app)
+    for i in range(3):
+        app.tasks["tests.record"].apply_delayed((i,), countdown=0, queue="emails")
+        app.tasks["tests.add"].apply_delayed((i, i), countdown=0)
+
+    # When a companion with metrics makes a pass
+    with Companion(app) as comp:
+        metrics = Metrics(comp.store).connect(comp)
+        try:
+            comp.release_due()
+            text = generate_latest(metrics.registry).decode()
+        finally:
+            metrics.close()
+
+    # Then the counter and the gauge name each control and why it holds
+    samples = {
+        (s.name, s.labels.get("control"), s.labels.get("reason")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("zdelay_held_total", "queue:emails", "pause")] == 3
+    assert samples[("zdelay_held_total", "task:tests.add", "rate_limit")] == 3
+    assert samples[("zdelay_held_tasks", "queue:emails", "pause")] == 3
+    assert samples[("zdelay_held_tasks", "task:tests.add", "rate_limit")] == 2
