@@ -22,9 +22,11 @@ from celery_zdelay.config import get_config
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import UnknownControlWarning, controls, rate_limits
 from celery_zdelay.rates import parse_limit
+from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, largest_overtake_s, most_in_any_window
 from tests.helpers import CeleryProcess, wait_for
+from tests.servers import LocalCluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -82,6 +84,42 @@ def test_a_limit_holds_across_three_companions_and_four_shards_and_spares_other_
     # companions: none goes out more than a moment after one due after it
     assert largest_overtake_s(released, due_ms) < 1.0
     # And the unlimited queue was not held back by the limited one
+    assert Counter(a.task_id for a in unlimited) == Counter(r.id for r in others)
+    assert max(a.at for a in unlimited) - released[0].at < 3.0
+
+
+def test_a_limit_holds_on_a_redis_cluster_store(
+    make_test_app: AppFactory, cluster: LocalCluster, broker_server: RedisServer, companion: Any
+) -> None:
+    # Given a store on a 3-master cluster (4 shards over its nodes, the bucket
+    # on whichever node its slot is), a separate broker, 2 companions, 40/s
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={
+            "zdelay_redis_url": cluster.url,
+            "zdelay_shards": 4,
+            "zdelay_rate_limits": {"queue:emails": "40/s"},
+        },
+        queues=QUEUES,
+    )
+    record = app.tasks["tests.record"]
+    for _ in range(2):
+        companion(app)
+    broker = broker_server.client(0)
+
+    with BrokerTap(broker, "emails", "celery") as tap:
+        # When 160 emails and 100 other tasks fall due at once
+        emails = [record.apply_delayed((i,), countdown=1.0, queue="emails") for i in range(160)]
+        others = [record.apply_delayed((i,), countdown=1.0) for i in range(100)]
+        released = tap.wait_for("emails", 160, timeout=60)
+        time.sleep(0.3)
+        released = tap.of("emails")
+        unlimited = tap.of("celery")
+
+    # Then the emails go out once each, at the limit, and the others at once
+    assert Counter(a.task_id for a in released) == Counter(r.id for r in emails)
+    assert released[-1].at - released[0].at >= (160 - 40) / 40 * 0.9
+    assert most_in_any_window(released, 1.0) <= 40 + 40 + 20
     assert Counter(a.task_id for a in unlimited) == Counter(r.id for r in others)
     assert max(a.at for a in unlimited) - released[0].at < 3.0
 
