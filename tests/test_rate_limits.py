@@ -138,8 +138,9 @@ def test_a_companion_killed_while_throttled_loses_and_duplicates_nothing(
         tap.wait_for("emails", 80, timeout=60)
         companions[0].kill()
 
-        # Then every email still arrives, exactly once
-        tap.wait_for("emails", 200, timeout=60)
+        # Then every email still arrives, exactly once, and still at the limit
+        arrived = tap.wait_for("emails", 200, timeout=60)
+        assert arrived[-1].at - arrived[0].at >= (200 - 40) / 40 * 0.9
         time.sleep(2.5)  # past a lease: what the dead one held comes back once
         ids = Counter(a.task_id for a in tap.of("emails"))
     assert ids == Counter(r.id for r in emails)
@@ -186,8 +187,9 @@ def test_a_throttled_companion_sleeps_until_the_next_token(
     used = _cpu_seconds(process.pid) - before
     wall = time.monotonic() - started
 
-    # Then it used a small part of a core (a busy loop would use all of it)
-    assert used / wall < 0.15, used / wall
+    # Then it used a small part of a core
+    # (measured 1.3-1.7 %; waking without waiting for the token: 15 %)
+    assert used / wall < 0.06, used / wall
     assert 2 <= redis_client.llen("emails") <= 2 + 2 * (wall + 5)
 
 
