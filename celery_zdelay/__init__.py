@@ -16,6 +16,7 @@ from .control import (
 )
 from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
 from .hooks import install_everywhere as _install_everywhere
+from .limits import pause, resume, set_rate_limit
 from .parking import apply_delayed, batch, send_delayed
 from .task import DelayedTaskMixin, Task
 from .transparent import TransparentAMQP
@@ -41,7 +42,10 @@ __all__ = [
     "cancel",
     "cancel_matching",
     "lookup",
+    "pause",
     "reschedule",
     "reschedule_matching",
+    "resume",
     "send_delayed",
+    "set_rate_limit",
 ]

@@ -9,13 +9,14 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kombu.utils.url import maybe_sanitize_url
 
 from .errors import ConfigurationError
+from .rates import RateLimit, parse_limits
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -66,6 +67,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_beat": "companions serve beat_schedule (periodic tasks) instead of celery beat",
     "zdelay_audit_log": "log one INFO line per released, cancelled, rescheduled or dead task",
     "zdelay_whole_messages": "park messages exactly as pushed: a faster handoff, more Redis memory",
+    "zdelay_rate_limits": "release rate limits per queue or task, global across companions",
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -117,6 +119,9 @@ class ZDelayConfig:
     #: handoff then moves it without building a string, faster, at the cost
     #: of more Redis memory per parked task.
     whole_messages: bool = False
+    #: Release rate limits: control name (``queue:<q>``/``task:<t>``) -> limit;
+    #: a limit set at run time (:func:`celery_zdelay.set_rate_limit`) overrides it.
+    rate_limits: Mapping[str, RateLimit] = field(default_factory=dict)
 
     @property
     def redis_url(self) -> str:
@@ -268,6 +273,7 @@ def _build(
         beat=_flag("zdelay_beat", raw["zdelay_beat"]),
         audit_log=_flag("zdelay_audit_log", raw["zdelay_audit_log"]),
         whole_messages=whole_messages,
+        rate_limits=parse_limits(raw["zdelay_rate_limits"]),
     )
 
 

@@ -29,6 +29,11 @@ fed by :mod:`celery_zdelay.signals`::
     zdelay_dead_lettered_total                  entries moved to the dead-letter set
     zdelay_release_lateness_seconds{path}       release time minus due time
     zdelay_claim_duration_seconds               duration of each claim call that took entries
+    zdelay_held_total{control,reason}           entries held back by a rate limit or a pause
+
+and the entries held back now (:mod:`celery_zdelay.control_metrics`)::
+
+    zdelay_held_tasks{control,reason}           reason "rate_limit" or "pause"
 
 There is no cancellation counter: cancellations happen in producers and in
 ``zdelay cancel``, never in the companion, so a counter here would always
@@ -46,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from . import signals
+from .control_metrics import ControlCollector
 from .errors import ConfigurationError, ZDelayError
 from .periodic.metrics import PeriodicCollector
 from .store import Store, admin
@@ -177,6 +183,7 @@ class Metrics:
         self.collector = _StoreCollector(store, prometheus)
         self.registry.register(self.collector)
         self.registry.register(PeriodicCollector(store, prometheus.core))
+        self.registry.register(ControlCollector(store, prometheus.core))
         self.released = prometheus.Counter(
             "zdelay_released",
             "Entries this companion released to the broker.",
@@ -201,6 +208,12 @@ class Metrics:
             buckets=CLAIM_BUCKETS,
             registry=self.registry,
         )
+        self.held = prometheus.Counter(
+            "zdelay_held",
+            "Entries this companion held back under a rate limit or a pause.",
+            ["control", "reason"],
+            registry=self.registry,
+        )
         for path in _PATHS:
             self.released.labels(path)
             self.lateness.labels(path)
@@ -212,6 +225,7 @@ class Metrics:
         signals.batch_released.connect(self._on_released, sender=sender, weak=False)
         signals.batch_claimed.connect(self._on_claimed, sender=sender, weak=False)
         signals.task_dead_lettered.connect(self._on_dead_lettered, sender=sender, weak=False)
+        signals.tasks_held.connect(self._on_held, sender=sender, weak=False)
         return self
 
     def close(self) -> None:
@@ -219,6 +233,7 @@ class Metrics:
         signals.batch_released.disconnect(self._on_released, sender=self._sender)
         signals.batch_claimed.disconnect(self._on_claimed, sender=self._sender)
         signals.task_dead_lettered.disconnect(self._on_dead_lettered, sender=self._sender)
+        signals.tasks_held.disconnect(self._on_held, sender=self._sender)
 
     def _on_released(self, path: str, count: int, lateness_ms: list[int], **kwargs: Any) -> None:
         self.released.labels(path).inc(count)
@@ -231,6 +246,9 @@ class Metrics:
 
     def _on_dead_lettered(self, **kwargs: Any) -> None:
         self.dead_lettered.inc()
+
+    def _on_held(self, control: str, reason: str, count: int, **kwargs: Any) -> None:
+        self.held.labels(control, reason).inc(count)
 
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):

@@ -23,6 +23,7 @@ __all__ = [
     "companion_started",
     "companion_stopped",
     "task_dead_lettered",
+    "tasks_held",
 ]
 
 #: Sent when a companion starts releasing. Sender: the
@@ -47,3 +48,9 @@ batch_released = Signal(name="zdelay_batch_released")
 #: Sent when an entry moved to the dead-letter set. Sender: the companion.
 #: Arguments: ``shard``, ``task_id``, ``reason`` (text), ``due_ms``.
 task_dead_lettered = Signal(name="zdelay_task_dead_lettered")
+
+#: Sent when a rate limit or a pause held entries back (parked in Redis until
+#: it allows them). Sender: the companion. Arguments: ``shard``; ``control``,
+#: the control name (``"queue:emails"``, ``"task:proj.sms"``); ``reason``,
+#: ``"rate_limit"`` or ``"pause"``; ``count``.
+tasks_held = Signal(name="zdelay_tasks_held")

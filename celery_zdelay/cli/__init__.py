@@ -5,14 +5,15 @@ done by :mod:`celery_zdelay.companion`, :mod:`celery_zdelay.control`,
 :mod:`celery_zdelay.store.admin` and :mod:`celery_zdelay.metrics`, and the
 printing by :mod:`celery_zdelay._views`. One module per group of commands:
 :mod:`.companion` (the ``zdelay`` group itself), :mod:`.inspect` (status,
-list), :mod:`.steer` (cancel, reschedule), :mod:`.dead`; what they share is
-in :mod:`._base`. Another package adds its group at the end of this file:
-one import and one ``zdelay.add_command`` line.
+list), :mod:`.steer` (cancel, reschedule), :mod:`.dead`, :mod:`.limit` (limit,
+pause, resume); what they share is in :mod:`._base`. Another package adds
+its group at the end of this file: one import and one ``zdelay.add_command``
+line.
 """
 
 from __future__ import annotations
 
-from . import dead, inspect, steer  # noqa: F401  (each registers its commands)
+from . import dead, inspect, limit, steer  # noqa: F401  (each registers its commands)
 from ._base import (
     _CONTEXT,
     EXIT_CHECK_FAILED,

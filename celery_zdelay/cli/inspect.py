@@ -6,6 +6,7 @@ import click
 from celery.bin.base import CeleryOption
 
 from .. import _views
+from ..limits import controls
 from ..periodic.views import schedule_json, schedule_lines, store_schedules
 from ..schedule import Due
 from ..store import admin
@@ -23,6 +24,7 @@ from ._base import (
     _when_option,
 )
 from .companion import zdelay
+from .limit import control_lines
 
 __all__ = ["list_", "status"]
 
@@ -96,6 +98,7 @@ def status(
     with _store(ctx) as store:
         current = admin.status(store)
         _, schedules = store_schedules(store)
+        held = controls(app=ctx.obj.app)
     shards = len(current.counts.shards)
     max_overdue_ms = round(max_overdue * 1000)
     problems = admin.check(current, max_overdue_ms=max_overdue_ms) if check else None
@@ -104,6 +107,7 @@ def status(
             current, shards=shards, problems=problems, max_overdue_ms=max_overdue_ms
         )
         document["periodic"] = [schedule_json(info) for info in schedules]
+        document["controls"] = [info.as_json() for info in held]
         _echo_json(document)
     elif problems is not None:
         click.echo(_views.check_text(problems, current))
@@ -111,6 +115,8 @@ def status(
         click.echo(_views.status_text(current, shards=shards, per_shard=per_shard))
         if schedules:
             click.echo("\nPeriodic schedules:\n" + "\n".join(schedule_lines(schedules)))
+        if held:
+            click.echo("\nRate limits and pauses:\n" + "\n".join(control_lines(held)))
     ctx.exit(EXIT_CHECK_FAILED if problems else EXIT_OK)
 
 

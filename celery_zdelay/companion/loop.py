@@ -33,6 +33,7 @@ from ..store import Claimed, ClaimResult, Store
 from ..store.admin import COMPANION_ALIVE_MS, log_store_warnings
 from ..store.client import sanitize_url
 from ..store.keys import companions_key
+from .gate import MIN_THROTTLE_SECONDS, REFRESH_SECONDS, Gate
 from .handoff import Handoff, detect_handoff
 from .ownership import ShardOwnership
 from .publish import Publisher, is_transient_reply, make_publisher
@@ -86,6 +87,8 @@ class PassReport:
     next_event_s: float | None = None
     #: The broker or store failed during the pass.
     failed: bool = False
+    #: Entries held back by a rate limit or a pause, per control name.
+    held: dict[str, int] = field(default_factory=dict)
 
     @property
     def released(self) -> int:
@@ -133,6 +136,8 @@ class Companion:
             else None
         )
         self.totals = PassReport()
+        #: Rate limits and pauses (see gate.py).
+        self.gate = Gate(self.store)
         #: Serves beat_schedule (zdelay_beat or ``--beat``), else None.
         self.periodic = (
             PeriodicServer(app, self.store, companion_id=self.id)
@@ -183,6 +188,9 @@ class Companion:
                     wait = min(wait, report.next_event_s)
                 if self._ownership is not None:
                     wait = min(wait, self._ownership.check_seconds)
+                if self.gate.watching:
+                    # Held entries are not in the due set the claims look at.
+                    wait = min(wait, REFRESH_SECONDS)
                 self._sleep(wakeup, wait)
         finally:
             self._stopping.set()
@@ -252,10 +260,14 @@ class Companion:
         try:
             if not self._handoff_known:
                 self._detect_handoff()
-            for shard in self._ownership.shards() if self._ownership else self.shards:
+            shards = self._ownership.shards() if self._ownership else self.shards
+            self.gate.refresh(shards)
+            for shard in shards:
                 self._release_shard(shard, report, advance_ms)
                 if report.failed:
                     break
+            if self.gate.watching and not report.failed:
+                self._release_held(shards, report)
         except StoreUnavailableError as exc:
             logger.warning("Store unreachable, retrying with backoff: %s", exc)
             report.failed = True
@@ -351,7 +363,9 @@ class Companion:
         # With signing on, every entry is leased and verified in Python first
         # (then pushed atomically by push.lua): handoff.lua cannot check an
         # HMAC, so it must not see entries before they are verified.
-        if self._handoff is not None and not self.config.signing_keys:
+        # With a limit or pause on, every entry is leased and checked by the
+        # gate first: handoff.lua would push an entry it must hold.
+        if self._handoff is not None and not self.config.signing_keys and not self.gate.active:
             return self.store.handoff(
                 shard,
                 dests=self._handoff.dests(self.store, shard, refresh=fresh),
@@ -383,13 +397,25 @@ class Companion:
         return self.periodic.due_by(int(now_ms) + advance_ms + OCCURRENCE_MARGIN_MS)
 
     def _release_leased(
-        self, shard: int, result: ClaimResult, report: PassReport, claimed_at: float
+        self,
+        shard: int,
+        result: ClaimResult,
+        report: PassReport,
+        claimed_at: float,
+        *,
+        passed: str | None = None,
     ) -> None:
-        """Release leased entries: hand off, publish, give back or dead-letter each."""
+        """Release leased entries: hand off, publish, hold, give back or dead-letter each.
+
+        *passed* names the control whose tokens the entries were released
+        under (see :meth:`Gate.lane_of`).
+        """
         token = result.token
         dead: list[tuple[str, dict[str, Any]]] = []
         pushable: list[tuple[Claimed, TaskMessage]] = []
         generic: list[tuple[Claimed, TaskMessage]] = []
+        held: dict[str, list[str]] = {}
+        gate = self.gate if self.gate.active else None
         for entry in result.entries:
             try:
                 message = decode_entry(
@@ -400,6 +426,10 @@ class Companion:
                 )
             except EntryError as exc:
                 dead.append((entry.task_id, self._dead_reason(exc.reason, entry.due_ms)))
+                continue
+            lane = gate.lane_of(message, passed=passed) if gate is not None else None
+            if lane is not None:
+                held.setdefault(lane, []).append(entry.task_id)
                 continue
             handoff = self._handoff
             if handoff is not None and self._can_push(message):
@@ -414,12 +444,77 @@ class Companion:
                 self._note_generic(message)
                 generic.append((entry, message))
 
+        for lane, task_ids in held.items():
+            self._hold(shard, token, lane, task_ids, report)
         if pushable:
             self._push(shard, result, report, pushable, claimed_at)
         if generic:
             dead += self._publish(shard, result, report, generic, claimed_at)
         if dead:
             self._dead_letter(shard, token, report, dead)
+
+    def _hold(
+        self, shard: int, token: int, lane: str, task_ids: list[str], report: PassReport
+    ) -> None:
+        """Hold entries back under *lane*'s pause or limit: parked, in due order."""
+        count = self.gate.control.hold(shard, token, lane, task_ids)
+        if not count:
+            return
+        report.held[lane] = report.held.get(lane, 0) + count
+        self.gate.lanes.setdefault(shard, set()).add(lane)
+        reason = "pause" if lane in self.gate.paused else "rate_limit"
+        self._send(signals.tasks_held, shard=shard, control=lane, reason=reason, count=count)
+        logger.debug("Shard %d: %d entries held by %s (%s)", shard, count, lane, reason)
+
+    def _release_held(self, shards: Sequence[int], report: PassReport) -> None:
+        """Release what limits and pauses held, in due order, as the limits allow.
+
+        Tokens are taken from the limit's bucket (one for all companions and
+        shards) before the claim, and those the claim found no entry for are
+        given back. A companion that dies in between spent them on nothing:
+        the limit is under-used for a moment, never exceeded, and its
+        claimed entries come back when their lease expires.
+        """
+        gate = self.gate
+        for name, lane_shards in gate.releasable(shards).items():
+            limit = gate.limits.get(name)
+            while not self._stopping.is_set() and not report.failed:
+                order = gate.first_held(name, lane_shards, self.batch_size)
+                wanted = len(order)
+                if not wanted:
+                    for shard in lane_shards:
+                        if gate.control.forget_lane(shard, name):
+                            gate.lanes.get(shard, set()).discard(name)
+                    break
+                granted = wanted
+                if limit is not None:
+                    granted, wait_ms = gate.control.take_tokens(name, limit, wanted)
+                    if granted < wanted:
+                        self._note_wait(report, max(wait_ms / 1000, MIN_THROTTLE_SECONDS))
+                    if not granted:
+                        break
+                claimed = 0
+                counts: dict[int, int] = {}
+                for shard in order[:granted]:
+                    counts[shard] = counts.get(shard, 0) + 1
+                for shard, count in counts.items():
+                    result = gate.control.claim_held(
+                        shard, name, limit=count, lease_ms=self.lease_ms
+                    )
+                    claimed_at = time.perf_counter()
+                    self._redis_clock = (result.now_ms, claimed_at)
+                    claimed += len(result.entries)
+                    if result.entries:
+                        self._release_leased(shard, result, report, claimed_at, passed=name)
+                if limit is not None:
+                    gate.control.give_back(name, limit, granted - claimed)
+                if granted < self.batch_size or claimed < granted:
+                    break
+
+    @staticmethod
+    def _note_wait(report: PassReport, seconds: float) -> None:
+        if report.next_event_s is None or seconds < report.next_event_s:
+            report.next_event_s = seconds
 
     def _can_push(self, message: TaskMessage) -> bool:
         """Whether a leased (signed) entry can still go through the atomic handoff."""

@@ -11,10 +11,14 @@ import zlib
 from dataclasses import dataclass
 
 __all__ = [
+    "ControlKeys",
     "PeriodicKeys",
     "ShardKeys",
     "canvas_key",
     "companions_key",
+    "control_keys",
+    "held_key",
+    "lanes_key",
     "periodic_keys",
     "shard_keys",
     "shard_of",
@@ -137,3 +141,40 @@ def canvas_key(prefix: str, result_id: str) -> str:
     cancel and reschedule look it up here. It expires on its own.
     """
     return f"{prefix}:canvas:{result_id}"
+
+
+@dataclass(frozen=True)
+class ControlKeys:
+    """The keys of release control: rate limits and pauses (one hash tag: one slot)."""
+
+    #: HASH control name -> limit JSON {"rate", "burst"}, or "off": set at run time.
+    limits: str
+    #: HASH control name -> ms paused since (Redis clock).
+    paused: str
+
+    def bucket(self, prefix: str, name: str) -> str:
+        """Return the HASH token bucket of the limit *name* (a hash tag of its own).
+
+        Each bucket is its own slot, so on a Redis Cluster the buckets spread
+        over the nodes; a bucket is only ever touched alone (take_tokens.lua).
+        """
+        return f"{{{prefix}:bucket:{name}}}"
+
+
+def control_keys(prefix: str) -> ControlKeys:
+    """Return the key names of release control under *prefix*."""
+    tag = f"{{{prefix}:control}}"
+    return ControlKeys(limits=f"{tag}:limits", paused=f"{tag}:paused")
+
+
+def held_key(prefix: str, shard: int, name: str) -> str:
+    """Return the ZSET of *shard*'s entries held by control *name* (in the shard's slot).
+
+    id -> due score, as in the due set: held entries keep their place in due order.
+    """
+    return f"{{{prefix}:{shard}}}:held:{name}"
+
+
+def lanes_key(prefix: str, shard: int) -> str:
+    """Return the SET of control names with a held set on *shard* (in the shard's slot)."""
+    return f"{{{prefix}:{shard}}}:lanes"

@@ -31,7 +31,7 @@ from .client import (
     sanitize_url,
     unavailable_as_error,
 )
-from .keys import ShardKeys, shard_keys, shard_of
+from .keys import ShardKeys, held_key, lanes_key, shard_keys, shard_of
 from .scripts import Scripts, script_commands
 
 __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
@@ -302,7 +302,33 @@ class Store:
                 )
                 for index, flag in zip(indexes, reply, strict=True):
                     found[index] = bool(flag)
+                missing = [i for i in indexes if not found[i]]
+                if missing:
+                    self._cancel_held(shard, ids, missing, found)
         return found
+
+    def _cancel_held(
+        self, shard: int, ids: list[str], indexes: list[int], found: list[bool]
+    ) -> None:
+        """Cancel entries held back by a rate limit or pause (see store/control.py).
+
+        cancel.lua works on any set scored like the due set: run on each
+        held set of the shard, it cancels held entries the same way.
+        """
+        prefix = self.config.key_prefix
+        keys = self._keys[shard]
+        for name in sorted(self.client.smembers(lanes_key(prefix, shard))):
+            lane = name.decode() if isinstance(name, bytes) else str(name)
+            reply = self.scripts.cancel(
+                keys=[held_key(prefix, shard, lane), keys.msg, keys.templates],
+                args=[ids[i] for i in indexes],
+                client=self.client,
+            )
+            for index, flag in zip(indexes, reply, strict=True):
+                found[index] = found[index] or bool(flag)
+            indexes = [i for i in indexes if not found[i]]
+            if not indexes:
+                return
 
     def reschedule(self, task_id: str, due: Due) -> int | None:
         """Move a parked entry to *due*; return its new due ms, or None if not parked."""

@@ -1,0 +1,157 @@
+"""The gate: which released entries a rate limit or a pause holds back, and when they go.
+
+Every parked task leaves through a companion, so this is where a limit can
+hold for the whole deployment. The companion asks the gate about each entry
+it claimed; an entry of a paused or rate-limited queue or task is held: moved
+from the lease into a held set of its control (``hold.lua``), parked in
+Redis in due order, never in a companion's memory. Each pass then releases
+held entries: none while paused; under a limit, as many as the tokens taken
+from the limit's bucket allow (one bucket for all companions and shards).
+
+With no limit or pause configured and nothing held, the gate costs one read
+of two small hashes every :data:`REFRESH_SECONDS` and nothing per entry:
+:attr:`Gate.active` is False and the companion skips it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Iterable
+
+from ..entry import TaskMessage
+from ..rates import RateLimit
+from ..store import Store
+from ..store.control import ControlStore
+
+__all__ = ["MIN_THROTTLE_SECONDS", "REFRESH_SECONDS", "Gate", "queue_of"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between reads of the limits and pauses: a pause, resume or limit
+#: change reaches every companion within this (plus the batch in hand).
+REFRESH_SECONDS = 0.5
+#: Shortest sleep of a companion held back by a rate limit: it sleeps until
+#: the next token, but wakes for a few at a time rather than for each one.
+MIN_THROTTLE_SECONDS = 0.01
+
+
+def queue_of(message: TaskMessage) -> str:
+    """Return the Celery queue *message* goes to (the one its producer declared)."""
+    if message.declare:
+        return str(message.declare[0])
+    return message.routing_key
+
+
+class Gate:
+    """The limits and pauses one companion applies, read from the settings and the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.control = ControlStore(store)
+        self.config_limits: dict[str, RateLimit] = dict(store.config.rate_limits)
+        #: Effective limits: the settings, overridden by those set at run time.
+        self.limits: dict[str, RateLimit] = dict(self.config_limits)
+        #: Paused names -> since ms.
+        self.paused: dict[str, int] = {}
+        #: Per shard, the controls with a held set there.
+        self.lanes: dict[int, set[str]] = {}
+        self._read_at: float | None = None
+        self._logged: dict[str, str] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether any limit or pause applies: then each claimed entry is checked."""
+        return bool(self.limits or self.paused)
+
+    @property
+    def watching(self) -> bool:
+        """Whether something is limited, paused or held: the companion wakes to refresh."""
+        return self.active or any(self.lanes.values())
+
+    def refresh(self, shards: Iterable[int], *, force: bool = False) -> None:
+        """Read the limits, pauses and held sets again if :data:`REFRESH_SECONDS` passed."""
+        now = time.monotonic()
+        if not force and self._read_at is not None and now - self._read_at < REFRESH_SECONDS:
+            return
+        state = self.control.read()
+        limits = dict(self.config_limits)
+        for name, limit in state.limits.items():
+            if limit is None:
+                limits.pop(name, None)
+            else:
+                limits[name] = limit
+        self.limits = limits
+        self.paused = state.paused
+        self.lanes = self.control.lanes(shards)
+        self._read_at = now
+        self._log_changes()
+
+    def lane_of(self, message: TaskMessage, *, passed: str | None = None) -> str | None:
+        """Return the control that holds *message* back, or None to release it.
+
+        A pause of its task or queue holds it. So does a limit of its queue,
+        then of its task, except those it passed already: *passed* is the
+        control whose tokens it was released under (a queue's limit, then
+        a task's, so an entry under both waits for both, once each).
+        """
+        queue = f"queue:{queue_of(message)}"
+        task = f"task:{message.task_name}"
+        if task in self.paused:
+            return task
+        if queue in self.paused:
+            return queue
+        if passed == task:
+            return None
+        if queue in self.limits and passed != queue:
+            return queue
+        if task in self.limits:
+            return task
+        return None
+
+    def releasable(self, shards: Iterable[int]) -> dict[str, list[int]]:
+        """Return the controls that may hold entries on *shards* and are not paused.
+
+        For each, the shards to look at: all of them for a limit (another
+        companion may have held entries on a shard since the lanes were
+        read, and due order across shards needs them all), else those with
+        a held set of it (a removed limit or a resumed pause, to drain).
+        """
+        shard_list = list(shards)
+        found: dict[str, list[int]] = {}
+        for name in self.limits:
+            found[name] = shard_list
+        for shard in shard_list:
+            for name in self.lanes.get(shard, ()):
+                if name not in self.limits:
+                    found.setdefault(name, []).append(shard)
+        return {name: found[name] for name in sorted(found) if name not in self.paused}
+
+    def first_held(self, name: str, shards: Iterable[int], count: int) -> list[int]:
+        """Return the shard of each of the first *count* entries *name* holds, in due order.
+
+        Entries go out in due order across shards: a backlog on one shard does
+        not overtake older entries held on another.
+        """
+        scores = [
+            [(score, shard) for score in self.control.peek(shard, name, count)] for shard in shards
+        ]
+        return [shard for _, shard in _first(scores, count)]
+
+    def _log_changes(self) -> None:
+        now = {f"limit {n}": lim.text for n, lim in self.limits.items()}
+        now.update({f"pause {n}": str(since) for n, since in self.paused.items()})
+        for key in now.keys() - self._logged.keys():
+            logger.info("Release control on: %s %s", key, now[key])
+        for key in self._logged.keys() - now.keys():
+            logger.info("Release control off: %s", key)
+        self._logged = now
+
+
+def _first(scores: list[list[tuple[int, int]]], count: int) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for item in heapq.merge(*scores):
+        if len(merged) >= count:
+            break
+        merged.append(item)
+    return merged

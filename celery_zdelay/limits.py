@@ -1,0 +1,189 @@
+"""Release control from Python: global rate limits and pauses, per queue or task.
+
+A control name is ``"queue:<queue>"`` or ``"task:<task name>"``. Limits come
+from ``app.conf.zdelay_rate_limits`` and from :func:`set_rate_limit` (stored
+in Redis, which wins over the setting, so a change needs no restart); pauses
+from :func:`pause`/:func:`resume` (stored in Redis: durable). Every companion
+reads both every :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS`, and a
+change wakes them. *app* defaults to ``celery.current_app``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import celery
+
+from .config import get_config
+from .parking import store_for
+from .rates import RateLimit, control_name, parse_limit
+from .store.control import ControlStore
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = [
+    "ControlInfo",
+    "UnknownControlWarning",
+    "controls",
+    "pause",
+    "rate_limits",
+    "resume",
+    "set_rate_limit",
+]
+
+
+class UnknownControlWarning(UserWarning):
+    """Warned when a limit or pause names a queue or task the app does not know.
+
+    It is applied all the same (a queue may be created on demand, a task
+    module not imported here); the message says what to check.
+    """
+
+
+@dataclass(frozen=True)
+class ControlInfo:
+    """What limits and pauses one queue or task, and what waits for it."""
+
+    #: ``"queue:<name>"`` or ``"task:<name>"``.
+    name: str
+    #: The limit in force, or None.
+    limit: RateLimit | None
+    #: Where the limit comes from: ``"setting"``, ``"runtime"`` or None.
+    source: str | None
+    #: Ms (Redis clock) since the name is paused, or None when it is not.
+    paused_since_ms: int | None
+    #: Entries held back by this control, all shards.
+    waiting: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "rate": self.limit.text if self.limit else None,
+            "burst": self.limit.burst if self.limit else None,
+            "source": self.source,
+            "paused": self.paused_since_ms is not None,
+            "paused_since_ms": self.paused_since_ms,
+            "waiting": self.waiting,
+        }
+
+
+def set_rate_limit(
+    name: str, rate: Any, *, burst: int | None = None, app: Celery | None = None
+) -> RateLimit | None:
+    """Limit how fast parked tasks of *name* are released, for every companion at once.
+
+    *rate* is Celery's format (``"50/s"``, ``"10/m"``, ``"1000/h"``); *burst*
+    the most released at once (default: one second's worth). ``None``
+    removes the limit, that of ``zdelay_rate_limits`` too. Takes effect
+    without restarting companions (within
+    :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS`). Returns the limit.
+
+    Raises:
+        ConfigurationError: *name* or *rate* cannot be read; nothing was stored.
+    """
+    app = _app(app)
+    name = control_name(name)
+    limit = None if rate is None else parse_limit(rate, burst=burst, name=f"the rate of {name}")
+    if limit is not None:
+        _warn_unknown(app, name)
+    in_settings = name in get_config(app).rate_limits
+    ControlStore(store_for(app)).set_limit(name, limit, tombstone=in_settings)
+    return limit
+
+
+def rate_limits(*, app: Celery | None = None) -> dict[str, RateLimit]:
+    """Return the limits in force: the settings, overridden by those set at run time."""
+    app = _app(app)
+    limits = dict(get_config(app).rate_limits)
+    for name, limit in ControlStore(store_for(app)).read().limits.items():
+        if limit is None:
+            limits.pop(name, None)
+        else:
+            limits[name] = limit
+    return limits
+
+
+def pause(name: str, *, app: Celery | None = None) -> int:
+    """Hold back every release of *name* until :func:`resume`; return since when (ms).
+
+    Durable: stored in Redis, it survives companion restarts. Entries stay
+    parked, in due order. Every companion applies it within
+    :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS` (plus the batch it
+    is releasing). Pausing a paused name keeps its first time.
+
+    Raises:
+        ConfigurationError: *name* is not ``queue:<name>`` or ``task:<name>``.
+    """
+    app = _app(app)
+    name = control_name(name)
+    _warn_unknown(app, name)
+    return ControlStore(store_for(app)).pause(name)
+
+
+def resume(name: str, *, app: Celery | None = None) -> bool:
+    """Release *name* again, overdue entries first (under its limit); return whether it was paused.
+
+    Raises:
+        ConfigurationError: *name* is not ``queue:<name>`` or ``task:<name>``.
+    """
+    app = _app(app)
+    return ControlStore(store_for(app)).resume(control_name(name))
+
+
+def controls(*, app: Celery | None = None) -> list[ControlInfo]:
+    """Return every limited or paused name, and every name entries are still held under."""
+    app = _app(app)
+    store = store_for(app)
+    control = ControlStore(store)
+    settings = get_config(app).rate_limits
+    state = control.read()
+    waiting: dict[str, int] = {}
+    for shard, lanes in control.lanes(store.shards).items():
+        for lane in lanes:
+            waiting[lane] = waiting.get(lane, 0) + control.held_count(shard, lane)
+    limits = rate_limits(app=app)
+    names = sorted(set(limits) | set(state.paused) | {n for n, c in waiting.items() if c})
+    return [
+        ControlInfo(
+            name=name,
+            limit=limits.get(name),
+            source=(
+                None
+                if name not in limits
+                else "runtime"
+                if state.limits.get(name) is not None
+                else "setting"
+            ),
+            paused_since_ms=state.paused.get(name),
+            waiting=waiting.get(name, 0),
+        )
+        for name in names
+        if name in limits or name in state.paused or name in settings or waiting.get(name)
+    ]
+
+
+def _warn_unknown(app: Celery, name: str) -> None:
+    kind, _, rest = name.partition(":")
+    if kind == "queue":
+        known = set(app.amqp.queues) | {app.conf.task_default_queue}
+        if rest not in known:
+            warnings.warn(
+                f"{name}: the app knows no queue {rest!r} (task_queues, task_routes, "
+                f"task_default_queue). Check the spelling; the control applies all the same.",
+                UnknownControlWarning,
+                stacklevel=3,
+            )
+    elif rest not in app.tasks:
+        warnings.warn(
+            f"{name}: the app knows no task {rest!r}. Check the spelling, or import the "
+            f"module that defines it (imports, include=); the control applies all the same.",
+            UnknownControlWarning,
+            stacklevel=3,
+        )
+
+
+def _app(app: Celery | None) -> Celery:
+    return app if app is not None else celery.current_app

@@ -1,0 +1,241 @@
+"""The store's side of release control: rate limits, pauses, held entries, token buckets.
+
+Where each piece lives, and why:
+
+- limits set at run time and pauses: two hashes under one hash tag
+  (:func:`~.keys.control_keys`), read by every companion every
+  :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS`;
+- a token bucket per limit, a hash tag of its own (``take_tokens.lua``): it
+  is never touched in the same script as a shard, so it works on a Redis
+  Cluster whatever node the shards are on;
+- held entries: per shard and control, a sorted set in the shard's slot
+  (``hold.lua``), scored like the due set, released by ``claim.lua`` run
+  on that set instead of the due set.
+
+Like :class:`~.store.Store`, this decides nothing: the companion's gate does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from ..rates import RateLimit, parse_limit
+from .client import unavailable_as_error
+from .keys import control_keys, held_key, lanes_key
+from .scripts import guarded
+from .store import ClaimResult, Store, _claim_result
+
+__all__ = ["REMOVED", "ControlState", "ControlStore"]
+
+#: What a limit set at run time to ``None`` stores when the settings define
+#: one: "removed", overriding the setting.
+REMOVED = "off"
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """What the store says about control, as read in one round trip."""
+
+    #: Limits set at run time: name -> limit, or None where removed.
+    limits: dict[str, RateLimit | None]
+    #: Paused names -> ms (Redis clock) paused since.
+    paused: dict[str, int]
+
+
+class ControlStore:
+    """Release control in the Redis store of *store*."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.prefix = store.config.key_prefix
+        self.keys = control_keys(self.prefix)
+        client = store.client
+        self._take = client.register_script(guarded(_source("take_tokens")))
+        self._hold = client.register_script(guarded(_source("hold")))
+        self._forget = client.register_script(guarded(_source("forget_lane")))
+
+    # -- limits and pauses ------------------------------------------------------
+
+    def read(self) -> ControlState:
+        """Return the limits set at run time and the pauses."""
+        with unavailable_as_error(self.store.url):
+            if self.store.cluster:
+                raw_limits = self.store.client.hgetall(self.keys.limits)
+                raw_paused = self.store.client.hgetall(self.keys.paused)
+            else:
+                with self.store.client.pipeline(transaction=False) as pipe:
+                    pipe.hgetall(self.keys.limits)
+                    pipe.hgetall(self.keys.paused)
+                    raw_limits, raw_paused = pipe.execute()
+        limits: dict[str, RateLimit | None] = {}
+        for name, value in raw_limits.items():
+            limits[_text(name)] = _stored_limit(_text(name), _text(value))
+        paused = {_text(name): int(since) for name, since in raw_paused.items()}
+        return ControlState(limits=limits, paused=paused)
+
+    def set_limit(self, name: str, limit: RateLimit | None, *, tombstone: bool) -> None:
+        """Store *limit* for *name*; None removes it (as :data:`REMOVED` if *tombstone*)."""
+        with unavailable_as_error(self.store.url):
+            if limit is not None:
+                value = json.dumps(limit.as_json(), separators=(",", ":"))
+                self.store.client.hset(self.keys.limits, name, value)
+            elif tombstone:
+                self.store.client.hset(self.keys.limits, name, REMOVED)
+            else:
+                self.store.client.hdel(self.keys.limits, name)
+        self.wake()
+
+    def pause(self, name: str) -> int:
+        """Pause *name*; return since when (ms), the earlier time if it already was."""
+        now_ms = self.store.time_ms()
+        with unavailable_as_error(self.store.url):
+            self.store.client.hsetnx(self.keys.paused, name, now_ms)
+            since = self.store.client.hget(self.keys.paused, name)
+        return int(since) if since is not None else now_ms
+
+    def resume(self, name: str) -> bool:
+        """Resume *name*; return whether it was paused."""
+        with unavailable_as_error(self.store.url):
+            removed = int(self.store.client.hdel(self.keys.paused, name))
+        self.wake()
+        return bool(removed)
+
+    def wake(self) -> None:
+        """Wake sleeping companions, so a resume or a new limit applies at once."""
+        with unavailable_as_error(self.store.url):
+            for shard in self.store.shards:
+                self.store.client.publish(self.store.keys(shard).wake, "control")
+
+    # -- token buckets ----------------------------------------------------------
+
+    def take_tokens(self, name: str, limit: RateLimit, wanted: int) -> tuple[int, int]:
+        """Take up to *wanted* tokens of *name*'s bucket: (granted, ms until the next one)."""
+        with unavailable_as_error(self.store.url):
+            granted, wait_ms = self._take(
+                keys=[self.keys.bucket(self.prefix, name)],
+                args=[_per_ms(limit), limit.burst, wanted],
+                client=self.store.client,
+            )
+        return int(granted), int(wait_ms)
+
+    def give_back(self, name: str, limit: RateLimit, unused: int) -> None:
+        """Return *unused* tokens to *name*'s bucket (capped at its burst)."""
+        if unused <= 0:
+            return
+        with unavailable_as_error(self.store.url):
+            self._take(
+                keys=[self.keys.bucket(self.prefix, name)],
+                args=[_per_ms(limit), limit.burst, -unused],
+                client=self.store.client,
+            )
+
+    # -- held entries -----------------------------------------------------------
+
+    def hold(self, shard: int, token: int, name: str, task_ids: Sequence[str]) -> int:
+        """Move claimed entries into *name*'s held set on *shard*; return how many."""
+        if not task_ids:
+            return 0
+        keys = self.store.keys(shard)
+        with unavailable_as_error(self.store.url):
+            return int(
+                self._hold(
+                    keys=[
+                        keys.lease,
+                        keys.leased,
+                        held_key(self.prefix, shard, name),
+                        lanes_key(self.prefix, shard),
+                    ],
+                    args=[token, name, *task_ids],
+                    client=self.store.client,
+                )
+            )
+
+    def lanes(self, shards: Iterable[int]) -> dict[int, set[str]]:
+        """Return, per shard, the names of the controls with held entries there."""
+        shard_list = list(shards)
+        with unavailable_as_error(self.store.url):
+            if self.store.cluster:
+                replies = [
+                    self.store.client.smembers(lanes_key(self.prefix, s)) for s in shard_list
+                ]
+            else:
+                with self.store.client.pipeline(transaction=False) as pipe:
+                    for shard in shard_list:
+                        pipe.smembers(lanes_key(self.prefix, shard))
+                    replies = pipe.execute()
+        return {
+            shard: {_text(name) for name in reply}
+            for shard, reply in zip(shard_list, replies, strict=True)
+            if reply
+        }
+
+    def peek(self, shard: int, name: str, count: int) -> list[int]:
+        """Return the due scores of the first *count* entries held by *name* on *shard*."""
+        with unavailable_as_error(self.store.url):
+            reply: Any = self.store.client.zrange(
+                held_key(self.prefix, shard, name), 0, count - 1, withscores=True
+            )
+        return [int(score) for _, score in reply]
+
+    def held_count(self, shard: int, name: str) -> int:
+        """Return how many entries *name* holds on *shard*."""
+        with unavailable_as_error(self.store.url):
+            return int(self.store.client.zcard(held_key(self.prefix, shard, name)))
+
+    def claim_held(self, shard: int, name: str, *, limit: int, lease_ms: int) -> ClaimResult:
+        """Lease up to *limit* of the entries *name* holds on *shard*, in due order.
+
+        claim.lua, run on the held set instead of the due set: a companion
+        that dies after this call loses nothing, its lease expires and the
+        entries are due again (then held again if the control still holds).
+        """
+        keys = self.store.keys(shard)
+        with unavailable_as_error(self.store.url):
+            reply = self.store.scripts.claim(
+                keys=[
+                    held_key(self.prefix, shard, name),
+                    keys.msg,
+                    keys.lease,
+                    keys.leased,
+                    keys.tags,
+                ],
+                args=[lease_ms, limit, 0],
+                client=self.store.client,
+            )
+        return _claim_result(reply, offset=4)
+
+    def forget_lane(self, shard: int, name: str) -> bool:
+        """Forget *name*'s held set on *shard* if it is empty; return whether it was."""
+        with unavailable_as_error(self.store.url):
+            return bool(
+                self._forget(
+                    keys=[held_key(self.prefix, shard, name), lanes_key(self.prefix, shard)],
+                    args=[name],
+                    client=self.store.client,
+                )
+            )
+
+
+def _source(name: str) -> str:
+    # Scripts of this module are not in SCRIPT_NAMES: registered here, with
+    # the same guard in front as every store script.
+    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
+
+
+def _per_ms(limit: RateLimit) -> str:
+    return repr(limit.count / limit.period_ms)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _stored_limit(name: str, value: str) -> RateLimit | None:
+    if value == REMOVED:
+        return None
+    data = json.loads(value)
+    return parse_limit(data, name=f"the limit of {name} in the store")

@@ -1,0 +1,204 @@
+"""Pauses at release: paused work stays parked, survives restarts, and goes out on resume."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import celery_zdelay
+from celery_zdelay.companion import Companion
+from celery_zdelay.companion.gate import REFRESH_SECONDS
+from celery_zdelay.errors import ConfigurationError
+from celery_zdelay.limits import UnknownControlWarning, controls
+from celery_zdelay.metrics import Metrics
+from tests.conftest import AppFactory
+from tests.control_support import BrokerTap, largest_overtake_s
+from tests.helpers import CeleryProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+QUEUES = [{"name": "celery"}, {"name": "emails"}]
+
+
+def _app(make_test_app: AppFactory, **conf: Any) -> Celery:
+    return make_test_app(conf={"zdelay_shards": 4, **conf}, queues=QUEUES)
+
+
+def test_a_paused_queue_stays_parked_through_a_restart_and_goes_out_in_order_on_resume(
+    make_test_app: AppFactory, redis_client: redis.Redis, companion: Any
+) -> None:
+    # Given two companions and the emails queue paused
+    app = _app(make_test_app)
+    record = app.tasks["tests.record"]
+    since = celery_zdelay.pause("queue:emails", app=app)
+    running: list[CeleryProcess] = [companion(app) for _ in range(2)]
+
+    with BrokerTap(redis_client, "emails", "celery") as tap:
+        # When 100 emails and 100 other tasks fall due
+        instant = datetime.now(timezone.utc) + timedelta(seconds=0.5)
+        emails = [
+            record.apply_delayed((i,), eta=instant + timedelta(milliseconds=i), queue="emails")
+            for i in range(100)
+        ]
+        others = [record.apply_delayed((i,), eta=instant) for i in range(100)]
+
+        # Then the others go out and the emails wait, parked in Redis
+        tap.wait_for("celery", 100, timeout=30)
+        time.sleep(1.0)
+        assert tap.of("emails") == []
+        (info,) = controls(app=app)
+        assert (info.name, info.paused_since_ms, info.waiting) == ("queue:emails", since, 100)
+
+        # ...also after every companion was restarted
+        for process in running:
+            assert process.terminate() == 0
+        companion(app)
+        time.sleep(2.0)
+        assert tap.of("emails") == []
+
+        # When the queue is resumed
+        assert celery_zdelay.resume("queue:emails", app=app) is True
+
+        # Then every email goes out once, in due order (batch by batch: within one
+        # batch, released in one go, the shards go one after another)
+        released = tap.wait_for("emails", 100, timeout=30)
+        time.sleep(0.3)
+        released = tap.of("emails")
+    due_ms = {r.id: round(instant.timestamp() * 1000) + i for i, r in enumerate(emails)}
+    assert Counter(a.task_id for a in released) == Counter(list(due_ms))
+    assert largest_overtake_s(released, due_ms) < 0.5
+    assert Counter(a.task_id for a in tap.of("celery")) == Counter(r.id for r in others)
+    assert controls(app=app) == []
+
+
+def test_a_pause_reaches_every_companion_within_the_refresh_time(
+    make_test_app: AppFactory, redis_client: redis.Redis, companion: Any
+) -> None:
+    # Given three companions releasing a steady stream of emails (one every 10 ms)
+    app = _app(make_test_app)
+    record = app.tasks["tests.record"]
+    for _ in range(3):
+        companion(app)
+    start = datetime.now(timezone.utc) + timedelta(seconds=1)
+    for i in range(600):
+        record.apply_delayed((i,), eta=start + timedelta(milliseconds=10 * i), queue="emails")
+
+    with BrokerTap(redis_client, "emails") as tap:
+        tap.wait_for("emails", 100, timeout=30)
+
+        # When the queue is paused
+        celery_zdelay.pause("queue:emails", app=app)
+        paused_at = time.monotonic()
+        time.sleep(3 * REFRESH_SECONDS + 1.0)
+
+        # Then no companion releases one more email after the refresh time
+        # (plus a margin for a loaded machine)
+        last = max(a.at for a in tap.of("emails"))
+        count = len(tap.of("emails"))
+        time.sleep(1.0)
+        assert len(tap.of("emails")) == count
+    assert last - paused_at < REFRESH_SECONDS + 1.0, last - paused_at
+    assert count < 600
+    # (held: those due since; the rest are not due yet)
+    (info,) = controls(app=app)
+    assert 0 < info.waiting <= 600 - count
+
+
+def test_a_paused_task_name_holds_only_that_task(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given tests.add paused, and two tasks due on the same queue
+    app = _app(make_test_app)
+    celery_zdelay.pause("task:tests.add", app=app)
+    add = app.tasks["tests.add"].apply_delayed((1, 2), countdown=0)
+    recorded = app.tasks["tests.record"].apply_delayed((1,), countdown=0)
+
+    # When a companion makes a pass
+    with Companion(app) as comp:
+        report = comp.release_due()
+
+        # Then only the other task went out
+        ids = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)]
+        assert ids == [recorded.id]
+        assert report.held == {"task:tests.add": 1}
+
+        # And it goes out on resume
+        celery_zdelay.resume("task:tests.add", app=app)
+        comp.gate.refresh(comp.shards, force=True)
+        comp.release_due()
+    assert redis_client.llen("celery") == 2
+    assert add.id in {
+        json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)
+    }
+
+
+def test_a_held_entry_can_still_be_cancelled(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given an email held back by a pause
+    app = _app(make_test_app)
+    celery_zdelay.pause("queue:emails", app=app)
+    held = app.tasks["tests.record"].apply_delayed((1,), countdown=0, queue="emails")
+    with Companion(app) as comp:
+        comp.release_due()
+        assert controls(app=app)[0].waiting == 1
+
+        # When it is cancelled, then resumed
+        assert celery_zdelay.cancel(held.id, app=app) is True
+        celery_zdelay.resume("queue:emails", app=app)
+        comp.gate.refresh(comp.shards, force=True)
+        comp.release_due()
+
+    # Then it never goes out
+    assert redis_client.llen("emails") == 0
+    assert controls(app=app) == []
+
+
+def test_pausing_an_unknown_task_is_a_warning_and_a_bad_name_an_error(app: Celery) -> None:
+    with pytest.warns(UnknownControlWarning, match="knows no task 'tests.ad'"):
+        celery_zdelay.pause("task:tests.ad", app=app)
+    with pytest.raises(ConfigurationError, match="not a control name"):
+        celery_zdelay.pause("emails", app=app)
+    assert celery_zdelay.resume("task:tests.ad", app=app) is True
+    assert celery_zdelay.resume("task:tests.ad", app=app) is False
+
+
+def test_metrics_tell_held_by_a_pause_from_held_by_a_limit(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given emails paused, tests.add limited to 1/m, and both due
+    app = _app(make_test_app)
+    celery_zdelay.pause("queue:emails", app=app)
+    celery_zdelay.set_rate_limit("task:tests.add", "1/m", app=app)
+    for i in range(3):
+        app.tasks["tests.record"].apply_delayed((i,), countdown=0, queue="emails")
+        app.tasks["tests.add"].apply_delayed((i, i), countdown=0)
+
+    # When a companion with metrics makes a pass
+    with Companion(app) as comp:
+        metrics = Metrics(comp.store).connect(comp)
+        try:
+            comp.release_due()
+            text = generate_latest(metrics.registry).decode()
+        finally:
+            metrics.close()
+
+    # Then the counter and the gauge name each control and why it holds
+    samples = {
+        (s.name, s.labels.get("control"), s.labels.get("reason")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("zdelay_held_total", "queue:emails", "pause")] == 3
+    assert samples[("zdelay_held_total", "task:tests.add", "rate_limit")] == 3
+    assert samples[("zdelay_held_tasks", "queue:emails", "pause")] == 3
+    assert samples[("zdelay_held_tasks", "task:tests.add", "rate_limit")] == 2
