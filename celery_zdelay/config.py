@@ -45,6 +45,10 @@ DEFAULT_RETRY_POLICY: Mapping[str, float] = {
     "interval_max": 1.0,
 }
 
+#: Most seconds an on_key="until_finished" key stays held after its task's
+#: release, when no worker reports the task finished (a worker was lost).
+DEFAULT_KEY_HOLD_SECONDS = 3600.0
+
 #: Largest batch: Lua's unpack() limit keeps one call's arguments below 8000.
 MAX_BATCH_SIZE = 2000
 #: Largest shard count; keys of each shard are scanned by status.
@@ -66,6 +70,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_beat": "companions serve beat_schedule (periodic tasks) instead of celery beat",
     "zdelay_audit_log": "log one INFO line per released, cancelled, rescheduled or dead task",
     "zdelay_whole_messages": "park messages exactly as pushed: a faster handoff, more Redis memory",
+    "zdelay_key_hold_seconds": 'most seconds an on_key="until_finished" key is held after release',
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -117,6 +122,9 @@ class ZDelayConfig:
     #: handoff then moves it without building a string, faster, at the cost
     #: of more Redis memory per parked task.
     whole_messages: bool = False
+    #: ``zdelay_key_hold_seconds`` in ms: how long an ``until_finished`` key
+    #: stays held after the release if no worker reports the task finished.
+    key_hold_ms: int = round(DEFAULT_KEY_HOLD_SECONDS * 1000)
 
     @property
     def redis_url(self) -> str:
@@ -268,6 +276,12 @@ def _build(
         beat=_flag("zdelay_beat", raw["zdelay_beat"]),
         audit_log=_flag("zdelay_audit_log", raw["zdelay_audit_log"]),
         whole_messages=whole_messages,
+        key_hold_ms=_seconds_ms(
+            "zdelay_key_hold_seconds",
+            raw["zdelay_key_hold_seconds"],
+            DEFAULT_KEY_HOLD_SECONDS,
+            0.001,
+        ),
     )
 
 
