@@ -202,6 +202,12 @@ def apply_delayed(
     signature = maybe_signature(sig, app=app)
     if not isinstance(signature, Signature):
         raise ConfigurationError(f"apply_delayed needs a signature or canvas, got {sig!r}.")
+    if any(name in options for name in ("key", "on_key", "tags")):
+        raise ConfigurationError(
+            "key=, on_key= and tags= go on a task's own call: task.apply_delayed(..., key=...), "
+            "task.apply_delayed_many or celery_zdelay.send_delayed, not on a signature or "
+            "canvas, which may park several messages. Nothing was parked."
+        )
     app = app or signature._app or signature.app
     if countdown is None and eta is None:
         countdown = signature.options.get("countdown")

@@ -25,6 +25,7 @@ from celery_zdelay.keys import task_id_for
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.keys import shard_of
 from celery_zdelay.store.marks import check_marks, key_holder
+from celery_zdelay.testing import RedisServer
 from tests.helpers import ROOT, CeleryProcess, Runs, wait_for
 from tests.project import app_env
 
@@ -195,9 +196,16 @@ def test_processes_parking_one_key_leave_exactly_one_entry(
 # -- until_finished ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", ["handoff", "generic"])
 def test_until_finished_holds_while_the_task_runs_and_frees_the_key_after(
-    app: Celery, worker: Callable[..., CeleryProcess], runs: Runs
+    make_test_app: Callable[..., Celery],
+    broker_server: RedisServer,
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+    path: str,
 ) -> None:
+    # The generic path acknowledges the release in ack.lua, the handoff in handoff.lua
+    app = make_test_app(broker=f"{broker_server.url}/0" if path == "generic" else None)
     worker(app)
     slow = app.tasks["tests.slow_late"]
     first = slow.apply_delayed((2.0,), countdown=0, key="import:7", on_key="until_finished")
@@ -359,3 +367,12 @@ def test_a_forged_key_cannot_make_replace_cancel_a_signed_entry_parked_under_ano
     assert found is not None
     assert found.key == "invoice:1"
     assert _parked(redis_client) == 2
+
+
+def test_a_key_or_tags_on_a_canvas_are_refused(app: Celery, redis_client: redis.Redis) -> None:
+    record = app.tasks["tests.record"]
+    with pytest.raises(ConfigurationError, match="task's own call"):
+        celery_zdelay.apply_delayed(record.s(1) | record.s(), countdown=60, key="k", app=app)
+    with pytest.raises(ConfigurationError, match="task's own call"):
+        celery_zdelay.apply_delayed(record.s(1), countdown=60, tags=["t"], app=app)
+    assert _parked(redis_client) == 0
