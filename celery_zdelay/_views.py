@@ -267,6 +267,8 @@ def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
         "expires": entry.expires,
         "error": entry.error,
         "state": "in_flight" if entry.in_flight else "parked",
+        "key": entry.key,
+        "tags": list(entry.tags),
     }
 
 

@@ -46,6 +46,10 @@ DEFAULT_RETRY_POLICY: Mapping[str, float] = {
     "interval_max": 1.0,
 }
 
+#: Most seconds an on_key="until_finished" key stays held after its task's
+#: release, when no worker reports the task finished (a worker was lost).
+DEFAULT_KEY_HOLD_SECONDS = 3600.0
+
 #: Largest batch: Lua's unpack() limit keeps one call's arguments below 8000.
 MAX_BATCH_SIZE = 2000
 #: Largest shard count; keys of each shard are scanned by status.
@@ -68,6 +72,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_audit_log": "log one INFO line per released, cancelled, rescheduled or dead task",
     "zdelay_whole_messages": "park messages exactly as pushed: a faster handoff, more Redis memory",
     "zdelay_rate_limits": "release rate limits per queue or task, global across companions",
+    "zdelay_key_hold_seconds": 'most seconds an on_key="until_finished" key is held after release',
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -122,6 +127,9 @@ class ZDelayConfig:
     #: Release rate limits: control name (``queue:<q>``/``task:<t>``) -> limit;
     #: a limit set at run time (:func:`celery_zdelay.set_rate_limit`) overrides it.
     rate_limits: Mapping[str, RateLimit] = field(default_factory=dict)
+    #: ``zdelay_key_hold_seconds`` in ms: how long an ``until_finished`` key
+    #: stays held after the release if no worker reports the task finished.
+    key_hold_ms: int = round(DEFAULT_KEY_HOLD_SECONDS * 1000)
 
     @property
     def redis_url(self) -> str:
@@ -274,6 +282,12 @@ def _build(
         audit_log=_flag("zdelay_audit_log", raw["zdelay_audit_log"]),
         whole_messages=whole_messages,
         rate_limits=parse_limits(raw["zdelay_rate_limits"]),
+        key_hold_ms=_seconds_ms(
+            "zdelay_key_hold_seconds",
+            raw["zdelay_key_hold_seconds"],
+            DEFAULT_KEY_HOLD_SECONDS,
+            0.001,
+        ),
     )
 
 

@@ -19,6 +19,7 @@ import celery
 from ._format import utc
 from .config import get_config
 from .errors import ConfigurationError
+from .keys import validate_tag
 from .parking import store_for
 from .schedule import due_from
 from .store import Store
@@ -135,6 +136,7 @@ def cancel_matching(
     queue: str | None = None,
     due_after: datetime | timedelta | None = None,
     due_before: datetime | timedelta | None = None,
+    tag: str | None = None,
     dry_run: bool = False,
     app: Celery | None = None,
 ) -> int:
@@ -142,12 +144,14 @@ def cancel_matching(
 
     *task* and *queue* are names or glob patterns (``"proj.orders.*"``);
     *due_after*/*due_before* select due times in ``[after, before)``, as
-    datetimes (naive means UTC) or timedeltas from now on the Redis clock.
-    At least one filter is required. With *dry_run* nothing changes.
+    datetimes (naive means UTC) or timedeltas from now on the Redis clock;
+    *tag* selects the tasks parked with that tag (``tags=[...]``), on every
+    shard. At least one filter is required; several must all match. With
+    *dry_run* nothing changes.
     """
     app = _app(app)
     store = store_for(app)
-    ids = _select(store, task, queue, due_after, due_before)
+    ids = _select(store, task, queue, due_after, due_before, tag)
     if dry_run:
         return len(ids)
     cancelled = 0
@@ -168,6 +172,7 @@ def reschedule_matching(
     queue: str | None = None,
     due_after: datetime | timedelta | None = None,
     due_before: datetime | timedelta | None = None,
+    tag: str | None = None,
     dry_run: bool = False,
     app: Celery | None = None,
 ) -> int:
@@ -180,7 +185,7 @@ def reschedule_matching(
     app = _app(app)
     due = due_from(countdown, eta)
     store = store_for(app)
-    ids = _select(store, task, queue, due_after, due_before)
+    ids = _select(store, task, queue, due_after, due_before, tag)
     if dry_run:
         return len(ids)
     moved = 0
@@ -209,12 +214,15 @@ def _select(
     queue: str | None,
     due_after: datetime | timedelta | None,
     due_before: datetime | timedelta | None,
+    tag: str | None = None,
 ) -> list[str]:
-    if task is None and queue is None and due_after is None and due_before is None:
+    if task is None and queue is None and due_after is None and due_before is None and tag is None:
         raise ConfigurationError(
-            "Give at least one of task=, queue=, due_after=, due_before= "
+            "Give at least one of task=, queue=, due_after=, due_before=, tag= "
             '(task="*" matches every task).'
         )
+    if tag is not None:
+        validate_tag(tag)
     now_ms = store.time_ms() if _relative(due_after, due_before) else 0
     return select(
         store,
@@ -222,6 +230,7 @@ def _select(
         queue=queue,
         due_after_ms=_ms(due_after, now_ms),
         due_before_ms=_ms(due_before, now_ms),
+        tag=tag,
     )
 
 

@@ -25,11 +25,13 @@ from .dedupe import mark_parked
 from .entry import TaskMessage
 from .entry_many import EntryEncoder
 from .errors import ConfigurationError, ZDelayError
+from .keys import KEY_HEADER, check_task_id, mark_from_headers, set_headers, task_id_for
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
 from .store import ParkRequest, Store, admin
 from .store.client import unavailable_as_error
 from .store.keys import canvas_key
+from .store.marks import park_marked
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -63,6 +65,7 @@ def park_task(
 ) -> Any:
     """Park one call of *task*; the body of ``Task.apply_delayed``."""
     app = task._get_app()
+    key = _take_marks(app, options)
     if _runs_now(app):
         return task.apply_async(args, kwargs, countdown=countdown, eta=eta, **options)
     _reject_connection_options(options)
@@ -71,8 +74,40 @@ def park_task(
         result, messages = capture(
             app, lambda producer: task.apply_async(args, kwargs, producer=producer, **options)
         )
-    park_messages(app, messages, due)
+    parked = park_messages(app, messages, due)
+    if key is not None and parked and parked[0] != result.id:
+        # The key was held: the caller gets the entry that holds it.
+        return task.AsyncResult(parked[0])
     return result
+
+
+def _take_marks(app: Celery, options: dict[str, Any]) -> str | None:
+    """Move ``key=``, ``on_key=`` and ``tags=`` of *options* into its headers; return the key.
+
+    A keyed task's id is drawn on its key's shard (see :mod:`celery_zdelay.keys`).
+    """
+    key, on_key, tags = (
+        options.pop("key", None),
+        options.pop("on_key", None),
+        options.pop("tags", None),
+    )
+    if key is None and on_key is None and tags is None:
+        return None
+    set_headers(options, key, on_key, tags)
+    if key is None:
+        return None
+    if _current_batch.get() is not None:
+        raise ConfigurationError(
+            "key= cannot be used inside celery_zdelay.batch(): what a keyed call returns "
+            "depends on what is parked under its key when it is parked. Park keyed calls "
+            "outside the batch (tags= work inside it). Nothing was parked."
+        )
+    shards = get_config(app).shards
+    if options.get("task_id") is not None:
+        check_task_id(str(options["task_id"]), key, shards)
+    elif shards > 1:
+        options["task_id"] = task_id_for(key, shards)
+    return str(key)
 
 
 def park_many(
@@ -84,6 +119,18 @@ def park_many(
 ) -> list[Any]:
     """Park many calls of *task*, all due at once; the body of ``Task.apply_delayed_many``."""
     app = task._get_app()
+    if "key" in options or "on_key" in options:
+        raise ConfigurationError(
+            "apply_delayed_many parks many calls, and a key names one parked task: pass "
+            "keys=[...] (one key per call, None for none) with on_key=, or park keyed calls "
+            "with apply_delayed. Nothing was parked."
+        )
+    keys = options.pop("keys", None)
+    if keys is not None:
+        return _park_many_keyed(task, list(calls), keys, countdown, eta, options)
+    if options.get("tags") is not None:
+        set_headers(options, None, None, options.pop("tags"))
+    options.pop("tags", None)
     if _runs_now(app):
         return [
             task.apply_async(args, kwargs, countdown=countdown, eta=eta, **options)
@@ -95,6 +142,47 @@ def park_many(
         results, messages = build_messages(task, calls, options)
     park_messages(app, messages, due)
     return results
+
+
+def _park_many_keyed(
+    task: Task, calls: list[Any], keys: Any, countdown: Any, eta: Any, options: dict[str, Any]
+) -> list[Any]:
+    """``apply_delayed_many(keys=[...])``: each call with its own key; one step per shard."""
+    if isinstance(keys, (str, bytes)) or len(list(keys)) != len(calls):
+        raise ConfigurationError(
+            f"keys= must be a list with one key (or None) per call: {len(calls)} calls. "
+            "Nothing was parked."
+        )
+    app = task._get_app()
+    per_call = []
+    for key in keys:
+        call_options = dict(options)
+        call_options["key"] = key
+        if key is None:
+            call_options.pop("on_key", None)
+        per_call.append((call_options, _take_marks(app, call_options)))
+    items = [split_call(call) for call in calls]
+    if _runs_now(app):
+        return [
+            task.apply_async(args, kwargs, countdown=countdown, eta=eta, **call_options)
+            for (args, kwargs), (call_options, _) in zip(items, per_call, strict=True)
+        ]
+    _reject_connection_options(options)
+    due = due_from(countdown, eta)
+
+    def send_all(producer: Any) -> list[Any]:
+        return [
+            task.apply_async(args, kwargs, producer=producer, **call_options)
+            for (args, kwargs), (call_options, _) in zip(items, per_call, strict=True)
+        ]
+
+    with _not_eager(app):
+        results, messages = capture(app, send_all)
+    parked = park_messages(app, messages, due)
+    return [
+        task.AsyncResult(parked_id) if parked_id != result.id else result
+        for result, parked_id in zip(results, parked, strict=True)
+    ]
 
 
 def apply_delayed(
@@ -114,6 +202,12 @@ def apply_delayed(
     signature = maybe_signature(sig, app=app)
     if not isinstance(signature, Signature):
         raise ConfigurationError(f"apply_delayed needs a signature or canvas, got {sig!r}.")
+    if any(name in options for name in ("key", "on_key", "tags")):
+        raise ConfigurationError(
+            "key=, on_key= and tags= go on a task's own call: task.apply_delayed(..., key=...), "
+            "task.apply_delayed_many or celery_zdelay.send_delayed, not on a signature or "
+            "canvas, which may park several messages. Nothing was parked."
+        )
     app = app or signature._app or signature.app
     if countdown is None and eta is None:
         countdown = signature.options.get("countdown")
@@ -142,14 +236,17 @@ def send_delayed(
     eta: Any = None,
     **options: Any,
 ) -> Any:
-    """Park a task by name, as ``app.send_task`` would send it."""
+    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=`` too)."""
+    key = _take_marks(app, options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)
     with _not_eager(app):
         result, messages = capture(
             app, lambda producer: app.send_task(name, args, kwargs, producer=producer, **options)
         )
-    park_messages(app, messages, due)
+    parked = park_messages(app, messages, due)
+    if key is not None and parked and parked[0] != result.id:
+        return app.AsyncResult(parked[0])
     return result
 
 
@@ -173,7 +270,7 @@ def batch(app: Celery) -> Iterator[None]:
     finally:
         _current_batch.reset(token)
     if pending.requests:
-        store_for(app).park(pending.requests)
+        _park(store_for(app), pending.requests)
         announce_parked(request.message for request in pending.requests)
 
 
@@ -227,26 +324,57 @@ def _broker_layout(app: Celery) -> RedisLayout | None:
         connection.release()
 
 
-def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
+def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[str]:
     """Park captured *messages* of *app*, all due at *due*, atomically.
 
+    Returns, per message, the id of the entry parked for it: its own, or for
+    a message with a key already held (``on_key``), the holder's.
     Inside :func:`batch` the entries are queued and parked when it ends.
     """
     parking = _parking(app)
     requests = park_requests(app, messages, due)
     pending = _current_batch.get()
     if pending is not None and pending.app is app:
+        if any(r.mark is not None and r.mark.key is not None for r in requests):
+            raise ConfigurationError(
+                "A task with a key cannot be parked inside celery_zdelay.batch(): park it "
+                "outside the batch. Nothing was parked."
+            )
         pending.requests.extend(requests)
-        return
+        return [message.task_id for message in messages]
+    ids = [message.task_id for message in messages]
     if requests:
-        due_ms = parking.store.park(requests)
-        for message, ms in zip(messages, due_ms, strict=True):
-            logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
-        # Only now: receivers of after_task_publish learn of parked tasks only.
-        announce_parked(messages)
+        ids = _park(parking.store, requests)
+        for message, parked_id in zip(messages, ids, strict=True):
+            logger.debug(
+                "Parked %s[%s]%s",
+                message.task_name,
+                message.task_id,
+                "" if parked_id == message.task_id else f": its key is held by {parked_id}",
+            )
+        # Only now, and only for what was parked (a kept key parks nothing):
+        # receivers of after_task_publish learn of parked tasks only.
+        announce_parked(
+            message
+            for message, parked_id in zip(messages, ids, strict=True)
+            if parked_id == message.task_id
+        )
         if not parking.companion_checked:
             _warn_without_companion(app, parking)
             _warn_without_wakeup(parking)
+    return ids
+
+
+def _park(store: Store, requests: list[ParkRequest]) -> list[str]:
+    """Park *requests*; return the id parked for each (see :func:`park_messages`).
+
+    Only requests with a key or tags take the marked path (park_keyed.lua):
+    the others are parked by park.lua alone, as if keys did not exist.
+    """
+    if not any(request.mark is not None for request in requests):
+        store.park(requests)
+        return [request.task_id for request in requests]
+    return [parked.task_id for parked in park_marked(store, requests)]
 
 
 def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:
@@ -271,7 +399,16 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
             dest=dest,
             layout=parking.layout.fingerprint if parking.layout and dest else None,
         )
-        requests.append(ParkRequest(message.task_id, due, payload, dest, template, message=message))
+        mark = (
+            mark_from_headers(message.headers, hold_ms=parking.config.key_hold_ms)
+            if "zdelay_tags" in message.headers or KEY_HEADER in message.headers
+            else None
+        )
+        if mark is not None and mark.key is not None:
+            check_task_id(message.task_id, mark.key, parking.config.shards)
+        requests.append(
+            ParkRequest(message.task_id, due, payload, dest, template, mark, message=message)
+        )
     return requests
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import celery
 
 from .dedupe import note_run_finished, refuse_second_delivery
+from .keys import release_key
 from .parking import park_many, park_task
 from .transparent import install
 
@@ -32,6 +33,9 @@ class DelayedTaskMixin:
         *,
         countdown: Any = None,
         eta: Any = None,
+        key: str | None = None,
+        on_key: str | None = None,
+        tags: Iterable[str] | None = None,
         **options: Any,
     ) -> Any:
         """Park this call until it is due; return its ``AsyncResult`` at once.
@@ -43,11 +47,24 @@ class DelayedTaskMixin:
         unless a test bound the app with :mod:`celery_zdelay.testing` (the
         ``zdelay`` fixture): then it is parked, and the test releases it.
 
+        With *key*, at most one task is parked per key, and *on_key* says
+        what a call finding the key held does: ``"keep"`` (the default:
+        park nothing), ``"replace"``, ``"debounce"`` or ``"until_finished"``
+        (see :doc:`/keys-and-tags`). The result returned is that of the
+        task parked under the key afterwards. *tags* (strings) let
+        :func:`celery_zdelay.cancel_matching` and friends find the task.
+
         Raises:
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
+            celery_zdelay.ConfigurationError: a key or tag is not a
+                non-empty string of at most 200 printable characters, or
+                *on_key* is not a mode; nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
+        for name, value in (("key", key), ("on_key", on_key), ("tags", tags)):
+            if value is not None:
+                options[name] = value
         return park_task(self, args, kwargs, countdown, eta, options)
 
     def apply_delayed_many(
@@ -56,6 +73,9 @@ class DelayedTaskMixin:
         *,
         countdown: Any = None,
         eta: Any = None,
+        keys: Iterable[str | None] | None = None,
+        on_key: str | None = None,
+        tags: Iterable[str] | None = None,
         **options: Any,
     ) -> list[Any]:
         """Park many calls of this task, all due at once; return one ``AsyncResult`` per call.
@@ -77,6 +97,9 @@ class DelayedTaskMixin:
         large lists (tens of thousands) into several calls. Inside
         :func:`celery_zdelay.batch` the calls join the batch. Under
         ``task_always_eager`` each call runs now, as ``apply_async`` does.
+        *tags* tag every call; *keys* gives each call its key (None for
+        none), with one *on_key* for all (see :meth:`apply_delayed`); the
+        result of a call whose key is held is the holder's.
 
         Raises:
             celery_zdelay.ConfigurationError: an item is neither a tuple, list
@@ -85,6 +108,9 @@ class DelayedTaskMixin:
                 nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
+        for name, value in (("keys", keys), ("on_key", on_key), ("tags", tags)):
+            if value is not None:
+                options[name] = value
         return park_many(self, calls, countdown, eta, options)
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
@@ -99,8 +125,9 @@ class DelayedTaskMixin:
     def after_return(
         self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
-        """Tell the worker-side guard that a run ended (``zdelay_worker_dedupe``)."""
+        """Tell the worker-side guard that a run ended; free an ``until_finished`` key."""
         note_run_finished(self)
+        release_key(self)
         super().after_return(status, retval, task_id, args, kwargs, einfo)  # type: ignore[misc]
 
     @classmethod

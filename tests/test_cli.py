@@ -429,6 +429,8 @@ def test_list_json_is_stable_and_complete(app: Celery, stocked: Stock) -> None:
         "kwargsrepr",
         "expires",
         "error",
+        "key",
+        "tags",
     }
     assert (first["task"], first["queue"], first["argsrepr"], first["kwargsrepr"]) == (
         "tests.record",
@@ -670,9 +672,9 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[
 
 def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
     paths = list(_commands(zdelay))
-    # zdelay, cancel, dead, dead list|purge|requeue, list, reschedule, status, web,
-    # periodic, periodic add|list|pause|remove|resume|run|sync
-    assert len(paths) == 18
+    # zdelay, cancel, dead, dead list|purge|requeue, list, repair, reschedule,
+    # status, web, periodic, periodic add|list|pause|remove|resume|run|sync
+    assert len(paths) == 19
 
     for path in paths:
         result = run(app, *path, "--help")

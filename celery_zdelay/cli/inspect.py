@@ -10,6 +10,7 @@ from ..limits import controls
 from ..periodic.views import schedule_json, schedule_lines, store_schedules
 from ..schedule import Due
 from ..store import admin
+from ..store.marks import check_marks, repair_marks
 from ._base import (
     _CONTEXT,
     EXIT_CHECK_FAILED,
@@ -50,6 +51,7 @@ Examples:
   celery -A proj zdelay list --queue orders
   celery -A proj zdelay list --due-before now              # overdue entries
   celery -A proj zdelay list --due-after 2025-06-01T00:00:00Z --json
+  celery -A proj zdelay list --tag order:42 --json
 
 \b
 WHEN is "now", a duration from now (30s, 15m, 1h30m, -10m, 2d) or an ISO 8601
@@ -77,8 +79,8 @@ time (naive times are UTC). Entries due in [--due-after, --due-before) match.
     cls=CeleryOption,
     help_group="Check Options",
     help="Print OK or FAIL and exit 1 when no companion is alive, a shard has none, "
-    "entries sit on shards beyond zdelay_shards, or an entry is overdue by more than "
-    "--max-overdue.",
+    "entries sit on shards beyond zdelay_shards, an entry is overdue by more than "
+    "--max-overdue, or the key and tag index disagrees with the entries.",
 )
 @click.option(
     "--max-overdue",
@@ -95,13 +97,19 @@ def status(
     ctx: click.Context, as_json: bool, per_shard: bool, check: bool, max_overdue: float
 ) -> None:
     """Show what is parked, overdue, in flight and dead; live companions; Redis safety."""
+    max_overdue_ms = round(max_overdue * 1000)
     with _store(ctx) as store:
         current = admin.status(store)
         _, schedules = store_schedules(store)
         held = controls(app=ctx.obj.app)
+        problems = admin.check(current, max_overdue_ms=max_overdue_ms) if check else None
+        if problems is not None:
+            problems += [
+                f"key/tag index, shard {item.shard}: {item.detail} "
+                "(fix: celery -A proj zdelay repair)"
+                for item in check_marks(store)
+            ]
     shards = len(current.counts.shards)
-    max_overdue_ms = round(max_overdue * 1000)
-    problems = admin.check(current, max_overdue_ms=max_overdue_ms) if check else None
     if as_json:
         document = _views.status_json(
             current, shards=shards, problems=problems, max_overdue_ms=max_overdue_ms
@@ -138,6 +146,13 @@ def status(
     help_group="Filter Options",
     help="Only entries routed to this queue: a name or a glob pattern.",
 )
+@click.option(
+    "--tag",
+    metavar="TAG",
+    cls=CeleryOption,
+    help_group="Filter Options",
+    help="Only entries tagged TAG (apply_delayed(tags=[...])), read through the tag index.",
+)
 @_when_option("--due-before", "Only entries due before WHEN.")
 @_when_option("--due-after", "Only entries due at or after WHEN.")
 @_limit_option()
@@ -147,6 +162,7 @@ def list_(
     ctx: click.Context,
     task: str | None,
     queue: str | None,
+    tag: str | None,
     due_before: Due | None,
     due_after: Due | None,
     limit: int,
@@ -166,9 +182,41 @@ def list_(
             due_after_ms=_resolve(due_after, now_ms),
             due_before_ms=_resolve(due_before, now_ms),
             limit=limit,
+            tag=tag,
         )
         show_shard = store.config.shards > 1
     if as_json:
         _echo_json(_views.listing_json(listing))
     else:
         click.echo(_views.listing_text(listing, show_shard=show_shard))
+
+
+# -- repair -----------------------------------------------------------------
+
+_REPAIR_EPILOG = """\b
+Examples:
+  celery -A proj zdelay status --check
+  celery -A proj zdelay repair
+
+\b
+Exit codes: 0 the index agrees with the entries (after the repair); 1 some
+disagreement is left (run it again: producers and companions were busy).
+"""
+
+
+@zdelay.command("repair", cls=ZDelayCommand, epilog=_REPAIR_EPILOG, context_settings=_CONTEXT)
+@click.pass_context
+def repair(ctx: click.Context) -> None:
+    """Make the key and tag index agree with the parked entries again.
+
+    The store's scripts keep it exact; it drifts only when something else
+    changed the keys (a hand edit, an eviction, a restore of an old dump).
+    Stale keys, tags and records are removed; missing tags are added.
+    """
+    with _store(ctx) as store:
+        fixed = repair_marks(store)
+        left = check_marks(store)
+    click.echo(f"repaired {fixed} index entr{'y' if fixed == 1 else 'ies'}")
+    for item in left:
+        click.echo(f"still wrong, shard {item.shard}: {item.detail}")
+    ctx.exit(EXIT_CHECK_FAILED if left else EXIT_OK)

@@ -33,6 +33,7 @@ Examples:
   celery -A proj zdelay cancel --task proj.reminders.send --due-before 1h --dry-run
   celery -A proj zdelay cancel --task proj.reminders.send --due-before 1h
   celery -A proj zdelay cancel --queue orders
+  celery -A proj zdelay cancel --tag order:42
 
 \b
 Exit codes: 0 all cancelled (with filters: always, with the count); 3 some
@@ -45,6 +46,7 @@ Examples:
   celery -A proj zdelay reschedule 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55 --countdown 5m
   celery -A proj zdelay reschedule 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55 --countdown 0
   celery -A proj zdelay reschedule --task proj.reminders.send --countdown 2h --dry-run
+  celery -A proj zdelay reschedule --tag tenant:7 --countdown 1h
   celery -A proj zdelay reschedule 6f1c2a3e-8d4b-4a51-9b7e-2f9d0c1a7e55 \\
       --eta 2025-06-01T09:00:00+02:00
 
@@ -76,6 +78,13 @@ def _filter_options(what: str) -> Callable[[F], F]:
                 help_group="Filter Options",
                 help=f"{what} every parked task routed to this queue (name or glob pattern).",
             ),
+            click.option(
+                "--tag",
+                metavar="TAG",
+                cls=CeleryOption,
+                help_group="Filter Options",
+                help=f"{what} every parked task tagged TAG (apply_delayed(tags=[...])).",
+            ),
             _when_option("--due-before", "Only tasks due before WHEN (as for list)."),
             _when_option("--due-after", "Only tasks due at or after WHEN (as for list)."),
             click.option(
@@ -94,14 +103,19 @@ def _filter_options(what: str) -> Callable[[F], F]:
 
 
 def _bulk_filters(
-    task: str | None, queue: str | None, due_before: Due | None, due_after: Due | None
+    task: str | None,
+    queue: str | None,
+    due_before: Due | None,
+    due_after: Due | None,
+    tag: str | None = None,
 ) -> dict[str, Any] | None:
     """Return the filters given on the command line as control keyword arguments, or None."""
-    if task is None and queue is None and due_before is None and due_after is None:
+    if task is None and queue is None and due_before is None and due_after is None and tag is None:
         return None
     return {
         "task": task,
         "queue": queue,
+        "tag": tag,
         "due_before": _as_when(due_before),
         "due_after": _as_when(due_after),
     }
@@ -124,6 +138,7 @@ def cancel(
     task_ids: tuple[str, ...],
     task: str | None,
     queue: str | None,
+    tag: str | None,
     due_before: Due | None,
     due_after: Due | None,
     dry_run: bool,
@@ -133,9 +148,11 @@ def cancel(
     An id may be that of a parked chain's or group's result: the whole
     parked canvas is cancelled.
     """
-    filters = _bulk_filters(task, queue, due_before, due_after)
+    filters = _bulk_filters(task, queue, due_before, due_after, tag)
     if bool(task_ids) == (filters is not None):
-        raise click.UsageError("Give the ids to cancel, or filters (--task, --queue, --due-*).")
+        raise click.UsageError(
+            "Give the ids to cancel, or filters (--task, --queue, --tag, --due-*)."
+        )
     if dry_run and filters is None:
         raise click.UsageError(
             "--dry-run goes with filters; to see an id, run: celery -A proj zdelay list"
@@ -198,6 +215,7 @@ def reschedule(
     eta: str | None,
     task: str | None,
     queue: str | None,
+    tag: str | None,
     due_before: Due | None,
     due_after: Due | None,
     dry_run: bool,
@@ -205,9 +223,11 @@ def reschedule(
     """Move parked tasks, by id or by filter, to a new due time."""
     if (countdown is None) == (eta is None):
         raise click.UsageError("Give exactly one of --countdown DURATION or --eta ISO.")
-    filters = _bulk_filters(task, queue, due_before, due_after)
+    filters = _bulk_filters(task, queue, due_before, due_after, tag)
     if (task_id is None) == (filters is None):
-        raise click.UsageError("Give the id to reschedule, or filters (--task, --queue, --due-*).")
+        raise click.UsageError(
+            "Give the id to reschedule, or filters (--task, --queue, --tag, --due-*)."
+        )
     if dry_run and filters is None:
         raise click.UsageError(
             "--dry-run goes with filters; to see an id, run: celery -A proj zdelay list"

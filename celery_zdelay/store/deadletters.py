@@ -162,7 +162,15 @@ def _requeue_call(store: Store, shard: int, task_ids: list[str]) -> list[bool]:
     keys = store.keys(shard)
     with unavailable_as_error(store.url):
         reply = store.scripts.requeue(
-            keys=[keys.dead, keys.dead_msg, keys.due, keys.msg, keys.lease],
+            keys=[
+                keys.dead,
+                keys.dead_msg,
+                keys.due,
+                keys.msg,
+                keys.lease,
+                keys.marks,
+                keys.tagged,
+            ],
             args=[keys.wake, *task_ids],
             client=store.client,
         )

@@ -57,6 +57,11 @@ class ShardKeys:
     owner: str
     #: ZSET periodic occurrence id -> ms first parked: parked once, never again.
     ticks: str
+    #: HASH of the keys and tags of entries: "i:<id>" record, "d:<id>" record
+    #: of a dead letter, "k:<key>" holder (see store/marks.py, lua/_marks.lua).
+    marks: str
+    #: ZSET "<tag>\n<id>", all scored 0: the entries of a tag, by ZRANGEBYLEX.
+    tagged: str
 
     def marker(self) -> str:
         """Return a new STRING key marking one park call (expires on its own)."""
@@ -81,6 +86,8 @@ def shard_keys(prefix: str, shard: int) -> ShardKeys:
         tag_prefix=f"{prefix}.{shard}.",
         owner=f"{tag}:owner",
         ticks=f"{tag}:ticks",
+        marks=f"{tag}:marks",
+        tagged=f"{tag}:tagged",
     )
 
 

@@ -25,6 +25,7 @@ from ._shared import (
 )
 from ._shared import SEQ as _SEQ
 from .client import unavailable_as_error
+from .marks import parse_record, tagged_ids
 from .store import Store
 
 __all__ = [
@@ -66,6 +67,10 @@ class ParkedEntry:
     #: recorded (parked whole, by ``zdelay_whole_messages``, or by an earlier
     #: release, which did not record it).
     parked_ms: int | None = None
+    #: Its key (``apply_delayed(key=...)``), if it has one.
+    key: str | None = None
+    #: Its tags (``apply_delayed(tags=[...])``).
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ def list_parked(
     limit: int = DEFAULT_LIST_LIMIT,
     shards: Iterable[int] | None = None,
     scan_limit: int = MAX_SCAN,
+    tag: str | None = None,
 ) -> Listing:
     """Return parked entries in due order, at most *limit* of them.
 
@@ -95,6 +101,7 @@ def list_parked(
     before)``; *task* and *queue* are names or glob patterns
     (``proj.orders.*``). Without them each shard costs one bounded range
     read; with them, each shard reads at most *scan_limit* entries, in pages.
+    With *tag*, only the entries of that tag are read, through its index.
     """
     _check_limit(limit)
     numbers = _shards(store, shards)
@@ -105,6 +112,9 @@ def list_parked(
     more = False
     wanted = _matcher(task, queue)
     for shard in numbers:
+        if tag is not None:
+            found += _tagged_in_shard(store, shard, tag, due_after_ms, due_before_ms, wanted)
+            continue
         entries, shard_more = _parked_in_shard(store, shard, low, high, wanted, limit, scan_limit)
         found += entries
         found += _in_flight_in_shard(store, shard, due_after_ms, due_before_ms, wanted)
@@ -155,11 +165,12 @@ def _parked_in_shard(
             )
             missing = [m for (m, _), p in zip(members, payloads, strict=True) if p is None]
             still_parked = _still_in(store, keys.due, missing)
-        for (member, score), payload in zip(members, payloads, strict=True):
+            records = _records(store, shard, [m for m, _ in members])
+        for (member, score), payload, record in zip(members, payloads, records, strict=True):
             task_id = _text(member)
             if payload is None and member not in still_parked:
                 continue  # released between the two reads
-            entry = _parked_entry(store, task_id, shard, int(score), payload)
+            entry = _parked_entry(store, task_id, shard, int(score), payload, record=record)
             if wanted is not None and not wanted(entry):
                 continue
             matches.append((int(score), shard, entry))
@@ -190,15 +201,18 @@ def _in_flight_in_shard(
         payloads = cast(
             "list[bytes | None]", store.client.hmget(keys.msg, members) if members else []
         )
+        records = _records(store, shard, members)
     found = []
-    for member, payload in zip(members, payloads, strict=True):
+    for member, payload, record in zip(members, payloads, records, strict=True):
         score = int(bytes(leased[member]).split()[0])
         due_ms = score // _SEQ
         if due_after_ms is not None and due_ms < due_after_ms:
             continue
         if due_before_ms is not None and due_ms >= due_before_ms:
             continue
-        entry = _parked_entry(store, _text(member), shard, score, payload, in_flight=True)
+        entry = _parked_entry(
+            store, _text(member), shard, score, payload, in_flight=True, record=record
+        )
         if wanted is not None and not wanted(entry):
             continue
         found.append((score, shard, entry))
@@ -213,8 +227,10 @@ def _parked_entry(
     payload: bytes | None,
     *,
     in_flight: bool = False,
+    record: bytes | None = None,
 ) -> ParkedEntry:
     headers, queue, error = _describe(payload, store.templates(shard))
+    marks = parse_record(_text(record)) if record is not None else None
     return ParkedEntry(
         task_id=task_id,
         shard=shard,
@@ -227,4 +243,55 @@ def _parked_entry(
         error=error,
         in_flight=in_flight,
         parked_ms=parked_ms(payload),
+        key=marks.key if marks else None,
+        tags=marks.tags if marks else (),
     )
+
+
+def _records(store: Store, shard: int, members: list[bytes]) -> list[bytes | None]:
+    """The key and tag records (``store/marks.py``) of *members*; one read, none without marks."""
+    if not members:
+        return []
+    fields = [b"i:" + member for member in members]
+    return cast("list[bytes | None]", store.client.hmget(store.keys(shard).marks, fields))
+
+
+def _tagged_in_shard(
+    store: Store,
+    shard: int,
+    tag: str,
+    due_after_ms: int | None,
+    due_before_ms: int | None,
+    wanted: Callable[[ParkedEntry], bool] | None,
+) -> list[tuple[int, int, ParkedEntry]]:
+    """Return the entries of *shard* tagged *tag* that match, parked or in flight."""
+    keys = store.keys(shard)
+    ids = tagged_ids(store, tag, shards=[shard])
+    if not ids:
+        return []
+    members = [task_id.encode() for task_id in ids]
+    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+        pipe.zmscore(keys.due, ids)
+        pipe.hmget(keys.leased, members)
+        pipe.hmget(keys.msg, members)
+        scores, leased, payloads = pipe.execute()
+    records = _records(store, shard, members)
+    found = []
+    for member, score, lease, payload, record in zip(
+        members, scores, leased, payloads, records, strict=True
+    ):
+        if score is None and lease is None:
+            continue
+        in_flight = score is None
+        due_score = int(score) if score is not None else int(bytes(lease).split()[0])
+        due_ms = due_score // _SEQ
+        if due_after_ms is not None and due_ms < due_after_ms:
+            continue
+        if due_before_ms is not None and due_ms >= due_before_ms:
+            continue
+        entry = _parked_entry(
+            store, _text(member), shard, due_score, payload, in_flight=in_flight, record=record
+        )
+        if wanted is None or wanted(entry):
+            found.append((due_score, shard, entry))
+    return found

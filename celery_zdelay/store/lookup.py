@@ -12,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
-from ..entry import parked_ms
+from ..entry import decode_entry, parked_ms
+from ..errors import EntryError
+from ..keys import TAGS_HEADER
 from ._shared import SEQ as _SEQ
 from ._shared import _describe, _matches, _optional, _shards, _text
 from .client import unavailable_as_error
 from .deadletters import _dead_entry
+from .marks import parse_record, tagged_ids
 from .store import Store
 
 __all__ = ["EntryState", "ParkedTask", "find", "select"]
@@ -51,6 +54,12 @@ class ParkedTask:
     #: recorded (parked whole, by ``zdelay_whole_messages``, or by an earlier
     #: release, which did not record it).
     parked_ms: int | None = None
+    #: Its key (``apply_delayed(key=...)``), while it holds it; else None.
+    key: str | None = None
+    #: Its ``on_key`` mode, with :attr:`key`.
+    on_key: str | None = None
+    #: Its tags (``apply_delayed(tags=[...])``).
+    tags: tuple[str, ...] = ()
 
     @property
     def due(self) -> datetime | None:
@@ -77,7 +86,8 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
         pipe.hget(keys.msg, task_id)
         pipe.zscore(keys.dead, task_id)
         pipe.hget(keys.dead_msg, task_id)
-        score, leased, payload, died, record = pipe.execute()
+        pipe.hmget(keys.marks, ["i:" + task_id, "d:" + task_id])
+        score, leased, payload, died, record, (marked, dead_marked) = pipe.execute()
     if score is not None or leased is not None:
         state: EntryState = "parked" if score is not None else "in_flight"
         headers, queue, error = _describe(payload, store.templates(shard))
@@ -92,6 +102,7 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
             shard=shard,
             reason=error,
             parked_ms=parked_ms(payload),
+            **_marks(marked),
         )
     if died is not None:
         dead = _dead_entry(store, task_id, shard, int(died), record)
@@ -104,8 +115,17 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
             shard=shard,
             reason=dead.reason or dead.error,
             parked_ms=parked_ms(bytes(record).partition(b"\n")[2] if record else None),
+            **_marks(dead_marked),
         )
     return None
+
+
+def _marks(record: bytes | None) -> dict[str, Any]:
+    """The key, on_key and tags fields of a :class:`ParkedTask`, from the index record."""
+    if record is None:
+        return {}
+    marks = parse_record(_text(record))
+    return {"key": marks.key, "on_key": marks.on_key, "tags": marks.tags}
 
 
 def select(
@@ -116,14 +136,18 @@ def select(
     due_after_ms: int | None = None,
     due_before_ms: int | None = None,
     shards: Iterable[int] | None = None,
+    tag: str | None = None,
 ) -> list[str]:
     """Return the ids of every parked entry that matches, in due order per shard.
 
     *task* and *queue* are names or glob patterns (``proj.orders.*``); due
-    times are selected in ``[due_after_ms, due_before_ms)``. Unlike a
+    times are selected in ``[due_after_ms, due_before_ms)``; *tag* selects
+    the entries tagged so (through the tag index, without a scan). Unlike a
     listing there is no bound: bulk cancel and reschedule must see every
     match. Entries in flight are not selected (they cannot be cancelled).
     """
+    if tag is not None:
+        return _select_tagged(store, tag, task, queue, due_after_ms, due_before_ms, shards)
     low = "-inf" if due_after_ms is None else str(due_after_ms * _SEQ)
     high = "+inf" if due_before_ms is None else f"({due_before_ms * _SEQ}"
     found: list[str] = []
@@ -152,3 +176,61 @@ def select(
             if len(members) < _PAGE:
                 break
     return found
+
+
+def _select_tagged(
+    store: Store,
+    tag: str,
+    task: str | None,
+    queue: str | None,
+    due_after_ms: int | None,
+    due_before_ms: int | None,
+    shards: Iterable[int] | None,
+) -> list[str]:
+    """:func:`select` through the index of *tag*.
+
+    With ``zdelay_signing_key`` an entry is selected only if its signed
+    message carries the tag: an index entry someone wrote into Redis cannot
+    point a bulk cancel or reschedule at a signed entry tagged otherwise.
+    """
+    signing_keys = store.config.signing_keys
+    found: list[tuple[int, str]] = []
+    for shard in _shards(store, shards):
+        keys = store.keys(shard)
+        ids = tagged_ids(store, tag, shards=[shard])
+        read_payloads = task is not None or queue is not None or bool(signing_keys)
+        for start in range(0, len(ids), _PAGE):
+            chunk = ids[start : start + _PAGE]
+            with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+                for task_id in chunk:
+                    pipe.zscore(keys.due, task_id)
+                pipe.hmget(keys.msg, chunk)
+                *scores, payloads = pipe.execute()
+            for task_id, score, payload in zip(chunk, scores, payloads, strict=True):
+                if score is None:
+                    continue  # in flight: it cannot be cancelled or moved any more
+                due_ms = int(score) // _SEQ
+                if due_after_ms is not None and due_ms < due_after_ms:
+                    continue
+                if due_before_ms is not None and due_ms >= due_before_ms:
+                    continue
+                if read_payloads:
+                    headers, routing_key, _ = _describe(payload, store.templates(shard))
+                    if not _matches(headers.get("task"), routing_key, task, queue):
+                        continue
+                    if signing_keys and not _signed_with_tag(store, shard, task_id, payload, tag):
+                        continue
+                found.append((int(score), task_id))
+    return [task_id for _, task_id in sorted(found)]
+
+
+def _signed_with_tag(store: Store, shard: int, task_id: str, payload: Any, tag: str) -> bool:
+    """Whether the entry's message is signed with a current key and carries *tag*."""
+    try:
+        message = decode_entry(
+            payload, store.config.signing_keys, store.templates(shard), entry_id=task_id
+        )
+    except EntryError:
+        return False
+    tags = message.headers.get(TAGS_HEADER)
+    return isinstance(tags, list) and tag in tags

@@ -39,6 +39,9 @@ SCRIPT_NAMES = (
 
 #: Scripts that read entries, loaded with the shared reader ``_expand.lua`` in front.
 _READERS = ("handoff",)
+#: Scripts that remove entries, loaded with ``_marks.lua`` in front: an
+#: entry's key and tags leave in the script that removes it.
+_MARKED = ("handoff", "push", "ack", "deadletter", "cancel", "requeue")
 
 
 @cache
@@ -46,8 +49,11 @@ def script_source(name: str, before: str = "") -> str:
     """Return the Lua source of script *name*, with the Lua *before* run in front of it.
 
     Every script gets the checks of ``_guard.lua`` in front (they run before
-    its first write); readers of entries also get ``_expand.lua``.
+    its first write); readers of entries also get ``_expand.lua``, and
+    scripts that remove entries ``_marks.lua``.
     """
+    if name in _MARKED:
+        before = _lua_file("_marks") + before
     if name in _READERS:
         return reader_source(_lua_file(name), before)
     return guarded(before + _lua_file(name))

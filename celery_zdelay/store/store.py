@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
@@ -34,6 +34,9 @@ from .client import (
 from .keys import ShardKeys, held_key, lanes_key, shard_keys, shard_of
 from .scripts import Scripts, script_commands
 
+if TYPE_CHECKING:
+    from ..keys import Mark
+
 __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
 
 #: How long a park call is remembered, so a retry after a lost reply is a
@@ -55,6 +58,8 @@ class ParkRequest:
     dest: str | None = None
     #: The template *payload* refers to, stored with it if the shard lacks it.
     template: Template | None = None
+    #: Its key and tags, if any: parked by :func:`celery_zdelay.store.marks.park_marked`.
+    mark: Mark | None = None
     #: The captured message this parks, for its ``after_task_publish`` once
     #: parked (:func:`celery_zdelay.capture.announce_parked`); the store ignores it.
     message: TaskMessage | None = field(default=None, repr=False, compare=False)
@@ -296,7 +301,7 @@ class Store:
                 keys = self._keys[shard]
                 self._ensure_allowed(keys.due, "cancel")
                 reply = self.scripts.cancel(
-                    keys=[keys.due, keys.msg, keys.templates],
+                    keys=[keys.due, keys.msg, keys.templates, keys.marks, keys.tagged],
                     args=[ids[i] for i in indexes],
                     client=self.client,
                 )
@@ -398,6 +403,8 @@ class Store:
                 keys.dead,
                 keys.dead_msg,
                 *dests,
+                keys.marks,
+                keys.tagged,
             ],
             [
                 lease_ms,
@@ -480,7 +487,16 @@ class Store:
         self._ensure_allowed(keys.due, "push")
         with unavailable_as_error(self.url):
             pushed, refused = self.scripts.push(
-                keys=[keys.lease, keys.leased, keys.msg, keys.tags, keys.templates, *dests],
+                keys=[
+                    keys.lease,
+                    keys.leased,
+                    keys.msg,
+                    keys.tags,
+                    keys.templates,
+                    *dests,
+                    keys.marks,
+                    keys.tagged,
+                ],
                 args=args,
                 client=self.client,
             )
@@ -527,7 +543,14 @@ class Store:
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.ack(
-                    keys=[keys.lease, keys.leased, keys.msg, keys.templates],
+                    keys=[
+                        keys.lease,
+                        keys.leased,
+                        keys.msg,
+                        keys.templates,
+                        keys.marks,
+                        keys.tagged,
+                    ],
                     args=[token, *task_ids],
                     client=self.client,
                 )
@@ -562,7 +585,15 @@ class Store:
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.deadletter(
-                    keys=[keys.lease, keys.leased, keys.msg, keys.dead, keys.dead_msg],
+                    keys=[
+                        keys.lease,
+                        keys.leased,
+                        keys.msg,
+                        keys.dead,
+                        keys.dead_msg,
+                        keys.marks,
+                        keys.tagged,
+                    ],
                     args=args,
                     client=self.client,
                 )
@@ -580,7 +611,7 @@ class Store:
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.purge(
-                    keys=[keys.dead, keys.dead_msg, keys.templates],
+                    keys=[keys.dead, keys.dead_msg, keys.templates, keys.marks],
                     args=list(task_ids),
                     client=self.client,
                 )

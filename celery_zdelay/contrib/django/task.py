@@ -75,7 +75,7 @@ class Task(DelayedTaskMixin, DjangoTask):  # type: ignore[misc]
         ``robust=True`` Django logs it instead (``django.db.backends.base``)
         and the commit's other callbacks still run.
         """
-        task_id = options.pop("task_id", None) or uuid()
+        task_id = options.pop("task_id", None) or _new_task_id(self, options.get("key"))
 
         def park() -> None:
             self.apply_delayed(
@@ -86,3 +86,13 @@ class Task(DelayedTaskMixin, DjangoTask):  # type: ignore[misc]
         park.__qualname__ = f"{self.name}[{task_id}].apply_delayed_on_commit"
         transaction.on_commit(park, using=using, robust=robust)
         return self.AsyncResult(task_id)
+
+
+def _new_task_id(task: Any, key: Any) -> str:
+    """A new task id; for a key, one on the key's shard (see :mod:`celery_zdelay.keys`)."""
+    if isinstance(key, str) and key:
+        from ...config import get_config
+        from ...keys import task_id_for
+
+        return task_id_for(key, get_config(task._get_app()).shards)
+    return str(uuid())

@@ -8,10 +8,13 @@
 -- KEYS[2] leased hash   id -> "<due score> <claim token>"
 -- KEYS[3] msg hash      id -> payload
 -- KEYS[4] templates hash  (optional: only their reference counts change here)
+-- KEYS[5] marks hash    (optional, with KEYS[6]: keys and tags, see _marks.lua)
+-- KEYS[6] tagged zset
 -- ARGV[1] claim token
 -- ARGV[2..] ids
 -- returns the number of entries acknowledged
 local lease, leased, msg, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local marks, tagged = KEYS[5], KEYS[6]
 local token = tonumber(ARGV[1])
 zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash')
 if templates then zdelay_expect(templates, 'hash') end
@@ -25,10 +28,12 @@ for i = 2, #ARGV do
   end
 end
 local refs = templates and zdelay_refs_plan(templates, released_templates) or {}
+local marks_plan = marks and zdelay_marks_plan(marks, tagged, owned, 'release')
 for _, id in ipairs(owned) do
   redis.call('ZREM', lease, id)
   redis.call('HDEL', leased, id)
   redis.call('HDEL', msg, id)
 end
 if templates then zdelay_refs_apply(templates, refs) end
+if marks then zdelay_marks_apply(marks, tagged, marks_plan) end
 return #owned

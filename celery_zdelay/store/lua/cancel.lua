@@ -3,9 +3,11 @@
 -- KEYS[1] due zset      id -> due_ms * 1024 + seq
 -- KEYS[2] msg hash      id -> payload
 -- KEYS[3] templates hash  (optional: only their reference counts change here)
+-- KEYS[4] marks hash    (optional, with KEYS[5]: keys and tags, see _marks.lua)
+-- KEYS[5] tagged zset
 -- ARGV[1..] ids
 -- returns one flag per id: 1 cancelled, 0 not parked (unknown, or released)
-local due, msg, templates = KEYS[1], KEYS[2], KEYS[3]
+local due, msg, templates, marks, tagged = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 zdelay_expect(due, 'zset', msg, 'hash')
 if templates then zdelay_expect(templates, 'hash') end
 local result, parked, released_templates = {}, {}, {}
@@ -21,6 +23,9 @@ for i = 1, #ARGV do
   end
 end
 local refs = templates and zdelay_refs_plan(templates, released_templates) or {}
+local gone = {}
+for i = 1, #ARGV do if result[i] == 1 then gone[#gone + 1] = ARGV[i] end end
+local marks_plan = marks and zdelay_marks_plan(marks, tagged, gone, 'cancel')
 for i = 1, #ARGV do
   if result[i] == 1 then
     redis.call('ZREM', due, ARGV[i])
@@ -28,4 +33,5 @@ for i = 1, #ARGV do
   end
 end
 if templates then zdelay_refs_apply(templates, refs) end
+if marks then zdelay_marks_apply(marks, tagged, marks_plan) end
 return result

@@ -16,6 +16,8 @@
 -- KEYS[7] dead zset     id -> dead-lettered at ms
 -- KEYS[8] dead hash     id -> reason JSON "\n" payload
 -- KEYS[9..] kombu queue list keys this companion may push to
+-- KEYS[#KEYS - 1] marks hash, KEYS[#KEYS] tagged zset (keys and tags, see
+--                 _marks.lua), after the list keys
 -- ARGV[1] lease length ms (for entries taking the generic path)
 -- ARGV[2] most entries to claim
 -- ARGV[3] the broker's transport layout fingerprint
@@ -37,6 +39,7 @@ if redis.replicate_commands then redis.replicate_commands() end
 
 local due, msg, lease, leased, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local dead, dead_msg = KEYS[7], KEYS[8]
+local marks, tagged = KEYS[#KEYS - 1], KEYS[#KEYS]
 local lease_ms, limit, layout, tag_prefix, fresh, advance_ms, companion =
   tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5] == '1', tonumber(ARGV[6] or 0), ARGV[7]
 zdelay_expect(due, 'zset', msg, 'hash', lease, 'zset', leased, 'hash', templates, 'hash',
@@ -46,7 +49,7 @@ local now_ms = zdelay_now_ms()
 local expiry = now_ms + lease_ms
 
 local known = {}
-for i = 9, #KEYS do known[KEYS[i]] = true end
+for i = 9, #KEYS - 2 do known[KEYS[i]] = true end
 
 -- What each queue list key holds now: a key of another type would make
 -- LPUSH fail after entries were removed from the due set.
@@ -156,6 +159,11 @@ for _, entry in ipairs(bad) do
   if tid then still_used[tid] = true end
 end
 local refs = zdelay_refs_plan(templates, released_templates)
+-- Released and dead-lettered entries take their keys and tags with them.
+local handed_marks = zdelay_marks_plan(marks, tagged, handed, 'release', now_ms)
+local bad_ids = {}
+for _, entry in ipairs(bad) do bad_ids[#bad_ids + 1] = entry[1] end
+local bad_marks = zdelay_marks_plan(marks, tagged, bad_ids, 'dead', now_ms)
 
 if taken > 0 then
   redis.call('ZREMRANGEBYRANK', due, 0, taken - 1)
@@ -175,6 +183,8 @@ if #handed > 0 then
   end
   zdelay_refs_apply(templates, refs, still_used)
 end
+zdelay_marks_apply(marks, tagged, handed_marks)
+zdelay_marks_apply(marks, tagged, bad_marks)
 
 local token = 0
 if #generic > 0 then token = redis.call('INCR', tags) end

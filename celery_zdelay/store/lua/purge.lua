@@ -3,9 +3,10 @@
 -- KEYS[1] dead zset     id -> dead-lettered at ms
 -- KEYS[2] dead hash     id -> reason JSON "\n" payload
 -- KEYS[3] templates hash  (only their reference counts change here)
+-- KEYS[4] marks hash    (optional: the keys and tags a requeue would restore)
 -- ARGV[1..] ids (at most a few thousand: one call)
 -- returns the number of entries removed from the dead zset
-local dead, dead_msg, templates = KEYS[1], KEYS[2], KEYS[3]
+local dead, dead_msg, templates, marks = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 zdelay_expect(dead, 'zset', dead_msg, 'hash', templates, 'hash')
 if #ARGV == 0 then return 0 end
 local released, seen = {}, {}
@@ -19,7 +20,16 @@ for i = 1, #ARGV do
   end
 end
 local refs = zdelay_refs_plan(templates, released)
+local marked = marks and redis.call('EXISTS', marks) == 1
+if marked then zdelay_expect(marks, 'hash') end
 redis.call('HDEL', dead_msg, unpack(ARGV))
 local removed = redis.call('ZREM', dead, unpack(ARGV))
 zdelay_refs_apply(templates, refs)
+if marked then
+  for k = 1, #ARGV, 1000 do
+    local fields = {}
+    for j = k, math.min(k + 999, #ARGV) do fields[#fields + 1] = 'd:' .. ARGV[j] end
+    redis.call('HDEL', marks, unpack(fields))
+  end
+end
 return removed

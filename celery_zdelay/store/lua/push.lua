@@ -12,6 +12,8 @@
 -- KEYS[4] tags counter  source of unique kombu delivery tags
 -- KEYS[5] templates hash  (only their reference counts change here)
 -- KEYS[6..] kombu queue list keys
+-- KEYS[#KEYS - 1] marks hash, KEYS[#KEYS] tagged zset (keys and tags, see
+--                 _marks.lua), after the list keys
 -- ARGV[1] claim token
 -- ARGV[2] delivery tag prefix
 -- ARGV[3..] triples: id, index of its list key among KEYS[6..] (1 = KEYS[6]),
@@ -20,6 +22,7 @@
 --         claim no longer owns is in neither (its new owner releases it)
 local lease, leased, msg, tags, templates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, tag_prefix = tonumber(ARGV[1]), ARGV[2]
+local marks, tagged = KEYS[#KEYS - 1], KEYS[#KEYS]
 zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash', templates, 'hash')
 zdelay_expect_counter(tags)
 
@@ -50,6 +53,7 @@ for _, id in ipairs(pushed) do
   zdelay_count(released_templates, zdelay_template_id(redis.call('HGET', msg, id)), -1)
 end
 local refs = zdelay_refs_plan(templates, released_templates)
+local marks_plan = zdelay_marks_plan(marks, tagged, pushed, 'release')
 if #pushed > 0 then
   local tag = redis.call('INCRBY', tags, #pushed) - #pushed
   for k, item in ipairs(bodies) do
@@ -63,5 +67,6 @@ if #pushed > 0 then
     redis.call('HDEL', msg, unpack(pushed, k, last))
   end
   zdelay_refs_apply(templates, refs)
+  zdelay_marks_apply(marks, tagged, marks_plan)
 end
 return {pushed, refused}

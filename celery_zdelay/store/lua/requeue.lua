@@ -5,12 +5,15 @@
 -- KEYS[3] due zset      id -> due_ms * 1024 + seq
 -- KEYS[4] msg hash      id -> payload
 -- KEYS[5] lease zset    id -> lease expiry ms (entries being released)
+-- KEYS[6] marks hash    (optional, with KEYS[7]: keys and tags, see _marks.lua)
+-- KEYS[7] tagged zset
 -- ARGV[1] wake channel (best effort, after the writes: see zdelay_wake in _guard.lua)
 -- ARGV[2..] ids
 -- returns one flag per id: 1 requeued; 0 not dead-lettered, without payload,
 --         or parked again under the same id (waiting, or being released)
 if redis.replicate_commands then redis.replicate_commands() end
 local dead, dead_msg, due, msg, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local marks, tagged = KEYS[6], KEYS[7]
 zdelay_expect(dead, 'zset', dead_msg, 'hash', due, 'zset', msg, 'hash', lease, 'zset')
 local now_ms = zdelay_now_ms()
 local result = {}
@@ -30,6 +33,35 @@ for i = 2, #ARGV do
       result[i - 1] = 1
     end
   end
+end
+-- A requeued entry gets its tags back, and its key unless another entry
+-- took the key meanwhile (that one keeps it; this one is parked without).
+local restore = {}
+if marks and #chosen > 0 and redis.call('EXISTS', marks) == 1 then
+  zdelay_expect(marks, 'hash', tagged, 'zset')
+  for _, entry in ipairs(chosen) do
+    local record = redis.call('HGET', marks, 'd:' .. entry[1])
+    if record then
+      local _, _, key, tags = zdelay_mark_parse(record)
+      local takes_key = false
+      if key ~= '' then
+        local holder, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
+        takes_key = not holder or (until_ms ~= nil and until_ms <= now_ms)
+        if not takes_key then
+          record = '-0\n'
+          for _, tag in ipairs(tags) do record = record .. '\n' .. tag end
+        end
+      end
+      restore[#restore + 1] = {entry[1], record, takes_key and key or '', tags}
+    end
+  end
+end
+for _, item in ipairs(restore) do
+  local id, record, key, tags = item[1], item[2], item[3], item[4]
+  redis.call('HDEL', marks, 'd:' .. id)
+  redis.call('HSET', marks, 'i:' .. id, record)
+  if key ~= '' then redis.call('HSET', marks, 'k:' .. key, id) end
+  for _, tag in ipairs(tags) do redis.call('ZADD', tagged, 0, tag .. '\n' .. id) end
 end
 for _, entry in ipairs(chosen) do
   redis.call('HSET', msg, entry[1], entry[2])

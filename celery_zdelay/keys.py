@@ -1,0 +1,234 @@
+"""Keys and tags of parked tasks: what a producer asks for, checked before anything is parked.
+
+A *key* (``key="reminder:user:7"``) makes at most one task parked per key,
+with ``on_key`` saying what a second call does:
+
+- ``"keep"``: the parked task stays, nothing is parked, the call returns the
+  parked task's result;
+- ``"replace"``: the parked task is cancelled and this one parked;
+- ``"debounce"``: as replace, for a *countdown* that restarts with every
+  call: the task runs once, after the calls have been quiet for it;
+- ``"until_finished"``: as keep, and the key stays held after the release
+  while the task runs, until a worker reports it finished (see
+  :func:`release_key`) or ``zdelay_key_hold_seconds`` passed.
+
+*Tags* (``tags=["order:42"]``) find and steer parked tasks:
+``cancel_matching(tag=...)``, ``reschedule_matching(tag=...)``,
+``zdelay list --tag``.
+
+Both travel in the parked message's headers (``zdelay_key``,
+``zdelay_on_key``, ``zdelay_tags``), so a signed entry's key and tags are
+covered by its signature, the worker knows the key to free, and transparent
+mode takes them from ``apply_async(headers={...})``. The store keeps an
+index of both beside the entries (:mod:`celery_zdelay.store.marks`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .config import get_config
+from .errors import ConfigurationError, ZDelayError
+from .store.keys import shard_of
+
+__all__ = [
+    "KEY_HEADER",
+    "MAX_KEY_LENGTH",
+    "MAX_TAGS",
+    "ON_KEY_HEADER",
+    "ON_KEY_MODES",
+    "TAGS_HEADER",
+    "Mark",
+    "mark_from_headers",
+    "release_key",
+    "task_id_for",
+    "validate_key",
+    "validate_tag",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Message headers carrying the key, its mode and the tags.
+KEY_HEADER, ON_KEY_HEADER, TAGS_HEADER = "zdelay_key", "zdelay_on_key", "zdelay_tags"
+#: The modes of ``on_key``, and their letter in the store's records.
+ON_KEY_MODES: Mapping[str, str] = {
+    "keep": "k",
+    "replace": "r",
+    "debounce": "d",
+    "until_finished": "u",
+}
+#: Default ``on_key``: a second call with the same key parks nothing.
+DEFAULT_ON_KEY = "keep"
+#: Longest key or tag, in characters: each is stored with every entry using it.
+MAX_KEY_LENGTH = 200
+#: Most tags on one task.
+MAX_TAGS = 32
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The key (with its mode) and tags of one parked task."""
+
+    key: str | None
+    on_key: str
+    tags: tuple[str, ...]
+    #: How long an ``until_finished`` key stays held after the release, at most.
+    hold_ms: int
+
+    def record(self) -> str:
+        """The store's record of this mark (see ``store/lua/_marks.lua``)."""
+        mode = ON_KEY_MODES[self.on_key] if self.key is not None else "-"
+        return "\n".join([f"{mode}{self.hold_ms}", self.key or "", *self.tags])
+
+
+def validate_key(key: Any, *, what: str = "key") -> str:
+    """Return *key* if it can name parked tasks, else raise ``ConfigurationError``."""
+    if not isinstance(key, str):
+        raise ConfigurationError(
+            f"{what}= must be a string such as 'reminder:user:7', got {type(key).__name__} "
+            f"{key!r}; nothing was written."
+        )
+    if not key:
+        raise ConfigurationError(f"{what}= is empty; give a non-empty string. Nothing was written.")
+    if len(key) > MAX_KEY_LENGTH:
+        raise ConfigurationError(
+            f"{what}= is {len(key)} characters long, more than {MAX_KEY_LENGTH}: use an id "
+            f"rather than the data itself. Nothing was written."
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise ConfigurationError(
+            f"{what}= {key!r} holds a control character (newline, tab...): use printable "
+            "characters only. Nothing was written."
+        )
+    return key
+
+
+def validate_tag(tag: Any) -> str:
+    """Return *tag* if it can tag parked tasks, else raise ``ConfigurationError``."""
+    return validate_key(tag, what="tag")
+
+
+def _validate_tags(tags: Any) -> tuple[str, ...]:
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
+        raise ConfigurationError(
+            f"tags= must be a list of strings such as ['order:42'], got {tags!r}; "
+            "nothing was written."
+        )
+    checked = tuple(dict.fromkeys(validate_tag(tag) for tag in tags))
+    if len(checked) > MAX_TAGS:
+        raise ConfigurationError(
+            f"tags= has {len(checked)} tags, more than {MAX_TAGS}. Nothing was written."
+        )
+    return checked
+
+
+def _validate_on_key(on_key: Any) -> str:
+    if on_key not in ON_KEY_MODES:
+        raise ConfigurationError(
+            f"on_key={on_key!r} is not a mode; use one of "
+            + ", ".join(repr(mode) for mode in ON_KEY_MODES)
+            + ". Nothing was written."
+        )
+    return str(on_key)
+
+
+def set_headers(options: dict[str, Any], key: Any, on_key: Any, tags: Any) -> None:
+    """Check *key*, *on_key* and *tags* and put them in the headers of *options*.
+
+    The message headers are what is parked (and signed), so the key and
+    tags travel with the task to the store and to the worker.
+    """
+    if key is None and on_key is not None:
+        raise ConfigurationError("on_key= needs key=; nothing was written.")
+    headers = dict(options.get("headers") or {})
+    if key is not None:
+        headers[KEY_HEADER] = validate_key(key)
+        headers[ON_KEY_HEADER] = _validate_on_key(on_key or DEFAULT_ON_KEY)
+    if tags is not None:
+        headers[TAGS_HEADER] = list(_validate_tags(tags))
+    options["headers"] = headers
+
+
+def mark_from_headers(headers: Mapping[str, Any], *, hold_ms: int) -> Mark | None:
+    """Return the mark a message's *headers* ask for (checked), or None for none."""
+    key = headers.get(KEY_HEADER)
+    tags = headers.get(TAGS_HEADER)
+    on_key = headers.get(ON_KEY_HEADER)
+    if key is None and not tags:
+        return None
+    return Mark(
+        key=None if key is None else validate_key(key),
+        on_key=_validate_on_key(on_key or DEFAULT_ON_KEY) if key is not None else DEFAULT_ON_KEY,
+        tags=_validate_tags(tags or ()),
+        hold_ms=hold_ms,
+    )
+
+
+def task_id_for(key: str, shards: int) -> str:
+    """Return a new random task id that lives on the shard of *key*.
+
+    A keyed entry lives on its key's shard (one script sees every entry of
+    a key), and lookups by id look in the id's shard: an id drawn until
+    both agree is found by both, with no index between shards.
+    """
+    target = shard_of(key, shards)
+    while True:
+        task_id = str(uuid.uuid4())
+        if shard_of(task_id, shards) == target:
+            return task_id
+
+
+def check_task_id(task_id: str, key: str, shards: int) -> None:
+    """Raise when a caller's own *task_id* cannot live on the shard of *key*."""
+    if shard_of(task_id, shards) != shard_of(key, shards):
+        raise ConfigurationError(
+            f"task_id={task_id!r} and key={key!r} fall on different shards "
+            f"(zdelay_shards = {shards}), and a keyed task must live on its key's shard. "
+            "Leave task_id out (celery-zdelay then picks one on the right shard), or take "
+            "one from celery_zdelay.keys.task_id_for(key, shards). Nothing was written."
+        )
+
+
+def release_key(task: Any) -> None:
+    """Free the ``until_finished`` key of the task that just ran in this worker.
+
+    Called by :meth:`celery_zdelay.DelayedTaskMixin.after_return` (successes
+    and failures); a task that is retried keeps its key until its last
+    run. Should the worker die first, the key is freed when
+    ``zdelay_key_hold_seconds`` have passed since the release.
+    """
+    request = task.request
+    if request.is_eager:
+        return
+    headers = request.headers or {}
+    key = getattr(request, KEY_HEADER, None) or headers.get(KEY_HEADER)
+    on_key = getattr(request, ON_KEY_HEADER, None) or headers.get(ON_KEY_HEADER)
+    if not isinstance(key, str) or on_key != "until_finished" or not request.id:
+        return
+    from .parking import store_for
+    from .store.marks import finish_key
+
+    try:
+        store = store_for(task._get_app())
+        finish_key(store, key, request.id)
+    except (ZDelayError, RedisError, OSError) as exc:
+        # The hold ends on its own (zdelay_key_hold_seconds after the release).
+        logger.warning(
+            "Could not free key %r of %s[%s]: %r",
+            key,
+            task.name,
+            request.id,
+            exc,
+            extra={"task_id": request.id},
+        )
+
+
+def hold_ms(app: Any) -> int:
+    """``zdelay_key_hold_seconds`` of *app*, in ms."""
+    return get_config(app).key_hold_ms

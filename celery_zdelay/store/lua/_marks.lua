@@ -1,0 +1,87 @@
+-- Loaded in front of the scripts that remove entries (see scripts.py): the
+-- keys and tags of entries ("marks", see celery_zdelay/store/marks.py) leave
+-- with the entry, in the script that removes it, so the index is exact
+-- after a crash at any instant.
+--
+-- marks hash   "i:<id>" -> record of a parked (or in-flight) entry
+--              "d:<id>" -> record of a dead-lettered entry (requeue restores it)
+--              "k:<key>" -> holder: "<id>" (parked or in flight), or
+--                           "<id>\n<until ms>" (released, running: until_finished)
+-- tagged zset  "<tag>\n<id>", score 0: entries by tag (ZRANGEBYLEX)
+-- record       "<mode><hold ms>\n<key>\n<tag>\n<tag>..."; mode "-" no key,
+--              "k" keep, "r" replace, "d" debounce, "u" until_finished
+
+-- Returns mode, hold ms, key ('' for none), list of tags of *record*.
+local function zdelay_mark_parse(record)
+  local lines, start = {}, 1
+  while true do
+    local nl = string.find(record, '\n', start, true)
+    if not nl then lines[#lines + 1] = string.sub(record, start); break end
+    lines[#lines + 1] = string.sub(record, start, nl - 1)
+    start = nl + 1
+  end
+  local head = lines[1]
+  local tags = {}
+  for i = 3, #lines do if lines[i] ~= '' then tags[#tags + 1] = lines[i] end end
+  return string.sub(head, 1, 1), tonumber(string.sub(head, 2)) or 0, lines[2] or '', tags
+end
+
+-- Returns the id and, for a released entry, the ms its hold ends (else nil).
+local function zdelay_mark_holder(value)
+  if not value then return nil, nil end
+  local nl = string.find(value, '\n', 1, true)
+  if not nl then return value, nil end
+  return string.sub(value, 1, nl - 1), tonumber(string.sub(value, nl + 1)) or 0
+end
+
+-- Reads only (call before the first write). The writes that make the marks
+-- of *ids* leave, as they leave the due set or the lease: *how* is
+-- "release" (published: an until_finished key is held for its hold ms
+-- from *now_ms*), "cancel" or "dead" (the record is kept for a requeue).
+-- Returns nil when the shard has no marks at all: one EXISTS per call.
+local function zdelay_marks_plan(marks, tagged, ids, how, now_ms)
+  if #ids == 0 or redis.call('EXISTS', marks) == 0 then return nil end
+  zdelay_expect(marks, 'hash', tagged, 'zset')
+  local plan = {hdel = {}, hset = {}, zrem = {}}
+  for k = 1, #ids, 1000 do
+    local fields = {}
+    for j = k, math.min(k + 999, #ids) do fields[#fields + 1] = 'i:' .. ids[j] end
+    local records = redis.call('HMGET', marks, unpack(fields))
+    for j, record in ipairs(records) do
+      if record then
+        local id = ids[k + j - 1]
+        local mode, hold_ms, key, tags = zdelay_mark_parse(record)
+        plan.hdel[#plan.hdel + 1] = 'i:' .. id
+        if how == 'dead' then
+          plan.hset[#plan.hset + 1] = {'d:' .. id, record}
+        end
+        for _, tag in ipairs(tags) do plan.zrem[#plan.zrem + 1] = tag .. '\n' .. id end
+        if key ~= '' then
+          local holder, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
+          if holder == id then
+            if how == 'release' and mode == 'u' and until_ms == nil then
+              local ends = string.format('%.0f', (now_ms or zdelay_now_ms()) + hold_ms)
+              plan.hset[#plan.hset + 1] = {'k:' .. key, id .. '\n' .. ends}
+            else
+              -- Also a hold a worker ended before the release was acknowledged.
+              plan.hdel[#plan.hdel + 1] = 'k:' .. key
+            end
+          end
+        end
+      end
+    end
+  end
+  return plan
+end
+
+-- Writes *plan* (from zdelay_marks_plan; nil: nothing to do).
+local function zdelay_marks_apply(marks, tagged, plan)
+  if not plan then return end
+  for k = 1, #plan.hdel, 1000 do
+    redis.call('HDEL', marks, unpack(plan.hdel, k, math.min(k + 999, #plan.hdel)))
+  end
+  for _, pair in ipairs(plan.hset) do redis.call('HSET', marks, pair[1], pair[2]) end
+  for k = 1, #plan.zrem, 1000 do
+    redis.call('ZREM', tagged, unpack(plan.zrem, k, math.min(k + 999, #plan.zrem)))
+  end
+end

@@ -1,0 +1,13 @@
+-- Forget a key's holder that a producer found forged: its entry's signed
+-- message does not carry the key (zdelay_signing_key). Only if the holder
+-- is still the one checked, so a holder written meanwhile stays.
+--
+-- KEYS[1] marks hash    (see _marks.lua)
+-- ARGV[1] key
+-- ARGV[2] the holder value checked
+-- returns 1 when it was dropped, else 0
+local marks, key, checked = KEYS[1], ARGV[1], ARGV[2]
+zdelay_expect(marks, 'hash')
+if redis.call('HGET', marks, 'k:' .. key) ~= checked then return 0 end
+redis.call('HDEL', marks, 'k:' .. key)
+return 1

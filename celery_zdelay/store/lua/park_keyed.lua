@@ -1,0 +1,171 @@
+-- Park entries that carry a key or tags: park.lua's work (it runs inside,
+-- as zdelay_park()) and the key and tag index in the same step, so any
+-- number of producers parking one key leave exactly what its mode says.
+-- Entries without either are parked by park.lua alone, at no extra cost.
+--
+-- KEYS[1..7] as park.lua (KEYS[6] the call marker)
+-- KEYS[8..]  other shards' keys to check, as park.lua
+-- KEYS[#KEYS - 1] marks hash   (see _marks.lua)
+-- KEYS[#KEYS]     tagged zset  (see _marks.lua)
+-- ARGV as park.lua, then one mark record per entry (see _marks.lua), then
+--      the number of entries
+-- returns three per entry, in argument order: the id of the entry parked
+--         for it afterwards (its own, or for a key the entry holding it),
+--         that entry's due ms (-1 when it is no longer parked: released
+--         and running), 1 when this call parked it, else 0
+if redis.replicate_commands then redis.replicate_commands() end
+
+local tagged = table.remove(KEYS)
+local marks = table.remove(KEYS)
+local n = tonumber(table.remove(ARGV))
+if not n then error({err = 'ERR celery-zdelay park_keyed: no entry count'}) end
+local records = {}
+for e = n, 1, -1 do records[e] = table.remove(ARGV) end
+
+local kdue, kmsg, kmarker, ktemplates = KEYS[1], KEYS[2], KEYS[6], KEYS[7]
+-- A retried call (its reply was lost) answers what the first one did.
+local kdone = redis.call('GET', kmarker)
+if kdone then return cjson.decode(kdone) end
+
+zdelay_expect_park()
+zdelay_expect(marks, 'hash', tagged, 'zset')
+local k_templates = tonumber(ARGV[3])
+local kfirst = 4 + 2 * k_templates
+if #ARGV - kfirst + 1 ~= 5 * n then
+  error({err = 'ERR celery-zdelay park_keyed: ' .. n .. ' mark records for the entries given'})
+end
+local know = zdelay_now_ms()
+
+-- Who holds each key as the batch goes: {id, until ms or nil, index of an
+-- entry of this batch or nil}, false when free. A hold that ended is free.
+local holders = {}
+local function holder_of(key)
+  local h = holders[key]
+  if h == nil then
+    local id, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
+    if id and until_ms and until_ms <= know then id = nil end
+    h = id and {id, until_ms} or false
+    holders[key] = h
+  end
+  return h
+end
+
+local parks, keyof, tagsof, replaced = {}, {}, {}, {}
+local forget, forgotten = {}, {}
+for e = 1, n do
+  local id = ARGV[kfirst + 5 * (e - 1)]
+  local mode, _, key, tags = zdelay_mark_parse(records[e])
+  keyof[e], tagsof[e] = key, tags
+  parks[e] = true
+  if key ~= '' then
+    local h = holder_of(key)
+    if h and (mode == 'k' or mode == 'u') then
+      parks[e] = false
+    elseif h then
+      if h[3] then
+        parks[h[3]] = false  -- an earlier entry of this batch: never parked
+      elseif h[2] == nil and h[1] ~= id and redis.call('ZSCORE', kdue, h[1]) then
+        -- The parked holder goes; one being released cannot be stopped.
+        replaced[#replaced + 1] = h[1]
+      end
+    end
+    if parks[e] then holders[key] = {id, nil, e} end
+  end
+  if parks[e] and not forgotten[id] and redis.call('HEXISTS', marks, 'i:' .. id) == 1 then
+    -- Parked again under its id: its earlier key and tags give way.
+    forgotten[id] = true
+    forget[#forget + 1] = id
+  end
+end
+for _, id in ipairs(replaced) do
+  if not forgotten[id] then forgotten[id] = true; forget[#forget + 1] = id end
+end
+
+-- Reads for the writes below, all before the first of them.
+local kplan = zdelay_marks_plan(marks, tagged, forget, 'cancel', know)
+local kreleased = {}
+for _, id in ipairs(replaced) do
+  zdelay_count(kreleased, zdelay_template_id(redis.call('HGET', kmsg, id)), -1)
+end
+local krefs = zdelay_refs_plan(ktemplates, kreleased)
+local used = {}
+for e = 1, n do
+  if parks[e] then
+    local tid = zdelay_template_id(ARGV[kfirst + 5 * (e - 1) + 3])
+    if tid then used[tid] = true end
+  end
+end
+
+-- Writes: the replaced entries leave, the others are parked, then indexed.
+zdelay_marks_apply(marks, tagged, kplan)
+for _, id in ipairs(replaced) do
+  redis.call('ZREM', kdue, id)
+  redis.call('HDEL', kmsg, id)
+end
+zdelay_refs_apply(ktemplates, krefs)
+
+-- ARGV is Redis's table (the global cannot be reassigned): park.lua reads
+-- it, so it holds the entries to park while zdelay_park() runs.
+local all_args = {}
+for i = 1, #ARGV do all_args[i] = ARGV[i] end
+local kept = {all_args[1], all_args[2], 0}
+for i = 4, kfirst - 1, 2 do
+  if used[all_args[i]] then
+    kept[#kept + 1] = all_args[i]
+    kept[#kept + 1] = all_args[i + 1]
+    kept[3] = kept[3] + 1
+  end
+end
+local order = {}
+for e = 1, n do
+  if parks[e] then
+    order[#order + 1] = e
+    local base = kfirst + 5 * (e - 1)
+    for f = 0, 4 do kept[#kept + 1] = all_args[base + f] end
+  end
+end
+local due_of = {}
+if #order > 0 then
+  for i = #ARGV, 1, -1 do ARGV[i] = nil end
+  for i = 1, #kept do ARGV[i] = kept[i] end
+  local parked_ms = zdelay_park()
+  for j, e in ipairs(order) do due_of[e] = parked_ms[j] end
+end
+
+for _, e in ipairs(order) do
+  local id, key = all_args[kfirst + 5 * (e - 1)], keyof[e]
+  if key ~= '' or #tagsof[e] > 0 then
+    redis.call('HSET', marks, 'i:' .. id, records[e])
+  end
+  if key ~= '' and holders[key][3] == e then
+    redis.call('HSET', marks, 'k:' .. key, id)
+  end
+  for _, tag in ipairs(tagsof[e]) do
+    redis.call('ZADD', tagged, 0, tag .. '\n' .. id)
+  end
+end
+
+local result = {}
+for e = 1, n do
+  local id, ms, flag = all_args[kfirst + 5 * (e - 1)], -1, 0
+  if parks[e] then
+    ms, flag = due_of[e], 1
+  end
+  local key = keyof[e]
+  local h = key ~= '' and holders[key]
+  if h and h[1] ~= id then
+    id = h[1]
+    if h[3] then
+      ms = due_of[h[3]]
+    else
+      local score = redis.call('ZSCORE', kdue, id)
+      if score then ms = math.floor(tonumber(score) / 1024) end
+    end
+    flag = 0
+  end
+  result[#result + 1] = id
+  result[#result + 1] = ms
+  result[#result + 1] = flag
+end
+redis.call('SET', kmarker, cjson.encode(result), 'PX', all_args[2])
+return result

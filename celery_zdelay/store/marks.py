@@ -1,0 +1,446 @@
+"""The keys and tags of parked entries, in the store: written, read, checked and repaired.
+
+Each shard has two more keys (see :class:`~celery_zdelay.store.keys.ShardKeys`):
+``marks``, a hash of each marked entry's record (``i:<id>``; ``d:<id>`` while
+it is dead-lettered) and of each key's holder (``k:<key>``), and ``tagged``,
+a sorted set of ``<tag>\\n<id>`` read by lexical range. ``park_keyed.lua``
+writes them with the entry; every script that removes an entry (handoff,
+push, ack, cancel, dead-letter, purge, requeue) updates them in the same
+step (``lua/_marks.lua``), and checks once per call whether the shard has
+any marks at all, so unmarked shards pay one ``EXISTS``.
+
+A key lives on the shard of its entry: a keyed entry's id is drawn to fall
+on its key's shard (:func:`celery_zdelay.keys.task_id_for`), so one script
+sees every entry of a key, and lookups by id still find it.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, cast
+
+from redis.commands.core import Script
+
+from .client import refused_as_error, unavailable_as_error
+from .scripts import guarded
+from .store import ParkRequest, Store
+
+__all__ = [
+    "EntryMarks",
+    "MarkProblem",
+    "Parked",
+    "check_marks",
+    "finish_key",
+    "key_holder",
+    "marks_of",
+    "park_marked",
+    "repair_marks",
+    "tagged_ids",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Mode letters of a record, back to the names of ``on_key``.
+_MODES = {"k": "keep", "r": "replace", "d": "debounce", "u": "until_finished"}
+#: Members read per round trip when listing a tag or checking a shard.
+_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class Parked:
+    """What a keyed or tagged park did for one request."""
+
+    #: The id of the entry parked for this request afterwards: its own, or
+    #: (for a key already held) the holder's.
+    task_id: str
+    #: That entry's due ms; None when it is no longer parked (released, running).
+    due_ms: int | None
+    #: Whether this call parked the request's own entry.
+    parked: bool
+
+
+@dataclass(frozen=True)
+class EntryMarks:
+    """The key and tags recorded for one entry."""
+
+    key: str | None
+    on_key: str | None
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MarkProblem:
+    """One way a shard's index disagrees with its entries (``zdelay status --check``)."""
+
+    shard: int
+    kind: str
+    detail: str
+    #: The writes that fix it: ("hdel", marks field), ("zrem"/"zadd", tagged member).
+    fixes: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class _Scripts:
+    park_keyed: Script
+    finish_key: Script
+    drop_key: Script
+
+
+_scripts_of: weakref.WeakKeyDictionary[Store, _Scripts] = weakref.WeakKeyDictionary()
+
+
+def _scripts(store: Store) -> _Scripts:
+    found = _scripts_of.get(store)
+    if found is None:
+        # park.lua runs inside park_keyed.lua as a function: one script, one step.
+        park_keyed = guarded(
+            _lua("_marks")
+            + "local function zdelay_park()\n"
+            + _lua("park")
+            + "\nend\n"
+            + _lua("park_keyed")
+        )
+        found = _Scripts(
+            park_keyed=store.client.register_script(park_keyed),
+            finish_key=store.client.register_script(guarded(_lua("_marks") + _lua("finish_key"))),
+            drop_key=store.client.register_script(guarded(_lua("drop_key"))),
+        )
+        _scripts_of[store] = found
+    return found
+
+
+def _lua(name: str) -> str:
+    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
+
+
+# -- producers ------------------------------------------------------------------
+
+
+def park_marked(store: Store, requests: Sequence[ParkRequest]) -> list[Parked]:
+    """Park *requests*, some with a key or tags, atomically per shard.
+
+    Requests without a mark may be among them. As :meth:`Store.park`: on one
+    Redis server every shard's part is one transaction; on a Cluster each
+    shard's part is atomic on its own.
+    """
+    if store.config.signing_keys:
+        _drop_forged_holders(store, requests)
+    by_shard: dict[int, list[int]] = defaultdict(list)
+    for index, request in enumerate(requests):
+        by_shard[store.shard_of(request.task_id)].append(index)
+    script = _scripts(store).park_keyed
+    with refused_as_error(store.url), unavailable_as_error(store.url):
+        store._check_sizes(requests)
+        if len(by_shard) == 1 or store.cluster:
+            replies = [
+                _park_call(store, script, shard, [requests[i] for i in indexes], store.client)
+                for shard, indexes in by_shard.items()
+            ]
+        else:
+            with store.client.pipeline(transaction=True) as pipe:
+                for shard, indexes in by_shard.items():
+                    others = [s for s in by_shard if s != shard]
+                    _park_call(store, script, shard, [requests[i] for i in indexes], pipe, others)
+                replies = pipe.execute()
+    parked: list[Parked | None] = [None] * len(requests)
+    for indexes, reply in zip(by_shard.values(), replies, strict=True):
+        for n, index in enumerate(indexes):
+            task_id, due_ms, flag = reply[3 * n : 3 * n + 3]
+            parked[index] = Parked(
+                task_id=_text(task_id),
+                due_ms=None if int(due_ms) < 0 else int(due_ms),
+                parked=bool(int(flag)),
+            )
+    return cast("list[Parked]", parked)
+
+
+def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
+    """With signing, forget key holders whose signed message does not carry the key.
+
+    park_keyed.lua cannot check an HMAC: without this, anyone able to write
+    to Redis could point a key at a signed entry parked under another key,
+    and a ``replace`` call would cancel it (a ``keep`` call would return
+    it). A holder is trusted only if its message, signed with a current
+    key under its own id, names the key. A holder released and running
+    (``until_finished``) has no message left to check and stays.
+    """
+    from ..entry import decode_entry
+    from ..errors import EntryError
+    from ..keys import KEY_HEADER
+
+    for request in requests:
+        key = request.mark.key if request.mark is not None else None
+        if key is None:
+            continue
+        shard = store.shard_of(request.task_id)
+        keys = store.keys(shard)
+        with unavailable_as_error(store.url):
+            value = store.client.hget(keys.marks, "k:" + key)
+            if value is None:
+                continue
+            holder, _, until = _text(value).partition("\n")
+            if until:
+                continue
+            payload = cast("bytes | None", store.client.hget(keys.msg, holder))
+        try:
+            message = decode_entry(
+                payload, store.config.signing_keys, store.templates(shard), entry_id=holder
+            )
+            trusted = message.headers.get(KEY_HEADER) == key
+        except EntryError:
+            trusted = False
+        if not trusted:
+            logger.warning(
+                "Key %r pointed at %s, whose signed message does not carry it: dropped "
+                "(someone else wrote into the store's index)",
+                key,
+                holder,
+                extra={"task_id": holder},
+            )
+            with unavailable_as_error(store.url):
+                _scripts(store).drop_key(keys=[keys.marks], args=[key, value])
+
+
+def _park_call(
+    store: Store,
+    script: Script,
+    shard: int,
+    requests: Sequence[ParkRequest],
+    client: Any,
+    check_shards: Sequence[int] = (),
+) -> Any:
+    keys, args = store.park_arguments(shard, requests, check_shards)
+    shard_keys = store.keys(shard)
+    records = [request.mark.record() if request.mark else "-0\n" for request in requests]
+    return script(
+        keys=[*keys, shard_keys.marks, shard_keys.tagged],
+        args=[*args, *records, len(requests)],
+        client=client,
+    )
+
+
+# -- workers ----------------------------------------------------------------------
+
+
+def finish_key(store: Store, key: str, task_id: str) -> bool:
+    """Free *key* after task *task_id* (``until_finished``) ran; return whether it held it."""
+    keys = store.keys(store.shard_of(key))
+    with unavailable_as_error(store.url):
+        return bool(_scripts(store).finish_key(keys=[keys.marks, keys.due], args=[key, task_id]))
+
+
+# -- readers -----------------------------------------------------------------------
+
+
+def tagged_ids(store: Store, tag: str, *, shards: Iterable[int] | None = None) -> list[str]:
+    """Return the ids of the entries tagged *tag* (parked or in flight), shard by shard."""
+    low, high = b"[" + tag.encode() + b"\n", b"(" + tag.encode() + b"\x0b"
+    found: list[str] = []
+    for shard in store.shards if shards is None else shards:
+        key = store.keys(shard).tagged
+        offset = 0
+        while True:
+            with unavailable_as_error(store.url):
+                members = cast(
+                    "list[bytes]",
+                    store.client.zrangebylex(key, low, high, start=offset, num=_PAGE),
+                )
+            found += [member.partition(b"\n")[2].decode() for member in members]
+            offset += len(members)
+            if len(members) < _PAGE:
+                break
+    return found
+
+
+def marks_of(store: Store, task_id: str, shard: int, *, dead: bool = False) -> EntryMarks | None:
+    """Return the key and tags recorded for *task_id* on *shard*, or None."""
+    field_name = ("d:" if dead else "i:") + task_id
+    with unavailable_as_error(store.url):
+        record = store.client.hget(store.keys(shard).marks, field_name)
+    if record is None:
+        return None
+    return parse_record(_text(record))
+
+
+def parse_record(record: str) -> EntryMarks:
+    """Return the key and tags a record of ``lua/_marks.lua`` holds."""
+    head, _, rest = record.partition("\n")
+    key, _, tags = rest.partition("\n")
+    mode = head[:1]
+    return EntryMarks(
+        key=key or None,
+        on_key=_MODES.get(mode) if key else None,
+        tags=tuple(tag for tag in tags.split("\n") if tag),
+    )
+
+
+def key_holder(store: Store, key: str) -> tuple[str, int | None] | None:
+    """Return (id, hold end ms or None while parked) of the entry holding *key*, if any."""
+    keys = store.keys(store.shard_of(key))
+    with unavailable_as_error(store.url):
+        value = store.client.hget(keys.marks, "k:" + key)
+    if value is None:
+        return None
+    holder, _, until = _text(value).partition("\n")
+    return holder, (int(until) if until else None)
+
+
+# -- check and repair -----------------------------------------------------------
+
+
+def check_marks(store: Store, *, shards: Iterable[int] | None = None) -> list[MarkProblem]:
+    """Return every disagreement between the key and tag index and the entries.
+
+    The scripts keep them in step, so this finds only what something else
+    did to the keys (a hand edit, an eviction, a restore of an older dump).
+    """
+    problems: list[MarkProblem] = []
+    for shard in store.shards if shards is None else shards:
+        problems += _check_shard(store, shard)
+    return problems
+
+
+def _check_shard(store: Store, shard: int) -> list[MarkProblem]:
+    keys = store.keys(shard)
+    with unavailable_as_error(store.url):
+        fields = {
+            _text(name): _text(value)
+            for name, value in store.client.hscan_iter(keys.marks, count=_PAGE)
+        }
+        members = [_text(m) for m in store.client.zrange(keys.tagged, 0, -1)]
+    records = {name[2:]: value for name, value in fields.items() if name.startswith("i:")}
+    dead_records = {name[2:]: value for name, value in fields.items() if name.startswith("d:")}
+    holders = {name[2:]: value for name, value in fields.items() if name.startswith("k:")}
+    ids = sorted({*records, *dead_records, *(v.partition("\n")[0] for v in holders.values())})
+    ids += sorted({m.partition("\n")[2] for m in members} - set(ids))
+    live, dead = _states(store, shard, ids)
+    problems: list[MarkProblem] = []
+
+    def problem(kind: str, detail: str, *fixes: tuple[str, str]) -> None:
+        problems.append(MarkProblem(shard, kind, detail, fixes))
+
+    expected_tags: set[str] = set()
+    for task_id, record in records.items():
+        marks = parse_record(record)
+        if task_id not in live:
+            problem(
+                "stale record",
+                f"entry {task_id} has a key/tag record but is not parked",
+                ("hdel", "i:" + task_id),
+            )
+            continue
+        expected_tags |= {f"{tag}\n{task_id}" for tag in marks.tags}
+    for task_id in dead_records:
+        if task_id not in dead:
+            problem(
+                "stale dead record",
+                f"entry {task_id} has a dead-letter record but is not dead",
+                ("hdel", "d:" + task_id),
+            )
+    for key, value in holders.items():
+        holder, _, until = value.partition("\n")
+        if until:
+            continue  # released and running: held until the worker or the hold ends it
+        held_by = records.get(holder)
+        if holder not in live:
+            problem(
+                "stale key",
+                f"key {key!r} points at {holder}, which is not parked",
+                ("hdel", "k:" + key),
+            )
+        elif held_by is None or parse_record(held_by).key != key:
+            problem(
+                "stale key",
+                f"key {key!r} points at {holder}, parked without that key",
+                ("hdel", "k:" + key),
+            )
+    for member in set(members) - expected_tags:
+        tag, _, task_id = member.partition("\n")
+        problem(
+            "stale tag",
+            f"tag {tag!r} points at {task_id}, which is not parked with it",
+            ("zrem", member),
+        )
+    for member in expected_tags - set(members):
+        tag, _, task_id = member.partition("\n")
+        problem(
+            "missing tag", f"parked entry {task_id} is missing from tag {tag!r}", ("zadd", member)
+        )
+    return problems
+
+
+def _states(store: Store, shard: int, ids: list[str]) -> tuple[set[str], set[str]]:
+    """Return which of *ids* are parked or in flight, and which are dead-lettered."""
+    keys = store.keys(shard)
+    live: set[str] = set()
+    dead: set[str] = set()
+    for start in range(0, len(ids), _PAGE):
+        chunk = ids[start : start + _PAGE]
+        with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+            for task_id in chunk:
+                pipe.hexists(keys.msg, task_id)
+                pipe.zscore(keys.dead, task_id)
+            replies = pipe.execute()
+        for n, task_id in enumerate(chunk):
+            if replies[2 * n]:
+                live.add(task_id)
+            if replies[2 * n + 1] is not None:
+                dead.add(task_id)
+    return live, dead
+
+
+def repair_marks(store: Store, *, shards: Iterable[int] | None = None) -> int:
+    """Remove what :func:`check_marks` finds stale and add missing tags; return how many fixes.
+
+    Each fix is checked again inside Redis (WATCH on the shard's keys), so a
+    repair racing producers and companions never removes a mark that just
+    became right.
+    """
+    fixed = 0
+    for shard in store.shards if shards is None else shards:
+        for _ in range(10):
+            try:
+                fixed += _repair_shard(store, shard)
+                break
+            except _Changed:
+                continue
+    return fixed
+
+
+class _Changed(Exception):
+    pass
+
+
+def _repair_shard(store: Store, shard: int) -> int:
+    from redis.exceptions import WatchError
+
+    keys = store.keys(shard)
+    with unavailable_as_error(store.url), store.client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(keys.marks, keys.tagged, keys.due, keys.msg, keys.dead)
+            problems = _check_shard(store, shard)
+            if not problems:
+                pipe.reset()
+                return 0
+            pipe.multi()
+            for item in problems:
+                for action, name in item.fixes:
+                    if action == "hdel":
+                        pipe.hdel(keys.marks, name)
+                    elif action == "zrem":
+                        pipe.zrem(keys.tagged, name)
+                    else:
+                        pipe.zadd(keys.tagged, {name: 0})
+            pipe.execute()
+        except WatchError as exc:
+            raise _Changed() from exc
+    return len(problems)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

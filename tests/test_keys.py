@@ -1,0 +1,378 @@
+"""Keys: one parked task per business key, whatever the number of producers.
+
+Each story parks through real producers (threads, processes) into a private
+Redis and releases through real companions and workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+import celery_zdelay
+from celery_zdelay import ConfigurationError
+from celery_zdelay.companion import Companion
+from celery_zdelay.keys import task_id_for
+from celery_zdelay.parking import store_for
+from celery_zdelay.store.keys import shard_of
+from celery_zdelay.store.marks import check_marks, key_holder
+from celery_zdelay.testing import RedisServer
+from tests.helpers import ROOT, CeleryProcess, Runs, wait_for
+from tests.project import app_env
+
+pytestmark = pytest.mark.timeout(120)
+
+MODES = ("keep", "replace", "debounce", "until_finished")
+
+
+def _release(app: Celery) -> int:
+    with Companion(app) as companion:
+        return companion.release_due().released
+
+
+def _parked(client: redis.Redis, shards: int = 1) -> int:
+    return sum(int(client.zcard(f"{{zdelay:{s}}}:due")) for s in range(shards))
+
+
+def _index_is_exact(app: Celery) -> None:
+    assert check_marks(store_for(app)) == []
+
+
+# -- the modes -----------------------------------------------------------------------
+
+
+def test_keep_parks_nothing_when_the_key_is_held_and_returns_the_parked_task(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    record = app.tasks["tests.record"]
+    first = record.apply_delayed(("first",), countdown=3600, key="reminder:7")
+    second = record.apply_delayed(("second",), countdown=10, key="reminder:7", on_key="keep")
+
+    assert second.id == first.id
+    assert _parked(redis_client) == 1
+    found = celery_zdelay.lookup(first.id, app=app)
+    assert found is not None
+    assert found.key == "reminder:7"
+    assert found.on_key == "keep"
+    _index_is_exact(app)
+
+
+def test_replace_cancels_the_parked_task_and_parks_the_new_one(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    record = app.tasks["tests.record"]
+    first = record.apply_delayed(("first",), countdown=3600, key="k", tags=["a"])
+    second = record.apply_delayed(("second",), countdown=0, key="k", on_key="replace")
+
+    assert second.id != first.id
+    assert celery_zdelay.lookup(first.id, app=app) is None
+    assert celery_zdelay.cancel_matching(tag="a", dry_run=True, app=app) == 0
+    assert _release(app) == 1
+    (raw,) = redis_client.lrange("celery", 0, -1)
+    assert json.loads(raw)["headers"]["argsrepr"] == "('second',)"
+    _index_is_exact(app)
+
+
+def test_a_released_key_is_free_again(app: Celery) -> None:
+    record = app.tasks["tests.record"]
+    first = record.apply_delayed((1,), countdown=0, key="once")
+    assert _release(app) == 1
+
+    again = record.apply_delayed((2,), countdown=3600, key="once")
+
+    assert again.id != first.id
+    assert key_holder(store_for(app), "once") == (again.id, None)
+    _index_is_exact(app)
+
+
+def test_a_cancelled_keyed_task_frees_its_key(app: Celery) -> None:
+    record = app.tasks["tests.record"]
+    first = record.apply_delayed((1,), countdown=3600, key="k")
+    assert celery_zdelay.cancel(first.id, app=app) is True
+    assert key_holder(store_for(app), "k") is None
+
+    assert record.apply_delayed((2,), countdown=3600, key="k").id != first.id
+
+
+def test_debounce_releases_once_the_countdown_after_the_last_call(
+    app: Celery, worker: Callable[..., CeleryProcess], runs: Runs, redis_client: redis.Redis
+) -> None:
+    worker(app)
+    record = app.tasks["tests.record"]
+    results = []
+    for n in range(5):
+        results.append(record.apply_delayed((n,), countdown=1.5, key="typing", on_key="debounce"))
+    seconds, micros = redis_client.time()
+    last_call_ms = int(seconds) * 1000 + int(micros) // 1000
+
+    with Companion(app) as companion:
+        wait_for(lambda: companion.release_due().released or runs.count(), timeout=30)
+    (run,) = runs.wait_for_count(1)
+    assert run["args"] == [4]
+    assert run["id"] == results[-1].id
+    assert run["redis_ms"] >= last_call_ms + 1500
+    assert _parked(redis_client) == 0
+    _index_is_exact(app)
+
+
+# -- many producers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_threads_parking_one_key_leave_exactly_one_entry(
+    app: Celery, redis_client: redis.Redis, mode: str
+) -> None:
+    record = app.tasks["tests.record"]
+    returned: list[str] = []
+    start = threading.Barrier(16)
+
+    def produce(n: int) -> None:
+        start.wait()
+        for i in range(10):
+            result = record.apply_delayed((n, i), countdown=3600, key="hot", on_key=mode)
+            returned.append(result.id)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert _parked(redis_client) == 1
+    (parked,) = redis_client.zrange("{zdelay:0}:due", 0, -1)
+    assert key_holder(store_for(app), "hot") == (parked.decode(), None)
+    if mode in ("keep", "until_finished"):
+        assert set(returned) == {parked.decode()}
+    _index_is_exact(app)
+
+
+_PRODUCER = """
+import sys
+from tests.project import app_from_env
+app = app_from_env()
+record = app.tasks["tests.record"]
+for i in range(int(sys.argv[2])):
+    print(record.apply_delayed((i,), countdown=3600, key="hot", on_key=sys.argv[1]).id)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_processes_parking_one_key_leave_exactly_one_entry(
+    app: Celery, redis_client: redis.Redis, mode: str
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **app_env(app)}
+    producers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PRODUCER, mode, "25"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(4)
+    ]
+    returned: set[str] = set()
+    for producer in producers:
+        out, err = producer.communicate(timeout=90)
+        assert producer.returncode == 0, err.decode()[-2000:]
+        returned |= set(out.decode().split())
+
+    assert _parked(redis_client) == 1
+    (parked,) = redis_client.zrange("{zdelay:0}:due", 0, -1)
+    if mode in ("keep", "until_finished"):
+        assert returned == {parked.decode()}
+    _index_is_exact(app)
+
+
+# -- until_finished ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["handoff", "generic"])
+def test_until_finished_holds_while_the_task_runs_and_frees_the_key_after(
+    make_test_app: Callable[..., Celery],
+    broker_server: RedisServer,
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+    path: str,
+) -> None:
+    # The generic path acknowledges the release in ack.lua, the handoff in handoff.lua
+    app = make_test_app(broker=f"{broker_server.url}/0" if path == "generic" else None)
+    worker(app)
+    slow = app.tasks["tests.slow_late"]
+    first = slow.apply_delayed((2.0,), countdown=0, key="import:7", on_key="until_finished")
+    assert _release(app) == 1
+    wait_for(lambda: any(r["result"] == "started" for r in runs.all()), timeout=30)
+
+    # Running: a second call parks nothing and gets the running task.
+    assert slow.apply_delayed((0,), countdown=0, key="import:7", on_key="until_finished").id == (
+        first.id
+    )
+    wait_for(lambda: any(r["result"] == "finished" for r in runs.all()), timeout=30)
+    wait_for(lambda: key_holder(store_for(app), "import:7") is None, timeout=10)
+
+    after = slow.apply_delayed((0,), countdown=3600, key="import:7", on_key="until_finished")
+    assert after.id != first.id
+    _index_is_exact(app)
+
+
+def test_until_finished_frees_the_key_of_a_killed_worker_within_its_bound(
+    make_test_app: Callable[..., Celery], worker: Callable[..., CeleryProcess], runs: Runs
+) -> None:
+    app = make_test_app(conf={"zdelay_key_hold_seconds": 3})
+    running = worker(app)
+    slow = app.tasks["tests.slow_late"]
+    first = slow.apply_delayed((60,), countdown=0, key="k", on_key="until_finished")
+    assert _release(app) == 1
+    wait_for(lambda: any(r["result"] == "started" for r in runs.all()), timeout=30)
+    running.kill()
+
+    assert slow.apply_delayed((0,), countdown=3600, key="k", on_key="until_finished").id == (
+        first.id
+    )
+    # Held for at most zdelay_key_hold_seconds after the release, then free.
+    second = wait_for(
+        lambda: (
+            r
+            if (r := slow.apply_delayed((0,), countdown=3600, key="k", on_key="until_finished")).id
+            != first.id
+            else None
+        ),
+        timeout=15,
+        interval=0.2,
+    )
+    assert key_holder(store_for(app), "k") == (second.id, None)
+
+
+# -- shards ----------------------------------------------------------------------------
+
+
+def test_on_four_shards_a_keyed_task_lives_on_its_keys_shard_and_is_found_by_id(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_shards": 4})
+    record = app.tasks["tests.record"]
+    results = {key: record.apply_delayed((key,), countdown=3600, key=key) for key in "abcdefgh"}
+
+    for key, result in results.items():
+        assert shard_of(result.id, 4) == shard_of(key, 4)
+        found = celery_zdelay.lookup(result.id, app=app)
+        assert found is not None
+        assert found.key == key
+    assert _parked(redis_client, 4) == 8
+    assert all(celery_zdelay.cancel(r.id, app=app) for r in results.values())
+    _index_is_exact(app)
+
+
+def test_a_task_id_off_its_keys_shard_is_refused(make_test_app: Callable[..., Celery]) -> None:
+    app = make_test_app(conf={"zdelay_shards": 4})
+    record = app.tasks["tests.record"]
+    off = next(f"id-{n}" for n in range(100) if shard_of(f"id-{n}", 4) != shard_of("k", 4))
+
+    with pytest.raises(ConfigurationError, match="different shards"):
+        record.apply_delayed((1,), countdown=60, key="k", task_id=off)
+    on = task_id_for("k", 4)
+    assert record.apply_delayed((1,), countdown=60, key="k", task_id=on).id == on
+
+
+def test_apply_delayed_many_with_keys_parks_one_per_key(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_shards": 4})
+    record = app.tasks["tests.record"]
+    held = record.apply_delayed(("held",), countdown=3600, key="b")
+
+    results = record.apply_delayed_many(
+        [(1,), (2,), (3,), (4,)], countdown=3600, keys=["a", "b", None, "a"], tags=["batch"]
+    )
+
+    assert results[1].id == held.id
+    assert results[0].id == results[3].id  # keep: the first of the batch holds "a"
+    assert _parked(redis_client, 4) == 3
+    assert celery_zdelay.cancel_matching(tag="batch", dry_run=True, app=app) == 2
+    _index_is_exact(app)
+
+
+def test_transparent_mode_takes_key_and_tags_from_headers(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_threshold": 60})
+    record = app.tasks["tests.record"]
+    first = record.apply_async(
+        (1,), countdown=3600, headers={"zdelay_key": "t", "zdelay_tags": ["x"]}
+    )
+    record.apply_async((2,), countdown=3600, headers={"zdelay_key": "t"})
+
+    assert _parked(redis_client) == 1
+    found = celery_zdelay.lookup(first.id, app=app)
+    assert found is not None
+    assert found.key == "t"
+    assert found.tags == ("x",)
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"key": ""}, "empty"),
+        ({"key": "x" * 201}, "more than 200"),
+        ({"key": 7}, "must be a string"),
+        ({"key": "a\nb"}, "control character"),
+        ({"key": "k", "on_key": "sometimes"}, "not a mode"),
+        ({"on_key": "keep"}, "needs key"),
+        ({"tags": "order:42"}, "list of strings"),
+        ({"tags": ["ok", ""]}, "empty"),
+        ({"tags": [None]}, "must be a string"),
+    ],
+)
+def test_a_bad_key_tag_or_mode_is_refused_and_nothing_is_parked(
+    app: Celery, redis_client: redis.Redis, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        app.tasks["tests.record"].apply_delayed((1,), countdown=60, **options)
+    assert _parked(redis_client) == 0
+    assert redis_client.exists("{zdelay:0}:marks", "{zdelay:0}:tagged") == 0
+
+
+def test_unkeyed_untagged_parks_leave_no_index(app: Celery, redis_client: redis.Redis) -> None:
+    app.tasks["tests.record"].apply_delayed((1,), countdown=60)
+    assert _release(app) == 0
+    assert redis_client.exists("{zdelay:0}:marks", "{zdelay:0}:tagged") == 0
+
+
+def test_a_forged_key_cannot_make_replace_cancel_a_signed_entry_parked_under_another_key(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_signing_key": "s" * 32})
+    record = app.tasks["tests.record"]
+    victim = record.apply_delayed(("victim",), countdown=3600, key="invoice:1")
+    # Someone with write access to Redis points key "promo" at the victim
+    redis_client.hset("{zdelay:0}:marks", "k:promo", victim.id)
+
+    kept = record.apply_delayed(("promo",), countdown=3600, key="promo", on_key="keep")
+    replaced = record.apply_delayed(("promo",), countdown=3600, key="promo", on_key="replace")
+
+    assert victim.id not in (kept.id, replaced.id)
+    found = celery_zdelay.lookup(victim.id, app=app)
+    assert found is not None
+    assert found.key == "invoice:1"
+    assert _parked(redis_client) == 2
+
+
+def test_a_key_or_tags_on_a_canvas_are_refused(app: Celery, redis_client: redis.Redis) -> None:
+    record = app.tasks["tests.record"]
+    with pytest.raises(ConfigurationError, match="task's own call"):
+        celery_zdelay.apply_delayed(record.s(1) | record.s(), countdown=60, key="k", app=app)
+    with pytest.raises(ConfigurationError, match="task's own call"):
+        celery_zdelay.apply_delayed(record.s(1), countdown=60, tags=["t"], app=app)
+    assert _parked(redis_client) == 0
