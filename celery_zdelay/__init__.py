@@ -17,6 +17,7 @@ from .control import (
 from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
 from .hooks import install_everywhere as _install_everywhere
 from .parking import apply_delayed, batch, send_delayed
+from .revocation import connect_receivers as _connect_revocation
 from .task import DelayedTaskMixin, Task
 from .transparent import TransparentAMQP
 
@@ -25,6 +26,8 @@ __version__ = "0.1.0"
 # zdelay_threshold alone makes an app transparent, and workers report a
 # forgotten companion: see celery_zdelay.hooks.
 _install_everywhere()
+# A cancel ends REVOKED in the result backend and in Celery events.
+_connect_revocation()
 
 __all__ = [
     "ConfigurationError",

@@ -23,6 +23,7 @@ __all__ = [
     "companion_started",
     "companion_stopped",
     "task_dead_lettered",
+    "tasks_cancelled",
 ]
 
 #: Sent when a companion starts releasing. Sender: the
@@ -47,3 +48,13 @@ batch_released = Signal(name="zdelay_batch_released")
 #: Sent when an entry moved to the dead-letter set. Sender: the companion.
 #: Arguments: ``shard``, ``task_id``, ``reason`` (text), ``due_ms``.
 task_dead_lettered = Signal(name="zdelay_task_dead_lettered")
+
+#: Sent after parked tasks were cancelled, whoever cancelled them (Python,
+#: the CLI, the dashboard). Sent in the process that cancelled, not the
+#: companion. Sender: the Celery app. Arguments: ``task_ids``, the ids that
+#: were still parked and now never run (for a canvas, its result id too);
+#: ``by``, who cancelled where known (``"cli:alice"``,
+#: ``"dashboard:alice"``) or None. celery-zdelay's own receivers record each
+#: id as ``REVOKED`` in the result backend and send Celery's ``task-revoked``
+#: event (see :mod:`celery_zdelay.revocation`).
+tasks_cancelled = Signal(name="zdelay_tasks_cancelled")
