@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
 
+from . import signals
 from .bulk import build_messages, split_call
 from .capture import capture
 from .config import ZDelayConfig, get_config
@@ -171,7 +172,8 @@ def batch(app: Celery) -> Iterator[None]:
     finally:
         _current_batch.reset(token)
     if pending.requests:
-        store_for(app).park(pending.requests)
+        due_ms = store_for(app).park(pending.requests)
+        signals.tasks_parked.send(sender=app, messages=pending.messages, due_ms=due_ms)
 
 
 # -- parking ----------------------------------------------------------------
@@ -181,6 +183,7 @@ def batch(app: Celery) -> Iterator[None]:
 class _Batch:
     app: Celery
     requests: list[ParkRequest] = field(default_factory=list)
+    messages: list[TaskMessage] = field(default_factory=list)
 
 
 _current_batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
@@ -234,11 +237,13 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
     pending = _current_batch.get()
     if pending is not None and pending.app is app:
         pending.requests.extend(requests)
+        pending.messages.extend(messages)
         return
     if requests:
         due_ms = parking.store.park(requests)
         for message, ms in zip(messages, due_ms, strict=True):
             logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
+        signals.tasks_parked.send(sender=app, messages=messages, due_ms=due_ms)
         if not parking.companion_checked:
             _warn_without_companion(app, parking)
 

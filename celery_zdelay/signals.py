@@ -24,6 +24,7 @@ __all__ = [
     "companion_stopped",
     "task_dead_lettered",
     "tasks_cancelled",
+    "tasks_parked",
 ]
 
 #: Sent when a companion starts releasing. Sender: the
@@ -55,6 +56,13 @@ task_dead_lettered = Signal(name="zdelay_task_dead_lettered")
 #: were still parked and now never run (for a canvas, its result id too);
 #: ``by``, who cancelled where known (``"cli:alice"``,
 #: ``"dashboard:alice"``) or None. celery-zdelay's own receivers record each
-#: id as ``REVOKED`` in the result backend and send Celery's ``task-revoked``
-#: event (see :mod:`celery_zdelay.revocation`).
+#: id as ``REVOKED`` in the result backend (:mod:`celery_zdelay.revocation`)
+#: and send Celery's ``task-revoked`` event (:mod:`celery_zdelay.events`).
 tasks_cancelled = Signal(name="zdelay_tasks_cancelled")
+
+#: Sent after messages were parked, in the process that parked them (after
+#: a :func:`celery_zdelay.batch` block, when it parks). Never sent for a call
+#: that was not parked. Sender: the Celery app. Arguments: ``messages``, the
+#: parked :class:`~celery_zdelay.entry.TaskMessage` objects (headers as
+#: parked), and ``due_ms``, each one's due time in ms on the Redis clock.
+tasks_parked = Signal(name="zdelay_tasks_parked")

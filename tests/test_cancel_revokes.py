@@ -1,17 +1,15 @@
 """A cancel is a revoke wherever Celery users look.
 
 Given a parked task, when it is cancelled (from Python or the CLI), then its
-result says REVOKED as Celery's own ``revoke`` leaves it, the application's
-receivers of ``tasks_cancelled`` hear of it (with who cancelled), and with
-``task_send_sent_event`` a ``task-revoked`` event reaches the event exchange,
-where Flower reads it. A result backend that is down fails no cancel.
+result says REVOKED as Celery's own ``revoke`` leaves it, and the
+application's receivers of ``tasks_cancelled`` hear of it (with who
+cancelled). A result backend that is down fails no cancel. (The
+``task-revoked`` event: ``test_events.py``.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -107,31 +105,6 @@ def test_a_cancel_from_the_cli_names_the_user(app: Celery) -> None:
     assert event["by"].startswith("cli")
 
 
-def test_a_task_revoked_event_is_sent_when_the_app_sends_task_events(
-    make_test_app: AppFactory,
-) -> None:
-    # Breaks if: send_revoked_events ignores task_send_sent_event or is not connected.
-    app = make_test_app(conf={"task_send_sent_event": True})
-    parked = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
-    with _Events(app) as events:
-        assert celery_zdelay.cancel(parked.id, app=app) is True
-        events.wait_for(lambda: events.of_type("task-revoked"), what="task-revoked")
-    (event,) = events.of_type("task-revoked")
-    assert event["uuid"] == parked.id
-    assert event["terminated"] is False
-
-
-def test_no_revoked_event_without_task_events(app: Celery) -> None:
-    parked = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
-    with _Events(app) as events:
-        assert celery_zdelay.cancel(parked.id, app=app) is True
-        # A second marker sent after the cancel: once it is back, anything
-        # the cancel sent would be back too.
-        events.seen.clear()
-        events.wait_for(lambda: events._send_marker() and events._marked(), what="marker")
-    assert events.of_type("task-revoked") == []
-
-
 def test_a_result_backend_that_is_down_fails_no_cancel(
     app: Celery, make_test_app: AppFactory
 ) -> None:
@@ -154,52 +127,3 @@ def _cli_context(app: Celery) -> Any:
     from celery.bin.base import CLIContext
 
     return CLIContext(app=app, no_color=True, workdir=None, quiet=True)
-
-
-class _Events:
-    """Task events as Flower receives them: Celery's event Receiver, in a thread."""
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.seen: list[dict[str, Any]] = []
-        self._receiver: Any = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with self.app.connection_for_read() as connection:
-            self._receiver = self.app.events.Receiver(
-                connection, handlers={"*": self.seen.append}, node_id=uuid.uuid4().hex
-            )
-            # No timeout: the loop ends when __exit__ sets should_stop.
-            for _ in self._receiver.consume(limit=None, timeout=None, safety_interval=0.2):
-                pass
-
-    def __enter__(self) -> _Events:
-        self._thread.start()
-        # Subscribed once a marker sent now comes back: events sent after it
-        # cannot be missed.
-        self.wait_for(lambda: self._send_marker() and self._marked(), what="marker")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._receiver is not None:
-            self._receiver.should_stop = True
-        self._thread.join(timeout=5)
-
-    def _send_marker(self) -> bool:
-        with self.app.events.default_dispatcher() as dispatcher:
-            dispatcher.send("task-marker", uuid="marker")
-        return True
-
-    def _marked(self) -> bool:
-        return any(e.get("type") == "task-marker" for e in self.seen)
-
-    def of_type(self, type_: str) -> list[dict[str, Any]]:
-        return [e for e in self.seen if e.get("type") == type_]
-
-    def wait_for(self, condition: Any, *, what: str, timeout_s: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} event within {timeout_s} s: {self.seen}")
-            time.sleep(0.05)
