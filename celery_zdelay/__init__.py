@@ -20,6 +20,7 @@ from .hooks import install_everywhere as _install_everywhere
 from .parking import apply_delayed, batch, send_delayed
 from .revocation import connect_receivers as _connect_revocation
 from .task import DelayedTaskMixin, Task
+from .tracing import connect_receivers as _connect_tracing
 from .transparent import TransparentAMQP
 
 __version__ = "0.1.0"
@@ -31,6 +32,8 @@ _install_everywhere()
 # tasks are announced as Celery events when the app sends task events.
 _connect_revocation()
 _connect_events()
+# Release spans, when OpenTelemetry is installed (celery_zdelay.tracing).
+_connect_tracing()
 
 __all__ = [
     "ConfigurationError",

@@ -31,6 +31,7 @@ from .schedule import Due, due_from
 from .store import ParkRequest, Store, admin
 from .store.client import unavailable_as_error
 from .store.keys import canvas_key
+from .tracing import park_span
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -172,7 +173,8 @@ def batch(app: Celery) -> Iterator[None]:
     finally:
         _current_batch.reset(token)
     if pending.requests:
-        due_ms = store_for(app).park(pending.requests)
+        with park_span([m.task_id for m in pending.messages]):
+            due_ms = store_for(app).park(pending.requests)
         signals.tasks_parked.send(sender=app, messages=pending.messages, due_ms=due_ms)
 
 
@@ -240,7 +242,8 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
         pending.messages.extend(messages)
         return
     if requests:
-        due_ms = parking.store.park(requests)
+        with park_span([m.task_id for m in messages]):
+            due_ms = parking.store.park(requests)
         for message, ms in zip(messages, due_ms, strict=True):
             logger.debug("Parked %s[%s] due at %d ms", message.task_name, message.task_id, ms)
         signals.tasks_parked.send(sender=app, messages=messages, due_ms=due_ms)

@@ -43,7 +43,9 @@ batch_claimed = Signal(name="zdelay_batch_claimed")
 #: ``"publish"`` (kombu, confirmed by the broker); ``count``; ``lateness_ms``,
 #: a list with each entry's release time minus its due time; ``task_ids``,
 #: the ids released (for the handoff, which moves them in Lua, ``None`` unless
-#: it named them: with ``zdelay_audit_log``, or near a periodic occurrence).
+#: it named them: with ``zdelay_audit_log``, or near a periodic occurrence);
+#: ``headers``, each released message's headers as published (``None`` for
+#: the handoff, which does not read the messages it moves).
 batch_released = Signal(name="zdelay_batch_released")
 
 #: Sent when an entry moved to the dead-letter set. Sender: the companion.

@@ -531,6 +531,7 @@ class Companion:
             count=len(released),
             lateness_ms=lateness,
             task_ids=task_ids,
+            headers=[message.headers for _, message in released],
         )
         if self.config.audit_log:
             for task_id, late_ms in zip(task_ids, lateness, strict=True):
