@@ -31,6 +31,7 @@ from ..parking import park_requests
 from ..schedule import Due
 from ..store import ParkRequest, Store
 from .definition import Definition, config_hash, definitions_from_config
+from .django_beat import DjangoBeatSource, uses_django_beat
 from .occurrences import plan
 from .store import PeriodicStore, Snapshot
 
@@ -80,6 +81,10 @@ class PeriodicServer:
         #: The earliest occurrence ms in _pending (or earlier: one released
         #: since stays until the next tend), None when there is none.
         self._next_pending_ms: int | None = None
+        #: django-celery-beat's rows, when they are the schedule source.
+        self._source = DjangoBeatSource(app) if uses_django_beat(app) else None
+        #: Runs to write back to those rows (name -> occurrence ms), by tend().
+        self._rows_ran: dict[str, int] = {}
 
     # -- configuration --------------------------------------------------------
 
@@ -95,7 +100,12 @@ class PeriodicServer:
             # As celery beat does: the tasks named by beat_schedule are known.
             self.app.loader.import_default_modules()
             self._imported = True
-        definitions, errors = definitions_from_config(self.app)
+        if self._source is not None:
+            if not self._source.changed() and not force:
+                return "same"
+            definitions, errors = self._source.definitions()
+        else:
+            definitions, errors = definitions_from_config(self.app)
         digest = config_hash(definitions, errors)
         if digest == self._config_hash and errors == self._config_errors and not force:
             return "same"
@@ -136,6 +146,9 @@ class PeriodicServer:
         self._last_tend = now
         if now - self._last_check >= RECONCILE_CHECK_SECONDS:
             self.reconcile()
+        if self._rows_ran and self._source is not None:
+            ran, self._rows_ran = self._rows_ran, {}
+            self._source.note_runs(ran)
         snap = self.periodic.snapshot()
         if not snap.meta and self._config_hash is not None:
             # Redis lost everything (restarted without persistence, flushed):
@@ -192,6 +205,11 @@ class PeriodicServer:
                 name, ms = hit
                 if ms >= runs.get(name, (-1, 0))[0]:
                     runs[name] = (ms, late)
+        if runs and self._source is not None:
+            # Written by the periodic thread (tend): no database round trip
+            # in the release loop.
+            for name, (ms, _) in runs.items():
+                self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
         if runs:
             self.periodic.record_runs(
                 {
