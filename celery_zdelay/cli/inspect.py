@@ -75,8 +75,8 @@ time (naive times are UTC). Entries due in [--due-after, --due-before) match.
     cls=CeleryOption,
     help_group="Check Options",
     help="Print OK or FAIL and exit 1 when no companion is alive, a shard has none, "
-    "entries sit on shards beyond zdelay_shards, or an entry is overdue by more than "
-    "--max-overdue.",
+    "entries sit on shards beyond zdelay_shards, an entry is overdue by more than "
+    "--max-overdue, or periodic schedules are stored that no live companion serves.",
 )
 @click.option(
     "--max-overdue",
@@ -98,7 +98,12 @@ def status(
         _, schedules = store_schedules(store)
     shards = len(current.counts.shards)
     max_overdue_ms = round(max_overdue * 1000)
-    problems = admin.check(current, max_overdue_ms=max_overdue_ms) if check else None
+    active = sum(1 for info in schedules if not info.paused)
+    problems = (
+        admin.check(current, max_overdue_ms=max_overdue_ms, active_schedules=active)
+        if check
+        else None
+    )
     if as_json:
         document = _views.status_json(
             current, shards=shards, problems=problems, max_overdue_ms=max_overdue_ms

@@ -143,13 +143,15 @@ class Companion:
         periodic = self._start_periodic()
         self._detect_handoff()
         logger.info(
-            "celery-zdelay %s companion %s started: store %s (shards %s), broker %s, handoff %s",
+            "celery-zdelay %s companion %s started: store %s (shards %s), broker %s, handoff %s, "
+            "periodic tasks %s",
             __version__,
             self.id,
             sanitize_url(self.store.url),
             _shard_ranges(self.shards),
             sanitize_url(self.publisher.broker_url),
             self.handoff_state,
+            "served" if self.periodic is not None else "not served (no --beat)",
         )
         # Parked tasks are only as durable as Redis, and only released from the
         # configured shards: say so when they are at risk.
@@ -720,6 +722,7 @@ class Companion:
                 "seen_ms": now_ms,
                 "released": self.totals.released,
                 "dead_lettered": self.totals.dead_lettered,
+                "beat": self.periodic is not None,
             }
             client = self.store.client
             client.hset(key, self.id, json.dumps(beat))
