@@ -15,10 +15,13 @@ from .control import (
     reschedule_matching,
 )
 from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
+from .events import connect_receivers as _connect_events
 from .hooks import install_everywhere as _install_everywhere
 from .limits import pause, resume, set_rate_limit
 from .parking import apply_delayed, batch, send_delayed
+from .revocation import connect_receivers as _connect_revocation
 from .task import DelayedTaskMixin, Task
+from .tracing import connect_receivers as _connect_tracing
 from .transparent import TransparentAMQP
 
 __version__ = "0.1.0"
@@ -26,6 +29,12 @@ __version__ = "0.1.0"
 # zdelay_threshold alone makes an app transparent, and workers report a
 # forgotten companion: see celery_zdelay.hooks.
 _install_everywhere()
+# A cancel ends REVOKED in the result backend; parked, cancelled and dead
+# tasks are announced as Celery events when the app sends task events.
+_connect_revocation()
+_connect_events()
+# Release spans, when OpenTelemetry is installed (celery_zdelay.tracing).
+_connect_tracing()
 
 __all__ = [
     "ConfigurationError",

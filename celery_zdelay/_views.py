@@ -100,6 +100,7 @@ def _companion_json(companion: CompanionInfo) -> dict[str, Any]:
         "alive": companion.alive,
         "released": companion.released,
         "dead_lettered": companion.dead_lettered,
+        "beat": companion.beat,
     }
 
 
@@ -203,6 +204,7 @@ def _companions_text(companions: Sequence[CompanionInfo], now_ms: int) -> str:
             c.handoff,
             count(c.released),
             count(c.dead_lettered),
+            "yes" if c.beat else "no",
             ago(c.started_ms, now_ms),
             ago(c.seen_ms, now_ms),
         ]
@@ -217,6 +219,7 @@ def _companions_text(companions: Sequence[CompanionInfo], now_ms: int) -> str:
         "HANDOFF",
         "RELEASED",
         "DEAD",
+        "BEAT",
         "STARTED",
         "LAST SEEN",
     ]

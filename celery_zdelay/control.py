@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import celery
 
+from . import signals
 from ._format import utc
 from .config import get_config
 from .errors import ConfigurationError
@@ -45,18 +46,24 @@ __all__ = [
 audit = logging.getLogger("celery_zdelay.audit")
 
 
-def cancel(task_id: str, *, app: Celery | None = None) -> bool:
+def cancel(task_id: str, *, app: Celery | None = None, by: str | None = None) -> bool:
     """Cancel a parked task or canvas; return whether anything was still parked.
 
     For a canvas parked with :func:`celery_zdelay.apply_delayed`, *task_id*
     may be the id of the result it returned (a chain's last task, a group):
     every task parked for it is cancelled. False means nothing was parked
     under the id any more: unknown, released, or being released right now.
+
+    A cancelled task ends ``REVOKED`` in the result backend, as a revoked one
+    does, and :data:`~celery_zdelay.signals.tasks_cancelled` is sent with
+    *by* (who cancelled, for receivers and audit trails).
     """
-    return cancel_ids([task_id], app=app)[0]
+    return cancel_ids([task_id], app=app, by=by)[0]
 
 
-def cancel_ids(task_ids: Sequence[str], *, app: Celery | None = None) -> list[bool]:
+def cancel_ids(
+    task_ids: Sequence[str], *, app: Celery | None = None, by: str | None = None
+) -> list[bool]:
     """:func:`cancel` for many ids at once; return, per id, whether anything was parked.
 
     Plain task ids are cancelled in one call per shard; only the ids not
@@ -65,22 +72,22 @@ def cancel_ids(task_ids: Sequence[str], *, app: Celery | None = None) -> list[bo
     app = _app(app)
     store = store_for(app)
     found = store.cancel(list(task_ids))
-    for task_id, done in zip(task_ids, found, strict=True):
-        if done:
-            _audit(app, "Cancelled %s", task_id)
-    return [
-        done or _cancel_canvas(app, store, task_id)
-        for task_id, done in zip(task_ids, found, strict=True)
-    ]
+    cancelled = [task_id for task_id, done in zip(task_ids, found, strict=True) if done]
+    results = list(found)
+    for index, (task_id, done) in enumerate(zip(task_ids, found, strict=True)):
+        if not done:
+            members = _cancel_canvas(store, task_id)
+            # The canvas's result id never runs either: report it with its members.
+            cancelled += [*members, task_id] if members else []
+            results[index] = bool(members)
+    _cancelled(app, cancelled, by)
+    return results
 
 
-def _cancel_canvas(app: Celery, store: Store, result_id: str) -> bool:
-    """Cancel what was parked for the canvas whose result id is *result_id*."""
+def _cancel_canvas(store: Store, result_id: str) -> list[str]:
+    """Cancel what was parked for the canvas whose result id is *result_id*; return those ids."""
     members = _canvas_members(store, result_id)
-    cancelled = [m for m, done in zip(members, store.cancel(members), strict=True) if done]
-    for task_id in cancelled:
-        _audit(app, "Cancelled %s", task_id)
-    return bool(cancelled)
+    return [m for m, done in zip(members, store.cancel(members), strict=True) if done]
 
 
 def reschedule(
@@ -139,6 +146,7 @@ def cancel_matching(
     tag: str | None = None,
     dry_run: bool = False,
     app: Celery | None = None,
+    by: str | None = None,
 ) -> int:
     """Cancel every parked task that matches; return how many were (or would be) cancelled.
 
@@ -147,7 +155,8 @@ def cancel_matching(
     datetimes (naive means UTC) or timedeltas from now on the Redis clock;
     *tag* selects the tasks parked with that tag (``tags=[...]``), on every
     shard. At least one filter is required; several must all match. With
-    *dry_run* nothing changes.
+    *dry_run* nothing changes. Each cancelled task is reported as
+    :func:`cancel` reports it.
     """
     app = _app(app)
     store = store_for(app)
@@ -157,10 +166,9 @@ def cancel_matching(
     cancelled = 0
     for start in range(0, len(ids), ADMIN_BATCH):
         chunk = ids[start : start + ADMIN_BATCH]
-        for task_id, done in zip(chunk, store.cancel(chunk), strict=True):
-            if done:
-                cancelled += 1
-                _audit(app, "Cancelled %s", task_id)
+        done_ids = [t for t, done in zip(chunk, store.cancel(chunk), strict=True) if done]
+        _cancelled(app, done_ids, by)
+        cancelled += len(done_ids)
     return cancelled
 
 
@@ -245,6 +253,18 @@ def _ms(when: datetime | timedelta | None, now_ms: int) -> int | None:
         return now_ms + round(when.total_seconds() * 1000)
     due = due_from(eta=when)
     return due.ms
+
+
+def _cancelled(app: Celery, task_ids: list[str], by: str | None) -> None:
+    """Audit and announce *task_ids* as cancelled (receivers: :mod:`.revocation`)."""
+    if not task_ids:
+        return
+    for task_id in task_ids:
+        if by:
+            _audit(app, "Cancelled %s by %s", task_id, by)
+        else:
+            _audit(app, "Cancelled %s", task_id)
+    signals.tasks_cancelled.send(sender=app, task_ids=task_ids, by=by)
 
 
 def _audit(app: Celery, message: str, *args: Any) -> None:

@@ -13,6 +13,7 @@ shard of the store, so a shard no companion releases still shows up::
     zdelay_in_flight_tasks{shard}        entries claimed, not yet acknowledged
     zdelay_dead_tasks{shard}             dead-lettered entries
     zdelay_live_companions               companions with a fresh heartbeat
+    zdelay_beat_companions               of those, the ones serving periodic schedules
     zdelay_store_up                      1 if this scrape could read the store
 
 and those of the periodic schedules (:mod:`celery_zdelay.periodic.metrics`)::
@@ -135,6 +136,10 @@ class _StoreCollector:
             ),
             "dead": gauge("zdelay_dead_tasks", "Dead-lettered entries.", labels=shard),
             "companions": gauge("zdelay_live_companions", "Companions whose heartbeat is fresh."),
+            "beat": gauge(
+                "zdelay_beat_companions",
+                "Live companions that serve the periodic schedules (--beat).",
+            ),
         }
 
     def describe(self) -> Iterator[Any]:
@@ -147,7 +152,7 @@ class _StoreCollector:
         )
         try:
             counted = admin.counts(self.store)
-            alive = sum(1 for c in admin.companions(self.store, now_ms=counted.now_ms) if c.alive)
+            live = [c for c in admin.companions(self.store, now_ms=counted.now_ms) if c.alive]
         except ZDelayError as exc:
             logger.warning("Metrics scrape could not read the store: %s", exc)
             up.add_metric([], 0)
@@ -161,7 +166,8 @@ class _StoreCollector:
             families["oldest"].add_metric(label, (s.oldest_overdue_age_ms or 0) / 1000)
             families["in_flight"].add_metric(label, s.in_flight)
             families["dead"].add_metric(label, s.dead)
-        families["companions"].add_metric([], alive)
+        families["companions"].add_metric([], len(live))
+        families["beat"].add_metric([], sum(1 for c in live if c.beat))
         up.add_metric([], 1)
         yield from families.values()
         yield up

@@ -11,13 +11,14 @@ import contextvars
 import copy
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
 
+from . import signals
 from .bulk import build_messages, split_call
 from .capture import announce_parked, capture
 from .config import ZDelayConfig, get_config
@@ -31,7 +32,8 @@ from .schedule import Due, due_from
 from .store import ParkRequest, Store, admin
 from .store.client import unavailable_as_error
 from .store.keys import canvas_key
-from .store.marks import park_marked
+from .store.marks import Parked, park_marked
+from .tracing import park_span
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -270,8 +272,9 @@ def batch(app: Celery) -> Iterator[None]:
     finally:
         _current_batch.reset(token)
     if pending.requests:
-        _park(store_for(app), pending.requests)
-        announce_parked(request.message for request in pending.requests)
+        with park_span([request.task_id for request in pending.requests]):
+            parked = _park(store_for(app), pending.requests)
+        _announce(app, [request.message for request in pending.requests], parked)
 
 
 # -- parking ----------------------------------------------------------------
@@ -344,7 +347,9 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[st
         return [message.task_id for message in messages]
     ids = [message.task_id for message in messages]
     if requests:
-        ids = _park(parking.store, requests)
+        with park_span([message.task_id for message in messages]):
+            parked = _park(parking.store, requests)
+        ids = [p.task_id for p in parked]
         for message, parked_id in zip(messages, ids, strict=True):
             logger.debug(
                 "Parked %s[%s]%s",
@@ -352,29 +357,44 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[st
                 message.task_id,
                 "" if parked_id == message.task_id else f": its key is held by {parked_id}",
             )
-        # Only now, and only for what was parked (a kept key parks nothing):
-        # receivers of after_task_publish learn of parked tasks only.
-        announce_parked(
-            message
-            for message, parked_id in zip(messages, ids, strict=True)
-            if parked_id == message.task_id
-        )
+        _announce(app, messages, parked)
         if not parking.companion_checked:
             _warn_without_companion(app, parking)
             _warn_without_wakeup(parking)
     return ids
 
 
-def _park(store: Store, requests: list[ParkRequest]) -> list[str]:
-    """Park *requests*; return the id parked for each (see :func:`park_messages`).
+def _park(store: Store, requests: list[ParkRequest]) -> list[Parked]:
+    """Park *requests*; return what was parked for each (see :func:`park_messages`).
 
     Only requests with a key or tags take the marked path (park_keyed.lua):
     the others are parked by park.lua alone, as if keys did not exist.
     """
     if not any(request.mark is not None for request in requests):
-        store.park(requests)
-        return [request.task_id for request in requests]
-    return [parked.task_id for parked in park_marked(store, requests)]
+        due_ms = store.park(requests)
+        return [Parked(r.task_id, ms, True) for r, ms in zip(requests, due_ms, strict=True)]
+    return park_marked(store, requests)
+
+
+def _announce(
+    app: Celery, messages: Sequence[TaskMessage | None], parked: Sequence[Parked]
+) -> None:
+    """Tell receivers about the messages this call parked, and only those.
+
+    Only now, after the park: ``after_task_publish`` receivers and
+    :data:`~celery_zdelay.signals.tasks_parked` (Celery's ``task-sent``
+    event) learn of parked tasks only; a kept key parked nothing.
+    """
+    done = [
+        (message, p.due_ms)
+        for message, p in zip(messages, parked, strict=True)
+        if p.parked and message is not None and p.due_ms is not None
+    ]
+    announce_parked(message for message, _ in done)
+    if done:
+        signals.tasks_parked.send(
+            sender=app, messages=[m for m, _ in done], due_ms=[ms for _, ms in done]
+        )
 
 
 def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:

@@ -23,7 +23,9 @@ __all__ = [
     "companion_started",
     "companion_stopped",
     "task_dead_lettered",
+    "tasks_cancelled",
     "tasks_held",
+    "tasks_parked",
 ]
 
 #: Sent when a companion starts releasing. Sender: the
@@ -42,7 +44,9 @@ batch_claimed = Signal(name="zdelay_batch_claimed")
 #: ``"publish"`` (kombu, confirmed by the broker); ``count``; ``lateness_ms``,
 #: a list with each entry's release time minus its due time; ``task_ids``,
 #: the ids released (for the handoff, which moves them in Lua, ``None`` unless
-#: it named them: with ``zdelay_audit_log``, or near a periodic occurrence).
+#: it named them: with ``zdelay_audit_log``, or near a periodic occurrence);
+#: ``headers``, each released message's headers as published (``None`` for
+#: the handoff, which does not read the messages it moves).
 batch_released = Signal(name="zdelay_batch_released")
 
 #: Sent when an entry moved to the dead-letter set. Sender: the companion.
@@ -54,3 +58,20 @@ task_dead_lettered = Signal(name="zdelay_task_dead_lettered")
 #: the control name (``"queue:emails"``, ``"task:proj.sms"``); ``reason``,
 #: ``"rate_limit"`` or ``"pause"``; ``count``.
 tasks_held = Signal(name="zdelay_tasks_held")
+
+#: Sent after parked tasks were cancelled, whoever cancelled them (Python,
+#: the CLI, the dashboard). Sent in the process that cancelled, not the
+#: companion. Sender: the Celery app. Arguments: ``task_ids``, the ids that
+#: were still parked and now never run (for a canvas, its result id too);
+#: ``by``, who cancelled where known (``"cli:alice"``,
+#: ``"dashboard:alice"``) or None. celery-zdelay's own receivers record each
+#: id as ``REVOKED`` in the result backend (:mod:`celery_zdelay.revocation`)
+#: and send Celery's ``task-revoked`` event (:mod:`celery_zdelay.events`).
+tasks_cancelled = Signal(name="zdelay_tasks_cancelled")
+
+#: Sent after messages were parked, in the process that parked them (after
+#: a :func:`celery_zdelay.batch` block, when it parks). Never sent for a call
+#: that was not parked. Sender: the Celery app. Arguments: ``messages``, the
+#: parked :class:`~celery_zdelay.entry.TaskMessage` objects (headers as
+#: parked), and ``due_ms``, each one's due time in ms on the Redis clock.
+tasks_parked = Signal(name="zdelay_tasks_parked")

@@ -103,6 +103,14 @@ Examples:
     "go on from then.",
 )
 @click.option(
+    "-S",
+    "--scheduler",
+    cls=CeleryOption,
+    help_group="Companion Options",
+    help="With --beat, where the schedules come from, as celery beat -S: 'django' serves "
+    "django-celery-beat's PeriodicTask rows (sets beat_scheduler).",
+)
+@click.option(
     "--metrics-port",
     cls=CeleryOption,
     type=click.IntRange(0, 65535),
@@ -129,6 +137,7 @@ def zdelay(
     beat: bool,
     beat_schedule_file: str | None,
     beat_since: datetime | None,
+    scheduler: str | None,
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
@@ -141,6 +150,8 @@ def zdelay(
     if ctx.invoked_subcommand is not None:
         return
     app = ctx.obj.app
+    if scheduler is not None:
+        app.conf.beat_scheduler = scheduler
     # Our own loggers at the level asked for; libraries stay at WARNING. A
     # project that configured logging itself (in the module -A imports) keeps
     # its handlers: basicConfig does nothing once the root logger has one.

@@ -80,7 +80,8 @@ time (naive times are UTC). Entries due in [--due-after, --due-before) match.
     help_group="Check Options",
     help="Print OK or FAIL and exit 1 when no companion is alive, a shard has none, "
     "entries sit on shards beyond zdelay_shards, an entry is overdue by more than "
-    "--max-overdue, or the key and tag index disagrees with the entries.",
+    "--max-overdue, the key and tag index disagrees with the entries, or periodic "
+    "schedules are stored that no live companion serves.",
 )
 @click.option(
     "--max-overdue",
@@ -102,7 +103,12 @@ def status(
         current = admin.status(store)
         _, schedules = store_schedules(store)
         held = controls(app=ctx.obj.app)
-        problems = admin.check(current, max_overdue_ms=max_overdue_ms) if check else None
+        active = sum(1 for info in schedules if not info.paused)
+        problems = (
+            admin.check(current, max_overdue_ms=max_overdue_ms, active_schedules=active)
+            if check
+            else None
+        )
         if problems is not None:
             problems += [
                 f"key/tag index, shard {item.shard}: {item.detail} "

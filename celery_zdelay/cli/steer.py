@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -26,6 +27,15 @@ from ._base import (
 from .companion import zdelay
 
 __all__ = ["cancel", "reschedule"]
+
+
+def _by() -> str:
+    """Who cancels from the command line, for the audit line and the signal."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no user name in a bare container
+        return "cli"
+
 
 _CANCEL_EPILOG = """\b
 Examples:
@@ -160,11 +170,11 @@ def cancel(
     app = ctx.obj.app
     with _exit_codes(ctx):
         if filters is not None:
-            n = control.cancel_matching(dry_run=dry_run, app=app, **filters)
+            n = control.cancel_matching(dry_run=dry_run, app=app, by=_by(), **filters)
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would cancel {tasks} (dry run)" if dry_run else f"cancelled {tasks}")
             ctx.exit(EXIT_OK)
-        found = control.cancel_ids(task_ids, app=app)
+        found = control.cancel_ids(task_ids, app=app, by=_by())
     for task_id, was_parked in zip(task_ids, found, strict=True):
         if was_parked:
             click.echo(f"cancelled   {task_id}")

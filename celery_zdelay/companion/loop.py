@@ -152,13 +152,15 @@ class Companion:
         periodic = self._start_periodic()
         self._detect_handoff()
         logger.info(
-            "celery-zdelay %s companion %s started: store %s (shards %s), broker %s, handoff %s",
+            "celery-zdelay %s companion %s started: store %s (shards %s), broker %s, handoff %s, "
+            "periodic tasks %s",
             __version__,
             self.id,
             sanitize_url(self.store.url),
             _shard_ranges(self.shards),
             sanitize_url(self.publisher.broker_url),
             self.handoff_state,
+            "served" if self.periodic is not None else "not served (no --beat)",
         )
         # Parked tasks are only as durable as Redis, and only released from the
         # configured shards: say so when they are at risk.
@@ -631,6 +633,7 @@ class Companion:
             count=len(released),
             lateness_ms=lateness,
             task_ids=task_ids,
+            headers=[message.headers for _, message in released],
         )
         if self.config.audit_log:
             for task_id, late_ms in zip(task_ids, lateness, strict=True):
@@ -824,6 +827,7 @@ class Companion:
                 "released": self.totals.released,
                 "dead_lettered": self.totals.dead_lettered,
                 "wakeup": (self._wakeup.problem if self._wakeup else None) or "",
+                "beat": self.periodic is not None,
             }
             client = self.store.client
             client.hset(key, self.id, json.dumps(beat))

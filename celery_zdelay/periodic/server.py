@@ -32,6 +32,7 @@ from ..parking import park_requests
 from ..schedule import Due
 from ..store import ParkRequest, Store
 from .definition import Definition, config_hash, definitions_from_config
+from .django_beat import DjangoBeatSource, uses_django_beat
 from .occurrences import plan
 from .store import PeriodicStore, Snapshot
 from .takeover import since_for
@@ -98,6 +99,10 @@ class PeriodicServer:
         #: Set once the first pass is over: a starting companion releases
         #: only after it, so what an outage left parked is sorted out first.
         self.first_pass = threading.Event()
+        #: django-celery-beat's rows, when they are the schedule source.
+        self._source = DjangoBeatSource(app) if uses_django_beat(app) else None
+        #: Runs to write back to those rows (name -> occurrence ms), by tend().
+        self._rows_ran: dict[str, int] = {}
 
     # -- configuration --------------------------------------------------------
 
@@ -113,16 +118,24 @@ class PeriodicServer:
             # As celery beat does: the tasks named by beat_schedule are known.
             self.app.loader.import_default_modules()
             self._imported = True
-        definitions, errors = definitions_from_config(self.app)
+        if self._source is not None:
+            if not self._source.changed() and not force:
+                return "same"
+            definitions, errors = self._source.definitions()
+        else:
+            definitions, errors = definitions_from_config(self.app)
         digest = config_hash(definitions, errors)
         if digest == self._config_hash and errors == self._config_errors and not force:
             return "same"
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
         self._config_errors = errors
-        since = (
-            since_for(self.app, [d.name for d in definitions]) if self._config_hash is None else {}
-        )
+        since: dict[str, int] = {}
+        if self._config_hash is None:
+            # The switch from celery beat: entries go on from their last run
+            # there (django-celery-beat's last_run_at, or beat's schedule file).
+            names = [d.name for d in definitions]
+            since = self._source.last_runs() if self._source else since_for(self.app, names)
         status, changed = self.periodic.store_config(
             definitions, digest, writer=self.companion_id, force=force, keep=errors, since=since
         )
@@ -177,6 +190,9 @@ class PeriodicServer:
         now = time.monotonic()
         if now - self._last_check >= RECONCILE_CHECK_SECONDS:
             self.reconcile()
+        if self._rows_ran and self._source is not None:
+            ran, self._rows_ran = self._rows_ran, {}
+            self._source.note_runs(ran)
         snap = self.periodic.snapshot()
         if not snap.meta and self._config_hash is not None:
             # Redis lost everything (restarted without persistence, flushed):
@@ -235,6 +251,11 @@ class PeriodicServer:
                 name, ms = hit
                 if ms >= runs.get(name, (-1, 0))[0]:
                     runs[name] = (ms, late)
+        if runs and self._source is not None:
+            # Written by the periodic thread (tend): no database round trip
+            # in the release loop.
+            for name, (ms, _) in runs.items():
+                self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
         if runs:
             self.periodic.record_runs(
                 {

@@ -72,6 +72,8 @@ class CompanionInfo:
     alive: bool
     #: Why the companion gets no wake-ups (a permission Redis refused), or "".
     wakeup: str = ""
+    #: It serves the periodic schedules (``--beat``/``zdelay_beat``).
+    beat: bool = False
 
 
 def companions(store: Store, *, now_ms: int | None = None) -> list[CompanionInfo]:
@@ -101,6 +103,7 @@ def companions(store: Store, *, now_ms: int | None = None) -> list[CompanionInfo
                     seen_ms=seen_ms,
                     released=int(beat.get("released", 0)),
                     dead_lettered=int(beat.get("dead_lettered", 0)),
+                    beat=bool(beat.get("beat", False)),
                     alive=now - seen_ms <= COMPANION_ALIVE_MS,
                     wakeup=str(beat.get("wakeup") or ""),
                 )
@@ -397,15 +400,22 @@ def status(store: Store) -> Status:
     )
 
 
-def check(current: Status, *, max_overdue_ms: int) -> list[str]:
+def check(current: Status, *, max_overdue_ms: int, active_schedules: int = 0) -> list[str]:
     """Return what is wrong for a liveness probe; an empty list means healthy.
 
     Wrong is: no live companion, a shard no live companion releases (a
     stranded one included), a live companion Redis refuses its wake-up
-    channels (tasks released up to a second late), or an overdue entry older
-    than *max_overdue_ms*.
+    channels (tasks released up to a second late), an overdue entry older
+    than *max_overdue_ms*, or periodic schedules (*active_schedules* stored
+    and not paused) that no live companion serves.
     """
     problems = []
+    if active_schedules and current.alive and not any(c.beat for c in current.alive):
+        problems.append(
+            f"{active_schedules} periodic schedule{'' if active_schedules == 1 else 's'} "
+            "stored but no live companion serves them (start companions with --beat "
+            "or zdelay_beat = True)"
+        )
     if current.stranded_problem is not None:
         problems.append(current.stranded_problem)
     alive = current.alive

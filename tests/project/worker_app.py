@@ -23,3 +23,14 @@ if os.environ.get(RECORD_RECEIVED_ENV) == "1":
         seconds, micros = _recorder.time()
         redis_ms = int(seconds) * 1000 + int(micros) // 1000
         _recorder.rpush(RECEIVED_KEY, json.dumps({"id": request.id, "redis_ms": redis_ms}))
+
+
+if os.environ.get("ZDELAY_TEST_OTEL_FILE"):
+    # Spans of the worker (and of a companion) for the tracing tests.
+    import tests.project.otel  # noqa: F401
+
+if os.environ.get("DJANGO_SETTINGS_MODULE") == "tests.beat_project.settings":
+    # The django-celery-beat source tests: the companion reads the rows.
+    import django
+
+    django.setup()

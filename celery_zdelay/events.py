@@ -1,0 +1,222 @@
+"""Celery events for parked work, so Flower and event consumers see it.
+
+With Celery's own ``task_send_sent_event`` on (off by default, as in Celery:
+each event costs a publish), celery-zdelay announces what it holds with the
+standard event types, which Flower understands without a plugin:
+
+- a parked task is a ``task-sent`` event with its ``eta`` (the due time),
+  sent after the park succeeded, never for a call that was not parked;
+- a cancelled task is ``task-revoked``, as Celery's ``revoke`` reports it;
+- a dead-lettered task is ``task-rejected`` (its message was refused and
+  not requeued), with the reason as an extra ``reason`` field.
+
+A released task needs nothing from here: the worker that receives it sends
+``task-received``, ``task-started`` and ``task-succeeded`` as usual.
+
+Events never delay or fail a park, a cancel or a release: they are handed to
+one background thread per process, which publishes them on a connection of
+its own, and dropped (with a warning) when the broker cannot take them or
+too many are waiting. Each event type is sent by a receiver of the
+library's own signals.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from . import signals
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from .entry import TaskMessage
+
+__all__ = ["MAX_PENDING_EVENTS", "connect_receivers", "flush"]
+
+logger = logging.getLogger(__name__)
+
+#: Events waiting for the sender thread; beyond this they are dropped, so a
+#: broker that is down never grows a producer's memory.
+MAX_PENDING_EVENTS = 10_000
+
+#: Seconds the sender thread keeps its broker connection open when idle.
+_IDLE_CLOSE_S = 2.0
+
+#: Seconds a process waits at exit for its queued events.
+_EXIT_FLUSH_S = 3.0
+
+
+def connect_receivers() -> None:
+    """Connect the event receivers to celery-zdelay's signals (idempotent)."""
+    signals.tasks_parked.connect(
+        announce_parked, weak=False, dispatch_uid="celery_zdelay.events.parked"
+    )
+    signals.tasks_cancelled.connect(
+        announce_cancelled, weak=False, dispatch_uid="celery_zdelay.events.cancelled"
+    )
+    signals.task_dead_lettered.connect(
+        announce_dead_lettered, weak=False, dispatch_uid="celery_zdelay.events.dead"
+    )
+
+
+def announce_parked(
+    sender: Celery, messages: Sequence[TaskMessage], due_ms: Sequence[int], **_: Any
+) -> None:
+    """Send ``task-sent`` for each parked message, its ``eta`` the due time."""
+    if not sender.conf.task_send_sent_event:
+        return
+    for message, ms in zip(messages, due_ms, strict=True):
+        headers = message.headers
+        _sender_for(sender).put(
+            "task-sent",
+            {
+                "uuid": message.task_id,
+                "root_id": headers.get("root_id"),
+                "parent_id": headers.get("parent_id"),
+                "name": message.task_name,
+                "args": headers.get("argsrepr"),
+                "kwargs": headers.get("kwargsrepr"),
+                "retries": headers.get("retries"),
+                "eta": datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(),
+                "expires": headers.get("expires"),
+                "queue": message.routing_key,
+                "exchange": message.exchange,
+                "routing_key": message.routing_key,
+                "zdelay": "parked",
+            },
+        )
+
+
+def announce_cancelled(sender: Celery, task_ids: Sequence[str], **_: Any) -> None:
+    """Send ``task-revoked`` for each cancelled id."""
+    if not sender.conf.task_send_sent_event:
+        return
+    for task_id in task_ids:
+        _sender_for(sender).put(
+            "task-revoked",
+            {"uuid": task_id, "terminated": False, "signum": None, "expired": False},
+        )
+
+
+def announce_dead_lettered(sender: Any, task_id: str, reason: str, **_: Any) -> None:
+    """Send ``task-rejected`` for an entry the companion dead-lettered."""
+    app = getattr(sender, "app", None)
+    if app is None or not app.conf.task_send_sent_event:
+        return
+    _sender_for(app).put("task-rejected", {"uuid": task_id, "requeue": False, "reason": reason})
+
+
+def flush(app: Celery, timeout_s: float = 5.0) -> bool:
+    """Wait until the events of *app* handed over so far were sent or dropped.
+
+    Return False on timeout. It runs at exit too (up to 3 s), so a short
+    process (``zdelay cancel``) does not leave its events unsent.
+    """
+    sender: _Sender | None = getattr(app, "_zdelay_event_sender", None)
+    if sender is None or sender.pid != os.getpid():
+        return True
+    return sender.flush(timeout_s)
+
+
+def _sender_for(app: Celery) -> _Sender:
+    sender: _Sender | None = getattr(app, "_zdelay_event_sender", None)
+    # A forked process (a prefork web server) has no thread of its parent.
+    if sender is None or sender.pid != os.getpid():
+        sender = _Sender(app)
+        app._zdelay_event_sender = sender
+    return sender
+
+
+class _Sender:
+    """One thread per app and process that publishes queued events."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.pid = os.getpid()
+        self.pending: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(MAX_PENDING_EVENTS)
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._run, name="zdelay-events", daemon=True)
+        self._thread.start()
+        # A short process (``zdelay cancel``, a script) sends what it queued
+        # before it exits, within a bound.
+        atexit.register(self.flush, _EXIT_FLUSH_S)
+
+    def put(self, type_: str, fields: dict[str, Any]) -> None:
+        try:
+            self.pending.put_nowait((type_, fields))
+        except queue.Full:
+            self._drop(type_, fields.get("uuid"), "too many events waiting")
+
+    def flush(self, timeout_s: float) -> bool:
+        done = threading.Event()
+        # A sentinel queued behind every event handed over so far.
+        self.pending.put(("", {"flushed": done}))
+        return done.wait(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            item = self.pending.get()
+            try:
+                self._send_until_idle(item)
+            except Exception as exc:  # the broker is gone: drop, never raise
+                self._drop(item[0], item[1].get("uuid"), repr(exc))
+                # What waits now would meet the same broker: drop it too,
+                # rather than try a connect per event.
+                self._drop_pending(repr(exc))
+
+    def _drop_pending(self, why: str) -> None:
+        while True:
+            try:
+                item = self.pending.get_nowait()
+            except queue.Empty:
+                return
+            if not self._flushed(item):
+                self._drop(item[0], item[1].get("uuid"), why)
+
+    def _send_until_idle(self, item: tuple[str, dict[str, Any]]) -> None:
+        if self._flushed(item):
+            return
+        with self.app.connection_for_write() as connection:
+            # Bounded: events wait for no broker longer than one connect.
+            connection.ensure_connection(max_retries=1)
+            dispatcher = self.app.events.Dispatcher(connection, buffer_while_offline=False)
+            try:
+                while True:
+                    type_, fields = item
+                    if not self._flushed(item):
+                        dispatcher.send(type_, **fields)
+                    try:
+                        item = self.pending.get(timeout=_IDLE_CLOSE_S)
+                    except queue.Empty:
+                        return
+            finally:
+                dispatcher.close()
+
+    @staticmethod
+    def _flushed(item: tuple[str, dict[str, Any]]) -> bool:
+        marker = item[1].get("flushed") if not item[0] else None
+        if isinstance(marker, threading.Event):
+            marker.set()
+            return True
+        return False
+
+    def _drop(self, type_: str, task_id: Any, why: str) -> None:
+        self._dropped += 1
+        # One line per power of two dropped: a broker outage does not flood the log.
+        if self._dropped & (self._dropped - 1) == 0:
+            logger.warning(
+                "Celery event %s for %s not sent (%s); %d dropped so far. Parking and "
+                "releasing are not affected; check the broker connection.",
+                type_,
+                task_id,
+                why,
+                self._dropped,
+                extra={"task_id": task_id},
+            )

@@ -1,0 +1,243 @@
+"""django-celery-beat's ``PeriodicTask`` rows as the companions' schedule source.
+
+A Django shop edits its periodic tasks in the Django admin, as rows of
+django-celery-beat. With Celery's own ``beat_scheduler`` naming
+django-celery-beat's ``DatabaseScheduler`` (``celery beat -S django``), the
+companions serve the enabled rows instead of ``beat_schedule``: each row
+becomes a :class:`~celery_zdelay.periodic.definition.Definition`, stored in
+Redis and served with the same promises (each tick once, any number of
+companions). The rows are read again when django-celery-beat's own change
+marker (``PeriodicTasks.last_update``, set on every save and delete) moves,
+checked on every reconcile of the periodic server.
+
+What is kept as django-celery-beat keeps it: ``last_run_at`` and
+``total_run_count`` of a row are updated when one of its occurrences is
+released, so the admin stays true. A row that cannot be served (an unknown
+task, bad JSON in ``args``, a kind of schedule or option not served yet:
+clocked, one-off, start/end times, a crontab in another time zone than the
+app's) is reported by name and skipped; the others are served.
+
+Only imported when that scheduler is configured: django-celery-beat and
+Django are optional.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+from .definition import SOURCE_CONFIG, Definition, from_beat_entry
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["DATABASE_SCHEDULER", "DjangoBeatSource", "uses_django_beat"]
+
+logger = logging.getLogger(__name__)
+
+#: django-celery-beat's scheduler, as Celery's ``beat_scheduler`` names it.
+DATABASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+#: Names ``celery beat -S`` accepts for it (the entry point alias and its paths).
+_NAMES = {"django", DATABASE_SCHEDULER, DATABASE_SCHEDULER.replace(":", ".")}
+
+#: Seconds per django-celery-beat interval period.
+_PERIOD_SECONDS = {
+    "days": 86400.0,
+    "hours": 3600.0,
+    "minutes": 60.0,
+    "seconds": 1.0,
+    "microseconds": 1e-6,
+}
+
+
+def uses_django_beat(app: Celery) -> bool:
+    """Whether *app*'s ``beat_scheduler`` is django-celery-beat's database scheduler."""
+    scheduler = app.conf.beat_scheduler
+    return isinstance(scheduler, str) and scheduler in _NAMES
+
+
+def definition_name(row_name: str) -> str:
+    """The schedule's name in celery-zdelay: the row's, with runs of spaces as ``_``.
+
+    Rows are named in the admin ("Send daily report"); celery-zdelay's names
+    hold no spaces (they are part of occurrence ids and CLI arguments).
+    """
+    return re.sub(r"\s+", "_", row_name.strip())
+
+
+class DjangoBeatSource:
+    """Reads the enabled rows; writes back their runs."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._last_change: datetime | None = None
+        self._read_once = False
+        #: Definition name -> the row's primary key.
+        self._rows: dict[str, int] = {}
+        #: Definition name -> the row's last_run_at, epoch ms (rows that ran).
+        self._last_runs: dict[str, int] = {}
+
+    def changed(self) -> bool:
+        """Whether the rows changed since they were last read (always true at first)."""
+        from django_celery_beat.models import PeriodicTasks
+
+        last = PeriodicTasks.last_change()
+        if self._read_once and last == self._last_change:
+            return False
+        self._last_change = last
+        return True
+
+    def definitions(self) -> tuple[list[Definition], dict[str, str]]:
+        """Return the definitions of the enabled rows, and the errors by name."""
+        from django.db import close_old_connections
+        from django_celery_beat.models import PeriodicTask
+
+        # A long-lived process: connections the database closed are replaced.
+        close_old_connections()
+        known = set(self.app.tasks.keys())
+        definitions: list[Definition] = []
+        errors: dict[str, str] = {}
+        rows: dict[str, int] = {}
+        last_runs: dict[str, int] = {}
+        query = PeriodicTask.objects.filter(enabled=True).select_related(
+            "interval", "crontab", "solar", "clocked"
+        )
+        for row in query:
+            name = definition_name(row.name)
+            if name in rows:
+                errors[name] = (
+                    f"django-celery-beat rows {row.name!r} and another have the same name "
+                    "once spaces are replaced by '_': rename one of them."
+                )
+                continue
+            try:
+                definitions.append(self._definition(row, name, known))
+                rows[name] = row.pk
+                if row.last_run_at is not None:
+                    last_runs[name] = round(row.last_run_at.timestamp() * 1000)
+            except ConfigurationError as exc:
+                errors[name] = str(exc)
+        self._rows = rows
+        self._last_runs = last_runs
+        self._read_once = True
+        return definitions, errors
+
+    def last_runs(self) -> dict[str, int]:
+        """Name -> when each row last ran (``last_run_at``, epoch ms), as last read.
+
+        A schedule stored for the first time goes on from there: the switch
+        from ``celery beat -S django`` loses and doubles no tick.
+        """
+        return dict(self._last_runs)
+
+    def note_runs(self, runs: Mapping[str, int]) -> None:
+        """Record released occurrences (definition name -> occurrence ms) on their rows.
+
+        As django-celery-beat does after it sends a task: ``last_run_at`` and
+        ``total_run_count``. Updated with ``QuerySet.update``, which sends no
+        ``post_save``, so the change marker does not move and the schedule is
+        not read again for it.
+        """
+        from django.db import close_old_connections
+        from django.db.models import F
+        from django_celery_beat.models import PeriodicTask
+
+        close_old_connections()
+        for name, occurrence_ms in runs.items():
+            pk = self._rows.get(name)
+            if pk is None:
+                continue
+            PeriodicTask.objects.filter(pk=pk).update(
+                last_run_at=datetime.fromtimestamp(occurrence_ms / 1000, tz=timezone.utc),
+                total_run_count=F("total_run_count") + 1,
+            )
+
+    def _definition(self, row: Any, name: str, known: set[str]) -> Definition:
+        where = f"django-celery-beat row {row.name!r}"
+        entry: dict[str, Any] = {
+            "task": row.task,
+            "schedule": self._schedule(row, where),
+            "args": _json(row.args, list, "args", where),
+            "kwargs": _json(row.kwargs, dict, "kwargs", where),
+            "options": self._options(row, where),
+        }
+        if row.one_off:
+            raise ConfigurationError(
+                f"{where}: one_off rows (one run, then disabled) are not served by "
+                "celery-zdelay yet; park the task with apply_delayed(eta=...) instead."
+            )
+        if row.start_time is not None or row.expires is not None:
+            raise ConfigurationError(
+                f"{where}: start_time and expires (a schedule window) are not served by "
+                "celery-zdelay yet; clear them or keep this row on celery beat."
+            )
+        return from_beat_entry(name, entry, known_tasks=known, source=SOURCE_CONFIG)
+
+    def _schedule(self, row: Any, where: str) -> Any:
+        from celery.schedules import crontab, solar
+
+        if row.interval is not None:
+            seconds = row.interval.every * _PERIOD_SECONDS.get(row.interval.period, 0.0)
+            if seconds <= 0:
+                raise ConfigurationError(f"{where}: interval {row.interval} is not positive.")
+            return seconds
+        if row.crontab is not None:
+            cron = row.crontab
+            zone = str(cron.timezone)
+            if zone != str(self.app.timezone):
+                raise ConfigurationError(
+                    f"{where}: its crontab's time zone {zone} differs from the app's "
+                    f"({self.app.timezone}); per-schedule time zones are not served yet."
+                )
+            try:
+                return crontab(
+                    minute=cron.minute,
+                    hour=cron.hour,
+                    day_of_week=cron.day_of_week,
+                    day_of_month=cron.day_of_month,
+                    month_of_year=cron.month_of_year,
+                    app=self.app,
+                )
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(f"{where}: invalid crontab: {exc}") from None
+        if row.solar is not None:
+            sun = row.solar
+            return solar(sun.event, float(sun.latitude), float(sun.longitude), app=self.app)
+        if row.clocked is not None:
+            raise ConfigurationError(
+                f"{where}: clocked (run once at a time) schedules are not served by "
+                "celery-zdelay yet; park the task with apply_delayed(eta=...) instead."
+            )
+        raise ConfigurationError(f"{where} has no schedule.")
+
+    @staticmethod
+    def _options(row: Any, where: str) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        for field in ("queue", "exchange", "routing_key"):
+            value = getattr(row, field)
+            if value:
+                options[field] = value
+        if row.priority is not None:
+            options["priority"] = row.priority
+        headers = _json(row.headers, dict, "headers", where)
+        if headers:
+            options["headers"] = headers
+        if row.expire_seconds:
+            # Seconds after the occurrence, as celery beat counts from sending it.
+            options["expires"] = row.expire_seconds
+        return options
+
+
+def _json(text: str | None, kind: type, field: str, where: str) -> Any:
+    try:
+        value = json.loads(text or ("[]" if kind is list else "{}"))
+    except ValueError as exc:
+        raise ConfigurationError(f"{where}: {field} is not valid JSON ({exc}).") from None
+    if not isinstance(value, kind):
+        raise ConfigurationError(f"{where}: {field} must be a JSON {kind.__name__}.")
+    return value

@@ -1,0 +1,25 @@
+"""Settings of the django-celery-beat test project (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+
+SECRET_KEY = "celery-zdelay tests: not a secret"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django_celery_beat"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+
+_kind, _, _name = os.environ.get("ZDELAY_TEST_BEAT_DB", "sqlite::memory:").partition(":")
+if _kind == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _name,
+            "USER": "postgres",
+            "HOST": "127.0.0.1",
+            "PORT": "5432",
+        }
+    }
+else:
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": _name}}

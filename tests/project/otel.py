@@ -1,0 +1,53 @@
+"""OpenTelemetry in the test worker: spans written as JSON lines to a file.
+
+``celery -A tests.project.worker_app`` imports this when
+:data:`OTEL_FILE_ENV` names a file, so a test reads the worker's spans beside
+the ones its own process recorded (the SDK's in-memory exporter).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+#: Environment variable naming the file the worker appends its spans to.
+OTEL_FILE_ENV = "ZDELAY_TEST_OTEL_FILE"
+
+
+def span_record(span: Any) -> dict[str, Any]:
+    """The parts of a finished span the tests compare, as plain JSON."""
+    context = span.get_span_context()
+    parent = span.parent
+    return {
+        "name": span.name,
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+        "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
+        "attributes": dict(span.attributes or {}),
+        "links": [f"{link.context.span_id:016x}" for link in span.links],
+    }
+
+
+def instrument_worker(path: str) -> None:
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class FileExporter(SpanExporter):  # type: ignore[misc]
+        def export(self, spans: Sequence[Any]) -> Any:
+            with open(path, "a", encoding="utf-8") as out:
+                for span in spans:
+                    out.write(json.dumps(span_record(span)) + "\n")
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(FileExporter()))
+    trace.set_tracer_provider(provider)
+    CeleryInstrumentor().instrument(tracer_provider=provider)
+
+
+if os.environ.get(OTEL_FILE_ENV):
+    instrument_worker(os.environ[OTEL_FILE_ENV])

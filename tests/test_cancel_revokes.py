@@ -1,0 +1,129 @@
+"""A cancel is a revoke wherever Celery users look.
+
+Given a parked task, when it is cancelled (from Python or the CLI), then its
+result says REVOKED as Celery's own ``revoke`` leaves it, and the
+application's receivers of ``tasks_cancelled`` hear of it (with who
+cancelled). A result backend that is down fails no cancel. (The
+``task-revoked`` event: ``test_events.py``.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.result import AsyncResult
+from click.testing import CliRunner
+
+import celery_zdelay
+from celery_zdelay import signals
+from celery_zdelay.cli import zdelay
+from celery_zdelay.revocation import REVOKE_REASON
+from tests.conftest import AppFactory
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@contextlib.contextmanager
+def _cancellations() -> Iterator[list[dict[str, Any]]]:
+    heard: list[dict[str, Any]] = []
+
+    def receiver(sender: Celery, task_ids: list[str], by: str | None, **_: Any) -> None:
+        heard.append({"app": sender, "task_ids": list(task_ids), "by": by})
+
+    signals.tasks_cancelled.connect(receiver, weak=False)
+    try:
+        yield heard
+    finally:
+        signals.tasks_cancelled.disconnect(receiver)
+
+
+def test_a_cancelled_task_ends_revoked_in_the_result_backend(app: Celery) -> None:
+    # Breaks if: record_revoked is not connected, or returns before writing.
+    parked = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
+    kept = app.tasks["tests.record"].apply_delayed((2,), countdown=3600)
+    assert AsyncResult(parked.id, app=app).state == "PENDING"
+
+    assert celery_zdelay.cancel(parked.id, app=app) is True
+
+    result = AsyncResult(parked.id, app=app)
+    assert result.state == "REVOKED"
+    assert REVOKE_REASON in str(result.result)
+    # Only what was cancelled: the other parked task is untouched.
+    assert AsyncResult(kept.id, app=app).state == "PENDING"
+
+
+def test_an_id_that_was_not_parked_is_not_marked(app: Celery) -> None:
+    unknown = str(uuid.uuid4())
+    with _cancellations() as heard:
+        assert celery_zdelay.cancel(unknown, app=app) is False
+    assert heard == []
+    assert AsyncResult(unknown, app=app).state == "PENDING"
+
+
+def test_receivers_hear_every_cancel_with_who_cancelled(app: Celery) -> None:
+    record = app.tasks["tests.record"]
+    one = record.apply_delayed(("one",), countdown=3600)
+    many = [record.apply_delayed((n,), countdown=3600, queue="bulk") for n in range(3)]
+
+    with _cancellations() as heard:
+        celery_zdelay.cancel(one.id, app=app, by="support:alice")
+        assert celery_zdelay.cancel_matching(queue="bulk", app=app) == 3
+
+    assert heard[0] == {"app": app, "task_ids": [one.id], "by": "support:alice"}
+    assert sorted(heard[1]["task_ids"]) == sorted(r.id for r in many)
+    assert heard[1]["by"] is None
+    assert all(AsyncResult(r.id, app=app).state == "REVOKED" for r in many)
+
+
+def test_a_cancelled_chain_revokes_its_result_id_too(app: Celery) -> None:
+    record = app.tasks["tests.record"]
+    chained = celery_zdelay.apply_delayed(record.s(1) | record.si(2), countdown=3600, app=app)
+
+    with _cancellations() as heard:
+        assert celery_zdelay.cancel(chained.id, app=app) is True
+
+    (event,) = heard
+    # The chain's last task is the result the caller holds: it never runs either.
+    assert chained.id in event["task_ids"]
+    assert len(event["task_ids"]) == 2
+    assert all(AsyncResult(i, app=app).state == "REVOKED" for i in event["task_ids"])
+
+
+def test_a_cancel_from_the_cli_names_the_user(app: Celery) -> None:
+    parked = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
+    with _cancellations() as heard:
+        outcome = CliRunner().invoke(zdelay, ["cancel", parked.id], obj=_cli_context(app))
+    assert outcome.exit_code == 0, outcome.output
+    (event,) = heard
+    assert event["task_ids"] == [parked.id]
+    assert event["by"] is not None
+    assert event["by"].startswith("cli")
+
+
+def test_a_result_backend_that_is_down_fails_no_cancel(
+    app: Celery, make_test_app: AppFactory
+) -> None:
+    parked_id = app.tasks["tests.record"].apply_delayed((1,), countdown=3600).id
+    # The same store and broker, but a result backend on a port that answers
+    # nothing, without retries so that the test does not wait on them.
+    cancelling = make_test_app(
+        conf={
+            "result_backend": "redis://127.0.0.1:1/0",
+            "result_backend_transport_options": {"retry_policy": {"max_retries": 0}},
+        }
+    )
+    with _cancellations() as heard:
+        assert celery_zdelay.cancel(parked_id, app=cancelling) is True
+    assert celery_zdelay.lookup(parked_id, app=app) is None
+    assert heard[0]["task_ids"] == [parked_id]
+
+
+def _cli_context(app: Celery) -> Any:
+    from celery.bin.base import CLIContext
+
+    return CLIContext(app=app, no_color=True, workdir=None, quiet=True)

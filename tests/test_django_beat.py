@@ -1,0 +1,235 @@
+"""django-celery-beat's rows as the schedule source, on SQLite and PostgreSQL.
+
+Given a Django project whose periodic tasks are django-celery-beat rows, and
+companions told to use its ``DatabaseScheduler`` (Celery's own
+``beat_scheduler``, or ``zdelay --beat -S django``), then the enabled rows
+run, each tick once across two companions; a row that cannot be served is
+reported and skipped; ``last_run_at`` and ``total_run_count`` stay true; and
+an edit or a disable made in the database takes effect within a bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from tests.conftest import AppFactory
+from tests.helpers import ROOT, CeleryProcess, Runs, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+SETTINGS = "tests.beat_project.settings"
+#: Seconds within which an edit made in the database reaches the companions
+#: (the periodic server checks django-celery-beat's change marker every 5 s).
+EDIT_BOUND_S = 12.0
+MIGRATE = "from django.core.management import call_command\ncall_command('migrate', verbosity=0)"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated django-celery-beat database: ``sqlite:<path>`` or ``postgres:<name>``."""
+    if request.param == "sqlite":
+        spec = f"sqlite:{tmp_path / 'beat.sqlite3'}"
+        _django(
+            spec,
+            "from django.core.management import call_command; call_command('migrate', verbosity=0)",
+        )
+        yield spec
+        return
+    name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
+    _psql(f"CREATE DATABASE {name}")
+    try:
+        spec = f"postgres:{name}"
+        _django(
+            spec,
+            "from django.core.management import call_command; call_command('migrate', verbosity=0)",
+        )
+        yield spec
+    finally:
+        _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _psql(sql: str) -> None:
+    try:
+        subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c", sql],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required in CI: {exc}")
+        pytest.skip(f"PostgreSQL on 127.0.0.1:5432 not usable: {exc}")
+
+
+def _django(database: str, code: str) -> Any:
+    """Run *code* in a Django process on *database*; return what it prints, as JSON."""
+    program = "import django, json\ndjango.setup()\n" + textwrap.dedent(code)
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": SETTINGS,
+            "ZDELAY_TEST_BEAT_DB": database,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"Django code failed:\n{code}\n{done.stderr[-3000:]}")
+    out = done.stdout.strip()
+    return json.loads(out) if out else None
+
+
+def _add_interval_row(
+    database: str, name: str, seconds: int, args: list[Any], **extra: Any
+) -> None:
+    _django(
+        database,
+        f"""
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+        every, _ = IntervalSchedule.objects.get_or_create(every={seconds}, period="seconds")
+        PeriodicTask.objects.create(
+            name={name!r}, interval=every, args=json.dumps({args!r}), **{extra!r}
+        )
+        """,
+    )
+
+
+def _row(database: str, name: str) -> dict[str, Any]:
+    return _django(
+        database,
+        f"""
+        from django_celery_beat.models import PeriodicTask
+        row = PeriodicTask.objects.get(name={name!r})
+        print(json.dumps({{
+            "last_run_at": row.last_run_at.timestamp() if row.last_run_at else None,
+            "total_run_count": row.total_run_count,
+        }}))
+        """,
+    )
+
+
+def _companion(
+    app: Celery, processes: list[CeleryProcess], database: str, *args: str
+) -> CeleryProcess:
+    process = CeleryProcess(
+        app,
+        "zdelay",
+        "-l",
+        "DEBUG",
+        *args,
+        env={"DJANGO_SETTINGS_MODULE": SETTINGS, "ZDELAY_TEST_BEAT_DB": database},
+    )
+    processes.append(process)
+    process.start()
+    process.wait_for_log(" started: ")
+    return process
+
+
+def _runs_with(runs: Runs, marker: str) -> list[dict[str, Any]]:
+    return [r for r in runs.all() if r["args"] and r["args"][0] == marker]
+
+
+def test_two_companions_serve_the_rows_each_tick_once_and_keep_the_admin_true(
+    make_test_app: AppFactory,
+    database: str,
+    processes: list[CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    # Given rows: one every second, one naming an unknown task, one disabled
+    _add_interval_row(database, "Every second", 1, ["db"], task="tests.record")
+    _add_interval_row(database, "Unknown task", 1, ["unknown"], task="tests.no_such_task")
+    _add_interval_row(database, "Disabled", 1, ["disabled"], task="tests.record", enabled=False)
+    app = make_test_app(
+        conf={
+            "zdelay_beat": True,
+            "beat_scheduler": "django_celery_beat.schedulers:DatabaseScheduler",
+        }
+    )
+    worker(app)
+    # When two companions serve them (one through Celery's beat_scheduler,
+    # one told with -S django, as celery beat -S django)
+    first = _companion(app, processes, database)
+    _companion(app, processes, database, "--beat", "-S", "django")
+
+    # Then the enabled row runs every second, each occurrence once
+    wait_for(lambda: len(_runs_with(runs, "db")) >= 5, timeout=60, message="5 runs of the row")
+    ran = _runs_with(runs, "db")
+    assert runs.duplicates() == {}
+    assert len({r["id"] for r in ran}) == len(ran)
+    # and the others never run; the bad row is reported by name
+    assert _runs_with(runs, "unknown") == []
+    assert _runs_with(runs, "disabled") == []
+    first.wait_for_log("Unknown_task")
+
+    # And django-celery-beat's admin columns follow the runs
+    def admin_true() -> bool:
+        row = _row(database, "Every second")
+        return row["total_run_count"] >= 5 and row["last_run_at"] is not None
+
+    wait_for(admin_true, timeout=30, interval=0.5, message="last_run_at and total_run_count")
+    row = _row(database, "Every second")
+    assert row["total_run_count"] <= len(_runs_with(runs, "db"))
+    assert row["last_run_at"] <= time.time()
+
+
+def test_an_edit_or_a_disable_in_the_database_takes_effect_within_the_bound(
+    make_test_app: AppFactory,
+    database: str,
+    processes: list[CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    _add_interval_row(database, "ticker", 1, ["before"], task="tests.record")
+    app = make_test_app(conf={"zdelay_beat": True})
+    worker(app)
+    _companion(app, processes, database, "--beat", "-S", "django")
+    wait_for(lambda: _runs_with(runs, "before"), timeout=60, message="a run of the row")
+
+    # When its arguments are edited (as the admin saves a row)
+    _django(
+        database,
+        """
+        from django_celery_beat.models import PeriodicTask
+        row = PeriodicTask.objects.get(name="ticker")
+        row.args = json.dumps(["after"])
+        row.save()
+        """,
+    )
+    edited = time.monotonic()
+    wait_for(lambda: _runs_with(runs, "after"), timeout=EDIT_BOUND_S + 10, message="the edit")
+    assert time.monotonic() - edited < EDIT_BOUND_S
+
+    # When it is disabled, its runs stop within the bound
+    _django(
+        database,
+        """
+        from django_celery_beat.models import PeriodicTask
+        row = PeriodicTask.objects.get(name="ticker")
+        row.enabled = False
+        row.save()
+        """,
+    )
+    disabled_at = time.time()
+    time_limit = time.monotonic() + EDIT_BOUND_S + 3
+    wait_for(lambda: time.monotonic() > time_limit, timeout=EDIT_BOUND_S + 10, interval=0.5)
+    late = [r for r in _runs_with(runs, "after") if r["wall"] > disabled_at + EDIT_BOUND_S]
+    assert late == []

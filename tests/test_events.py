@@ -1,0 +1,194 @@
+"""Celery events for parked work: what Flower and event consumers see.
+
+Given an app with Celery's ``task_send_sent_event``, a parked task is
+announced as ``task-sent`` with its due time as ``eta``, a cancelled one as
+``task-revoked``, a dead-lettered one as ``task-rejected``; nothing is
+announced for a call that was not parked, nor without the setting; and a
+broker that cannot take events delays and fails no park.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu.exceptions import EncodeError
+
+import celery_zdelay
+from celery_zdelay import events
+from celery_zdelay.companion import Companion
+from tests.conftest import AppFactory
+
+pytestmark = pytest.mark.timeout(60)
+
+DUE, MSG = "{zdelay:0}:due", "{zdelay:0}:msg"
+
+
+class _Events:
+    """Task events as Flower receives them: Celery's event Receiver, in a thread."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.seen: list[dict[str, Any]] = []
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self.app.connection_for_read() as connection:
+            self._receiver = self.app.events.Receiver(
+                connection, handlers={"*": self.seen.append}, node_id=uuid.uuid4().hex
+            )
+            # No timeout: the loop ends when __exit__ sets should_stop.
+            for _ in self._receiver.consume(limit=None, timeout=None, safety_interval=0.2):
+                pass
+
+    def __enter__(self) -> _Events:
+        self._thread.start()
+        # Subscribed once a marker sent now comes back: what is sent after it
+        # cannot be missed.
+        self.wait_for(self.marker_back, what="marker")
+        self.seen.clear()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(timeout=5)
+
+    def marker_back(self) -> bool:
+        """Send a marker event; return whether one came back."""
+        with self.app.events.default_dispatcher() as dispatcher:
+            dispatcher.send("task-marker", uuid="marker")
+        return bool(self.of_type("task-marker"))
+
+    def of_type(self, type_: str) -> list[dict[str, Any]]:
+        return [e for e in self.seen if e.get("type") == type_]
+
+    def wait_for(self, condition: Any, *, what: str, timeout_s: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} event within {timeout_s} s: {self.seen}")
+            time.sleep(0.05)
+
+    def settle(self) -> None:
+        """Wait until everything handed to the sender thread so far went out."""
+        assert events.flush(self.app)
+        self.seen.clear()
+        self.wait_for(self.marker_back, what="marker")
+
+
+@pytest.fixture
+def evented(make_test_app: AppFactory) -> Celery:
+    return make_test_app(conf={"task_send_sent_event": True})
+
+
+def test_a_parked_task_is_sent_with_its_due_time_as_eta(evented: Celery) -> None:
+    # Breaks if: announce_parked is not connected, or eta is not the due time.
+    with _Events(evented) as seen:
+        result = evented.tasks["tests.record"].apply_delayed((1,), countdown=600)
+        seen.wait_for(lambda: seen.of_type("task-sent"), what="task-sent")
+    (sent,) = seen.of_type("task-sent")
+    assert sent["uuid"] == result.id
+    assert sent["name"] == "tests.record"
+    assert sent["queue"] == "celery"
+    found = celery_zdelay.lookup(result.id, app=evented)
+    assert found is not None
+    assert datetime.fromisoformat(sent["eta"]) == found.due
+
+
+def test_bulk_batch_and_canvas_parks_are_each_announced(evented: Celery) -> None:
+    record = evented.tasks["tests.record"]
+    with _Events(evented) as seen:
+        many = record.apply_delayed_many([(n,) for n in range(5)], countdown=600)
+        with celery_zdelay.batch(evented):
+            batched = [record.apply_delayed((n,), countdown=600) for n in range(3)]
+        chained = celery_zdelay.apply_delayed(record.s(1) | record.si(2), countdown=600)
+        expected = {r.id for r in [*many, *batched]} | {chained.parent.id}
+        seen.wait_for(
+            lambda: {e["uuid"] for e in seen.of_type("task-sent")} >= expected, what="task-sent"
+        )
+    assert len(seen.of_type("task-sent")) == len(expected)
+
+
+def test_a_call_that_was_not_parked_is_not_announced(evented: Celery) -> None:
+    # Breaks if: the event is sent from the capture instead of after the park.
+    record = evented.tasks["tests.record"]
+    with _Events(evented) as seen:
+        with pytest.raises(EncodeError):
+            record.apply_delayed((object(),), countdown=600, serializer="json")
+        with pytest.raises(RuntimeError):
+            _batch_that_fails(evented)
+        seen.settle()
+    assert seen.of_type("task-sent") == []
+
+
+def _batch_that_fails(app: Celery) -> None:
+    with celery_zdelay.batch(app):
+        app.tasks["tests.record"].apply_delayed((1,), countdown=600)
+        raise RuntimeError("the block fails: nothing is parked")
+
+
+def test_a_cancelled_task_is_revoked(evented: Celery) -> None:
+    parked = evented.tasks["tests.record"].apply_delayed((1,), countdown=600)
+    with _Events(evented) as seen:
+        assert celery_zdelay.cancel(parked.id, app=evented) is True
+        seen.wait_for(lambda: seen.of_type("task-revoked"), what="task-revoked")
+    (revoked,) = seen.of_type("task-revoked")
+    assert revoked["uuid"] == parked.id
+    assert revoked["terminated"] is False
+
+
+def test_a_dead_lettered_task_is_rejected_with_its_reason(
+    evented: Celery, redis_client: redis.Redis
+) -> None:
+    good = evented.tasks["tests.record"].apply_delayed((1,), countdown=0)
+    redis_client.hset(MSG, "forged", b"\x80 not ours at all")
+    redis_client.zadd(DUE, {"forged": redis_client.zscore(DUE, good.id) or 0})
+    with _Events(evented) as seen:
+        with Companion(evented) as companion:
+            assert companion.release_due().dead_lettered == 1
+        seen.wait_for(lambda: seen.of_type("task-rejected"), what="task-rejected")
+    (rejected,) = seen.of_type("task-rejected")
+    assert rejected["uuid"] == "forged"
+    assert rejected["requeue"] is False
+    assert rejected["reason"].startswith("foreign entry")
+
+
+def test_nothing_is_announced_without_task_events(app: Celery) -> None:
+    # Breaks if: a receiver ignores task_send_sent_event.
+    assert not app.conf.task_send_sent_event
+    with _Events(app) as seen:
+        parked = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
+        celery_zdelay.cancel(parked.id, app=app)
+        seen.settle()
+    assert seen.seen == [] or {e["type"] for e in seen.seen} == {"task-marker"}
+
+
+def test_a_broker_that_cannot_take_events_delays_and_fails_no_park(
+    make_test_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The store is up; the broker (where events go) answers nothing.
+    app = make_test_app(
+        broker="amqp://guest:guest@127.0.0.1:1//", conf={"task_send_sent_event": True}
+    )
+    record = app.tasks["tests.record"]
+    record.apply_delayed((0,), countdown=600)  # the first park builds the store
+    started = time.monotonic()
+    parked = [record.apply_delayed((n,), countdown=600) for n in range(20)]
+    elapsed = time.monotonic() - started
+
+    assert all(celery_zdelay.lookup(r.id, app=app) is not None for r in parked)
+    # Sending inline would wait on a connect per park (at least its retry
+    # interval); handed to the thread, 20 parks take what parking takes.
+    assert elapsed < 2.0
+    with caplog.at_level(logging.WARNING, logger="celery_zdelay.events"):
+        assert events.flush(app, timeout_s=30)
+    assert "not sent" in caplog.text

@@ -1,0 +1,142 @@
+"""Flower shows parked work, without a plugin.
+
+Given a real Flower server reading the app's events, a worker sending task
+events and a companion: a parked task shows in Flower at once with its eta,
+a cancelled one as REVOKED, and the parked one as SUCCESS once released and
+run. (The events themselves: ``test_events.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import celery_zdelay
+from celery_zdelay.testing import free_port
+from tests.conftest import AppFactory
+from tests.helpers import CeleryProcess, wait_for
+from tests.web_support import CHROMIUM_ARGS, SCREENSHOTS, chromium_path
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Flower:
+    """A ``celery flower`` subprocess on a free loopback port, read through its HTTP API."""
+
+    def __init__(self, app: Celery, processes: list[CeleryProcess]) -> None:
+        self.app = app
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        process = CeleryProcess(
+            app,
+            "flower",
+            "--address=127.0.0.1",
+            f"--port={self.port}",
+            # The API answers without authentication only when told to (Flower 2).
+            env={"FLOWER_UNAUTHENTICATED_API": "true"},
+        )
+        processes.append(process)
+        process.start()
+        wait_for(lambda: self.task(str(uuid.uuid4())) is None, timeout=60, message="Flower up")
+        self._wait_until_subscribed()
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        """Flower's record of *task_id*, or None (unknown, or Flower not answering yet)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/task/info/{task_id}", timeout=5) as r:
+                info: dict[str, Any] = json.loads(r.read())
+                return info
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+        except OSError:
+            return None
+
+    def state_of(self, task_id: str) -> str | None:
+        info = self.task(task_id)
+        return None if info is None else info.get("state")
+
+    def _wait_until_subscribed(self) -> None:
+        # Flower sees events only once its receiver is subscribed: send a
+        # marker until it shows, so the test's own events cannot be missed.
+        marker = f"marker-{uuid.uuid4()}"
+
+        def marker_seen() -> bool:
+            with self.app.events.default_dispatcher() as dispatcher:
+                dispatcher.send("task-sent", uuid=marker, name="marker")
+            return self.task(marker) is not None
+
+        wait_for(marker_seen, timeout=60, message="Flower subscribed to events")
+
+
+def test_flower_lists_parked_tasks_with_their_eta_revoked_and_then_run(
+    make_test_app: AppFactory,
+    processes: list[CeleryProcess],
+    companion: Callable[..., CeleryProcess],
+    tmp_path: Path,
+) -> None:
+    app = make_test_app(conf={"task_send_sent_event": True, "worker_send_task_events": True})
+    flower = Flower(app, processes)
+    record = app.tasks["tests.record"]
+
+    # Given a task parked for later and one that will be cancelled
+    later = record.apply_delayed(("later",), countdown=3)
+    cancelled = record.apply_delayed(("cancelled",), countdown=600)
+
+    # Then Flower lists both as pending, with their eta
+    wait_for(lambda: flower.state_of(later.id) == "PENDING", timeout=30, message="parked in Flower")
+    info = flower.task(later.id)
+    assert info is not None
+    assert info["name"] == "tests.record"
+    found = celery_zdelay.lookup(later.id, app=app)
+    assert found is not None
+    assert datetime.fromisoformat(info["eta"]) == found.due
+
+    # And a person sees it on Flower's task page in a real browser
+    page_text = _task_page(flower, later.id, tmp_path)
+    assert later.id in page_text
+    assert "PENDING" in page_text
+
+    # When one is cancelled, Flower shows it revoked
+    assert celery_zdelay.cancel(cancelled.id, app=app) is True
+    wait_for(lambda: flower.state_of(cancelled.id) == "REVOKED", timeout=30, message="revoked")
+
+    # When a worker and a companion run, the parked one is received and succeeds
+    worker = CeleryProcess(
+        app, "worker", "-P", "solo", "-E", "-l", "INFO", "-n", f"w{uuid.uuid4().hex[:6]}@%h"
+    )
+    processes.append(worker)
+    worker.start()
+    worker.wait_for_log(" ready.")
+    companion(app)
+    wait_for(lambda: flower.state_of(later.id) == "SUCCESS", timeout=60, message="run in Flower")
+    assert flower.state_of(cancelled.id) == "REVOKED"
+
+
+def _task_page(flower: Flower, task_id: str, tmp_path: Path) -> str:
+    """Open Flower's page of *task_id* in Chromium; screenshot it; return its text."""
+    from playwright.sync_api import sync_playwright
+
+    directory = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{flower.url}/task/{task_id}")
+            page.wait_for_load_state("load")
+            page.screenshot(path=str(directory / "monitoring-flower-parked.png"), full_page=True)
+            return str(page.inner_text("body"))
+        finally:
+            browser.close()

@@ -1,0 +1,181 @@
+"""One trace from the request that parked a task to the worker that ran it.
+
+Given OpenTelemetry's Celery instrumentation in the producer, the worker and
+the companion, when a task is parked inside a request's span and later
+released, then the worker's span is in the request's trace (a child of the
+task's ``apply_async`` span, through the parked headers), the producer
+recorded a ``zdelay.park`` span, and the companion a ``zdelay.release`` span
+with the lateness and the shard (a ``zdelay.handoff`` batch span on the atomic
+handoff, which does not read the messages it moves). Bulk parking and
+transparent mode too. A tracer that raises fails no park.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from opentelemetry import trace
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import celery_zdelay
+from celery_zdelay import tracing
+from tests.conftest import AppFactory, RabbitMQ
+from tests.helpers import Runs, wait_for
+from tests.project.otel import OTEL_FILE_ENV, span_record
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def producer_spans() -> Iterator[InMemorySpanExporter]:
+    """The test process's spans: Celery's instrumentation and celery-zdelay's."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is not provider:
+        pytest.fail("another test set OpenTelemetry's global tracer provider in this process")
+    instrumentor = CeleryInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    yield exporter
+    instrumentor.uninstrument()
+
+
+@pytest.fixture
+def spans_file(tmp_path: Path) -> Path:
+    return tmp_path / "spans.jsonl"
+
+
+def _remote_spans(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def _named(spans: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [s for s in spans if s["name"] == name]
+
+
+def _run_span(path: Path, task_id: str) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        for span in _named(_remote_spans(path), "run/tests.record"):
+            if span["attributes"].get("messaging.message.id") == task_id:
+                return span
+        return None
+
+    span = wait_for(found, timeout=60, message=f"the worker's span of {task_id}")
+    assert span is not None
+    return span
+
+
+PATHS = ["handoff", pytest.param("publish", marks=pytest.mark.rabbitmq)]
+
+
+@pytest.fixture(params=PATHS)
+def traced_app(
+    request: pytest.FixtureRequest,
+    make_test_app: AppFactory,
+    worker,
+    companion,
+    spans_file: Path,
+    producer_spans: InMemorySpanExporter,
+) -> Celery:
+    """An app on the given release path, with a traced worker and companion."""
+    producer_spans.clear()
+    conf: dict[str, Any] = {"zdelay_threshold": 0}
+    if request.param == "handoff":
+        app = make_test_app(conf=conf)
+        queues: tuple[str, ...] = ()
+    else:
+        rabbitmq: RabbitMQ = request.getfixturevalue("rabbitmq")
+        app = make_test_app(
+            broker=rabbitmq.url, conf={**conf, "task_default_queue": rabbitmq.queue}
+        )
+        queues = (rabbitmq.queue,)
+    env = {OTEL_FILE_ENV: str(spans_file)}
+    worker(app, *queues, env=env)
+    companion(app, env=env)
+    app._zdelay_test_path = request.param  # type: ignore[attr-defined]
+    return app
+
+
+def _ids(spans: list[Any], name: str) -> dict[str, dict[str, Any]]:
+    """Producer spans of *name* by their task id."""
+    records = [span_record(s) for s in spans if s.name == name]
+    return {r["attributes"]["messaging.message.id"]: r for r in records}
+
+
+def test_a_parked_task_runs_in_the_trace_of_the_request_that_parked_it(
+    traced_app: Celery, producer_spans: InMemorySpanExporter, spans_file: Path, runs: Runs
+) -> None:
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("request") as request_span:
+        result = traced_app.tasks["tests.record"].apply_delayed((1,), countdown=0.2)
+    trace_id = f"{request_span.get_span_context().trace_id:032x}"
+    request_id = f"{request_span.get_span_context().span_id:016x}"
+
+    run = _run_span(spans_file, result.id)
+    sent = _ids(producer_spans.get_finished_spans(), "apply_async/tests.record")[result.id]
+    # The worker continues the request's trace, under the task's publish span.
+    assert run["trace_id"] == trace_id
+    assert run["parent_id"] == sent["span_id"]
+    assert sent["parent_id"] == request_id
+    # The park is a step of the request.
+    (park,) = [
+        span_record(s) for s in producer_spans.get_finished_spans() if s.name == "zdelay.park"
+    ]
+    assert park["trace_id"] == trace_id
+    assert park["parent_id"] == request_id
+    assert park["attributes"]["messaging.message.id"] == result.id
+    # The release is a step of the same trace, with its lateness and shard.
+    released = _remote_spans(spans_file)
+    if traced_app._zdelay_test_path == "publish":  # type: ignore[attr-defined]
+        (release,) = _named(released, "zdelay.release")
+        assert release["trace_id"] == trace_id
+        assert release["parent_id"] == sent["span_id"]
+        assert release["attributes"]["messaging.message.id"] == result.id
+        assert release["attributes"]["zdelay.lateness_ms"] >= 0
+        assert release["attributes"]["zdelay.shard"] == 0
+    else:
+        (handoff,) = _named(released, "zdelay.handoff")
+        assert handoff["attributes"]["zdelay.task_count"] == 1
+
+
+def test_bulk_and_transparent_parks_keep_each_task_in_its_trace(
+    traced_app: Celery, producer_spans: InMemorySpanExporter, spans_file: Path
+) -> None:
+    record = traced_app.tasks["tests.record"]
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("request") as request_span:
+        bulk = record.apply_delayed_many([(n,) for n in range(3)], countdown=0.2)
+        transparent = record.apply_async((9,), countdown=0.2)  # zdelay_threshold = 0
+    trace_id = f"{request_span.get_span_context().trace_id:032x}"
+    request_id = f"{request_span.get_span_context().span_id:016x}"
+
+    sent = _ids(producer_spans.get_finished_spans(), "apply_async/tests.record")
+    for result in [*bulk, transparent]:
+        run = _run_span(spans_file, result.id)
+        assert run["trace_id"] == trace_id
+        # Each under its own publish span, and each publish span under the
+        # request: parking many does not nest one task's trace in another's.
+        assert run["parent_id"] == sent[result.id]["span_id"]
+        assert sent[result.id]["parent_id"] == request_id
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+def test_a_tracer_that_raises_fails_no_park(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Broken:
+        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the tracing backend is broken")
+
+    monkeypatch.setattr(tracing, "_trace_api", Broken)
+    result = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
+    assert celery_zdelay.lookup(result.id, app=app) is not None
