@@ -4,6 +4,7 @@
 # Each creates .venv and installs what it needs on first use. CI (.ci/run) also runs:
 #   make servers  a core subset on each other store server (Redis 6.2, Valkey 8)
 #   make matrix   a core subset per older Celery minor, against the installed wheel
+#   make wheel-check  the built wheel alone in a clean venv with a RabbitMQ-only project
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types pytest docs servers matrix install clean chromium
+.PHONY: demo test lint types pytest docs servers matrix install clean chromium wheel-check
 
 # Python 3.10-3.13 as pyenv installs them, for tox (its shims serve one version);
 # the machine image has them (its python3 is pyenv's 3.11).
@@ -74,6 +75,11 @@ servers: $(STAMP)
 
 matrix: $(STAMP) chromium
 	PATH="$(PYENV_BINS)$$PATH" $(BIN)/tox run -e $(MATRIX_ENVS) --skip-missing-interpreters false
+
+# The wheel's declared dependencies are enough: it imports every module and
+# runs its command in a RabbitMQ-only Celery project (see .ci/wheel-check).
+wheel-check:
+	.ci/wheel-check
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
