@@ -22,7 +22,7 @@ from .config import get_config
 from .errors import ConfigurationError
 from .keys import validate_tag
 from .parking import store_for
-from .schedule import due_from
+from .schedule import Due, due_from
 from .store import Store
 from .store._shared import ADMIN_BATCH
 from .store.client import unavailable_as_error
@@ -39,6 +39,7 @@ __all__ = [
     "cancel_matching",
     "lookup",
     "reschedule",
+    "reschedule_ids",
     "reschedule_matching",
 ]
 
@@ -114,6 +115,28 @@ def reschedule(
             done = True
             _audit(app, "Rescheduled %s: due %s", member, utc(member_ms))
     return done
+
+
+def reschedule_ids(
+    task_ids: Sequence[str], due: Due, *, app: Celery | None = None, by: str | None = None
+) -> list[bool]:
+    """Move parked tasks (not canvases) to *due*; return, per id, whether it was parked.
+
+    The dashboard's bulk form of :func:`reschedule`: the ids were selected
+    first, so an entry moved into the selection is not moved twice.
+    """
+    app = _app(app)
+    store = store_for(app)
+    moved = []
+    for task_id in task_ids:
+        due_ms = store.reschedule(task_id, due)
+        moved.append(due_ms is not None)
+        if due_ms is not None:
+            if by:
+                _audit(app, "Rescheduled %s: due %s by %s", task_id, utc(due_ms), by)
+            else:
+                _audit(app, "Rescheduled %s: due %s", task_id, utc(due_ms))
+    return moved
 
 
 def lookup(task_id: str, *, app: Celery | None = None) -> ParkedTask | None:

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
@@ -60,6 +61,11 @@ def test_staff_see_the_parked_cancel_task_and_can_cancel_it(
     assert reply.status_code == 303
     assert reply["Location"].startswith("/admin/zdelay/?msg=cancelled")
     assert zdelay.parked() == []
+    # The admin's history says who cancelled it.
+    (entry,) = LogEntry.objects.filter(object_id=order.cancel_task_id)
+    assert entry.user.username == "ops"
+    assert entry.action_flag == DELETION
+    assert "celery-zdelay dashboard" in entry.change_message
 
 
 def test_customers_and_strangers_are_sent_to_the_admin_login(zdelay: FastForward) -> None:

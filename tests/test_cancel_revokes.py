@@ -127,3 +127,31 @@ def _cli_context(app: Celery) -> Any:
     from celery.bin.base import CLIContext
 
     return CLIContext(app=app, no_color=True, workdir=None, quiet=True)
+
+
+def test_a_cancel_from_the_dashboard_is_a_revoke_that_names_the_user(app: Celery) -> None:
+    # Breaks if: the dashboard cancels through the store instead of the
+    # steering module (no signal, no REVOKED), or drops who acted.
+    import base64
+    import re
+
+    from werkzeug.test import Client
+
+    from celery_zdelay.web import create_app
+    from celery_zdelay.web.security import BasicAuth
+
+    parked = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
+    client = Client(BasicAuth(create_app(app, actions=True), "alice", "s3cret"))
+    auth = {"Authorization": "Basic " + base64.b64encode(b"alice:s3cret").decode()}
+    html = client.get("/parked", headers=auth).get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([0-9a-f]+)"', html)
+    assert token is not None
+    with _cancellations() as heard:
+        reply = client.post(
+            "/actions/parked",
+            headers=auth,
+            data={"csrf_token": token.group(1), "op": "cancel", "ids": parked.id},
+        )
+    assert reply.status_code == 303
+    assert heard == [{"app": app, "task_ids": [parked.id], "by": "dashboard:alice"}]
+    assert AsyncResult(parked.id, app=app).state == "REVOKED"

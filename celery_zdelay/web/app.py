@@ -25,6 +25,7 @@ from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
+from .. import control
 from .._format import ago, count, duration, parse_duration_ms, relative_due, utc
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
@@ -385,11 +386,13 @@ class Dashboard:
                     "or use the command line, which takes every match: celery -A proj "
                     f"zdelay {'cancel' if op == 'cancel' else 'reschedule'} --help",
                 )
-            store = self.store
+            # Through the steering module, as the CLI and the Python API: the
+            # audit line, tasks_cancelled (REVOKED, Celery events) and who acted.
+            by = _who(ctx)
             if op == "cancel":
-                done = sum(store.cancel(ids))
+                done = sum(control.cancel_ids(ids, app=self.celery_app, by=by))
             else:
-                done = sum(store.reschedule(task_id, due) is not None for task_id in ids)
+                done = sum(control.reschedule_ids(ids, due, app=self.celery_app, by=by))
         message = f"{verb} {done} of {len(ids)}"
         if len(ids) > done:
             message += " (the others were no longer parked)"
@@ -553,6 +556,12 @@ class _Timer:
                 yield
         finally:
             self.ms += (time.perf_counter() - started) * 1000
+
+
+def _who(ctx: _Context) -> str:
+    """Who acts from the dashboard: ``dashboard:<user>`` when authentication named one."""
+    user = ctx.request.environ.get("REMOTE_USER")
+    return f"dashboard:{user}" if user else "dashboard"
 
 
 class _Context:

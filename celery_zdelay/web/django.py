@@ -19,6 +19,11 @@ With ``"celery_zdelay.contrib.django"`` in ``INSTALLED_APPS`` before
 ``"django.contrib.admin"``, the admin index links to the dashboard; the
 dashboard's header links back to the admin index.
 
+A cancel made through the mount is written to the admin's history
+(``LogEntry``, by the user who made it, when ``django.contrib.admin`` is
+installed) and names that user in the audit line and in
+:data:`~celery_zdelay.signals.tasks_cancelled` (``by="dashboard:<username>"``).
+
 Hosts and origins follow Django's own rules: a request whose host is not in
 ``ALLOWED_HOSTS`` is refused by ``request.get_host()`` (a 400), and every
 action passes Django's CSRF check (``Origin`` against the host and
@@ -28,6 +33,7 @@ dashboard's forms carry besides their own).
 
 from __future__ import annotations
 
+import contextvars
 import io
 import sys
 from collections.abc import Callable
@@ -43,6 +49,7 @@ from django.middleware.csrf import get_token
 from django.urls import NoReverseMatch, URLPattern, re_path, reverse
 from django.views.decorators.csrf import csrf_protect
 
+from .. import signals
 from ..errors import ConfigurationError
 from .app import FORM_FIELDS_KEY, HOME_KEY, Dashboard
 
@@ -91,13 +98,20 @@ def dashboard_view(
         # What a WSGI server sets and an ASGI request's META lacks.
         environ.setdefault("wsgi.url_scheme", request.scheme)
         environ.setdefault("wsgi.errors", sys.stderr)
+        user = getattr(request, "user", None)
+        if user is not None and user.is_authenticated:
+            environ["REMOTE_USER"] = user.get_username()
         captured: dict[str, Any] = {}
 
         def start_response(status: str, headers: list[tuple[str, str]], *exc: Any) -> None:
             captured["status"] = int(status.split(" ", 1)[0])
             captured["headers"] = headers
 
-        body = b"".join(dashboard(environ, start_response))
+        token = _acting_user.set(user if user is not None and user.is_authenticated else None)
+        try:
+            body = b"".join(dashboard(environ, start_response))
+        finally:
+            _acting_user.reset(token)
         response = HttpResponse(body, status=captured["status"])
         for name, value in captured["headers"]:
             if name.lower() == "set-cookie":
@@ -112,6 +126,43 @@ def dashboard_view(
     if permission is not None:
         return permission_required(permission)(view)  # type: ignore[no-any-return]
     return staff_member_required(view)  # type: ignore[no-any-return]
+
+
+#: The Django user a request through the mount acts for, while it is served.
+_acting_user: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "celery_zdelay_django_user", default=None
+)
+
+
+def _log_cancellations(sender: Any, task_ids: list[str], **_: Any) -> None:
+    """Write the admin's history of a cancel made through the mount, one row per task."""
+    user = _acting_user.get()
+    if user is None or not task_ids:
+        return
+    from django.apps import apps
+
+    if not apps.is_installed("django.contrib.admin"):
+        return
+    from django.contrib.admin.models import DELETION, LogEntry
+
+    LogEntry.objects.bulk_create(
+        [
+            LogEntry(
+                user_id=user.pk,
+                content_type=None,
+                object_id=task_id,
+                object_repr=f"parked task {task_id}"[:200],
+                action_flag=DELETION,
+                change_message="Cancelled before release, from the celery-zdelay dashboard.",
+            )
+            for task_id in task_ids
+        ]
+    )
+
+
+signals.tasks_cancelled.connect(
+    _log_cancellations, weak=False, dispatch_uid="celery_zdelay.web.django.log_cancellations"
+)
 
 
 def _admin_index() -> str | None:

@@ -144,6 +144,8 @@ class BasicAuth:
         except (binascii.Error, ValueError):
             given = b""
         if scheme.lower() == "basic" and hmac.compare_digest(given, self.expected):
+            # Who acts, for the audit line and tasks_cancelled (WSGI's own key).
+            environ["REMOTE_USER"] = given.split(b":", 1)[0].decode("utf-8", "replace")
             return self.app(environ, start_response)
         start_response(
             "401 Unauthorized",
@@ -168,7 +170,9 @@ class ProxyHeaderAuth:
         self.key = "HTTP_" + header.upper().replace("-", "_")
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        if environ.get(self.key, "").strip():
+        user = environ.get(self.key, "").strip()
+        if user:
+            environ["REMOTE_USER"] = user
             return self.app(environ, start_response)
         start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8")])
         return [b"The reverse proxy did not name an authenticated user.\n"]
