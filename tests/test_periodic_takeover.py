@@ -103,3 +103,11 @@ def test_without_beats_file_since_carries_a_crontab_over_the_switch(
     set_since(app, last_run - 3_600_000)
     again.reconcile()
     assert again.periodic.snapshot().pointers["minutely"].ms > last_run
+    # nor does the same companion after Redis lost everything (beat's last
+    # run is long out of date by then): the schedule starts again from now
+    redis_client.flushall()
+    server._last_tend = 0.0
+    server.tend()
+    parked = {i.decode() for i in redis_client.zrange("{zdelay:0}:due", 0, -1)}
+    assert parked
+    assert all(occurrence_ms(i) > now for i in parked), parked

@@ -82,6 +82,8 @@ class PeriodicServer:
         self._config_errors: dict[str, str] = {}
         self._last_tend = 0.0
         self._imported = False
+        #: Whether beat's last runs were offered to Redis (the first store).
+        self._took_over = False
         self._last_check = 0.0
         #: (name, version) whose parking failed, logged once.
         self._failing: set[tuple[str, int]] = set()
@@ -120,9 +122,10 @@ class PeriodicServer:
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
         self._config_errors = errors
-        since = (
-            since_for(self.app, [d.name for d in definitions]) if self._config_hash is None else {}
-        )
+        # Only the first store of a starting companion takes over from celery
+        # beat: after Redis lost everything, beat's file is long out of date.
+        since = {} if self._took_over else since_for(self.app, [d.name for d in definitions])
+        self._took_over = True
         status, changed = self.periodic.store_config(
             definitions, digest, writer=self.companion_id, force=force, keep=errors, since=since
         )
