@@ -8,6 +8,7 @@ however many occurrences were parked ahead before the outage.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zdelay.periodic.server import HORIZON_MS
+from celery_zdelay.companion import Companion
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.server import HORIZON_MS, PeriodicServer
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.periodic_helpers import BeatCompanion, occurrence_ms, redis_ms, ticks_of
 
@@ -88,3 +91,36 @@ def test_three_companions_back_together_after_an_outage_run_no_tick_twice(
         return len([ms for ms in times if start <= ms <= back_ms + 3000])
 
     wait_for(lambda: ran_since_back() == wanted, timeout=30)
+
+
+def test_a_companion_whose_first_pass_overlaps_anothers_adds_no_second_missed_run(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a 200 ms schedule parked a second ahead, then no companion for
+    # long enough that what was parked is stale and more was never parked
+    app.conf.beat_schedule = {"f": {"task": "tests.record", "schedule": 0.2}}
+    first = PeriodicServer(app, store_for(app), companion_id="first")
+    first.horizon_ms = 1000
+    first.reconcile()
+    first.tend()
+    pointer = first.periodic.snapshot().pointers["f"].ms
+    wait_for(lambda: redis_ms(redis_client) > pointer + LATE_MS + 600, timeout=20, interval=0.05)
+
+    # When two companions come back: B reads the schedules, then A runs its
+    # whole first pass and releases the missed run it kept, then B goes on
+    # from what it read
+    a, b = (PeriodicServer(app, store_for(app), companion_id=n) for n in ("a", "b"))
+    snap_b = b.periodic.snapshot()
+    a.tend()
+    with Companion(app) as companion:
+        companion.release_due()
+    definition = snap_b.definitions["f"]
+    b._tend_one(definition, snap_b, gap_decided=b._sort_out_missed(definition, snap_b))
+    with Companion(app) as companion:
+        companion.release_due()
+
+    # Then the whole gap ran once: one occurrence older than the stale bound
+    now = redis_ms(redis_client)
+    queued = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)]
+    missed = [i for i in queued if occurrence_ms(i) < now - LATE_MS]
+    assert len(missed) == 1, missed

@@ -264,8 +264,9 @@ class PeriodicServer:
         They are missed ticks like those no companion parked, and
         ``zdelay_missed`` counts them together: ``once`` keeps the first
         still parked and withdraws the others, ``skip`` withdraws them all,
-        ``all`` keeps them all. Returns whether one of them is the missed
-        run (so the plan adds none).
+        ``all`` keeps them all. Returns whether the policy was applied to
+        this gap already, here or by another companion (so the plan adds no
+        missed run).
 
         A starting companion does this before it releases anything
         (:attr:`first_pass`), so the others are withdrawn before they run.
@@ -287,7 +288,10 @@ class PeriodicServer:
         self._settled |= {task_id for _, task_id in stale if task_id not in still}
         waiting = [task_id for _, task_id in stale if task_id in still]
         if not waiting:
-            return False
+            # Released or withdrawn by another companion back from the same
+            # outage (it ran its first pass first): it applied the policy to
+            # this gap, so no missed run is added here either.
+            return True
         kept = waiting[:1] if definition.missed == "once" else []
         withdrawn = waiting[len(kept) :]
         found = self.periodic.store.cancel(withdrawn) if withdrawn else []
