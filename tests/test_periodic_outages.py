@@ -8,6 +8,7 @@ however many occurrences were parked ahead before the outage.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zdelay.periodic.server import HORIZON_MS
+from celery_zdelay.companion import Companion
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.server import HORIZON_MS, PeriodicServer
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.periodic_helpers import BeatCompanion, occurrence_ms, redis_ms, ticks_of
 
@@ -27,9 +30,13 @@ LATE_MS = 2000
 SCHEDULE = {"fast": {"task": "tests.record", "schedule": PERIOD_MS / 1000}}
 
 
-def late_runs(ticks: list[dict[str, Any]]) -> list[str]:
-    """The ticks that ran more than LATE_MS after their time: the missed ones that ran."""
-    return [t["id"] for t in ticks if t["redis_ms"] - occurrence_ms(t["id"]) > LATE_MS]
+def late_runs(ticks: list[dict[str, Any]], until_ms: int) -> list[str]:
+    """The missed ticks that ran: due by *until_ms*, run more than LATE_MS after their time."""
+    return [
+        t["id"]
+        for t in ticks
+        if occurrence_ms(t["id"]) <= until_ms and t["redis_ms"] - occurrence_ms(t["id"]) > LATE_MS
+    ]
 
 
 def test_three_companions_back_together_after_an_outage_run_no_tick_twice(
@@ -53,6 +60,7 @@ def test_three_companions_back_together_after_an_outage_run_no_tick_twice(
     outage_ms = HORIZON_MS + 120 * PERIOD_MS
     wait_for(lambda: redis_ms(redis_client) > down_ms + outage_ms, timeout=60, interval=0.1)
     # ...and three companions come back together (a deploy)
+    restart_ms = redis_ms(redis_client)
     back = [BeatCompanion(app, SCHEDULE).start() for _ in range(3)]
     processes.extend(back)
     for companion in back:
@@ -77,7 +85,7 @@ def test_three_companions_back_together_after_an_outage_run_no_tick_twice(
     assert len(phases) == 1, phases
     # and of the ticks the outage missed (those parked ahead before it
     # included), one ran
-    assert len(late_runs(ticks)) == 1, late_runs(ticks)
+    assert len(late_runs(ticks, restart_ms)) == 1, late_runs(ticks, restart_ms)
     # while every tick from shortly after the companions were back ran
     (phase,) = phases
     start = back_ms + 500 - (back_ms + 500) % PERIOD_MS + phase + PERIOD_MS
@@ -88,3 +96,36 @@ def test_three_companions_back_together_after_an_outage_run_no_tick_twice(
         return len([ms for ms in times if start <= ms <= back_ms + 3000])
 
     wait_for(lambda: ran_since_back() == wanted, timeout=30)
+
+
+def test_a_companion_whose_first_pass_overlaps_anothers_adds_no_second_missed_run(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a 200 ms schedule parked a second ahead, then no companion for
+    # long enough that what was parked is stale and more was never parked
+    app.conf.beat_schedule = {"f": {"task": "tests.record", "schedule": 0.2}}
+    first = PeriodicServer(app, store_for(app), companion_id="first")
+    first.horizon_ms = 1000
+    first.reconcile()
+    first.tend()
+    pointer = first.periodic.snapshot().pointers["f"].ms
+    wait_for(lambda: redis_ms(redis_client) > pointer + LATE_MS + 600, timeout=20, interval=0.05)
+
+    # When two companions come back: B reads the schedules, then A runs its
+    # whole first pass and releases the missed run it kept, then B goes on
+    # from what it read
+    a, b = (PeriodicServer(app, store_for(app), companion_id=n) for n in ("a", "b"))
+    snap_b = b.periodic.snapshot()
+    a.tend()
+    with Companion(app) as companion:
+        companion.release_due()
+    definition = snap_b.definitions["f"]
+    b._tend_one(definition, snap_b, gap_decided=b._sort_out_missed(definition, snap_b))
+    with Companion(app) as companion:
+        companion.release_due()
+
+    # Then the whole gap ran once: one occurrence older than the stale bound
+    now = redis_ms(redis_client)
+    queued = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("celery", 0, -1)]
+    missed = [i for i in queued if occurrence_ms(i) < now - LATE_MS]
+    assert len(missed) == 1, missed

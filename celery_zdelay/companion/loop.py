@@ -58,8 +58,9 @@ HEARTBEAT_SECONDS = 5.0
 HEARTBEAT_LIVE_SECONDS = COMPANION_ALIVE_MS / 1000
 #: Heartbeats older than this are removed from the companions hash.
 HEARTBEAT_PRUNE_SECONDS = 3600.0
-#: Longest a starting companion waits for its first periodic pass before releasing.
-FIRST_PERIODIC_PASS_SECONDS = 5.0
+#: Longest a starting companion waits for its first periodic pass before
+#: releasing (a pass that fails ends the wait at once).
+FIRST_PERIODIC_PASS_SECONDS = 30.0
 #: How far past the Redis clock's estimate a periodic occurrence makes the
 #: handoff name what it moves: covers the estimate's error (the time between
 #: the claim that read the clock and the next).
@@ -747,6 +748,8 @@ class Companion:
                 logger.exception("Serving periodic tasks failed; retrying with backoff")
                 wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
+            # Releases wait for the first pass, not for a failing one.
+            self.periodic.first_pass.set()
             self._stopping.wait(wait)
 
     def _note_periodic_runs(self, released: PassReport) -> None:

@@ -83,6 +83,8 @@ class PeriodicServer:
         self._config_errors: dict[str, str] = {}
         self._last_tend = 0.0
         self._imported = False
+        #: Whether beat's last runs were offered to Redis (the first store).
+        self._took_over = False
         self._last_check = 0.0
         #: (name, version) whose parking failed, logged once.
         self._failing: set[tuple[str, int]] = set()
@@ -130,12 +132,15 @@ class PeriodicServer:
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
         self._config_errors = errors
+        # Only the first store of a starting companion takes over from celery
+        # beat: after Redis lost everything, beat's file is long out of date.
+        # Entries go on from their last run there (django-celery-beat's
+        # last_run_at, or beat's schedule file).
         since: dict[str, int] = {}
-        if self._config_hash is None:
-            # The switch from celery beat: entries go on from their last run
-            # there (django-celery-beat's last_run_at, or beat's schedule file).
+        if not self._took_over:
             names = [d.name for d in definitions]
             since = self._source.last_runs() if self._source else since_for(self.app, names)
+        self._took_over = True
         status, changed = self.periodic.store_config(
             definitions, digest, writer=self.companion_id, force=force, keep=errors, since=since
         )
@@ -282,8 +287,9 @@ class PeriodicServer:
         They are missed ticks like those no companion parked, and
         ``zdelay_missed`` counts them together: ``once`` keeps the first
         still parked and withdraws the others, ``skip`` withdraws them all,
-        ``all`` keeps them all. Returns whether one of them is the missed
-        run (so the plan adds none).
+        ``all`` keeps them all. Returns whether the policy was applied to
+        this gap already, here or by another companion (so the plan adds no
+        missed run).
 
         A starting companion does this before it releases anything
         (:attr:`first_pass`), so the others are withdrawn before they run.
@@ -305,7 +311,10 @@ class PeriodicServer:
         self._settled |= {task_id for _, task_id in stale if task_id not in still}
         waiting = [task_id for _, task_id in stale if task_id in still]
         if not waiting:
-            return False
+            # Released or withdrawn by another companion back from the same
+            # outage (it ran its first pass first): it applied the policy to
+            # this gap, so no missed run is added here either.
+            return True
         kept = waiting[:1] if definition.missed == "once" else []
         withdrawn = waiting[len(kept) :]
         found = self.periodic.store.cancel(withdrawn) if withdrawn else []
