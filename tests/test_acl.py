@@ -116,9 +116,13 @@ def denials(store_server: RedisServer) -> list[str]:
         fields = entry
         if not isinstance(entry, dict):  # RESP2: a flat list of names and values
             fields = dict(zip(entry[::2], entry[1::2], strict=True))
-        text = {str(k, "utf-8") if isinstance(k, bytes) else k: v for k, v in fields.items()}
+        text = {_text(k): _text(v) for k, v in fields.items()}
         found.append(f"{text.get('username')}: {text.get('reason')} {text.get('object')}")
     return found
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def cli(app: Celery, *args: str) -> Result:
@@ -313,7 +317,18 @@ def test_the_documented_acl_users_park_release_and_browse_without_one_refusal(
             dashboard_store.cancel([kept.id])
     finally:
         dashboard_store.close()
-    assert celery_zdelay.cancel(kept.id, app=producer) is True
+
+    # And the CLI's steering commands (and a dashboard's actions) work under
+    # the companion's rule, as the page says
+    assert cli(companion, "reschedule", kept.id, "--countdown", "900").exit_code == 0
+    assert cli(companion, "cancel", kept.id).exit_code == 0
+    truth = superuser_store(store_server)
+    try:
+        assert not parked(truth, kept.id)
+    finally:
+        truth.close()
+    expected = ("config|get", "zdelay-dashboard: command evalsha")  # the refusal above
+    assert [d for d in denials(store_server) if not any(e in d for e in expected)] == []
     assert "refused" not in process.log(), process.log()
 
 
