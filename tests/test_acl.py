@@ -116,9 +116,24 @@ def denials(store_server: RedisServer) -> list[str]:
         fields = entry
         if not isinstance(entry, dict):  # RESP2: a flat list of names and values
             fields = dict(zip(entry[::2], entry[1::2], strict=True))
-        text = {str(k, "utf-8") if isinstance(k, bytes) else k: v for k, v in fields.items()}
+        text = {_text(k): _text(v) for k, v in fields.items()}
         found.append(f"{text.get('username')}: {text.get('reason')} {text.get('object')}")
     return found
+
+
+def kill(store: Store, task_id: str) -> None:
+    """Move a parked entry to the dead letters, as a companion does when it refuses one."""
+    keys = store.keys(store.shard_of(task_id))
+    payload = store.client.hget(keys.msg, task_id)
+    assert payload is not None
+    store.client.zrem(keys.due, task_id)
+    store.client.hdel(keys.msg, task_id)
+    store.client.hset(keys.dead_msg, task_id, b'{"reason":"test"}\n' + payload)
+    store.client.zadd(keys.dead, {task_id: 1})
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def cli(app: Celery, *args: str) -> Result:
@@ -187,12 +202,7 @@ def test_a_dead_letter_requeued_by_a_user_denied_the_channels_is_requeued_once(
     try:
         result = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
         keys = truth.keys(truth.shard_of(result.id))
-        payload = truth.client.hget(keys.msg, result.id)
-        assert payload is not None
-        truth.client.zrem(keys.due, result.id)
-        truth.client.hdel(keys.msg, result.id)
-        truth.client.hset(keys.dead_msg, result.id, b'{"reason":"test"}\n' + payload)
-        truth.client.zadd(keys.dead, {result.id: 1})
+        kill(truth, result.id)
 
         # When that user requeues it (requeue.lua publishes after its writes)
         store = Store(get_config(app))
@@ -313,7 +323,18 @@ def test_the_documented_acl_users_park_release_and_browse_without_one_refusal(
             dashboard_store.cancel([kept.id])
     finally:
         dashboard_store.close()
-    assert celery_zdelay.cancel(kept.id, app=producer) is True
+
+    # And the CLI's steering commands (and a dashboard's actions) work under
+    # the companion's rule, as the page says
+    assert cli(companion, "reschedule", kept.id, "--countdown", "900").exit_code == 0
+    assert cli(companion, "cancel", kept.id).exit_code == 0
+    truth = superuser_store(store_server)
+    try:
+        assert not parked(truth, kept.id)
+    finally:
+        truth.close()
+    expected = ("config|get", "zdelay-dashboard: command evalsha")  # the refusal above
+    assert [d for d in denials(store_server) if not any(e in d for e in expected)] == []
     assert "refused" not in process.log(), process.log()
 
 
@@ -361,5 +382,34 @@ def test_a_user_denied_a_command_a_script_runs_after_its_first_write_is_refused_
         assert truth.client.hget(truth.keys(truth.shard_of(result_id)).msg, result_id) is None
         assert "nothing was written" in str(refused.value)
         assert "refuse SET, which park.lua runs" in str(refused.value)
+    finally:
+        truth.close()
+
+
+def test_a_requeue_by_a_user_denied_zrem_is_refused_before_it_writes(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # Given a dead letter, and the companion's rule without ZREM (requeue.lua
+    # removes the dead letter after it parked the entry again)
+    rule = [word for word in documented_acl("companion") if word != "+zrem"]
+    app = make_acl_app(rule)
+    truth = superuser_store(store_server)
+    try:
+        producer = make_acl_app(documented_acl("producer"))
+        result = producer.tasks["tests.record"].apply_delayed((1,), countdown=600)
+        kill(truth, result.id)
+
+        # When that user requeues it
+        store = Store(get_config(app))
+        try:
+            with pytest.raises(StoreRefusedError, match=r"refuse ZREM, which requeue\.lua runs"):
+                admin.requeue_dead(store, [result.id])
+        finally:
+            store.close()
+
+        # Then it is still only a dead letter: not parked again besides
+        keys = truth.keys(truth.shard_of(result.id))
+        assert not parked(truth, result.id)
+        assert truth.client.zscore(keys.dead, result.id) is not None
     finally:
         truth.close()

@@ -160,6 +160,7 @@ def requeue_all_dead(store: Store, shards: Iterable[int] | None = None) -> tuple
 
 def _requeue_call(store: Store, shard: int, task_ids: list[str]) -> list[bool]:
     keys = store.keys(shard)
+    store.ensure_allowed(keys.due, "requeue")
     with unavailable_as_error(store.url):
         reply = store.scripts.requeue(
             keys=[

@@ -161,7 +161,7 @@ class Store:
         with refused_as_error(self.url), unavailable_as_error(self.url):
             self._check_sizes(requests)
             for shard in by_shard:  # once per Store: the first shard's key will do
-                self._ensure_allowed(self._keys[shard].due, "park")
+                self.ensure_allowed(self._keys[shard].due, "park")
                 break
             if len(by_shard) == 1 or self.cluster:
                 replies = [
@@ -183,7 +183,7 @@ class Store:
                 due_ms[index] = int(ms)
         return due_ms
 
-    def _ensure_allowed(self, key: str, *names: str) -> None:
+    def ensure_allowed(self, key: str, *names: str) -> None:
         """Refuse to run scripts *names* whose commands this ACL user may not all run.
 
         Redis checks a script's commands one by one as it calls them: a
@@ -299,7 +299,7 @@ class Store:
         with refused_as_error(self.url), unavailable_as_error(self.url):
             for shard, indexes in by_shard.items():
                 keys = self._keys[shard]
-                self._ensure_allowed(keys.due, "cancel")
+                self.ensure_allowed(keys.due, "cancel")
                 reply = self.scripts.cancel(
                     keys=[keys.due, keys.msg, keys.templates, keys.marks, keys.tagged],
                     args=[ids[i] for i in indexes],
@@ -341,7 +341,7 @@ class Store:
         # reschedule.lua checks before it writes, and its wake-up after the
         # move cannot fail it: a refusal wrote nothing.
         with refused_as_error(self.url), unavailable_as_error(self.url):
-            self._ensure_allowed(keys.due, "reschedule")
+            self.ensure_allowed(keys.due, "reschedule")
             reply = self.scripts.reschedule(
                 keys=[keys.due], args=[keys.wake, task_id, due.mode, due.ms], client=self.client
             )
@@ -356,7 +356,7 @@ class Store:
         tests use it (:mod:`celery_zdelay.testing`).
         """
         keys = self._keys[shard]
-        self._ensure_allowed(keys.due, "recover", "claim")
+        self.ensure_allowed(keys.due, "recover", "claim")
         reply = self._after_recover(
             keys,
             limit,
@@ -388,7 +388,7 @@ class Store:
         (:attr:`ClaimResult.handed_ids`), for the audit trail and periodic runs.
         """
         keys = self._keys[shard]
-        self._ensure_allowed(keys.due, "recover", "handoff")
+        self.ensure_allowed(keys.due, "recover", "handoff")
         reply = self._after_recover(
             keys,
             limit,
@@ -484,7 +484,7 @@ class Store:
         args: list[Any] = [token, keys.tag_prefix]
         for task_id, dest, head in routes:
             args += [task_id, index[dest], head]
-        self._ensure_allowed(keys.due, "push")
+        self.ensure_allowed(keys.due, "push")
         with unavailable_as_error(self.url):
             pushed, refused = self.scripts.push(
                 keys=[
@@ -539,7 +539,7 @@ class Store:
         if not task_ids:
             return 0
         keys = self._keys[shard]
-        self._ensure_allowed(keys.due, "ack")
+        self.ensure_allowed(keys.due, "ack")
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.ack(
@@ -561,7 +561,7 @@ class Store:
         if not task_ids:
             return 0
         keys = self._keys[shard]
-        self._ensure_allowed(keys.due, "unclaim")
+        self.ensure_allowed(keys.due, "unclaim")
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.unclaim(
@@ -581,7 +581,7 @@ class Store:
         args: list[Any] = [token]
         for task_id, reason in reasons:
             args += [task_id, json.dumps(reason, separators=(",", ":"))]
-        self._ensure_allowed(keys.due, "deadletter")
+        self.ensure_allowed(keys.due, "deadletter")
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.deadletter(
@@ -607,7 +607,7 @@ class Store:
         if not task_ids:
             return 0
         keys = self._keys[shard]
-        self._ensure_allowed(keys.due, "purge")
+        self.ensure_allowed(keys.due, "purge")
         with unavailable_as_error(self.url):
             return int(
                 self.scripts.purge(
@@ -623,7 +623,7 @@ class Store:
         Returns whether *companion_id* owns the shard afterwards.
         """
         keys = self._keys[shard]
-        self._ensure_allowed(keys.due, "own")
+        self.ensure_allowed(keys.due, "own")
         with unavailable_as_error(self.url):
             owned = self.scripts.own(
                 keys=[keys.owner], args=[companion_id, action, lease_ms], client=self.client
