@@ -30,6 +30,7 @@ from .schedule import Due, due_from
 from .store import ParkRequest, Store, admin
 from .store.client import unavailable_as_error
 from .store.keys import canvas_key
+from .worker import carry_eta
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -230,6 +231,9 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> None:
     Inside :func:`batch` the entries are queued and parked when it ends.
     """
     parking = _parking(app)
+    # The worker gives the task this ETA back in request.eta (periodic ticks,
+    # parked through park_requests, have none: Celery beat sends none).
+    carry_eta(app, messages, due)
     requests = park_requests(app, messages, due)
     pending = _current_batch.get()
     if pending is not None and pending.app is app:
