@@ -118,10 +118,13 @@ def restore_eta(task: Any = None, **_: Any) -> None:
     not be overwritten by this one's when it runs.
     """
     request: Any = getattr(task, "request", None)
-    headers = getattr(request, "headers", None)
-    # Most messages have no custom header at all: headers is None.
-    if not headers or ETA_HEADER not in headers:
+    # Celery's Context holds every message header as an attribute (and, on
+    # Celery >= 5.3, the custom ones in request.headers as well).
+    eta = getattr(request, "__dict__", {}).get(ETA_HEADER)
+    if eta is None:
         return
-    eta = headers.pop(ETA_HEADER)
+    headers = request.headers
+    if isinstance(headers, dict):
+        headers.pop(ETA_HEADER, None)
     if request.eta is None:
         request.eta = eta
