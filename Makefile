@@ -5,6 +5,7 @@
 #   make servers  a core subset on each other store server (Redis 6.2, Valkey 8)
 #   make matrix   a core subset per older Celery minor, against the installed wheel
 #   make wheel-check  the built wheel alone in a clean venv with a RabbitMQ-only project
+#   make celery-suite Celery's own integration tests that send delayed work, transparent mode on
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types pytest docs servers matrix install clean chromium wheel-check
+.PHONY: demo test lint types pytest docs servers matrix install clean chromium wheel-check celery-suite
 
 # Python 3.10-3.13 as pyenv installs them, for tox (its shims serve one version);
 # the machine image has them (its python3 is pyenv's 3.11).
@@ -80,6 +81,13 @@ matrix: $(STAMP) chromium
 # runs its command in a RabbitMQ-only Celery project (see .ci/wheel-check).
 wheel-check:
 	.ci/wheel-check
+
+# Celery's own integration tests that send delayed work (eta, countdown,
+# retry, canvas countdowns), from the installed Celery's sdist, with
+# zdelay_threshold = 0, a Redis broker, Celery's worker and a companion
+# (see .ci/celery_suite.py; --mode native runs them on Celery alone).
+celery-suite: $(STAMP)
+	$(BIN)/python .ci/celery_suite.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -34,6 +34,7 @@ from .store.client import unavailable_as_error
 from .store.keys import canvas_key
 from .store.marks import Parked, park_marked
 from .tracing import park_span
+from .worker import carry_eta
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -335,6 +336,9 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[st
     Inside :func:`batch` the entries are queued and parked when it ends.
     """
     parking = _parking(app)
+    # The worker gives the task this ETA back in request.eta (periodic ticks,
+    # parked through park_requests, have none: Celery beat sends none).
+    carry_eta(app, messages, due)
     requests = park_requests(app, messages, due)
     pending = _current_batch.get()
     if pending is not None and pending.app is app:

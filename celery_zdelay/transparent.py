@@ -42,6 +42,7 @@ from .config import get_config
 from .errors import ConfigurationError
 from .parking import park_messages, remember_canvas
 from .schedule import due_from
+from .worker import ETA_HEADER
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -175,7 +176,9 @@ def _transparent_sender(app: Celery, native: SendTaskMessage) -> SendTaskMessage
         if due.ms - time.time() * 1000 < threshold_ms:
             return _native(native, producer, name, message, options)
         # The companion releases the message when it is due: the worker must
-        # run it at once, not hold it for an ETA again.
+        # run it at once, not hold it for an ETA again. The task still sees
+        # Celery's ETA in request.eta (celery_zdelay.worker.restore_eta).
+        headers[ETA_HEADER] = eta
         headers["eta"] = None
         options = _without_native_delay(options)
         result, messages = capture(app, lambda p: native(p, name, message, **options))

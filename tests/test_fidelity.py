@@ -196,7 +196,7 @@ def test_a_canvas_is_parked_whole_and_runs_on_a_worker(
     worker(app)
     companion(app)
     assert result.get(timeout=30) == expected
-    assert all(run["eta"] is None for run in runs.all())
+    assert all(run["message_eta"] is None for run in runs.all())
     assert runs.duplicates() == {}
 
 
@@ -213,7 +213,7 @@ def test_link_error_runs_when_the_parked_task_fails(
     assert runs.by_id()[result.id]["result"] == "failed"
 
 
-def test_the_worker_sees_the_same_id_headers_and_no_eta(
+def test_the_worker_sees_the_same_id_and_headers_and_holds_no_eta(
     app: Celery, worker, companion, runs: Runs
 ) -> None:
     worker(app)
@@ -224,7 +224,7 @@ def test_the_worker_sees_the_same_id_headers_and_no_eta(
     (run,) = runs.wait_for_count(1)
     assert run["id"] == result.id
     assert run["root_id"] == result.id
-    assert run["eta"] is None
+    assert run["message_eta"] is None
     assert run["custom"] == "kept"
     assert run["priority"] == 4
 
@@ -254,6 +254,7 @@ def test_rabbitmq_receives_the_native_message(
 
     # Then RabbitMQ holds the same message, expiring 3600 s after the parking call
     native["headers"].pop("expires")
+    assert isinstance(parked["headers"].pop("zdelay_eta"), str)
     parked_expires = datetime.fromisoformat(parked["headers"].pop("expires"))
     assert before + timedelta(seconds=3600) <= parked_expires <= after + timedelta(seconds=3600)
     assert parked == native

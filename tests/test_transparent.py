@@ -89,7 +89,7 @@ def test_apply_async_with_a_long_countdown_is_parked_and_runs_when_due(
     assert result.get(timeout=30) == ["later"]
     (run,) = runs.all()
     assert run["id"] == result.id
-    assert run["eta"] is None, "the worker got an ETA task: it was not parked"
+    assert run["message_eta"] is None, "the worker got an ETA task: it was not parked"
     assert run["redis_ms"] >= due_ms
 
 
@@ -107,7 +107,7 @@ def test_task_retry_with_a_long_countdown_is_parked_by_the_worker(
     first, retry = runs.all()
     assert retry["id"] == first["id"] == result.id
     assert retry["retries"] == 1
-    assert retry["eta"] is None
+    assert retry["message_eta"] is None
 
 
 def test_send_task_with_a_far_eta_is_parked(
@@ -121,7 +121,7 @@ def test_send_task_with_a_far_eta_is_parked(
     assert _parked(redis_client, result.id) == math.ceil(eta.timestamp() * 1000)
     assert _release_within_the_hour(app) == 1
     assert result.get(timeout=30) == 5
-    assert runs.all()[0]["eta"] is None
+    assert runs.all()[0]["message_eta"] is None
 
 
 def test_a_chain_step_with_a_countdown_is_parked_when_the_worker_sends_it(
@@ -138,8 +138,8 @@ def test_a_chain_step_with_a_countdown_is_parked_when_the_worker_sends_it(
     assert _release_within_the_hour(app) == 1
     assert result.get(timeout=30) == ["an hour later"]
     now, later = runs.all()
-    assert (now["id"], now["eta"]) == (first.id, None)
-    assert (later["id"], later["eta"]) == (result.id, None)
+    assert (now["id"], now["message_eta"]) == (first.id, None)
+    assert (later["id"], later["message_eta"]) == (result.id, None)
     assert later["parent_id"] == later["root_id"] == first.id
 
 
@@ -155,7 +155,7 @@ def test_a_group_with_a_countdown_parks_every_member(
     assert _release_within_the_hour(app) == 5
     assert result.get(timeout=30) == [0, 2, 4, 6, 8]
     assert {run["group"] for run in runs.all()} == {result.id}
-    assert [run["eta"] for run in runs.all()] == [None] * 5
+    assert [run["message_eta"] for run in runs.all()] == [None] * 5
 
 
 def test_short_delays_keep_celerys_native_path(
@@ -352,7 +352,7 @@ def test_on_quorum_queues_long_delays_are_parked_and_short_ones_stay_native(
     assert _release_within_the_hour(quorum_app) == 1
     assert parked.get(timeout=30) == ["parked"]
     assert [run["args"] for run in runs.all()] == [["native"], ["parked"]]
-    assert runs.by_id()[parked.id]["eta"] is None
+    assert runs.by_id()[parked.id]["message_eta"] is None
 
 
 def test_a_django_style_setting_alone_parks(redis_server, redis_client: redis.Redis) -> None:

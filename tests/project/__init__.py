@@ -119,6 +119,11 @@ def _register_tasks(app: Celery, record_url: str) -> None:
                     "args": list(request.args or ()),
                     "kwargs": dict(request.kwargs or {}),
                     "eta": request.eta,
+                    # The eta header of the message the worker got (a worker
+                    # holds a message that has one): celery-zdelay releases
+                    # with none and carries the ETA in zdelay_eta, which the
+                    # worker puts back into request.eta.
+                    "message_eta": None if getattr(request, "zdelay_eta", None) else request.eta,
                     "expires": request.expires,
                     "root_id": request.root_id,
                     "parent_id": request.parent_id,
