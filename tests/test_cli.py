@@ -20,8 +20,7 @@ import celery
 import click
 import pytest
 from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 import celery_zdelay
 from celery_zdelay import cli
@@ -43,23 +42,12 @@ from celery_zdelay.testing import RedisServer, free_port
 from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for
 from tests.project import app_env
-from tests.test_admin import Stock, due_ms, put_raw, stock, write_heartbeat
+from tests.support.cli import run
+from tests.support.store import Stock, due_ms, put_raw, stock, write_heartbeat
 
 pytestmark = pytest.mark.timeout(90)
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
-
-
-def run(app: Celery, *args: str, input: str | None = None) -> Result:
-    """Run ``celery -A <app> zdelay <args>`` in this process."""
-    return CliRunner().invoke(
-        zdelay,
-        list(args),
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        input=input,
-        prog_name="celery zdelay",
-        catch_exceptions=False,
-    )
 
 
 def run_celery(app: Celery, *args: str) -> subprocess.CompletedProcess[str]:
