@@ -1,8 +1,8 @@
 """Store inspection and administration against a real Redis: counts, listings,
 dead letters, companions and the server's safety settings.
 
-:func:`stock` builds the store the CLI and metrics tests read too: parked,
-overdue, in-flight and dead entries, made by the real scripts.
+The stocked store and the hand-written entries live in
+:mod:`tests.support.store`, which the CLI, metrics and dashboard tests share.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 
 import pytest
 import redis
@@ -24,84 +22,9 @@ from celery_zdelay.store import Store, admin
 from celery_zdelay.store.keys import companions_key
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
+from tests.support.store import due_ms, put_raw, stock, write_heartbeat
 
 pytestmark = pytest.mark.timeout(60)
-
-
-# -- the stocked store ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Stock:
-    """Ids of what :func:`stock` parked."""
-
-    #: tests.record on queue "orders", due in 30 min (+0, +1, +2 s).
-    later: list[str]
-    #: tests.add (2, 3), due in 60 s.
-    soon: str
-    #: tests.record ("late",) {"x": 1}, due 5 s ago and never claimed.
-    overdue: str
-    #: tests.record ("taken",), claimed with a 10-minute lease.
-    in_flight: str
-    #: A damaged payload the companion dead-lettered.
-    dead: str
-
-
-def stock(app: Celery) -> Stock:
-    """Park, claim and dead-letter entries so each state has at least one.
-
-    Given no companion runs: 5 parked (1 overdue), 1 in flight, 1 dead.
-    """
-    store = Store(get_config(app))
-    try:
-        dead = put_raw(store, "damaged-1", b"not a celery-zdelay payload", due_in_ms=-20_000)
-        with Companion(app, store=store) as companion:
-            assert companion.release_due().dead_lettered == 1
-        record = app.tasks["tests.record"]
-        now = datetime.now(timezone.utc)
-        taken = record.apply_delayed(("taken",), eta=now - timedelta(seconds=10))
-        overdue = record.apply_delayed(("late",), {"x": 1}, eta=now - timedelta(seconds=5))
-        later = [record.apply_delayed((i,), countdown=1800 + i, queue="orders") for i in range(3)]
-        soon = app.tasks["tests.add"].apply_delayed((2, 3), countdown=60)
-        claimed = store.claim(store.shard_of(taken.id), limit=1, lease_ms=600_000)
-        assert [e.task_id for e in claimed.entries] == [taken.id]
-        return Stock(
-            later=[r.id for r in later],
-            soon=soon.id,
-            overdue=overdue.id,
-            in_flight=taken.id,
-            dead=dead,
-        )
-    finally:
-        store.close()
-
-
-def put_raw(store: Store, task_id: str, payload: bytes | None, *, due_in_ms: int) -> str:
-    """Write an entry by hand, as a bug or an attacker could: no validation at all."""
-    keys = store.keys(store.shard_of(task_id))
-    if payload is not None:
-        store.client.hset(keys.msg, task_id, payload)
-    store.client.zadd(keys.due, {task_id: (store.time_ms() + due_in_ms) * 1024})
-    return task_id
-
-
-def due_ms(store: Store, task_id: str) -> int:
-    """Return the due time of the parked entry *task_id*, read from its shard's due set."""
-    score = store.client.zscore(store.keys(store.shard_of(task_id)).due, task_id)
-    assert score is not None, f"{task_id} is not parked"
-    return int(score) // 1024
-
-
-def ids_on_shard(store: Store, shard: int, n: int, prefix: str = "id") -> list[str]:
-    """Return *n* task ids that hash to *shard*."""
-    found = []
-    i = 0
-    while len(found) < n:
-        candidate = f"{prefix}-{i}"
-        if store.shard_of(candidate) == shard:
-            found.append(candidate)
-        i += 1
-    return found
 
 
 @pytest.fixture
@@ -345,25 +268,6 @@ def test_a_dead_listing_is_most_recent_first_and_bounded(app: Celery, store: Sto
 
 
 # -- companions ---------------------------------------------------------------------
-
-
-def write_heartbeat(store: Store, companion_id: str, *, seen_ago_ms: int, **fields: object) -> None:
-    """Write a heartbeat in the companion's own format (see companion/loop.py)."""
-    now = store.time_ms()
-    beat = {
-        "id": companion_id,
-        "host": "host-a",
-        "pid": 4242,
-        "version": "0.1.0",
-        "shards": [0],
-        "handoff": "on",
-        "started_ms": now - 3_600_000,
-        "seen_ms": now - seen_ago_ms,
-        "released": 7,
-        "dead_lettered": 1,
-        **fields,
-    }
-    store.client.hset(companions_key(store.config.key_prefix), companion_id, json.dumps(beat))
 
 
 def test_companions_are_read_from_heartbeats_alive_first(store: Store) -> None:

@@ -12,8 +12,8 @@ from celery_zdelay.store import Store, admin
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.servers import LocalCluster
-from tests.test_admin import stock
-from tests.test_cli import run
+from tests.support.cli import run
+from tests.support.store import stock
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,7 +17,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.testing import free_port
 from tests.conftest import AppFactory
-from tests.test_admin import put_raw
+from tests.support.store import put_raw
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,10 +10,11 @@ from celery import Celery
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
 
-DUE, MSG = "{zdelay:0}:due", "{zdelay:0}:msg"
+DUE, MSG = SHARD0.due, SHARD0.msg
 
 
 def _release(app: Celery) -> int:

@@ -1,4 +1,7 @@
-"""``celery -A proj zdelay status|list|cancel|reschedule|dead`` against a real Redis.
+"""``celery -A proj zdelay status|list`` and the probe, against a real Redis.
+
+Steering (cancel, reschedule, dead letters) is in ``test_cli_steering.py``;
+stores that are missing or refuse us in ``test_cli_errors.py``.
 
 Most commands run in-process through click (the same ``zdelay`` group Celery
 loads from the entry point, on the test app); the probe and the entry point
@@ -16,22 +19,16 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import celery
 import click
 import pytest
 from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
 
 import celery_zdelay
 from celery_zdelay import cli
-from celery_zdelay._format import parse_duration_ms, utc
+from celery_zdelay._format import utc
 from celery_zdelay.cli import (
     EXIT_CHECK_FAILED,
-    EXIT_CONFIG,
-    EXIT_NOT_FOUND,
     EXIT_OK,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     zdelay,
 )
@@ -39,27 +36,16 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
 from celery_zdelay.store.keys import companions_key, shard_of
-from celery_zdelay.testing import RedisServer, free_port
+from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for
 from tests.project import app_env
-from tests.test_admin import Stock, due_ms, put_raw, stock, write_heartbeat
+from tests.support.cli import assert_shows, lines, run, timed
+from tests.support.store import Stock, due_ms, put_raw, stock, write_heartbeat
 
 pytestmark = pytest.mark.timeout(90)
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
-
-
-def run(app: Celery, *args: str, input: str | None = None) -> Result:
-    """Run ``celery -A <app> zdelay <args>`` in this process."""
-    return CliRunner().invoke(
-        zdelay,
-        list(args),
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        input=input,
-        prog_name="celery zdelay",
-        catch_exceptions=False,
-    )
 
 
 def run_celery(app: Celery, *args: str) -> subprocess.CompletedProcess[str]:
@@ -85,32 +71,6 @@ def store(app: Celery) -> Iterator[Store]:
     opened = Store(get_config(app))
     yield opened
     opened.close()
-
-
-def lines(result: Result) -> list[str]:
-    return result.stdout.splitlines()
-
-
-def timed(store: Store, command: Callable[[], Result]) -> tuple[Result, int, int]:
-    """Run *command*; return its result and the Redis time just before and after it."""
-    before = store.time_ms()
-    result = command()
-    return result, before, store.time_ms()
-
-
-def assert_shows(text: str, *, at_least_ms: int, at_most_ms: int) -> None:
-    """Assert *text* ("59s", "1m 0s") is a duration that lay between the bounds.
-
-    The CLI rounds durations of a second or more down to the second, and the
-    bounds come from the Redis clock read around the command: however slow
-    the machine, a right answer stays inside them and a wrong one does not.
-    """
-    shown = parse_duration_ms(text.replace(" ", ""))
-    assert shown is not None, f"{text!r} is not a duration"
-    assert at_least_ms >= 1000, "durations under a second are shown to the millisecond"
-    assert at_least_ms // 1000 * 1000 <= shown <= at_most_ms // 1000 * 1000, (
-        f"{text!r} is not between {at_least_ms} and {at_most_ms} ms"
-    )
 
 
 # -- status -----------------------------------------------------------------------
@@ -496,168 +456,6 @@ def test_list_refuses_a_time_it_cannot_read(app: Celery, bad: str) -> None:
     assert "use now, a duration such as 30s" in result.stderr
 
 
-# -- cancel and reschedule ----------------------------------------------------------------
-
-
-def test_cancel_reports_each_id_and_exits_3_when_one_was_not_parked(
-    app: Celery, stocked: Stock
-) -> None:
-    result = run(app, "cancel", stocked.soon, stocked.in_flight, "no-such-id")
-
-    assert result.exit_code == EXIT_NOT_FOUND
-    assert lines(result) == [
-        f"cancelled   {stocked.soon}",
-        f"not parked  {stocked.in_flight} (unknown, released, or being released)",
-        "not parked  no-such-id (unknown, released, or being released)",
-    ]
-    assert run(app, "cancel", stocked.overdue).exit_code == EXIT_OK
-    remaining = json.loads(run(app, "list", "--json").stdout)["entries"]
-    assert [e["id"] for e in remaining] == [stocked.in_flight, *stocked.later]
-
-
-def test_reschedule_by_countdown_or_eta(app: Celery, stocked: Stock, store: Store) -> None:
-    # Given the stocked store; when one entry is moved 10 minutes ahead and
-    # another to an absolute time
-    by_countdown, before, after = timed(
-        store, lambda: run(app, "reschedule", stocked.overdue, "--countdown", "600")
-    )
-    by_eta = run(app, "reschedule", stocked.soon, "--eta", "2030-01-01T00:00:00Z")
-
-    # Then each says where it moved, and the store agrees
-    assert by_countdown.exit_code == EXIT_OK
-    said = re.fullmatch(
-        rf"rescheduled {stocked.overdue}: due in (.+) \(({ISO})\)\n", by_countdown.stdout
-    )
-    assert said, by_countdown.stdout
-    due = due_ms(store, stocked.overdue)
-    assert before + 600_000 <= due <= after + 600_000
-    assert_shows(said[1], at_least_ms=due - after, at_most_ms=due - before)
-    assert said[2] == utc(due)
-    assert by_eta.exit_code == EXIT_OK
-    assert by_eta.stdout.endswith("(2030-01-01T00:00:00Z)\n")
-    entries = {e["id"]: e for e in json.loads(run(app, "list", "--json").stdout)["entries"]}
-    assert entries[stocked.soon]["due_ms"] == 1_893_456_000_000
-    assert list(entries)[-1] == stocked.soon
-
-
-def test_reschedule_needs_exactly_one_time_and_a_parked_id(app: Celery, stocked: Stock) -> None:
-    neither = run(app, "reschedule", stocked.soon)
-    both = run(app, "reschedule", stocked.soon, "--countdown", "5", "--eta", "2030-01-01")
-    bad_eta = run(app, "reschedule", stocked.soon, "--eta", "tomorrow")
-    unknown = run(app, "reschedule", "no-such-id", "--countdown", "5")
-
-    assert neither.exit_code == both.exit_code == bad_eta.exit_code == EXIT_USAGE
-    assert "Give exactly one of --countdown DURATION or --eta ISO." in both.stderr
-    assert "eta must be a datetime or an ISO 8601 string" in bad_eta.stderr
-    assert unknown.exit_code == EXIT_NOT_FOUND
-    assert unknown.stdout.startswith("not parked  no-such-id")
-
-
-# -- dead letters ----------------------------------------------------------------------------
-
-
-def test_dead_list_shows_when_why_and_what(app: Celery, stocked: Stock) -> None:
-    human = run(app, "dead", "list")
-    document = json.loads(run(app, "dead", "list", "--json").stdout)
-
-    assert human.exit_code == EXIT_OK
-    out = lines(human)
-    assert re.fullmatch(r"DIED\s+TASK\s+ID\s+QUEUE\s+REASON", out[0])
-    assert re.fullmatch(
-        # Regression: the reason was cut at 40 characters ("celery-zde...").
-        r"\d+m?s ago\s+\(unreadable\)\s+damaged-1\s+-\s+foreign entry: the payload does not "
-        r"start with celery-zdelay metadata",
-        out[1],
-    )
-    assert out[2] == "1 dead-lettered entry."
-    (entry,) = document["entries"]
-    assert entry["id"] == stocked.dead
-    assert entry["reason"] == (
-        "foreign entry: the payload does not start with celery-zdelay metadata"
-    )
-    assert entry["due_ms"] < entry["died_ms"] <= document["now_ms"]
-    assert entry["companion"]
-    assert document["more"] is False
-
-
-def test_dead_requeue_by_id_or_all(app: Celery, store: Store, stocked: Stock) -> None:
-    put_raw(store, "no-message-1", None, due_in_ms=-1000)
-    with Companion(app, store=store) as companion:
-        assert companion.release_due().dead_lettered == 1
-
-    one = run(app, "dead", "requeue", stocked.dead, "no-such-id")
-    assert one.exit_code == EXIT_NOT_FOUND
-    assert lines(one) == [
-        f"requeued      {stocked.dead}, due now",
-        "not requeued  no-such-id (not dead-lettered, no message, or parked again)",
-    ]
-    assert [
-        e["id"]
-        for e in json.loads(run(app, "list", "--json", "--due-before", "now").stdout)["entries"]
-    ] == [stocked.in_flight, stocked.dead]
-
-    with Companion(app, store=store) as companion:
-        assert companion.release_due().dead_lettered == 1  # still damaged: dead again
-    everything = run(app, "dead", "requeue", "--all")
-    assert everything.exit_code == EXIT_OK
-    assert lines(everything) == [
-        "requeued 1 entry, due now",
-        "left 1 entry dead-lettered: no message, or the id was parked again "
-        "(see: zdelay dead list)",
-    ]
-    assert run(app, "dead", "requeue").exit_code == EXIT_USAGE
-    assert run(app, "dead", "requeue", "x", "--all").exit_code == EXIT_USAGE
-
-
-def test_dead_purge_asks_before_deleting_everything(app: Celery, store: Store) -> None:
-    for i in range(3):
-        put_raw(store, f"damaged-{i}", b"damaged", due_in_ms=-1000)
-    with Companion(app, store=store) as companion:
-        assert companion.release_due().dead_lettered == 3
-
-    by_id = run(app, "dead", "purge", "damaged-0", "no-such-id")
-    declined = run(app, "dead", "purge", input="n\n")
-    accepted = run(app, "dead", "purge", input="y\n")
-    nothing = run(app, "dead", "purge", "--yes")
-
-    assert (by_id.exit_code, by_id.stdout) == (EXIT_NOT_FOUND, "purged 1 of 2 entries\n")
-    assert declined.exit_code == EXIT_CHECK_FAILED
-    assert declined.stdout == "Delete all 2 dead-lettered entries? [y/N]: n\nNothing purged.\n"
-    assert accepted.exit_code == EXIT_OK
-    assert accepted.stdout.endswith("purged 2 entries\n")
-    assert (nothing.exit_code, nothing.stdout) == (EXIT_OK, "No dead-lettered entries.\n")
-
-
-# -- errors -------------------------------------------------------------------------------
-
-
-def test_an_unreachable_store_exits_69_naming_it_without_the_password(
-    make_test_app: AppFactory,
-) -> None:
-    port = free_port()
-    app = make_test_app(
-        conf={
-            "zdelay_redis_url": f"redis://:s3cret@127.0.0.1:{port}/0",
-            "zdelay_retry_policy": {"max_retries": 0},
-        }
-    )
-
-    for args in (["status"], ["list"], ["cancel", "x"], ["dead", "list"]):
-        result = run(app, *args)
-        assert result.exit_code == EXIT_UNAVAILABLE, args
-        assert f"127.0.0.1:{port}" in result.stderr
-        assert "s3cret" not in result.output
-
-
-def test_an_invalid_setting_exits_78(make_test_app: AppFactory) -> None:
-    app = make_test_app(conf={"zdelay_shards": 0})
-
-    result = run(app, "status")
-
-    assert result.exit_code == EXIT_CONFIG
-    assert "zdelay_shards must be an integer from 1 to 1024" in result.stderr
-
-
 # -- help and the entry point --------------------------------------------------------------
 
 
@@ -727,189 +525,6 @@ def test_the_companion_logs_json_lines_on_request(
     assert "damaged-1" in dead["message"]
 
 
-# -- bulk cancel and reschedule, durations ------------------------------------------------
-
-
-def test_cancel_by_filter_counts_with_a_dry_run_then_cancels(app: Celery) -> None:
-    record, add = app.tasks["tests.record"], app.tasks["tests.add"]
-    for i in range(3):
-        record.apply_delayed((i,), countdown=600)
-    later = record.apply_delayed(("later",), countdown=7200)
-    add.apply_delayed((1, 1), countdown=600)
-
-    dry = run(app, "cancel", "--task", "tests.record", "--due-before", "1h", "--dry-run")
-    done = run(app, "cancel", "--task", "tests.record", "--due-before", "1h")
-    one = run(app, "cancel", "--task", "tests.add")
-    mixed = run(app, "cancel", later.id, "--task", "tests.record")
-
-    assert (dry.exit_code, dry.stdout) == (EXIT_OK, "would cancel 3 parked tasks (dry run)\n")
-    assert (done.exit_code, done.stdout) == (EXIT_OK, "cancelled 3 parked tasks\n")
-    assert one.stdout == "cancelled 1 parked task\n"
-    assert mixed.exit_code == EXIT_USAGE
-    store = Store(get_config(app))
-    try:
-        assert [e.task_id for e in admin.list_parked(store).entries] == [later.id]
-    finally:
-        store.close()
-
-
-def test_a_dry_run_with_ids_is_refused_and_changes_nothing(app: Celery) -> None:
-    # Regression: --dry-run was ignored with ids: "cancel ID --dry-run" cancelled.
-    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=600)
-    before = celery_zdelay.lookup(result.id, app=app)
-
-    cancel = run(app, "cancel", result.id, "--dry-run")
-    move = run(app, "reschedule", result.id, "--countdown", "2h", "--dry-run")
-
-    assert cancel.exit_code == EXIT_USAGE
-    assert "--dry-run" in cancel.output
-    assert move.exit_code == EXIT_USAGE
-    assert "--dry-run" in move.output
-    assert before is not None
-    assert celery_zdelay.lookup(result.id, app=app) == before
-
-
-def test_a_due_bound_beyond_the_furthest_due_time_is_a_usage_error(app: Celery) -> None:
-    # Regression: cancel --due-before 99999999999d ended in an OverflowError traceback.
-    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=600)
-
-    far = run(app, "cancel", "--due-before", "99999999999d", "--dry-run")
-    listed = run(app, "list", "--due-after", "-99999999999d")
-
-    for refused in (far, listed):
-        assert refused.exit_code == EXIT_USAGE, refused.output
-        assert "at most" in refused.output
-    assert celery_zdelay.lookup(result.id, app=app) is not None
-
-
-def test_reschedule_takes_the_duration_format_list_takes(app: Celery) -> None:
-    # Regression: --countdown 5m was rejected while list --due-before 5m worked.
-    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=60)
-
-    moved = run(app, "reschedule", result.id, "--countdown", "5m")
-    found = celery_zdelay.lookup(result.id, app=app)
-
-    assert moved.exit_code == EXIT_OK, moved.output
-    assert re.fullmatch(
-        rf"rescheduled {result.id}: due in (4m 5\ds|5m 0s) \({ISO}\)\n", moved.stdout
-    )
-    assert found is not None
-    assert found.due_ms is not None
-
-
-def test_rescheduling_into_the_past_says_so(app: Celery) -> None:
-    result = app.tasks["tests.record"].apply_delayed(("x",), countdown=600)
-
-    moved = run(app, "reschedule", result.id, "--countdown", "-10m")
-
-    assert moved.exit_code == EXIT_OK, moved.output
-    assert re.fullmatch(
-        rf"rescheduled {result.id}: due {ISO}, (9m 5\ds|10m \ds) ago: that is in the past, "
-        r"so it is released at once\n",
-        moved.stdout,
-    )
-
-
-def test_reschedule_by_filter_counts_and_moves(app: Celery) -> None:
-    record = app.tasks["tests.record"]
-    for i in range(2):
-        record.apply_delayed((i,), countdown=600, queue="orders")
-    record.apply_delayed(("mail",), countdown=600, queue="mail")
-
-    dry = run(app, "reschedule", "--queue", "orders", "--countdown", "2h", "--dry-run")
-    done = run(app, "reschedule", "--queue", "orders", "--countdown", "2h")
-
-    assert dry.stdout == "would reschedule 2 parked tasks (dry run)\n"
-    assert done.stdout == "rescheduled 2 parked tasks\n"
-
-
-# -- the companion through store outages, at start too --------------------------------------
-
-
-def test_a_companion_started_before_its_store_waits_for_it_then_runs(
-    make_test_app: AppFactory, processes: list[CeleryProcess]
-) -> None:
-    # The docs say the companion keeps running through outages; it exited 69
-    # at once when the store was down at start.
-    server = RedisServer(port=free_port())
-    app = make_test_app(broker=f"{server.url}/0", conf={"zdelay_redis_url": f"{server.url}/0"})
-    process = CeleryProcess(app, "zdelay", "-l", "INFO").start()
-    processes.append(process)
-    try:
-        process.wait_for_log("The companion starts when the store answers")
-        server.start()
-        process.wait_for_log("The store answers again: starting the companion.", timeout=60)
-        process.wait_for_log(" started: ")
-
-        server.kill()
-        process.wait_for_log("Store unreachable, retrying with backoff")
-        server.start()
-        process.wait_for_log("Store and broker answer again: releasing", timeout=60)
-    finally:
-        code = process.terminate()
-        server.stop()
-    assert code == EXIT_OK
-
-
-# -- messages that say the fix --------------------------------------------------------------
-
-
-@pytest.fixture
-def locked_redis() -> Iterator[RedisServer]:
-    """A private Redis whose default user needs the password "sekret"."""
-    server = RedisServer().start()
-    client = server.client()
-    client.config_set("requirepass", "sekret")
-    client.close()
-    yield server
-    server.stop()
-
-
-def _plain_app(url: str) -> Celery:
-    return Celery("messages", broker=url, set_as_current=False)
-
-
-def test_a_database_the_server_does_not_have_is_a_clean_configuration_error(
-    redis_server: RedisServer,
-) -> None:
-    # Regression: /99 printed a 40-line traceback and exited 1.
-    result = run(_plain_app(f"{redis_server.url}/99"), "status")
-
-    assert result.exit_code == EXIT_CONFIG
-    assert "names database 99, which that Redis does not have" in result.stderr
-    assert "Traceback" not in result.output
-
-
-def test_a_wrong_password_is_called_a_wrong_password(locked_redis: RedisServer) -> None:
-    url = f"redis://:wrong@127.0.0.1:{locked_redis.port}/0"
-
-    result = run(_plain_app(url), "status")
-
-    assert result.exit_code == EXIT_UNAVAILABLE
-    assert "refused the password" in result.stderr
-    assert "Check that Redis is running" not in result.stderr
-    assert "wrong" not in result.stderr.replace("is wrong", "")  # the password stays hidden
-
-
-def test_a_missing_password_is_asked_for_in_plain_words(locked_redis: RedisServer) -> None:
-    # Regression: redis-py's "HELLO must be called with the client already
-    # authenticated..." was shown as is.
-    result = run(_plain_app(f"{locked_redis.url}/0"), "status")
-
-    assert result.exit_code == EXIT_UNAVAILABLE
-    assert "requires a password, and none is given" in result.stderr
-    assert "HELLO" not in result.stderr
-
-
-def test_an_unreachable_store_is_one_sentence_per_period() -> None:
-    # Regression: "Connection refused.." (redis-py's period, then ours).
-    result = run(_plain_app(f"redis://127.0.0.1:{free_port()}/0"), "status")
-
-    assert result.exit_code == EXIT_UNAVAILABLE
-    assert "Connection refused. Check that Redis is running" in result.stderr
-    assert ".." not in result.stderr
-
-
 def test_an_entry_in_flight_past_its_due_time_is_late_for_status_check_and_list(
     app: Celery, store: Store
 ) -> None:
@@ -929,21 +544,3 @@ def test_an_entry_in_flight_past_its_due_time_is_late_for_status_check_and_list(
     )
     (entry,) = json.loads(listed.stdout)["entries"]
     assert (entry["id"], entry["state"]) == (result.id, "in_flight")
-
-
-def test_cancel_takes_a_parked_chains_result_id_among_plain_ids(app: Celery) -> None:
-    record = app.tasks["tests.record"]
-    chained = celery_zdelay.apply_delayed(
-        celery.chain(record.si("a"), record.si("b")), countdown=600, app=app
-    )
-    plain = record.apply_delayed(("p",), countdown=600)
-
-    result = run(app, "cancel", chained.id, plain.id, "no-such-id")
-
-    assert result.exit_code == EXIT_NOT_FOUND
-    assert lines(result) == [
-        f"cancelled   {chained.id}",
-        f"cancelled   {plain.id}",
-        "not parked  no-such-id (unknown, released, or being released)",
-    ]
-    assert celery_zdelay.lookup(chained.parent.id, app=app) is None

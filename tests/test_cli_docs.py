@@ -24,8 +24,8 @@ from click.testing import CliRunner
 from celery_zdelay.cli import zdelay
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
-from tests.test_admin import Stock, stock, write_heartbeat
-from tests.test_cli import run
+from tests.support.cli import run
+from tests.support.store import Stock, stock, write_heartbeat
 
 pytestmark = pytest.mark.timeout(60)
 

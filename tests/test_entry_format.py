@@ -14,11 +14,12 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.admin import purge_dead, requeue_dead
 from tests.conftest import AppFactory
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(90)
 
-MSG = "{zdelay:0}:msg"
-TEMPLATES = "{zdelay:0}:templates"
+MSG = SHARD0.msg
+TEMPLATES = SHARD0.templates
 
 
 def _templates(client: redis.Redis) -> int:
@@ -162,7 +163,7 @@ def test_a_template_stays_while_a_parked_dead_or_replaced_entry_needs_it(
     record.apply_delayed((1,), countdown=60, task_id="again", headers={"x-first": 1})
     record.apply_delayed((1,), countdown=60, task_id="again", headers={"x-second": 1})
     assert _templates(redis_client) == 1
-    redis_client.delete("{zdelay:0}:due", MSG)
+    redis_client.delete(SHARD0.due, MSG)
     redis_client.delete(TEMPLATES)
 
     # A dead-lettered entry keeps its template, so a requeue can release it.

@@ -20,17 +20,12 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs, start_companion, wait_for
+from tests.support.deadletters import dead_reasons
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(240)
 
-DUE, MSG, LEASE = "{zdelay:0}:due", "{zdelay:0}:msg", "{zdelay:0}:lease"
-
-
-def _dead(client: redis.Redis) -> dict[str, str]:
-    return {
-        task_id.decode(): json.loads(stored.split(b"\n", 1)[0])["reason"]
-        for task_id, stored in client.hgetall("{zdelay:0}:dead_msg").items()
-    }
+DUE, MSG, LEASE = SHARD0.due, SHARD0.msg, SHARD0.lease
 
 
 @pytest.mark.parametrize("path", ["handoff", "generic"])
@@ -64,7 +59,7 @@ def test_corrupt_and_foreign_entries_are_dead_lettered_and_hold_nothing_up(
     # An entry whose template record is gone (the only entry of its task)
     orphan = app.tasks["tests.add"].apply_delayed((1, 2), countdown=0).id
     orphan_meta = json.loads(redis_client.hget(MSG, orphan).split(b"\n", 1)[0])
-    assert redis_client.hdel("{zdelay:0}:templates", orphan_meta["t"]) == 1
+    assert redis_client.hdel(SHARD0.templates, orphan_meta["t"]) == 1
     good += [record.apply_delayed((i,), countdown=0).id for i in range(5, 10)]
 
     # When a companion makes one pass
@@ -74,7 +69,7 @@ def test_corrupt_and_foreign_entries_are_dead_lettered_and_hold_nothing_up(
     # Then the good ones are released in it, and each bad one is dead-lettered
     # with its reason; nothing is left parked or in flight
     assert report.released == 10
-    dead = _dead(redis_client)
+    dead = dead_reasons(redis_client)
     assert set(dead) == {*corrupt, "missing", orphan}
     assert dead[orphan].startswith("template missing")
     assert dead["foreign"].startswith("foreign entry")
@@ -103,7 +98,7 @@ def test_while_the_broker_is_down_entries_wait_and_then_all_run(
     process.wait_for_log("Broker unreachable")
     wait_for(lambda: redis_client.zcard(LEASE) == 0, message="claims given back")
     assert redis_client.zcard(DUE) + redis_client.zcard(LEASE) == 300
-    assert redis_client.zcard("{zdelay:0}:dead") == 0
+    assert redis_client.zcard(SHARD0.dead) == 0
 
     broker_server.start()
     worker(app)

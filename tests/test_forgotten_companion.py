@@ -14,7 +14,7 @@ from celery import Celery
 
 from celery_zdelay.parking import store_for
 from tests.conftest import AppFactory
-from tests.test_admin import write_heartbeat
+from tests.support.store import write_heartbeat
 
 pytestmark = pytest.mark.timeout(90)
 

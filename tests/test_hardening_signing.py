@@ -18,15 +18,17 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.admin import requeue_dead
 from tests.conftest import AppFactory
+from tests.support.deadletters import dead_reasons
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(90)
 
 KEY = "k" * 32
-DUE = "{zdelay:0}:due"
-MSG = "{zdelay:0}:msg"
-LEASE = "{zdelay:0}:lease"
-TEMPLATES = "{zdelay:0}:templates"
-DEAD_MSG = "{zdelay:0}:dead_msg"
+DUE = SHARD0.due
+MSG = SHARD0.msg
+LEASE = SHARD0.lease
+TEMPLATES = SHARD0.templates
+DEAD_MSG = SHARD0.dead_msg
 
 
 def _signed_app(make_test_app: AppFactory) -> Celery:
@@ -40,13 +42,6 @@ def _queued(client: redis.Redis) -> list[dict[str, Any]]:
 def _template_ids(client: redis.Redis) -> list[bytes]:
     # The hash also holds each template's reference count, under "#<id>".
     return [key for key in client.hkeys(TEMPLATES) if not key.startswith(b"#")]
-
-
-def _dead_reasons(client: redis.Redis) -> dict[str, str]:
-    return {
-        task_id.decode(): json.loads(stored.split(b"\n", 1)[0])["reason"]
-        for task_id, stored in client.hgetall(DEAD_MSG).items()
-    }
 
 
 def test_a_template_swapped_after_the_companion_cached_it_is_never_published(
@@ -99,7 +94,7 @@ def test_a_cold_companion_refuses_a_swapped_template_as_missing(
     with Companion(app) as companion:
         companion.release_due()
     assert _queued(redis_client) == []
-    assert _dead_reasons(redis_client)[task_id].startswith("template missing")
+    assert dead_reasons(redis_client)[task_id].startswith("template missing")
 
 
 def test_a_payload_rewritten_between_verification_and_push_is_not_published(
@@ -156,7 +151,7 @@ def test_a_signed_payload_copied_under_other_ids_is_refused_as_a_replay(
     # then the task is queued once, and each copy is dead-lettered as a replay.
     assert report.handed_off == 1
     assert [m["headers"]["id"] for m in _queued(redis_client)] == [genuine]
-    reasons = _dead_reasons(redis_client)
+    reasons = dead_reasons(redis_client)
     assert set(reasons) == set(copies)
     assert all(reason.startswith("replayed entry") for reason in reasons.values())
 
@@ -192,7 +187,7 @@ def test_a_requeued_forgery_is_verified_again_and_dead_lettered_again(
     forged = make_test_app().tasks["tests.record"].apply_delayed(("x",), countdown=0).id
     with Companion(app) as companion:
         companion.release_due()
-        assert _dead_reasons(redis_client)[forged].startswith("unsigned entry")
+        assert dead_reasons(redis_client)[forged].startswith("unsigned entry")
         assert requeue_dead(store_for(app), [forged]) == [True]
         report = companion.release_due()
     assert report.dead_lettered == 1

@@ -15,23 +15,18 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.admin import requeue_dead
 from tests.conftest import AppFactory
+from tests.support.deadletters import dead_reasons
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(90)
 
 KEY = "k" * 32
-DUE = "{zdelay:0}:due"
-MSG = "{zdelay:0}:msg"
-LEASE = "{zdelay:0}:lease"
-LEASED = "{zdelay:0}:leased"
-DEAD = "{zdelay:0}:dead"
-DEAD_MSG = "{zdelay:0}:dead_msg"
-
-
-def _dead_reasons(client: redis.Redis) -> dict[str, str]:
-    return {
-        task_id.decode(): json.loads(stored.split(b"\n", 1)[0])["reason"]
-        for task_id, stored in client.hgetall(DEAD_MSG).items()
-    }
+DUE = SHARD0.due
+MSG = SHARD0.msg
+LEASE = SHARD0.lease
+LEASED = SHARD0.leased
+DEAD = SHARD0.dead
+DEAD_MSG = SHARD0.dead_msg
 
 
 def _queued_ids(client: redis.Redis, queue: str = "celery") -> list[str]:
@@ -66,7 +61,7 @@ def test_a_queue_key_of_another_type_dead_letters_its_entry_and_releases_the_oth
     assert set(_queued_ids(redis_client)) == good
     assert report.handed_off == 10
     assert report.dead_lettered == 1
-    reasons = _dead_reasons(redis_client)
+    reasons = dead_reasons(redis_client)
     assert set(reasons) == {bad}
     assert "queue list orders is a string key, not a list" in reasons[bad]
     assert redis_client.zcard(DUE) == 0
@@ -114,7 +109,7 @@ def test_a_corrupt_delivery_tag_counter_fails_the_handoff_before_anything_moves(
 ) -> None:
     app = make_test_app()
     ids = {app.tasks["tests.record"].apply_delayed((i,), countdown=0).id for i in range(3)}
-    redis_client.set("{zdelay:0}:tags", "not a number")
+    redis_client.set(SHARD0.tags, "not a number")
     with Companion(app) as companion, pytest.raises(redis.ResponseError, match="not a count"):
         companion.release_due()
     assert {m.decode() for m in redis_client.zrange(DUE, 0, -1)} == ids

@@ -29,7 +29,7 @@ from celery_zdelay.testing import RedisServer, free_port
 from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for
 from tests.project import app_env
-from tests.test_admin import ids_on_shard, put_raw
+from tests.support.store import ids_on_shard, put_raw
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -22,18 +22,15 @@ from celery_zdelay.store import ParkRequest, admin
 from celery_zdelay.store.scripts import _lua_file
 from celery_zdelay.web import create_app
 from tests.conftest import AppFactory
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0
 from tests.web_support import make_dead_letter
 
 pytestmark = pytest.mark.timeout(90)
 
-MSG = "{zdelay:0}:msg"
-TEMPLATES = "{zdelay:0}:templates"
+MSG = SHARD0.msg
+TEMPLATES = SHARD0.templates
 KEY = "k" * 32
-
-
-def _redis_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def _unstamped(payload: bytes) -> bytes:
@@ -49,12 +46,12 @@ def test_every_park_records_the_redis_time_it_was_parked_at(
 ) -> None:
     app = make_test_app(conf={"zdelay_signing_key": KEY} if signed else {})
     record = app.tasks["tests.record"]
-    before = _redis_ms(redis_client)
+    before = redis_ms(redis_client)
     one = record.apply_delayed(("one",), countdown=600)
     many = record.apply_delayed_many([(i,) for i in range(50)], countdown=600)
     with celery_zdelay.batch(app):
         batched = record.apply_delayed(("batched",), countdown=600)
-    after = _redis_ms(redis_client)
+    after = redis_ms(redis_client)
 
     ids = [one.id, batched.id, *(r.id for r in many)]
     for task_id in ids:
@@ -88,7 +85,7 @@ def test_a_payload_parked_again_is_stamped_anew_not_twice(
     assert first is not None
     first_ms = parked_ms(first)
     assert first_ms is not None
-    while _redis_ms(redis_client) <= first_ms:
+    while redis_ms(redis_client) <= first_ms:
         pass
     store.park([ParkRequest("parked-twice", Due("r", 600_000), first)])
 
@@ -108,10 +105,10 @@ def test_lookup_and_list_json_show_when_it_was_parked(
     app: Celery, redis_client: redis.Redis
 ) -> None:
     record = app.tasks["tests.record"]
-    before = _redis_ms(redis_client)
+    before = redis_ms(redis_client)
     waiting = record.apply_delayed(("w",), countdown=600)
     doomed = record.apply_delayed(("d",), countdown=600)
-    after = _redis_ms(redis_client)
+    after = redis_ms(redis_client)
     store = store_for(app)
     make_dead_letter(store, doomed.id, "a test reason")
 

@@ -24,12 +24,14 @@ from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import Runs
 from tests.servers import LocalTLSRedis
+from tests.support.deadletters import dead_reasons
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(90)
 
 KEY = "k" * 32
 OLD_KEY = "o" * 32
-DEAD = "{zdelay:0}:dead"
+DEAD = SHARD0.dead
 
 
 def _release(app: Celery) -> Companion:
@@ -38,19 +40,12 @@ def _release(app: Celery) -> Companion:
     return companion
 
 
-def _dead_reasons(client: redis.Redis) -> dict[str, str]:
-    reasons = {}
-    for task_id, stored in client.hgetall("{zdelay:0}:dead_msg").items():
-        reasons[task_id.decode()] = json.loads(stored.split(b"\n", 1)[0])["reason"]
-    return reasons
-
-
 def test_signed_entries_are_verified_then_handed_off_atomically(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
     app = make_test_app(conf={"zdelay_signing_key": KEY})
     ids = {app.tasks["tests.record"].apply_delayed((i,), countdown=0).id for i in range(20)}
-    payload = redis_client.hget("{zdelay:0}:msg", next(iter(ids)))
+    payload = redis_client.hget(SHARD0.msg, next(iter(ids)))
     assert payload is not None
     assert b'"s":"' in payload.split(b"\n")[0]
 
@@ -70,14 +65,14 @@ def test_unsigned_and_tampered_entries_are_dead_lettered_never_published(
     unsigned = unsigned_app.tasks["tests.record"].apply_delayed(("forged",), countdown=0)
     app = make_test_app(conf={"zdelay_signing_key": KEY})
     tampered = app.tasks["tests.record"].apply_delayed(("genuine",), countdown=0)
-    payload = redis_client.hget("{zdelay:0}:msg", tampered.id)
+    payload = redis_client.hget(SHARD0.msg, tampered.id)
     assert payload is not None
-    redis_client.hset("{zdelay:0}:msg", tampered.id, payload.replace(b"W1s", b"W1t", 1))
+    redis_client.hset(SHARD0.msg, tampered.id, payload.replace(b"W1s", b"W1t", 1))
     good = app.tasks["tests.record"].apply_delayed(("kept",), countdown=0)
 
     _release(app)
 
-    reasons = _dead_reasons(redis_client)
+    reasons = dead_reasons(redis_client)
     assert reasons[unsigned.id].startswith("unsigned entry")
     assert reasons[tampered.id].startswith("bad signature")
     (raw,) = redis_client.lrange("celery", 0, -1)
@@ -99,7 +94,7 @@ def test_an_old_key_verifies_until_it_is_removed_from_the_list(
     rotated = make_test_app(conf={"zdelay_signing_key": [KEY]})
     celery_zdelay.reschedule(second.id, countdown=0, app=rotated)
     _release(rotated)
-    reasons = _dead_reasons(redis_client)
+    reasons = dead_reasons(redis_client)
     assert set(reasons) == {second.id}
     assert reasons[second.id].startswith("bad signature")
     assert json.loads(redis_client.lindex("celery", 0))["headers"]["id"] == first.id
@@ -170,7 +165,7 @@ def test_with_signing_a_forged_pickle_is_dead_lettered(
     app = make_test_app(conf={"zdelay_signing_key": KEY})
     _park_bomb(app, bomb_path, "bomb-2")
     _release(app)
-    assert _dead_reasons(redis_client)["bomb-2"].startswith("unsigned entry")
+    assert dead_reasons(redis_client)["bomb-2"].startswith("unsigned entry")
     assert redis_client.llen("celery") == 0
     assert not bomb_path.exists()
 
@@ -189,7 +184,7 @@ def test_tls_and_an_acl_user_work_and_the_password_stays_out_of_the_logs(
         assert f"rediss://{tls.username}:**@127.0.0.1:{tls.port}" in log
         assert tls.password not in log
         with tls.admin() as admin:
-            assert admin.zcard("{zdelay:0}:due") == 0
+            assert admin.zcard(SHARD0.due) == 0
 
 
 def test_a_wrong_acl_password_is_a_clear_error_without_the_password(

@@ -120,3 +120,32 @@ def test_orphans_are_shared_out_again_when_a_companion_joins(
         assert owners.count(SURVIVOR) <= 6
     finally:
         store.close()
+
+
+def test_orphans_go_to_the_other_survivor_once_the_dead_one_is_forgotten(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given three companions on 8 shards (3, 3 and 2), the one with 2 dead,
+    # and a survivor that took both of its shards as orphans (5 owned),
+    app = make_test_app(conf={"zdelay_shards": SHARDS, "zdelay_shard_leases": True})
+    store = Store(get_config(app))
+    try:
+        first = ShardOwnership(store, "first", range(SHARDS), lease_ms=60_000)
+        other = ShardOwnership(store, "other", range(SHARDS), lease_ms=60_000)
+        for owner, shards in ((first, (0, 1, 2)), (other, (3, 4, 5))):
+            for shard in shards:
+                assert store.own(shard, owner.companion_id, "acquire", lease_ms=60_000)
+                owner.owned.add(shard)
+        for _ in range(2):
+            _look(first, live=3)
+        _look(other, live=3)
+        assert len(first.shards()) == 5
+        # when the dead one's heartbeat ages out (two live companions, a share of 4),
+        for _ in range(3):
+            _look(first, live=2)
+            _look(other, live=2)
+        # then the surplus went to the other survivor: 4 each, none unowned.
+        owners = _owners(redis_client)
+        assert (owners.count("first"), owners.count("other")) == (4, 4), owners
+    finally:
+        store.close()

@@ -22,7 +22,7 @@ from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
-from tests.test_admin import put_raw
+from tests.support.store import put_raw
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,10 +22,11 @@ import celery_zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.parking import store_for
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
 
-DUE = "{zdelay:0}:due"
+DUE = SHARD0.due
 HOUR_MS = 3_600_000
 
 

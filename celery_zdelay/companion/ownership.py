@@ -13,11 +13,13 @@ expiring ``{prefix:N}:owner`` key per shard) and claims only from those.
 - A shard that stays unowned for two looks in a row is taken by whoever sees
   it, share or not: a companion that dies hands its shards over within one
   ``zdelay_lease_seconds``.
-- A shard taken that way is kept above the share until more companions are
-  live than when it was taken. A companion that died still counts as live
+- A shard taken that way is kept above the share while as many companions
+  are live as when it was taken. A companion that died still counts as live
   until its heartbeat ages out (30 s), so the share stays as it was; giving
   the orphan up at the next look would hand it to nobody, and its entries
-  would wait a check interval, again at every other look, until then.
+  would wait a check interval, again at every other look, until then. Once
+  the count changes (the dead one forgotten, or a companion joined), the
+  share rules again and the surplus goes to whoever is below its share.
 """
 
 from __future__ import annotations
@@ -71,15 +73,16 @@ class ShardOwnership:
         for shard in sorted(self.owned):
             if not self._own(shard, "renew"):
                 self.owned.discard(shard)
-        # Orphans stay, outside the share, until a companion joins: only
-        # a newcomer can take them, a dead owner never will.
+        # Orphans stay, outside the share, while the live count is the one
+        # that still counts their dead owner: no one else would take them.
         shared = [s for s in sorted(self.owned, reverse=True) if not self._kept(s, live_companions)]
         for shard in shared[: max(0, len(shared) - share)]:
             self._own(shard, "release")
             self.owned.discard(shard)
-        # Counted down as the dead are forgotten, so the next newcomer counts.
         self._orphans = {
-            s: min(live, live_companions) for s, live in self._orphans.items() if s in self.owned
+            s: live
+            for s, live in self._orphans.items()
+            if s in self.owned and live == live_companions
         }
         unowned = set()
         for shard in self.candidates:
@@ -105,7 +108,7 @@ class ShardOwnership:
     def _kept(self, shard: int, live_companions: int) -> bool:
         """Whether *shard*, taken as an orphan, stays above the share."""
         taken_with = self._orphans.get(shard)
-        return taken_with is not None and live_companions <= taken_with
+        return taken_with is not None and live_companions == taken_with
 
     def release_all(self) -> None:
         """Give up every lease, so others take the shards at once."""
