@@ -420,3 +420,19 @@ def test_producers_replacing_keys_while_a_companion_releases_leave_an_exact_inde
     )
     assert 10 <= released <= 480
     assert redis_client.llen("celery") == released
+
+
+def test_transparent_mode_with_shards_parks_a_key_only_under_an_id_on_its_shard(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_threshold": 60, "zdelay_shards": 4})
+    record = app.tasks["tests.record"]
+    off = next(f"id-{n}" for n in range(100) if shard_of(f"id-{n}", 4) != shard_of("t", 4))
+
+    with pytest.raises(ConfigurationError, match="different shards"):
+        record.apply_async((1,), countdown=3600, task_id=off, headers={"zdelay_key": "t"})
+    assert _parked(redis_client, 4) == 0
+    on = task_id_for("t", 4)
+    parked = record.apply_async((1,), countdown=3600, task_id=on, headers={"zdelay_key": "t"})
+    assert parked.id == on
+    assert _parked(redis_client, 4) == 1
