@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+import celery_zdelay
 from celery_zdelay.testing import FastForward
 from example_project.shop.models import Order
-from example_project.shop.orders import OrderClosed, pay_order, place_order
+from example_project.shop.orders import OrderClosed, cancel_key, pay_order, place_order
+from example_project.shop.tasks import cancel_unpaid
 
 pytestmark = pytest.mark.timeout(10)  # pytest-timeout: these take milliseconds
 
@@ -67,3 +69,16 @@ def test_paying_a_cancelled_order_is_refused(zdelay: FastForward) -> None:
 
     with pytest.raises(OrderClosed, match="cancelled"):
         pay_order(order.pk)
+
+
+def test_an_order_has_one_cancel_task_however_often_it_is_parked(zdelay: FastForward) -> None:
+    order = place_order("eve", total_cents=4200)
+
+    again = cancel_unpaid.apply_delayed((order.pk,), eta=order.pay_by, key=cancel_key(order.pk))
+
+    assert again.id == order.cancel_task_id
+    (parked,) = zdelay.parked()
+    assert parked.id == order.cancel_task_id
+    found = celery_zdelay.lookup(order.cancel_task_id, app=cancel_unpaid.app)
+    assert found is not None
+    assert found.tags == (f"order:{order.pk}",)

@@ -376,3 +376,63 @@ def test_a_key_or_tags_on_a_canvas_are_refused(app: Celery, redis_client: redis.
     with pytest.raises(ConfigurationError, match="task's own call"):
         celery_zdelay.apply_delayed(record.s(1), countdown=60, tags=["t"], app=app)
     assert _parked(redis_client) == 0
+
+
+def test_producers_replacing_keys_while_a_companion_releases_leave_an_exact_index(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    # Given 8 producer threads replacing and debouncing 10 keys, due at once,
+    # while a companion releases in another thread
+    app = make_test_app(conf={"zdelay_shards": 2})
+    record = app.tasks["tests.record"]
+    stop = threading.Event()
+    released = 0
+
+    def release() -> None:
+        nonlocal released
+        with Companion(app) as companion:
+            while not stop.is_set():
+                released += companion.release_due().released
+
+    def produce(n: int) -> None:
+        for i in range(60):
+            mode = "replace" if (n + i) % 2 else "debounce"
+            record.apply_delayed((n, i), countdown=0, key=f"k{i % 10}", on_key=mode, tags=["x"])
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    producers = [threading.Thread(target=produce, args=(n,)) for n in range(8)]
+    for thread in producers:
+        thread.start()
+    for thread in producers:
+        thread.join(timeout=90)
+
+    # When the producers are done and everything due is released
+    wait_for(lambda: _parked(redis_client, 2) == 0, timeout=60, message="all released")
+    stop.set()
+    releaser.join(timeout=30)
+
+    # Then no key or tag is left pointing anywhere, and nothing ran twice
+    _index_is_exact(app)
+    assert all(
+        redis_client.exists(f"{{zdelay:{s}}}:marks", f"{{zdelay:{s}}}:tagged") == 0
+        for s in range(2)
+    )
+    assert 10 <= released <= 480
+    assert redis_client.llen("celery") == released
+
+
+def test_transparent_mode_with_shards_parks_a_key_only_under_an_id_on_its_shard(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_threshold": 60, "zdelay_shards": 4})
+    record = app.tasks["tests.record"]
+    off = next(f"id-{n}" for n in range(100) if shard_of(f"id-{n}", 4) != shard_of("t", 4))
+
+    with pytest.raises(ConfigurationError, match="different shards"):
+        record.apply_async((1,), countdown=3600, task_id=off, headers={"zdelay_key": "t"})
+    assert _parked(redis_client, 4) == 0
+    on = task_id_for("t", 4)
+    parked = record.apply_async((1,), countdown=3600, task_id=on, headers={"zdelay_key": "t"})
+    assert parked.id == on
+    assert _parked(redis_client, 4) == 1

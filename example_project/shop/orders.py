@@ -26,11 +26,18 @@ class Payment:
     cancel_task_removed: bool
 
 
+def cancel_key(order_id: int) -> str:
+    """The key of an order's cancel task: at most one is parked per order."""
+    return f"cancel-unpaid:{order_id}"
+
+
 def place_order(customer: str, total_cents: int) -> Order:
     """Create an order and park the task that cancels it if it stays unpaid.
 
     The task is parked when the transaction commits, due at the end of the
-    payment window; if the transaction rolls back, nothing is parked.
+    payment window; if the transaction rolls back, nothing is parked. Its key
+    keeps one cancel task per order however often it is parked (a retried
+    commit hook, a repair job), and its tag finds it by order.
     """
     with transaction.atomic():
         now = timezone.now()
@@ -40,7 +47,12 @@ def place_order(customer: str, total_cents: int) -> Order:
             created_at=now,
             pay_by=now + settings.SHOP_PAYMENT_WINDOW,
         )
-        result = cancel_unpaid.apply_delayed_on_commit((order.pk,), eta=order.pay_by)
+        result = cancel_unpaid.apply_delayed_on_commit(
+            (order.pk,),
+            eta=order.pay_by,
+            key=cancel_key(order.pk),
+            tags=[f"order:{order.pk}"],
+        )
         order.cancel_task_id = result.id
         order.save(update_fields=["cancel_task_id"])
     return order
