@@ -18,6 +18,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -233,3 +234,61 @@ def test_an_edit_or_a_disable_in_the_database_takes_effect_within_the_bound(
     wait_for(lambda: time.monotonic() > time_limit, timeout=EDIT_BOUND_S + 10, interval=0.5)
     late = [r for r in _runs_with(runs, "after") if r["wall"] > disabled_at + EDIT_BOUND_S]
     assert late == []
+
+
+def _occurrence_s(task_id: str) -> float:
+    """The occurrence time an id names (``periodic:<name>:v<n>:<ISO time>Z``), epoch s."""
+    stamp = task_id.rsplit(":v", 1)[1].split(":", 1)[1]
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_the_switch_from_celery_beat_goes_on_from_last_run_at(
+    make_test_app: AppFactory,
+    database: str,
+    processes: list[CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    # Given a row that celery beat -S django last sent 2 s ago, every 6 s,
+    # and a one_off row that never ran
+    last_run = time.time() - 2
+    _add_interval_row(database, "switched", 6, ["switched"], task="tests.record")
+    _add_interval_row(database, "once only", 1, ["once"], task="tests.record", one_off=True)
+    _django(
+        database,
+        f"""
+        from datetime import datetime, timezone
+        from django_celery_beat.models import PeriodicTask
+        PeriodicTask.objects.filter(name="switched").update(
+            last_run_at=datetime.fromtimestamp({last_run!r}, timezone.utc)
+        )
+        """,
+    )
+    app = make_test_app(conf={"zdelay_beat": True})
+    worker(app)
+    # When the companions take over
+    _companion(app, processes, database, "--beat", "-S", "django")
+    wait_for(lambda: _runs_with(runs, "switched"), timeout=60, message="the row's first tick")
+
+    # Then its first tick is beat's last run plus one period: none lost, none doubled
+    (first,) = _runs_with(runs, "switched")[:1]
+    assert abs(_occurrence_s(first["id"]) - (last_run + 6)) < 0.01
+    # And the one_off row runs once, then is disabled, as django-celery-beat does
+    wait_for(lambda: _runs_with(runs, "once"), timeout=60, message="the one-off run")
+    wait_for(
+        lambda: (
+            not _django(
+                database,
+                """
+            from django_celery_beat.models import PeriodicTask
+            print(json.dumps(PeriodicTask.objects.get(name="once only").enabled))
+            """,
+            )
+        ),
+        timeout=30,
+        interval=0.5,
+        message="the one_off row disabled",
+    )
+    settle = time.monotonic() + 3
+    wait_for(lambda: time.monotonic() > settle, timeout=10, interval=0.5)
+    assert len(_runs_with(runs, "once")) == 1

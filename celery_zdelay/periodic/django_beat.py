@@ -12,10 +12,12 @@ checked on every reconcile of the periodic server.
 
 What is kept as django-celery-beat keeps it: ``last_run_at`` and
 ``total_run_count`` of a row are updated when one of its occurrences is
-released, so the admin stays true. A row that cannot be served (an unknown
-task, bad JSON in ``args``, a kind of schedule or option not served yet:
-clocked, one-off, start/end times, a crontab in another time zone than the
-app's) is reported by name and skipped; the others are served.
+released, so the admin stays true. A crontab's time zone, ``start_time``,
+``expires`` and ``one_off`` become the periodic options ``zdelay_timezone``,
+``zdelay_start``, ``zdelay_end`` and ``zdelay_one_off``. A row that cannot
+be served (an unknown task, bad JSON in ``args``, an unknown time zone, a
+clocked schedule, not served yet) is reported by name and skipped; the
+others are served.
 
 Only imported when that scheduler is configured: django-celery-beat and
 Django are optional.
@@ -79,6 +81,8 @@ class DjangoBeatSource:
         self._read_once = False
         #: Definition name -> the row's primary key.
         self._rows: dict[str, int] = {}
+        #: Names of the one_off rows, disabled after their run as django-celery-beat does.
+        self._one_off: set[str] = set()
         #: Definition name -> the row's last_run_at, epoch ms (rows that ran).
         self._last_runs: dict[str, int] = {}
 
@@ -103,6 +107,7 @@ class DjangoBeatSource:
         definitions: list[Definition] = []
         errors: dict[str, str] = {}
         rows: dict[str, int] = {}
+        one_off: set[str] = set()
         last_runs: dict[str, int] = {}
         query = PeriodicTask.objects.filter(enabled=True).select_related(
             "interval", "crontab", "solar", "clocked"
@@ -118,11 +123,14 @@ class DjangoBeatSource:
             try:
                 definitions.append(self._definition(row, name, known))
                 rows[name] = row.pk
+                if row.one_off:
+                    one_off.add(name)
                 if row.last_run_at is not None:
                     last_runs[name] = round(row.last_run_at.timestamp() * 1000)
             except ConfigurationError as exc:
                 errors[name] = str(exc)
         self._rows = rows
+        self._one_off = one_off
         self._last_runs = last_runs
         self._read_once = True
         return definitions, errors
@@ -139,9 +147,11 @@ class DjangoBeatSource:
         """Record released occurrences (definition name -> occurrence ms) on their rows.
 
         As django-celery-beat does after it sends a task: ``last_run_at`` and
-        ``total_run_count``. Updated with ``QuerySet.update``, which sends no
-        ``post_save``, so the change marker does not move and the schedule is
-        not read again for it.
+        ``total_run_count``, and a ``one_off`` row disabled. Updated with
+        ``QuerySet.update``, which sends no ``post_save``: the change marker
+        does not move, so the schedule is not read again for a run (a
+        disabled one-off row is dropped at the next edit or restart; it has
+        run its one run already).
         """
         from django.db import close_old_connections
         from django.db.models import F
@@ -152,10 +162,13 @@ class DjangoBeatSource:
             pk = self._rows.get(name)
             if pk is None:
                 continue
-            PeriodicTask.objects.filter(pk=pk).update(
-                last_run_at=datetime.fromtimestamp(occurrence_ms / 1000, tz=timezone.utc),
-                total_run_count=F("total_run_count") + 1,
-            )
+            changes: dict[str, Any] = {
+                "last_run_at": datetime.fromtimestamp(occurrence_ms / 1000, tz=timezone.utc),
+                "total_run_count": F("total_run_count") + 1,
+            }
+            if name in self._one_off:
+                changes["enabled"] = False
+            PeriodicTask.objects.filter(pk=pk).update(**changes)
 
     def _definition(self, row: Any, name: str, known: set[str]) -> Definition:
         where = f"django-celery-beat row {row.name!r}"
@@ -167,15 +180,15 @@ class DjangoBeatSource:
             "options": self._options(row, where),
         }
         if row.one_off:
-            raise ConfigurationError(
-                f"{where}: one_off rows (one run, then disabled) are not served by "
-                "celery-zdelay yet; park the task with apply_delayed(eta=...) instead."
-            )
-        if row.start_time is not None or row.expires is not None:
-            raise ConfigurationError(
-                f"{where}: start_time and expires (a schedule window) are not served by "
-                "celery-zdelay yet; clear them or keep this row on celery beat."
-            )
+            # django-celery-beat disables the row after its run; here it is
+            # counted once across companions (zdelay_one_off).
+            entry["zdelay_one_off"] = True
+        if row.start_time is not None:
+            entry["zdelay_start"] = row.start_time
+        if row.expires is not None:
+            entry["zdelay_end"] = row.expires
+        if row.crontab is not None and str(row.crontab.timezone) != str(self.app.timezone):
+            entry["zdelay_timezone"] = str(row.crontab.timezone)
         return from_beat_entry(name, entry, known_tasks=known, source=SOURCE_CONFIG)
 
     def _schedule(self, row: Any, where: str) -> Any:
@@ -188,12 +201,6 @@ class DjangoBeatSource:
             return seconds
         if row.crontab is not None:
             cron = row.crontab
-            zone = str(cron.timezone)
-            if zone != str(self.app.timezone):
-                raise ConfigurationError(
-                    f"{where}: its crontab's time zone {zone} differs from the app's "
-                    f"({self.app.timezone}); per-schedule time zones are not served yet."
-                )
             try:
                 return crontab(
                     minute=cron.minute,
