@@ -333,6 +333,7 @@ class Store:
         advance_ms: int = 0,
         companion_id: str = "",
         with_ids: bool = False,
+        held_dests: Iterable[str] = (),
     ) -> ClaimResult:
         """Recover expired leases, then hand due entries off to the broker's lists.
 
@@ -341,6 +342,8 @@ class Store:
         dead-lettered (:attr:`ClaimResult.dead`, reasons naming *companion_id*).
         With *with_ids* the ids handed off are returned too
         (:attr:`ClaimResult.handed_ids`), for the audit trail and periodic runs.
+        Entries for the queue lists *held_dests* (paused or rate-limited
+        queues) are leased instead, for the companion's gate.
         """
         keys = self._keys[shard]
         reply = self._after_recover(
@@ -367,6 +370,7 @@ class Store:
                 advance_ms,
                 companion_id,
                 "1" if with_ids else "0",
+                "\n".join(held_dests),
             ],
         )
         n_leased, n_dead = int(reply[5]), int(reply[6])
