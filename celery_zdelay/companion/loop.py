@@ -481,9 +481,13 @@ class Companion:
                 order = gate.first_held(name, lane_shards, self.batch_size)
                 wanted = len(order)
                 if not wanted:
+                    # Only held sets this companion knows of: a limit with
+                    # nothing held costs a peek per shard, no write.
                     for shard in lane_shards:
-                        if gate.control.forget_lane(shard, name):
-                            gate.lanes.get(shard, set()).discard(name)
+                        if name in gate.lanes.get(shard, ()) and gate.control.forget_lane(
+                            shard, name
+                        ):
+                            gate.lanes[shard].discard(name)
                     break
                 granted = wanted
                 if limit is not None:
