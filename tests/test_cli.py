@@ -670,9 +670,9 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[
 
 def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
     paths = list(_commands(zdelay))
-    # zdelay, cancel, dead, dead list|purge|requeue, list, reschedule, status, web,
-    # periodic, periodic add|list|pause|remove|resume|run|sync
-    assert len(paths) == 18
+    # zdelay, cancel, dead, dead list|purge|requeue, limit, list, pause, reschedule,
+    # resume, status, web, periodic, periodic add|list|pause|remove|resume|run|sync
+    assert len(paths) == 21
 
     for path in paths:
         result = run(app, *path, "--help")
