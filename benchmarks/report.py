@@ -410,6 +410,33 @@ def _idle_verdicts(results: dict[str, Any]) -> list[Verdict]:
     ]
 
 
+def _ratelimit_verdicts(results: dict[str, Any]) -> list[Verdict]:
+    """Release control (issue 24): the rate a global limit achieves, at the broker."""
+    entry = results.get("ratelimit")
+    what = "rate limit 200/s, 3 companions, 4 shards: achieved"
+    target = "within 5 % per 5 s window, never over the burst"
+    if not entry:
+        return []
+    if "error" in entry:
+        return [_missing("RL", what, target, entry["error"])]
+    met = entry["window_max_error_pct"] <= 5 and entry["most_in_window"] <= entry["window_bound"]
+    return [
+        Verdict(
+            "RL",
+            what,
+            f"{entry['achieved_per_s']:,.1f}/s",
+            f"worst 5 s window {entry['window_max_error_pct']:.1f} % off; most in any 5 s "
+            f"{entry['most_in_window']:,} (bound {entry['window_bound']:,}); unlimited queue: "
+            f"{entry['free_arrived']:,}/{entry['free_n']:,}, last "
+            f"{entry['free_last_after_first_limited_s']} s after the first limited",
+            target,
+            "met" if met else "missed",
+            "",
+            f"N={entry['n']:,}",
+        )
+    ]
+
+
 _VERDICTS: list[Callable[[dict[str, Any]], list[Verdict]]] = [
     _release_verdicts,
     _limit_verdicts,
@@ -418,6 +445,7 @@ _VERDICTS: list[Callable[[dict[str, Any]], list[Verdict]]] = [
     _producer_verdicts,
     _memory_verdicts,
     _idle_verdicts,
+    _ratelimit_verdicts,
 ]
 
 

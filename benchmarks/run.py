@@ -108,6 +108,12 @@ def _idle(sizes: Sizes) -> dict[str, Any]:
     return run_idle(sizes)
 
 
+def _ratelimit(sizes: Sizes) -> dict[str, Any]:
+    from .ratelimit import run_ratelimit
+
+    return run_ratelimit(sizes)
+
+
 def _web(sizes: Sizes) -> dict[str, Any]:
     from .web import run_web, table
 
@@ -129,6 +135,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "idle": ("P8", _idle),
     "contention": ("scale-out: several companions, shard leases", _contention),
     "beat": ("periodic: companion vs celery beat, failover", _beat),
+    "ratelimit": ("release control: achieved rate vs a global limit", _ratelimit),
     "web": ("dashboard pages over 1,000,000 parked", _web),
 }
 

@@ -470,9 +470,10 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[
 
 def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
     paths = list(_commands(zdelay))
-    # zdelay, cancel, dead, dead list|purge|requeue, list, repair, reschedule,
-    # status, web, periodic, periodic add|list|pause|remove|resume|run|sync
-    assert len(paths) == 19
+    # zdelay, cancel, dead, dead list|purge|requeue, limit, list, pause, repair,
+    # reschedule, resume, status, web, periodic,
+    # periodic add|list|pause|remove|resume|run|sync
+    assert len(paths) == 22
 
     for path in paths:
         result = run(app, *path, "--help")

@@ -52,16 +52,17 @@ def test_a_limit_holds_across_three_companions_and_four_shards_and_spares_other_
     for _ in range(3):
         companion(app)
 
-    # When 300 emails and 300 unlimited tasks fall due within 300 ms
-    instant = datetime.now(timezone.utc) + timedelta(seconds=1.5)
-    emails = [
-        record.apply_delayed((i,), eta=instant + timedelta(milliseconds=i), queue="emails")
-        for i in range(300)
-    ]
-    others = [record.apply_delayed((i,), eta=instant) for i in range(300)]
-    due_ms = {r.id: round((instant.timestamp()) * 1000) + i for i, r in enumerate(emails)}
-
+    # (the tap runs before anything can be due: parking takes seconds on a
+    # loaded machine, and a backlog taken at once would look like a burst)
     with BrokerTap(redis_client, "emails", "celery") as tap:
+        # When 300 emails and 300 unlimited tasks fall due within 300 ms
+        instant = datetime.now(timezone.utc) + timedelta(seconds=1.5)
+        emails = [
+            record.apply_delayed((i,), eta=instant + timedelta(milliseconds=i), queue="emails")
+            for i in range(300)
+        ]
+        others = [record.apply_delayed((i,), eta=instant) for i in range(300)]
+        due_ms = {r.id: round(instant.timestamp() * 1000) + i for i, r in enumerate(emails)}
         released = tap.wait_for("emails", 300, timeout=60)
         time.sleep(0.3)  # a duplicate would arrive right behind the last one
         unlimited = tap.of("celery")
@@ -209,6 +210,33 @@ def test_with_nothing_configured_the_atomic_handoff_is_kept(
     assert not comp.gate.active
     assert report.handed_off == 20
     assert report.published == 0
+
+
+def test_with_a_limit_on_one_queue_the_others_keep_the_atomic_handoff(
+    make_test_app: AppFactory, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a limit on emails only, and due tasks on both queues
+    app = _app(make_test_app, zdelay_rate_limits={"queue:emails": "1/m"})
+    record = app.tasks["tests.record"]
+    for i in range(20):
+        record.apply_delayed((i,), countdown=0)
+        record.apply_delayed((i,), countdown=0, queue="emails")
+
+    # When a companion releases
+    with Companion(app) as comp:
+        leased: list[int] = []
+        claim = comp.store.claim
+        monkeypatch.setattr(
+            comp.store, "claim", lambda *a, **kw: leased.append(1) or claim(*a, **kw)
+        )
+        report = comp.release_due()
+
+    # Then the unlimited queue went through handoff.lua, never the lease-all claim,
+    # and only the emails were held
+    assert leased == []
+    assert redis_client.llen("celery") == 20
+    assert redis_client.llen("emails") == 1
+    assert report.held == {"queue:emails": 20}
 
 
 def test_held_entries_stay_parked_in_redis_not_in_the_companion(

@@ -19,9 +19,11 @@ import heapq
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from ..entry import TaskMessage
 from ..rates import RateLimit
+from ..redis_layout import RedisLayout
 from ..store import Store
 from ..store.control import ControlStore
 
@@ -58,11 +60,34 @@ class Gate:
         self.lanes: dict[int, set[str]] = {}
         self._read_at: float | None = None
         self._logged: dict[str, str] = {}
+        self._held_dests: tuple[Any, list[str]] | None = None
 
     @property
     def active(self) -> bool:
         """Whether any limit or pause applies: then each claimed entry is checked."""
         return bool(self.limits or self.paused)
+
+    @property
+    def by_task(self) -> bool:
+        """Whether a task name is limited or paused: the handoff cannot tell tasks apart."""
+        return any(name.startswith("task:") for name in (*self.limits, *self.paused))
+
+    def held_dests(self, layout: RedisLayout) -> list[str]:
+        """Return the Redis broker lists of the limited and paused queues, every priority."""
+        key = (id(layout), frozenset(self.limits), frozenset(self.paused))
+        if self._held_dests is not None and self._held_dests[0] == key:
+            return self._held_dests[1]
+        # Every priority a message may have (kombu's are 0-9), mapped to its step.
+        dests = sorted(
+            {
+                layout.list_key(name[len("queue:") :], priority)
+                for name in (*self.limits, *self.paused)
+                if name.startswith("queue:")
+                for priority in (None, *range(10))
+            }
+        )
+        self._held_dests = (key, dests)
+        return dests
 
     @property
     def watching(self) -> bool:

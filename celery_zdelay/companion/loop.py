@@ -366,9 +366,12 @@ class Companion:
         # With signing on, every entry is leased and verified in Python first
         # (then pushed atomically by push.lua): handoff.lua cannot check an
         # HMAC, so it must not see entries before they are verified.
-        # With a limit or pause on, every entry is leased and checked by the
-        # gate first: handoff.lua would push an entry it must hold.
-        if self._handoff is not None and not self.config.signing_keys and not self.gate.active:
+        # With a limit or pause on a queue, handoff.lua leases that queue's
+        # entries for the gate and hands the others off; with one on a task
+        # name (which handoff.lua does not read) every entry is leased.
+        gate = self.gate
+        if self._handoff is not None and not self.config.signing_keys and not gate.by_task:
+            held_dests = gate.held_dests(self._handoff.layout) if gate.active else []
             return self.store.handoff(
                 shard,
                 dests=self._handoff.dests(self.store, shard, refresh=fresh),
@@ -379,6 +382,7 @@ class Companion:
                 advance_ms=advance_ms,
                 companion_id=self.id,
                 with_ids=self.config.audit_log or self._occurrence_due(advance_ms),
+                held_dests=held_dests,
             )
         return self.store.claim(
             shard, limit=self.batch_size, lease_ms=self.lease_ms, advance_ms=advance_ms
@@ -485,9 +489,13 @@ class Companion:
                 order = gate.first_held(name, lane_shards, self.batch_size)
                 wanted = len(order)
                 if not wanted:
+                    # Only held sets this companion knows of: a limit with
+                    # nothing held costs a peek per shard, no write.
                     for shard in lane_shards:
-                        if gate.control.forget_lane(shard, name):
-                            gate.lanes.get(shard, set()).discard(name)
+                        if name in gate.lanes.get(shard, ()) and gate.control.forget_lane(
+                            shard, name
+                        ):
+                            gate.lanes[shard].discard(name)
                     break
                 granted = wanted
                 if limit is not None:
@@ -511,6 +519,13 @@ class Companion:
                         self._release_leased(shard, result, report, claimed_at, passed=name)
                 if limit is not None:
                     gate.control.give_back(name, limit, granted - claimed)
+                logger.debug(
+                    "%s: %d of the first %d held entries granted, %d claimed",
+                    name,
+                    granted,
+                    wanted,
+                    claimed,
+                )
                 if granted < self.batch_size or claimed < granted:
                     break
 

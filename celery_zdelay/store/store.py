@@ -378,6 +378,7 @@ class Store:
         advance_ms: int = 0,
         companion_id: str = "",
         with_ids: bool = False,
+        held_dests: Iterable[str] = (),
     ) -> ClaimResult:
         """Recover expired leases, then hand due entries off to the broker's lists.
 
@@ -386,6 +387,8 @@ class Store:
         dead-lettered (:attr:`ClaimResult.dead`, reasons naming *companion_id*).
         With *with_ids* the ids handed off are returned too
         (:attr:`ClaimResult.handed_ids`), for the audit trail and periodic runs.
+        Entries for the queue lists *held_dests* (paused or rate-limited
+        queues) are leased instead, for the companion's gate.
         """
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "recover", "handoff")
@@ -415,6 +418,7 @@ class Store:
                 advance_ms,
                 companion_id,
                 "1" if with_ids else "0",
+                "\n".join(held_dests),
             ],
         )
         n_leased, n_dead = int(reply[5]), int(reply[6])

@@ -29,6 +29,9 @@
 -- ARGV[7] companion id, written into dead-letter reasons
 -- ARGV[8] "1": return the id of each entry handed off too (zdelay_audit_log,
 --         periodic runs); anything else: their due scores only
+-- ARGV[9] queue list keys of paused or rate-limited queues, joined by "\n"
+--         (empty: none): their entries are leased, for the companion's gate
+--         to hold, instead of handed off
 -- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, needs_dests,
 --          n_leased, n_dead, id, due_score, payload (n_leased times),
 --          id, reason JSON (n_dead times), [id of each entry handed off,]
@@ -50,6 +53,8 @@ local expiry = now_ms + lease_ms
 
 local known = {}
 for i = 9, #KEYS - 2 do known[KEYS[i]] = true end
+local held_dests = {}
+for dest in string.gmatch(ARGV[9] or '', '[^\n]+') do held_dests[dest] = true end
 
 -- What each queue list key holds now: a key of another type would make
 -- LPUSH fail after entries were removed from the due set.
@@ -106,6 +111,7 @@ local last_dest, last_list
 for j = 1, #claimed / 2 do
   local id, score, payload = claimed[2 * j - 1], claimed[2 * j], payloads[j]
   local dest, template, rest, tid = destination(payload)
+  if dest and held_dests[dest] then dest = nil end
   if dest and not known[dest] and not fresh then
     -- Stop here, leaving this entry and later ones parked, so the caller can
     -- reread the dests set and keep the release order.
