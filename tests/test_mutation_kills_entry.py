@@ -311,3 +311,24 @@ def test_template_ids_are_content_hashes() -> None:
     _, again = _park(_message(task_id="t-2"))
     assert again.keys() == templates.keys()
     assert isinstance(Template(id="x", record=b""), Template)
+
+
+def test_a_message_without_a_task_id_is_refused_as_damaged() -> None:
+    message = _message()
+    del message.headers["id"]
+    payload, templates = _park(message)
+    with pytest.raises(EntryError, match="no task id header"):
+        decode_entry(payload, templates=templates.get)
+
+
+def test_a_template_holds_up_to_127_values_each_marked_by_one_byte() -> None:
+    # A marker is NUL and the value's number as one byte: numbers stay below
+    # 128 so that the marker is one byte in UTF-8 too. Fewer would only make
+    # more messages single-part; the bound is pinned as documented.
+    assert MAX_VARIABLES == 127
+    base = _values(_message())
+    message = _message(**{f"h{i}": f"v{i}" for i in range(127 - base)})
+    payload, templates = _park(message)
+    (record,) = templates.values()
+    assert b"\x00\x7f" in record
+    _same(decode_entry(payload, templates=templates.get), message)
