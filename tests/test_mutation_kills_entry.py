@@ -332,3 +332,10 @@ def test_a_template_holds_up_to_127_values_each_marked_by_one_byte() -> None:
     (record,) = templates.values()
     assert b"\x00\x7f" in record
     _same(decode_entry(payload, templates=templates.get), message)
+
+
+def test_priority_zero_reads_back_as_zero_not_as_a_default() -> None:
+    message = _message()
+    message.priority = 0
+    payload, templates = _park(message)
+    assert decode_entry(payload, templates=templates.get).priority == 0
