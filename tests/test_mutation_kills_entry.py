@@ -339,3 +339,22 @@ def test_priority_zero_reads_back_as_zero_not_as_a_default() -> None:
     message.priority = 0
     payload, templates = _park(message)
     assert decode_entry(payload, templates=templates.get).priority == 0
+
+
+def test_an_envelope_without_a_priority_reads_as_priority_zero() -> None:
+    payload, templates = _park(_message())
+    single = expand_entry(payload, templates.get)
+    meta_line, _, head = single.partition(b"\n")
+    assert b'"priority":3,' in head
+    head = head.replace(b'"priority":3,', b"")
+    meta = {**json.loads(meta_line), "n": len(head)}
+    assert decode_entry(json.dumps(meta).encode() + b"\n" + head).priority == 0
+
+
+def test_encoding_options_are_keyword_only_and_templates_are_frozen() -> None:
+    with pytest.raises(TypeError):
+        encode_entry(_message(), "orders")  # type: ignore[misc]
+    _, template = encode_entry(_message())
+    assert template is not None
+    with pytest.raises(AttributeError):
+        template.record = b"forged"  # type: ignore[misc]
