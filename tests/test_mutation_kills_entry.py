@@ -358,3 +358,30 @@ def test_encoding_options_are_keyword_only_and_templates_are_frozen() -> None:
     assert template is not None
     with pytest.raises(AttributeError):
         template.record = b"forged"  # type: ignore[misc]
+
+
+def test_a_whole_message_expands_to_the_single_part_form() -> None:
+    message = _message()
+    payload, route = encode_entry(message, dest="orders", layout="L1", whole=True)
+    assert route is not None
+    single = expand_entry(payload, {route.id: route.record}.get)
+    assert single.startswith(b'{"v":1,"n":')
+    _same(decode_entry(single), message)
+
+
+def test_a_value_repeated_right_after_itself_is_stored_once() -> None:
+    message = _message(x1="dup-value", x2="dup-value")
+    payload, templates = _park(message)
+    assert payload.count(b'"dup-value"') == 1
+    _same(decode_entry(payload, templates=templates.get), message)
+
+
+def test_a_body_that_is_not_strict_base64_is_refused_as_damaged() -> None:
+    payload, templates = _park(_message())
+    single = expand_entry(payload, templates.get)
+    meta_line, _, head = single.partition(b"\n")
+    body = json.loads(head + b'x"}}')["body"]
+    broken = head.replace(body.encode(), body[:4].encode() + b"*" + body[4:].encode())
+    meta = {**json.loads(meta_line), "n": len(broken)}
+    with pytest.raises(EntryError, match="damaged payload"):
+        decode_entry(json.dumps(meta).encode() + b"\n" + broken)
