@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds[target.name] = round(time.monotonic() - started, 1)
         counted = [r for r in found if r["killed"] is not None]
         killed = sum(1 for r in counted if r["killed"])
+        # Written after each target, so a run cut short still leaves a report.
+        write(args.out, records, seconds)
         print(
             f"{target.name}: {killed}/{len(counted)} killed in {seconds[target.name]:.0f}s",
             flush=True,

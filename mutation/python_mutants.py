@@ -27,7 +27,7 @@ from .run import pytest_command
 from .targets import Target
 from .tree import test_env
 
-__all__ = ["KEPT_OPERATORS", "run_module"]
+__all__ = ["KEPT_OPERATORS", "records_of", "run_module"]
 
 KEPT_OPERATORS = (
     *(
@@ -157,6 +157,11 @@ def run_module(target: Target, tree: Path, *, timeout_s: float) -> list[dict[str
     _cli(tree, "cr-filter-pragma", str(session))
     _skip_annotations(tree / target.path, session)
     _cli(tree, "cosmic-ray", "exec", str(config), str(session))
+    return records_of(target, tree, session)
+
+
+def records_of(target: Target, tree: Path, session: Path) -> list[dict[str, Any]]:
+    """One record per mutant cosmic-ray has run in *session* (also of a run cut short)."""
     records = []
     for line in _cli(tree, "cosmic-ray", "dump", str(session)).splitlines():
         item, result = json.loads(line)

@@ -311,3 +311,77 @@ def test_template_ids_are_content_hashes() -> None:
     _, again = _park(_message(task_id="t-2"))
     assert again.keys() == templates.keys()
     assert isinstance(Template(id="x", record=b""), Template)
+
+
+def test_a_message_without_a_task_id_is_refused_as_damaged() -> None:
+    message = _message()
+    del message.headers["id"]
+    payload, templates = _park(message)
+    with pytest.raises(EntryError, match="no task id header"):
+        decode_entry(payload, templates=templates.get)
+
+
+def test_a_template_holds_up_to_127_values_each_marked_by_one_byte() -> None:
+    # A marker is NUL and the value's number as one byte: numbers stay below
+    # 128 so that the marker is one byte in UTF-8 too. Fewer would only make
+    # more messages single-part; the bound is pinned as documented.
+    assert MAX_VARIABLES == 127
+    base = _values(_message())
+    message = _message(**{f"h{i}": f"v{i}" for i in range(127 - base)})
+    payload, templates = _park(message)
+    (record,) = templates.values()
+    assert b"\x00\x7f" in record
+    _same(decode_entry(payload, templates=templates.get), message)
+
+
+def test_priority_zero_reads_back_as_zero_not_as_a_default() -> None:
+    message = _message()
+    message.priority = 0
+    payload, templates = _park(message)
+    assert decode_entry(payload, templates=templates.get).priority == 0
+
+
+def test_an_envelope_without_a_priority_reads_as_priority_zero() -> None:
+    payload, templates = _park(_message())
+    single = expand_entry(payload, templates.get)
+    meta_line, _, head = single.partition(b"\n")
+    assert b'"priority":3,' in head
+    head = head.replace(b'"priority":3,', b"")
+    meta = {**json.loads(meta_line), "n": len(head)}
+    assert decode_entry(json.dumps(meta).encode() + b"\n" + head).priority == 0
+
+
+def test_encoding_options_are_keyword_only_and_templates_are_frozen() -> None:
+    with pytest.raises(TypeError):
+        encode_entry(_message(), "orders")  # type: ignore[misc]
+    _, template = encode_entry(_message())
+    assert template is not None
+    with pytest.raises(AttributeError):
+        template.record = b"forged"  # type: ignore[misc]
+
+
+def test_a_whole_message_expands_to_the_single_part_form() -> None:
+    message = _message()
+    payload, route = encode_entry(message, dest="orders", layout="L1", whole=True)
+    assert route is not None
+    single = expand_entry(payload, {route.id: route.record}.get)
+    assert single.startswith(b'{"v":1,"n":')
+    _same(decode_entry(single), message)
+
+
+def test_a_value_repeated_right_after_itself_is_stored_once() -> None:
+    message = _message(x1="dup-value", x2="dup-value")
+    payload, templates = _park(message)
+    assert payload.count(b'"dup-value"') == 1
+    _same(decode_entry(payload, templates=templates.get), message)
+
+
+def test_a_body_that_is_not_strict_base64_is_refused_as_damaged() -> None:
+    payload, templates = _park(_message())
+    single = expand_entry(payload, templates.get)
+    meta_line, _, head = single.partition(b"\n")
+    body = json.loads(head + b'x"}}')["body"]
+    broken = head.replace(body.encode(), body[:4].encode() + b"*" + body[4:].encode())
+    meta = {**json.loads(meta_line), "n": len(broken)}
+    with pytest.raises(EntryError, match="damaged payload"):
+        decode_entry(json.dumps(meta).encode() + b"\n" + broken)

@@ -66,3 +66,21 @@ def test_giving_up_frees_only_ones_own_shard_at_once(
     assert store.own(0, "alpha", "release", lease_ms=LEASE_MS) is False
     assert store.owner(0) is None
     assert store.own(0, "beta", "acquire", lease_ms=LEASE_MS) is True
+
+
+def test_the_script_replies_exactly_one_or_zero_as_its_header_says(app: Celery) -> None:
+    # Store.own() reads only the truth of the reply; the script's own
+    # contract (1 when owned after the call, else 0) is pinned here.
+    store = store_for(app)
+    owner_key = shard_keys("zdelay", 0).owner
+
+    def own(companion: str, action: str) -> object:
+        return store.scripts.own(
+            keys=[owner_key], args=[companion, action, LEASE_MS], client=store.client
+        )
+
+    assert own("alpha", "acquire") == 1
+    assert own("beta", "acquire") == 0
+    assert own("alpha", "renew") == 1
+    assert own("alpha", "release") == 0
+    assert own("alpha", "renew") == 0
