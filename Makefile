@@ -26,7 +26,7 @@ MATRIX_ENVS ?= py310-celery53-core,py311-celery54-core,py312-celery55-core,py313
 STORE_SERVERS ?= redis-6.2 valkey-8
 STORE_TESTS ?= tests/test_store_servers.py tests/test_release.py tests/test_cancel_reschedule.py \
 	tests/test_handoff.py tests/test_admin.py tests/test_hardening_store.py tests/test_testing_plugin.py
-LINTED := celery_zdelay tests example_project benchmarks docs/examples
+LINTED := celery_zdelay tests example_project benchmarks docs/examples mutation
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
