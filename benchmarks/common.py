@@ -40,7 +40,8 @@ class Sizes:
     lateness_rate: int
     #: P4: tasks due at one instant.
     burst_n: int
-    #: P5: calls per round and rounds of the per-call comparison; bulk tasks.
+    #: P5: calls per round and rounds (at least five, interleaved A, B, A, B...)
+    #: of the per-call and bulk comparisons; bulk tasks in all.
     call_n: int
     call_rounds: int
     bulk_n: int
@@ -55,6 +56,31 @@ class Sizes:
         return asdict(self)
 
 
+def spread(values: list[float], *, digits: int = 3) -> dict[str, Any]:
+    """The median of *values* with its spread (min, max, interquartile range).
+
+    Ratios are reported this way: one round's ratio on a shared machine moves
+    by ±20 %, the median of interleaved rounds with its spread beside it can be
+    compared across runs.
+    """
+    ordered = sorted(values)
+    quartiles = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else ordered * 3
+    return {
+        "median": round(statistics.median(ordered), digits),
+        "min": round(ordered[0], digits),
+        "max": round(ordered[-1], digits),
+        "q1": round(quartiles[0], digits),
+        "q3": round(quartiles[2], digits),
+        "rounds": [round(v, digits) for v in values],
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The *q* quantile (0..1) of *values*, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
 QUICK = Sizes(
     release_n=5_000,
     release_rabbit_n=3_000,
@@ -65,8 +91,8 @@ QUICK = Sizes(
     lateness_seconds=3.0,
     lateness_rate=1_000,
     burst_n=10_000,
-    call_n=500,
-    call_rounds=3,
+    call_n=300,
+    call_rounds=5,
     bulk_n=5_000,
     memory_n=5_000,
     idle_seconds=3.0,
@@ -84,7 +110,7 @@ FULL = Sizes(
     lateness_rate=1_000,
     burst_n=100_000,
     call_n=2_000,
-    call_rounds=5,
+    call_rounds=7,
     bulk_n=100_000,
     memory_n=100_000,
     idle_seconds=30.0,

@@ -2,12 +2,14 @@
 
 Per call
     ``noop.apply_delayed(args, countdown=3600)`` against
-    ``noop.apply_async(args, countdown=3600)``, both to the same private Redis
-    (broker = store), one call at a time as application code makes them.
-    ``call_n`` calls of each, alternating which goes first, for ``call_rounds``
-    rounds; the per-call time of each is the median over rounds, and the ratio
-    is taken between those medians. Both paths are warmed up first (connections,
-    script loading).
+    ``noop.apply_async(args, countdown=3600)``, one call at a time as
+    application code makes them, once with the broker on the store's Redis and
+    once with RabbitMQ as the broker (store on Redis; skipped when RabbitMQ is
+    unreachable). ``call_rounds`` rounds (at least five) of ``call_n`` calls
+    of each, interleaved (A, B, B, A, ...), each call timed alone; per round
+    the p50 and p90 of each path and their ratios. Reported: the median of
+    each ratio over the rounds with its spread (min-max, IQR). Both paths are
+    warmed up first (connections, script loading).
 
 Bulk
     ``bulk_n`` tasks on each path, 1,000 calls per block, on one Redis:
@@ -24,6 +26,10 @@ Bulk
       before it encodes and parks (``create_task_message``, the publish
       signals and kombu's serialization per call), with nothing parked.
 
+    Bulk against Celery, interleaved: ``call_rounds`` rounds of
+    ``apply_delayed_many`` and ``celery build`` alternately; the ratio of
+    their rates per round, its median and spread (``bulk_rounds``).
+
     Rate = tasks / wall time; CPU time of this process per task
     (``time.process_time``); Redis time per task from ``INFO commandstats``
     (EVALSHA, and every command), reset before each path.
@@ -36,11 +42,22 @@ import statistics
 import time
 from typing import Any
 
+from kombu import Connection
+
 import celery_zdelay
 from celery_zdelay.bulk import build_messages
 
-from .common import PARK_CHUNK, Sizes
-from .infra import MachineLoad, Resources, commands_per_task, reset_stats, script_stats
+from .common import PARK_CHUNK, Sizes, percentile, spread
+from .infra import (
+    RABBITMQ_URL,
+    MachineLoad,
+    Resources,
+    commands_per_task,
+    rabbitmq_version,
+    reset_stats,
+    script_stats,
+    unique,
+)
 from .proj import make_app
 
 #: The least a script parking N messages in a ZSet+hash does, one round trip.
@@ -63,48 +80,23 @@ def run_producer(sizes: Sizes) -> dict[str, Any]:
         url = f"{server.url}/0"
         app = make_app(broker=url, store=url)
         res.callback(app.close)
-        noop = app.tasks["bench.noop"]
+        per_call = _per_call(app, sizes)
 
-        def delayed(n: int, offset: int) -> float:
-            started = time.perf_counter()
-            for seq in range(offset, offset + n):
-                noop.apply_delayed((seq, 0), countdown=3600)
-            return (time.perf_counter() - started) / n
-
-        def plain(n: int, offset: int) -> float:
-            started = time.perf_counter()
-            for seq in range(offset, offset + n):
-                noop.apply_async((seq, 0), countdown=3600)
-            return (time.perf_counter() - started) / n
-
-        delayed(200, 0)
-        plain(200, 0)
-        load = MachineLoad()
-        per_call: dict[str, list[float]] = {"apply_delayed": [], "apply_async": []}
-        offset = 1000
-        for round_no in range(sizes.call_rounds):
-            order = [("apply_delayed", delayed), ("apply_async", plain)]
-            if round_no % 2:
-                order.reverse()
-            for name, fn in order:
-                per_call[name].append(fn(sizes.call_n, offset))
-                offset += sizes.call_n
-        calls_machine = load.stop()
+        rabbit = _rabbit_per_call(res, url, sizes) if rabbitmq_version() else None
 
         client = server.client()
         res.callback(client.close)
+        offset = 10_000_000
         bulk = _bulk_paths(app, client, sizes.bulk_n, offset)
+        bulk_rounds = _bulk_rounds(app, client, sizes, 2 * offset)
 
-    delayed_us = statistics.median(per_call["apply_delayed"]) * 1e6
-    plain_us = statistics.median(per_call["apply_async"]) * 1e6
-    return {
+    result = {
         "call_n": sizes.call_n,
         "rounds": sizes.call_rounds,
-        "apply_delayed_us": round(delayed_us, 1),
-        "apply_async_us": round(plain_us, 1),
-        "ratio": round(delayed_us / plain_us, 3),
-        "rounds_us": {k: [round(v * 1e6, 1) for v in vs] for k, vs in per_call.items()},
-        "calls_machine": calls_machine,
+        "apply_delayed_us": per_call["apply_delayed_us"],
+        "apply_async_us": per_call["apply_async_us"],
+        "ratio": per_call["p50_ratio"]["median"],
+        "per_call": {"redis": per_call, "rabbitmq": rabbit},
         "bulk_n": sizes.bulk_n,
         "bulk_chunk": PARK_CHUNK,
         "bulk": bulk,
@@ -112,9 +104,145 @@ def run_producer(sizes: Sizes) -> dict[str, Any]:
         "bulk_limit_ratio": round(
             bulk["apply_delayed_many"]["rate"] / bulk["bare park"]["rate"], 3
         ),
-        "bulk_celery_ratio": round(
-            bulk["apply_delayed_many"]["rate"] / bulk["celery build"]["rate"], 3
+        "bulk_rounds": bulk_rounds,
+        "bulk_celery_ratio": bulk_rounds["ratio"]["median"],
+    }
+    return result
+
+
+def _rabbit_per_call(res: Resources, store_url: str, sizes: Sizes) -> dict[str, Any]:
+    """The per-call comparison with RabbitMQ as the broker, the store on Redis."""
+    queue = unique("zbench")
+    app = make_app(broker=RABBITMQ_URL, store=store_url, queue=queue)
+    res.callback(app.close)
+    with Connection(RABBITMQ_URL) as connection:
+        app.amqp.queues[queue].bind(connection.default_channel).declare()
+
+    def delete() -> None:
+        with Connection(RABBITMQ_URL) as connection:
+            app.amqp.queues[queue].bind(connection.default_channel).delete()
+
+    res.callback(delete)
+    return _per_call(app, sizes)
+
+
+def _per_call(app: Any, sizes: Sizes) -> dict[str, Any]:
+    """``apply_delayed`` vs ``apply_async(countdown=)``, one call at a time.
+
+    ``call_rounds`` rounds of ``call_n`` calls of each, interleaved (A, B, B,
+    A, ...) so that the machine's load falls on both alike. Each call is timed
+    alone; per round, the p50 and p90 of each path and their ratios. Reported:
+    the median over rounds of each ratio, with its spread.
+    """
+    noop = app.tasks["bench.noop"]
+
+    def timed(call: Any, n: int, offset: int) -> list[float]:
+        times = []
+        clock = time.perf_counter
+        for seq in range(offset, offset + n):
+            started = clock()
+            call((seq, 0), countdown=3600)
+            times.append(clock() - started)
+        return times
+
+    paths = {"apply_delayed": noop.apply_delayed, "apply_async": noop.apply_async}
+    for call in paths.values():  # warm: connections, scripts loaded
+        timed(call, 200, 0)
+    load = MachineLoad()
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
+    offset = 1000
+    for round_no in range(sizes.call_rounds):
+        order = list(paths.items())
+        if round_no % 2:
+            order.reverse()
+        for name, call in order:
+            times = timed(call, sizes.call_n, offset)
+            offset += sizes.call_n
+            rounds[name].append(
+                {
+                    "p50": percentile(times, 0.5) * 1e6,
+                    "p90": percentile(times, 0.9) * 1e6,
+                    "mean": statistics.fmean(times) * 1e6,
+                }
+            )
+    machine = load.stop()
+
+    def median_of(name: str, stat: str) -> float:
+        return round(statistics.median(r[stat] for r in rounds[name]), 1)
+
+    def ratios(stat: str) -> dict[str, Any]:
+        return spread(
+            [
+                d[stat] / a[stat]
+                for d, a in zip(rounds["apply_delayed"], rounds["apply_async"], strict=True)
+            ]
+        )
+
+    return {
+        "broker": app.conf.broker_url.split(":", 1)[0],
+        "call_n": sizes.call_n,
+        "rounds": sizes.call_rounds,
+        "apply_delayed_us": median_of("apply_delayed", "p50"),
+        "apply_async_us": median_of("apply_async", "p50"),
+        "apply_delayed_p90_us": median_of("apply_delayed", "p90"),
+        "apply_async_p90_us": median_of("apply_async", "p90"),
+        "p50_ratio": ratios("p50"),
+        "p90_ratio": ratios("p90"),
+        "mean_ratio": ratios("mean"),
+        "rounds_us": {
+            name: [{k: round(v, 1) for k, v in r.items()} for r in rs]
+            for name, rs in rounds.items()
+        },
+        "machine": machine,
+    }
+
+
+def _bulk_rounds(app: Any, client: Any, sizes: Sizes, offset: int) -> dict[str, Any]:
+    """``apply_delayed_many`` vs Celery's own build and send, interleaved rounds.
+
+    Each round parks ``bulk_n / call_rounds`` tasks through
+    ``apply_delayed_many`` (1,000 per call) and builds the same calls with
+    ``build_messages`` (nothing parked), alternating which goes first. The
+    ratio of rates is taken per round; reported: its median and spread.
+    """
+    noop = app.tasks["bench.noop"]
+    n = max(PARK_CHUNK, sizes.bulk_n // sizes.call_rounds)
+
+    def many(base: int) -> None:
+        for start in range(base, base + n, PARK_CHUNK):
+            noop.apply_delayed_many(
+                [(seq, 0) for seq in range(start, start + PARK_CHUNK)], countdown=3600
+            )
+
+    def built(base: int) -> None:
+        for start in range(base, base + n, PARK_CHUNK):
+            build_messages(
+                noop, [(seq, 0) for seq in range(start, start + PARK_CHUNK)], {"countdown": 3600}
+            )
+
+    load = MachineLoad()
+    rates: dict[str, list[float]] = {"apply_delayed_many": [], "celery build": []}
+    for round_no in range(sizes.call_rounds):
+        client.flushdb()
+        order = [("apply_delayed_many", many), ("celery build", built)]
+        if round_no % 2:
+            order.reverse()
+        for name, fn in order:
+            started = time.perf_counter()
+            fn(offset)
+            rates[name].append(n / (time.perf_counter() - started))
+            offset += n
+    client.flushdb()
+    return {
+        "n": n,
+        "rounds": sizes.call_rounds,
+        "rates": {k: [round(v) for v in vs] for k, vs in rates.items()},
+        "apply_delayed_many_rate": round(statistics.median(rates["apply_delayed_many"])),
+        "celery_build_rate": round(statistics.median(rates["celery build"])),
+        "ratio": spread(
+            [m / b for m, b in zip(rates["apply_delayed_many"], rates["celery build"], strict=True)]
         ),
+        "machine": load.stop(),
     }
 
 

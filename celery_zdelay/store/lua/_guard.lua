@@ -49,12 +49,11 @@ local function zdelay_number(value)
   return number
 end
 
--- Raise, before any write, when park.lua's KEYS and ARGV (see there) hold
--- something it would fail on: a key of another type, an entry without a
--- valid due time. park_once.lua (periodic) calls it before writing its tick.
-local function zdelay_expect_park()
-  zdelay_expect(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash',
-    KEYS[5], 'set', KEYS[7], 'hash')
+-- The checks of zdelay_expect_park but for the keys of park.lua's own
+-- shard: the keys of the other shards of a batch, and every entry's due time.
+-- park.lua calls this alone: its reads before its first write check the
+-- types of its own keys (see there).
+local function zdelay_expect_park_args()
   for i = 8, #KEYS, 6 do
     zdelay_expect(KEYS[i], 'zset', KEYS[i + 1], 'hash', KEYS[i + 2], 'zset', KEYS[i + 3], 'hash',
       KEYS[i + 4], 'set', KEYS[i + 5], 'hash')
@@ -69,6 +68,15 @@ local function zdelay_expect_park()
       error({err = 'ERR celery-zdelay park: entry ' .. ARGV[i] .. ' has no valid due time'})
     end
   end
+end
+
+-- Raise, before any write, when park.lua's KEYS and ARGV (see there) hold
+-- something it would fail on: a key of another type, an entry without a
+-- valid due time. park_once.lua (periodic) calls it before writing its tick.
+local function zdelay_expect_park()
+  zdelay_expect(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash',
+    KEYS[5], 'set', KEYS[7], 'hash')
+  zdelay_expect_park_args()
 end
 
 -- The lease of an in-flight entry is two records: the lease zset scores it

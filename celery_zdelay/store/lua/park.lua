@@ -42,7 +42,7 @@ if done then
   return previous
 end
 
-zdelay_expect_park()
+zdelay_expect_park_args()
 local n_templates = tonumber(ARGV[3])
 local first_entry = 4 + 2 * n_templates
 local now_ms = zdelay_now_ms()
@@ -67,74 +67,116 @@ end
 
 -- Same-millisecond entries keep parking order: each takes the next of the
 -- 1024 sequence slots of its millisecond (the last slot is shared once full).
-local last_seq = {}
+-- One read per millisecond answers two questions: the highest score up to
+-- the millisecond's last slot is the last entry parked in it (when it is in
+-- the millisecond), and whether anything at all is due earlier (the wake-up
+-- below needs nothing else).
+local last_seq, earlier = {}, {}
 local function score_for(due_ms)
   local lo = due_ms * 1024
   local score = last_seq[due_ms]
   if score then
     score = score + 1
   else
-    local top = redis.call('ZREVRANGEBYSCORE', due, lo + 1023, lo, 'WITHSCORES', 'LIMIT', 0, 1)
-    if top[2] then score = tonumber(top[2]) + 1 else score = lo end
+    local top = redis.call('ZREVRANGEBYSCORE', due, lo + 1023, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    local top_score = tonumber(top[2])
+    earlier[due_ms] = top_score ~= nil
+    if top_score and top_score >= lo then score = top_score + 1 else score = lo end
   end
   if score > lo + 1023 then score = lo + 1023 end
   last_seq[due_ms] = score
   return score
 end
 
--- Template reference counts, read before the first write: each entry adds
--- one to its template and takes one from the payload it replaces.
+-- Everything is read before the first write, and those reads check the
+-- types of the keys written after them (a read of a key of another type
+-- fails as the check would): due (ZREVRANGEBYSCORE), msg (HGET), lease
+-- (ZSCORE), templates (HEXISTS, and the counts' HGET before any count is
+-- written). leased is checked when an entry being released needs it; dests
+-- is written first of all (below). A failed read is reported as the checks
+-- of _guard.lua report it, with the fix.
 local created, delta, keep, holds = {}, {}, {}, {}
-for i = 4, 3 + 2 * n_templates, 2 do
-  if redis.call('HEXISTS', templates, ARGV[i]) == 0 then created[ARGV[i]] = true end
-end
-for i = first_entry, #ARGV, 5 do
-  local id = ARGV[i]
-  local old = holds[id]
-  if old == nil then old = zdelay_template_id(redis.call('HGET', msg, id)) or false end
-  if old then zdelay_count(delta, old, -1) end
-  local new = zdelay_template_id(ARGV[i + 3]) or false
-  if new then
-    zdelay_count(delta, new, 1)
-    keep[new] = true
+local entries = {}
+local refs
+local lowest, wake = nil, false
+local function read()
+  for i = 4, 3 + 2 * n_templates, 2 do
+    if redis.call('HEXISTS', templates, ARGV[i]) == 0 then created[ARGV[i]] = true end
   end
-  holds[id] = new
+  local any_leased = false
+  for i = first_entry, #ARGV, 5 do
+    local id, ms = ARGV[i], tonumber(ARGV[i + 2])
+    -- Template reference counts: each entry adds one to its template and
+    -- takes one from the payload it replaces.
+    local old = holds[id]
+    if old == nil then old = zdelay_template_id(redis.call('HGET', msg, id)) or false end
+    if old then zdelay_count(delta, old, -1) end
+    local new = zdelay_template_id(ARGV[i + 3]) or false
+    if new then
+      zdelay_count(delta, new, 1)
+      keep[new] = true
+    end
+    holds[id] = new
+    local due_ms = ms
+    if ARGV[i + 1] == 'r' then due_ms = now_ms + ms end
+    local score = score_for(due_ms)
+    if not lowest or score < lowest then
+      lowest = score
+      wake = not earlier[due_ms]
+    end
+    -- A new park of an id that is being released takes the id over: the
+    -- release in flight can no longer acknowledge (and delete) the new payload.
+    local leased_now = redis.call('ZSCORE', lease, id) ~= false
+    any_leased = any_leased or leased_now
+    entries[#entries + 1] = {id, due_ms, score, leased_now}
+  end
+  if any_leased then zdelay_expect(leased, 'hash') end
+  refs = zdelay_refs_plan(templates, delta, created)
 end
-local refs = zdelay_refs_plan(templates, delta, created)
+local read_ok, read_error = pcall(read)
+if not read_ok then
+  zdelay_expect_park()  -- raises the error that says the fix, for a key of another type
+  error(read_error, 0)
+end
+
+-- The first write: a set of another type fails it before anything is written.
+local named, names = {}, {}
+for i = first_entry, #ARGV, 5 do
+  local dest = ARGV[i + 4]
+  if dest ~= '' and not named[dest] then
+    named[dest] = true
+    names[#names + 1] = dest
+  end
+end
+if #names > 0 then
+  local added, failure = pcall(function() return redis.call('SADD', dests, unpack(names)) end)
+  if not added then
+    zdelay_expect(dests, 'set')  -- raises the error that says the fix, for another type
+    error(failure, 0)
+  end
+end
 
 for i = 4, 3 + 2 * n_templates, 2 do
-  redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1])
+  if created[ARGV[i]] then redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1]) end
 end
 
-local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-local before = tonumber(head[2])
-local lowest = nil
 local result = {}
-local named = {}
-for i = first_entry, #ARGV, 5 do
-  local id, mode, ms, payload, dest = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
-  local due_ms = ms
-  if mode == 'r' then due_ms = now_ms + ms end
-  -- A new park of an id that is being released takes the id over: the
-  -- release in flight can no longer acknowledge (and delete) the new payload.
-  if redis.call('ZSCORE', lease, id) then
+for e, entry in ipairs(entries) do
+  local id = entry[1]
+  if entry[4] then
     redis.call('ZREM', lease, id)
     redis.call('HDEL', leased, id)
   end
-  local score = score_for(due_ms)
-  redis.call('ZADD', due, score, id)  -- replaces the score of an id parked before
-  redis.call('HSET', msg, id, stamped(payload))
-  if dest ~= '' and not named[dest] then
-    named[dest] = true
-    redis.call('SADD', dests, dest)
-  end
-  if not lowest or score < lowest then lowest = score end
-  result[#result + 1] = due_ms
+  redis.call('ZADD', due, entry[3], id)  -- replaces the score of an id parked before
+  redis.call('HSET', msg, id, stamped(ARGV[first_entry + 5 * (e - 1) + 3]))
+  result[e] = entry[2]
 end
 
 zdelay_refs_apply(templates, refs, keep)
 
-if lowest and (not before or lowest < before) then
+-- Only when the earliest due time moved earlier: nothing was due before
+-- the earliest entry of this call.
+if wake then
   zdelay_wake(ARGV[1], math.floor(lowest / 1024))
 end
 redis.call('SET', marker, table.concat(result, ','), 'PX', ARGV[2])

@@ -1,0 +1,140 @@
+"""Parking costs the caller no more than it must (P5): one park of one task
+runs a dozen Redis commands inside park.lua, none of them a type check, and
+still refuses a key of another type with the fix before it writes anything,
+and still wakes a companion only when the earliest due time moved earlier."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_zdelay.errors import StoreRefusedError
+from celery_zdelay.parking import store_for
+from celery_zdelay.store import Store
+from celery_zdelay.store.scripts import script_commands
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _commands_of_one_park(store: Store, task: Any, countdown: float) -> dict[str, int]:
+    """The calls of EVALSHA and of each command park.lua may run, in one park."""
+    may_run = {"evalsha", *(command.lower() for command in script_commands("park"))}
+    client = store.client
+    client.config_resetstat()
+    task.apply_delayed((1,), countdown=countdown)
+    stats = client.info("commandstats")
+    calls = {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+    return {name: n for name, n in calls.items() if name in may_run}
+
+
+def test_one_park_of_one_task_runs_a_dozen_commands_and_no_type_check(app: Celery) -> None:
+    # Given an app whose store already parked a task (script loaded, ACL and
+    # bulk limit asked once, the handoff's destination named)
+    record = app.tasks["tests.record"]
+    store = store_for(app)
+    record.apply_delayed((0,), countdown=600)
+
+    # When it parks one more task, due after the first
+    commands = _commands_of_one_park(store, record, 900)
+
+    # Then the client sent one EVALSHA, and park.lua ran at most twelve
+    # commands (it ran twenty before: six TYPE checks, the template stored
+    # again, the head read for the wake-up)
+    assert commands.pop("evalsha") == 1
+    assert "type" not in commands
+    assert "hsetnx" not in commands  # the template is stored already
+    assert "publish" not in commands  # nothing moved earlier: no wake-up
+    assert sum(commands.values()) <= 12, commands
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [("due", "zset"), ("msg", "hash"), ("lease", "zset"), ("dests", "set"), ("templates", "hash")],
+)
+def test_a_key_of_another_type_refuses_the_park_with_the_fix_and_writes_nothing(
+    app: Celery, key: str, kind: str
+) -> None:
+    # Given a store where one of park.lua's keys was written by something else
+    record = app.tasks["tests.record"]
+    store = store_for(app)
+    record.apply_delayed((0,), countdown=600)  # every key exists, as in production
+    client = store.client
+    name = getattr(store.keys(0), key)
+    client.delete(name)
+    client.set(name, "not celery-zdelay's")
+    before = {k: client.dump(k) for k in client.keys("*") if b":parked:" not in k}
+
+    # When a task is parked
+    with pytest.raises(StoreRefusedError) as refused:
+        record.apply_delayed((1,), countdown=600)
+
+    # Then the park is refused with the message that says the fix, and
+    # nothing was written: no key changed, no retry marker left behind
+    assert f"{name} holds a string, not a {kind}" in str(refused.value)
+    assert "give celery-zdelay its own zdelay_key_prefix" in str(refused.value)
+    after = {k: client.dump(k) for k in client.keys("*") if b":parked:" not in k}
+    assert after == before
+    assert len(client.keys("*:parked:*")) == 1  # the first park's marker only
+
+
+def test_a_leased_hash_of_another_type_refuses_a_park_that_takes_over_a_lease(
+    app: Celery,
+) -> None:
+    # Given a task being released (leased), and its leased hash overwritten
+    record = app.tasks["tests.record"]
+    store = store_for(app)
+    parked = record.apply_delayed((0,), countdown=600)
+    keys = store.keys(store.shard_of(parked.id))
+    client = store.client
+    client.zadd(keys.lease, {parked.id: 1})
+    client.set(keys.leased, "not a hash")
+    before = {k: client.dump(k) for k in client.keys("*") if b":parked:" not in k}
+
+    # When the same id is parked again (it takes the id over from the lease)
+    with pytest.raises(StoreRefusedError) as refused:
+        record.apply_delayed((1,), countdown=600, task_id=parked.id)
+
+    # Then the park is refused before it wrote anything
+    assert f"{keys.leased} holds a string, not a hash" in str(refused.value)
+    assert {k: client.dump(k) for k in client.keys("*") if b":parked:" not in k} == before
+
+
+def test_a_wake_up_is_published_only_when_the_earliest_due_time_moves_earlier(
+    app: Celery,
+) -> None:
+    record = app.tasks["tests.record"]
+    store = store_for(app)
+    pubsub = store.client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(store.keys(0).wake)
+    heard: list[int] = []
+
+    def wakes_after(countdown: float) -> list[int]:
+        record.apply_delayed((countdown,), countdown=countdown)
+        # The script published (or not) before it replied; drain what came.
+        deadline = time.monotonic() + 1.0
+        got: list[int] = []
+        while time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.1)
+            if message is None and got:
+                break
+            # "0": the first park's check that this user may publish wake-ups
+            if message is not None and int(message["data"]) > 0:
+                got.append(int(message["data"]))
+        heard.extend(got)
+        return got
+
+    try:
+        # Given an empty store: the first park wakes the companion
+        assert len(wakes_after(600)) == 1
+        # A later one does not; one due in the same millisecond range later neither
+        assert wakes_after(900) == []
+        assert wakes_after(600.5) == []
+        # An earlier one does, naming its due ms
+        woke = wakes_after(300)
+        assert len(woke) == 1
+        assert abs(woke[0] - (store.time_ms() + 300_000)) < 10_000
+    finally:
+        pubsub.close()
