@@ -132,10 +132,7 @@ def reschedule_ids(
         due_ms = store.reschedule(task_id, due)
         moved.append(due_ms is not None)
         if due_ms is not None:
-            if by:
-                _audit(app, "Rescheduled %s: due %s by %s", task_id, utc(due_ms), by)
-            else:
-                _audit(app, "Rescheduled %s: due %s", task_id, utc(due_ms))
+            _audit(app, "Rescheduled %s: due %s" + _by_text(by), task_id, utc(due_ms))
     return moved
 
 
@@ -283,11 +280,13 @@ def _cancelled(app: Celery, task_ids: list[str], by: str | None) -> None:
     if not task_ids:
         return
     for task_id in task_ids:
-        if by:
-            _audit(app, "Cancelled %s by %s", task_id, by)
-        else:
-            _audit(app, "Cancelled %s", task_id)
+        _audit(app, "Cancelled %s" + _by_text(by), task_id)
     signals.tasks_cancelled.send(sender=app, task_ids=task_ids, by=by)
+
+
+def _by_text(by: str | None) -> str:
+    """The audit line's " by <who>" (``%`` escaped: it joins a format string)."""
+    return f" by {by.replace('%', '%%')}" if by else ""
 
 
 def _audit(app: Celery, message: str, *args: Any) -> None:
