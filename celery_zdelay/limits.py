@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import celery
 
+from ._format import utc
 from .config import get_config
+from .control import _by_text, audit
 from .parking import store_for
 from .rates import RateLimit, control_name, parse_limit
 from .store.control import ControlStore
@@ -71,7 +73,12 @@ class ControlInfo:
 
 
 def set_rate_limit(
-    name: str, rate: Any, *, burst: int | None = None, app: Celery | None = None
+    name: str,
+    rate: Any,
+    *,
+    burst: int | None = None,
+    app: Celery | None = None,
+    by: str | None = None,
 ) -> RateLimit | None:
     """Limit how fast parked tasks of *name* are released, for every companion at once.
 
@@ -80,6 +87,7 @@ def set_rate_limit(
     removes the limit, that of ``zdelay_rate_limits`` too. Takes effect
     without restarting companions (within
     :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS`). Returns the limit.
+    With ``zdelay_audit_log``, the change is logged with *by* (who set it).
 
     Raises:
         ConfigurationError: *name* or *rate* cannot be read; nothing was stored.
@@ -91,6 +99,10 @@ def set_rate_limit(
         _warn_unknown(app, name)
     in_settings = name in get_config(app).rate_limits
     ControlStore(store_for(app)).set_limit(name, limit, tombstone=in_settings)
+    if limit is None:
+        _audit(app, name, by, "Rate limit of %s removed")
+    else:
+        _audit(app, name, by, "Rate limit of %s set to %s (burst %s)", limit.text, limit.burst)
     return limit
 
 
@@ -106,13 +118,14 @@ def rate_limits(*, app: Celery | None = None) -> dict[str, RateLimit]:
     return limits
 
 
-def pause(name: str, *, app: Celery | None = None) -> int:
+def pause(name: str, *, app: Celery | None = None, by: str | None = None) -> int:
     """Hold back every release of *name* until :func:`resume`; return since when (ms).
 
     Durable: stored in Redis, it survives companion restarts. Entries stay
     parked, in due order. Every companion applies it within
     :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS` (plus the batch it
-    is releasing). Pausing a paused name keeps its first time.
+    is releasing). Pausing a paused name keeps its first time. With
+    ``zdelay_audit_log``, the pause is logged with *by* (who paused).
 
     Raises:
         ConfigurationError: *name* is not ``queue:<name>`` or ``task:<name>``.
@@ -120,17 +133,25 @@ def pause(name: str, *, app: Celery | None = None) -> int:
     app = _app(app)
     name = control_name(name)
     _warn_unknown(app, name)
-    return ControlStore(store_for(app)).pause(name)
+    since = ControlStore(store_for(app)).pause(name)
+    _audit(app, name, by, "Paused %s (since %s)", utc(since))
+    return since
 
 
-def resume(name: str, *, app: Celery | None = None) -> bool:
+def resume(name: str, *, app: Celery | None = None, by: str | None = None) -> bool:
     """Release *name* again, overdue entries first (under its limit); return whether it was paused.
+
+    With ``zdelay_audit_log``, a resume of a paused name is logged with *by*.
 
     Raises:
         ConfigurationError: *name* is not ``queue:<name>`` or ``task:<name>``.
     """
     app = _app(app)
-    return ControlStore(store_for(app)).resume(control_name(name))
+    name = control_name(name)
+    was_paused = ControlStore(store_for(app)).resume(name)
+    if was_paused:
+        _audit(app, name, by, "Resumed %s")
+    return was_paused
 
 
 def controls(*, app: Celery | None = None) -> list[ControlInfo]:
@@ -183,6 +204,12 @@ def _warn_unknown(app: Celery, name: str) -> None:
             UnknownControlWarning,
             stacklevel=3,
         )
+
+
+def _audit(app: Celery, name: str, by: str | None, message: str, *args: Any) -> None:
+    """Write the audit line of a control change (``zdelay_audit_log``), as steering does."""
+    if get_config(app).audit_log:
+        audit.info(message + _by_text(by), name, *args, extra={"control": name})
 
 
 def _app(app: Celery | None) -> Celery:

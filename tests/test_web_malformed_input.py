@@ -65,20 +65,25 @@ RAW = ["%ED%A0%80", "%FF%FE", "%C0%AE%C0%AE", "a%00b"]
 PAGES: dict[str, list[str]] = {
     "/": ["span", "msg"],
     "/overview.part": ["span", "msg"],
-    "/parked": ["task", "queue", "id", "due_after", "due_before", "cursor", "msg"],
+    "/parked": ["task", "queue", "id", "tag", "due_after", "due_before", "cursor", "msg"],
     "/entry": ["id", "msg"],
     "/dead": ["msg"],
     "/periodic": ["msg"],
+    "/control": ["msg"],
 }
 
 ACTIONS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
     "/actions/parked": [
-        ("cancel", {"scope": "filter"}, ["task", "queue", "id", "due_after", "due_before"]),
+        ("cancel", {"scope": "filter"}, ["task", "queue", "id", "tag", "due_after", "due_before"]),
         ("reschedule", {"ids": "x"}, ["delay", "eta"]),
         ("cancel", {}, ["ids", "back", "scope"]),
     ],
     "/actions/dead": [("requeue", {}, ["ids", "back", "scope"])],
     "/actions/periodic": [("pause", {}, ["name", "back"])],
+    "/actions/control": [
+        ("limit", {"name": "queue:celery", "rate": "5/s"}, ["name", "rate", "burst", "back"]),
+        ("pause", {}, ["name"]),
+    ],
 }
 
 

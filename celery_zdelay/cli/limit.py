@@ -11,6 +11,7 @@ from .. import limits
 from .._format import utc
 from ._base import _CONTEXT, EXIT_OK, F, ZDelayCommand, _echo_json, _exit_codes, _json_option
 from .companion import zdelay
+from .steer import _by
 
 __all__ = ["control_lines", "limit", "pause", "resume"]
 
@@ -104,7 +105,11 @@ def limit(
     with _exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", limits.UnknownControlWarning)
         new = limits.set_rate_limit(
-            name, None if rate.lower() in ("off", "none") else rate, burst=burst, app=app
+            name,
+            None if rate.lower() in ("off", "none") else rate,
+            burst=burst,
+            app=app,
+            by=_by(),
         )
     for warning in caught:
         click.echo(f"Warning: {warning.message}", err=True)
@@ -122,7 +127,7 @@ def pause(ctx: click.Context, name: str | None, queue: str | None, task: str | N
     control = _name(name, queue, task)
     with _exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", limits.UnknownControlWarning)
-        since = limits.pause(control, app=ctx.obj.app)
+        since = limits.pause(control, app=ctx.obj.app, by=_by())
     for warning in caught:
         click.echo(f"Warning: {warning.message}", err=True)
     click.echo(f"paused {control} (since {utc(since)})")
@@ -135,7 +140,7 @@ def resume(ctx: click.Context, name: str | None, queue: str | None, task: str | 
     """Release a paused queue or task again, overdue tasks first."""
     control = _name(name, queue, task)
     with _exit_codes(ctx):
-        was = limits.resume(control, app=ctx.obj.app)
+        was = limits.resume(control, app=ctx.obj.app, by=_by())
     click.echo(f"resumed {control}" if was else f"{control} was not paused")
 
 

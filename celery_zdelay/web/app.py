@@ -13,6 +13,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -25,10 +26,11 @@ from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
-from .. import control
+from .. import control, limits
 from .._format import ago, count, duration, parse_duration_ms, relative_due, utc
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
+from ..keys import validate_tag
 from ..schedule import Due, due_from
 from ..store import Store, admin
 from ..store.client import unavailable_as_error
@@ -69,7 +71,7 @@ CLIP = 120
 
 _STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
 # Where an action may send the browser back to: a page of this app, nothing else.
-_BACK = re.compile(r"^(?:|parked|dead|entry|periodic)(?:\?[^\\\s]*)?$")
+_BACK = re.compile(r"^(?:|parked|dead|entry|periodic|control)(?:\?[^\\\s]*)?$")
 
 
 def create_app(
@@ -173,9 +175,11 @@ class Dashboard:
                 Rule("/entry", endpoint="entry", methods=["GET"]),
                 Rule("/dead", endpoint="dead", methods=["GET"]),
                 Rule("/periodic", endpoint="periodic", methods=["GET"]),
+                Rule("/control", endpoint="control", methods=["GET"]),
                 Rule("/actions/parked", endpoint="act_parked", methods=["POST"]),
                 Rule("/actions/dead", endpoint="act_dead", methods=["POST"]),
                 Rule("/actions/periodic", endpoint="act_periodic", methods=["POST"]),
+                Rule("/actions/control", endpoint="act_control", methods=["POST"]),
                 Rule("/static/<name>", endpoint="static", methods=["GET"]),
             ],
             strict_slashes=False,
@@ -350,6 +354,19 @@ class Dashboard:
             ctx, "periodic.html", schedules=schedules, now_ms=now_ms, back="periodic"
         )
 
+    def view_control(self, ctx: _Context) -> Response:
+        with ctx.timer():
+            found = limits.controls(app=self.celery_app)
+            now_ms = self.store.time_ms()
+        return self._render(
+            ctx,
+            "control.html",
+            controls=found,
+            names=_control_names(self.celery_app),
+            now_ms=now_ms,
+            back="control",
+        )
+
     def view_static(self, ctx: _Context, name: str) -> Response:
         if name not in _STATIC:
             raise NotFound()
@@ -439,6 +456,44 @@ class Dashboard:
                     message = f"{name} runs now as {task_id}"
             else:
                 raise BadRequest(f"Unknown action {op!r}: use pause, resume or run.")
+        return self._back(ctx, form, message)
+
+    def view_act_control(self, ctx: _Context) -> Response:
+        form = self._checked_form(ctx)
+        op, name = form.get("op", ""), (form.get("name") or "").strip()
+        if op not in _CONTROL_OPS:
+            raise BadRequest(f"Unknown action {op!r}: use {', '.join(_CONTROL_OPS)}.")
+        by = _who(ctx)
+        # Through the public functions the CLI calls: the same checks, the
+        # same wake-up of every companion, the same audit line.
+        with ctx.timer(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", limits.UnknownControlWarning)
+            try:
+                if op == "limit":
+                    new = limits.set_rate_limit(
+                        name,
+                        _rate_from_form(form),
+                        burst=_burst_from_form(form),
+                        app=self.celery_app,
+                        by=by,
+                    )
+                    message = f"{name}: limit {new.text} (burst {new.burst})" if new else ""
+                elif op == "unlimit":
+                    limits.set_rate_limit(name, None, app=self.celery_app, by=by)
+                    message = f"{name}: no rate limit"
+                elif op == "pause":
+                    since = limits.pause(name, app=self.celery_app, by=by)
+                    message = f"paused {name} (since {utc(since)})"
+                else:
+                    was = limits.resume(name, app=self.celery_app, by=by)
+                    message = f"resumed {name}" if was else f"{name} was not paused"
+            except ConfigurationError as exc:
+                raise BadRequest(
+                    f"Nothing was changed: {exc} Go back, correct the form and send it again."
+                ) from exc
+        for warning in caught:
+            if issubclass(warning.category, limits.UnknownControlWarning):
+                message += f". Warning: {warning.message}"
         return self._back(ctx, form, message)
 
     def _checked_form(self, ctx: _Context) -> Any:
@@ -593,6 +648,13 @@ def _filters(args: Any, now_ms: Callable[[], int]) -> tuple[queries.Filters, lis
                 f"{name}: use a duration from now (15m, -1h, 2d) or an ISO 8601 time, got {text!r}"
             )
             bounds.append(None)
+    tag = (args.get("tag") or "").strip()
+    if tag:
+        try:
+            validate_tag(tag)
+        except ConfigurationError as exc:
+            problems.append(f"tag: {exc}".replace(" Nothing was written.", ""))
+            tag = ""
     return (
         queries.Filters(
             task=(args.get("task") or "").strip(),
@@ -600,13 +662,14 @@ def _filters(args: Any, now_ms: Callable[[], int]) -> tuple[queries.Filters, lis
             id_prefix=(args.get("id") or "").strip(),
             due_after_ms=bounds[0],
             due_before_ms=bounds[1],
+            tag=tag,
         ),
         problems,
     )
 
 
 def _filter_query(args: Any) -> dict[str, str]:
-    names = ("task", "queue", "id", "due_after", "due_before")
+    names = ("task", "queue", "id", "tag", "due_after", "due_before")
     return {name: args.get(name) for name in names if args.get(name)}
 
 
@@ -616,6 +679,39 @@ def _when_ms(text: str, now_ms: Callable[[], int]) -> int:
         return now_ms() + offset
     due = due_from(eta=text)
     return due.ms
+
+
+#: The operations of the control page's forms.
+_CONTROL_OPS = ("limit", "unlimit", "pause", "resume")
+
+
+def _rate_from_form(form: Any) -> str:
+    rate = (form.get("rate") or "").strip()
+    if not rate:
+        raise ConfigurationError(
+            "give a rate in Celery's format, such as 50/s, 10/m or 1000/h "
+            "(to remove a limit, use its Remove button)."
+        )
+    return rate
+
+
+def _burst_from_form(form: Any) -> int | None:
+    text = (form.get("burst") or "").strip()
+    if not text:
+        return None
+    if not text.isascii() or not text.isdigit() or len(text) > 12:
+        raise ConfigurationError(
+            f"the burst must be a whole number of tasks of at least 1, got {text[:40]!r} "
+            "(leave it empty for one second's worth of the rate)."
+        )
+    return int(text)
+
+
+def _control_names(celery_app: Celery) -> list[str]:
+    """The control names the app knows, offered as the control form's suggestions."""
+    queues = {*celery_app.amqp.queues, celery_app.conf.task_default_queue}
+    tasks = {name for name in celery_app.tasks if not name.startswith("celery.")}
+    return [f"queue:{q}" for q in sorted(queues)] + [f"task:{t}" for t in sorted(tasks)]
 
 
 def _due_from_form(form: Any) -> Due:

@@ -17,7 +17,7 @@ import heapq
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from itertools import pairwise
 from typing import Any, cast
@@ -29,7 +29,9 @@ from ..store._shared import SEQ as _SEQ
 from ..store._shared import _routing_key
 from ..store.admin import ParkedEntry
 from ..store.counts import _leased_due_ms
-from ..store.listing import _in_flight_in_shard, _parked_entry
+from ..store.listing import _in_flight_in_shard, _parked_entry, _records
+from ..store.lookup import _signed_with_tag
+from ..store.marks import EntryMarks, parse_record, tagged_ids
 
 __all__ = [
     "SCAN_BOUND",
@@ -154,6 +156,8 @@ class Filters:
     #: Due in ``[due_after_ms, due_before_ms)``.
     due_after_ms: int | None = None
     due_before_ms: int | None = None
+    #: A tag (``apply_delayed(tags=[...])``), exactly: read through its index.
+    tag: str = ""
 
     @property
     def scans(self) -> bool:
@@ -212,6 +216,8 @@ def parked_page(
     ends at the earliest point every shard has reached, so the next page
     misses nothing.
     """
+    if filters.tag:
+        return _tagged_page(store, filters, after, limit)
     now_ms = store.time_ms()
     streams: list[list[tuple[int, int, str, ParkedEntry | None]]] = []
     frontier: Cursor | None = None  # earliest point where a cut-short shard stopped
@@ -237,7 +243,7 @@ def parked_page(
         nxt = None
     return Page(
         now_ms=now_ms,
-        entries=entries,
+        entries=_with_marks(store, entries),
         next=nxt,
         scanned=scanned,
         cut_short=frontier is not None and len(merged) <= limit,
@@ -258,6 +264,8 @@ def in_flight(store: Store, filters: Filters) -> list[ParkedEntry]:
             store, shard, filters.due_after_ms, filters.due_before_ms, None
         ):
             if filters.id_prefix and not entry.task_id.startswith(filters.id_prefix):
+                continue
+            if filters.tag and filters.tag not in entry.tags:
                 continue
             if _selects(filters, entry.task, entry.queue):
                 found.append((score, shard, entry.task_id, entry))
@@ -338,6 +346,107 @@ def _scan_shard(
             return matches, last, read, False
 
 
+def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: int) -> Page:
+    """:func:`parked_page` for a tag filter: the tag's index says which entries to read.
+
+    Exact across shards: every id of the tag is read from the index with its
+    due score (ids and scores only), and messages only for the entries shown,
+    in due order, until the page is full or :data:`SCAN_BOUND` were read (a
+    task or queue filter on top may skip some). With ``zdelay_signing_key``
+    an entry is shown only if its signed message carries the tag, as the
+    CLI's and Python's tag selections require: an index entry written into
+    Redis cannot put a signed entry under a bulk action of another tag.
+    """
+    now_ms = store.time_ms()
+    low = filters.due_after_ms
+    high = filters.due_before_ms
+    candidates: list[Cursor] = []
+    for shard in store.shards:
+        ids = [
+            task_id
+            for task_id in tagged_ids(store, filters.tag, shards=[shard])
+            if task_id.startswith(filters.id_prefix)
+        ]
+        scores = store.client.zmscore(store.keys(shard).due, ids) if ids else []
+        for task_id, score in zip(ids, scores, strict=True):
+            if score is None:
+                continue  # in flight (listed above the page) or gone
+            place = Cursor(int(score), shard, task_id)
+            due_ms = place.score // _SEQ
+            if (low is not None and due_ms < low) or (high is not None and due_ms >= high):
+                continue
+            if after is None or place > after:
+                candidates.append(place)
+    candidates.sort()
+    signed = bool(store.config.signing_keys)
+    matches: list[tuple[Cursor, ParkedEntry]] = []
+    read = 0
+    while read < len(candidates) and len(matches) <= limit and read < SCAN_BOUND:
+        chunk = candidates[read : read + min(_SCAN_PAGE, limit + 1)]
+        read += len(chunk)
+        for place, payload, record in zip(chunk, *_read_entries(store, chunk), strict=True):
+            if payload is None:
+                continue  # released or cancelled between the reads
+            if signed and not _signed_with_tag(
+                store, place.shard, place.task_id, payload, filters.tag
+            ):
+                continue
+            entry = _parked_entry(
+                store, place.task_id, place.shard, place.score, payload, record=record
+            )
+            if _selects(filters, entry.task, entry.queue):
+                matches.append((place, entry))
+    nxt: Cursor | None = None
+    if len(matches) > limit:
+        matches = matches[:limit]
+        nxt = matches[-1][0]
+    elif read < len(candidates):
+        nxt = candidates[read - 1]  # stopped at the bound: go on from the last read
+    return Page(
+        now_ms=now_ms,
+        entries=[entry for _, entry in matches],
+        next=nxt,
+        scanned=read,
+        cut_short=nxt is not None and len(matches) < limit,
+    )
+
+
+def _read_entries(
+    store: Store, places: list[Cursor]
+) -> tuple[list[bytes | None], list[bytes | None]]:
+    """Return the messages and key/tag records of *places*, in their order."""
+    by_shard: dict[int, list[int]] = {}
+    for index, place in enumerate(places):
+        by_shard.setdefault(place.shard, []).append(index)
+    payloads: list[bytes | None] = [None] * len(places)
+    records: list[bytes | None] = [None] * len(places)
+    for shard, indexes in by_shard.items():
+        members = [places[i].task_id.encode() for i in indexes]
+        shard_payloads = cast(
+            "list[bytes | None]", store.client.hmget(store.keys(shard).msg, members)
+        )
+        for i, payload, record in zip(
+            indexes, shard_payloads, _records(store, shard, members), strict=True
+        ):
+            payloads[i], records[i] = payload, record
+    return payloads, records
+
+
+def _with_marks(store: Store, entries: list[ParkedEntry]) -> list[ParkedEntry]:
+    """Return *entries* with their keys and tags: one ``HMGET`` per shard of the page."""
+    by_shard: dict[int, list[int]] = {}
+    for index, entry in enumerate(entries):
+        by_shard.setdefault(entry.shard, []).append(index)
+    marked = list(entries)
+    for shard, indexes in by_shard.items():
+        members = [entries[i].task_id.encode() for i in indexes]
+        for i, record in zip(indexes, _records(store, shard, members), strict=True):
+            if record is not None:
+                marks = parse_record(record.decode(errors="replace"))
+                marked[i] = replace(entries[i], key=marks.key, tags=marks.tags)
+    return marked
+
+
 def _rank_in_slot(store: Store, due: str, cursor: Cursor) -> int:
     """Return how many entries of the cursor's score slot come up to its id, or 0 if it left.
 
@@ -410,6 +519,8 @@ class EntryDetail:
     error: str | None = None
     #: When it was parked (epoch ms, Redis clock); None when not recorded.
     parked_ms: int | None = None
+    #: Its key, ``on_key`` mode and tags (``apply_delayed(key=..., tags=...)``).
+    marks: EntryMarks | None = None
 
 
 def entry_detail(store: Store, task_id: str) -> EntryDetail:
@@ -423,7 +534,9 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         pipe.hget(keys.leased, task_id)
         pipe.zscore(keys.dead, task_id)
         pipe.hget(keys.dead_msg, task_id)
-        due, payload, lease, leased, died, dead_record = pipe.execute()
+        # Its key and tags: "i:<id>" while parked or in flight, "d:<id>" while dead.
+        pipe.hmget(keys.marks, ["i:" + task_id, "d:" + task_id])
+        due, payload, lease, leased, died, dead_record, (marked, dead_marked) = pipe.execute()
     reason: dict[str, Any] = {}
     due_ms: int | None
     if due is not None:
@@ -446,6 +559,7 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
     else:
         return EntryDetail(task_id=task_id, shard=shard, state=None)
     headers, queue, error = _headers(store, shard, payload)
+    record = dead_marked if state == "dead" else marked
     return EntryDetail(
         task_id=task_id,
         shard=shard,
@@ -458,6 +572,7 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         queue=queue,
         error=error,
         parked_ms=parked_ms(payload),
+        marks=parse_record(record.decode(errors="replace")) if record is not None else None,
     )
 
 
