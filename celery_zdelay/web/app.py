@@ -477,7 +477,9 @@ class Dashboard:
                         app=self.celery_app,
                         by=by,
                     )
-                    message = f"{name}: limit {new.text} (burst {new.burst})" if new else ""
+                    message = f"{name}: " + (
+                        f"limit {new.text} (burst {new.burst})" if new else "no rate limit"
+                    )
                 elif op == "unlimit":
                     limits.set_rate_limit(name, None, app=self.celery_app, by=by)
                     message = f"{name}: no rate limit"
