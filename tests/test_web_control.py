@@ -126,6 +126,10 @@ def test_the_page_lists_every_limit_and_pause_with_what_waits_behind_it(
     assert "<form" not in html.split("<main>", 1)[1]
     assert "actions/control" not in html
     assert "/control" in html.split("<nav>", 1)[1].split("</nav>", 1)[0]
+    # The overview says it too: held tasks are not in its parked count
+    overview = Client(create_app(app)).get("/overview.part").get_data(as_text=True)
+    assert 'id="count-held">3<' in overview
+    assert '<small id="controls-summary">(1 paused, 2 limited)</small>' in overview
 
 
 def test_tasks_held_by_a_limit_are_counted_as_such(app: Celery) -> None:

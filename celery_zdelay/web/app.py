@@ -278,8 +278,13 @@ class Dashboard:
             counts = admin.counts(store)
             companions = admin.companions(store, now_ms=counts.now_ms)
             line = queries.timeline(store, span)
+            # Held tasks are not in the due sets the counts read: said apart.
+            held = limits.controls(app=self.celery_app)
         return {
             "counts": counts,
+            "held": sum(c.waiting for c in held),
+            "paused": sum(c.paused_since_ms is not None for c in held),
+            "limited": sum(c.limit is not None for c in held),
             "companions": companions,
             "timeline": line,
             "span": span,
