@@ -233,3 +233,19 @@ def test_entries_in_flight_are_listed_under_their_own_tag_only(app: Celery, stor
     html = Client(create_app(app)).get("/parked?tag=order:42").get_data(as_text=True)
     assert mine in html
     assert theirs not in html
+
+
+def test_a_tag_page_that_reads_its_bound_says_so_and_the_next_page_goes_on(
+    store: Store, stocked: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a bound of 4 messages per page, and a task filter that skips two
+    # of every three entries of the tag
+    monkeypatch.setattr(queries, "SCAN_BOUND", 4)
+    filters = queries.Filters(tag="order:42", task="tests.add")
+    first = queries.parked_page(store, filters, limit=5)
+    assert first.cut_short
+    assert first.scanned == 4
+    assert first.next is not None
+    # Then paging on from where each page stopped finds every match once
+    seen = _walk(store, filters, limit=5)
+    assert [task_id for _, task_id in seen] == stocked["42-add"]

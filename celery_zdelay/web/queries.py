@@ -1,7 +1,8 @@
 """What the dashboard reads from the store: bounded reads only.
 
 Every page costs Redis a fixed number of O(log n) commands per shard, however
-many entries are parked: counts are ``ZCARD``/``ZCOUNT``, the timeline is one
+many entries are parked (a tag filter reads the tag's index: its cost grows
+with the tag, not with the store): counts are ``ZCARD``/``ZCOUNT``, the timeline is one
 ``ZCOUNT`` per bar, and a listing is a ``ZRANGEBYSCORE ... LIMIT`` that starts
 where the previous page stopped (a keyset cursor, never an offset), so page
 10,000 costs what page 1 does. Filters on what only the payload says (task
@@ -381,9 +382,12 @@ def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: in
     signed = bool(store.config.signing_keys)
     matches: list[tuple[Cursor, ParkedEntry]] = []
     read = 0
+    page_size = limit + 1
     while read < len(candidates) and len(matches) <= limit and read < SCAN_BOUND:
-        chunk = candidates[read : read + min(_SCAN_PAGE, limit + 1)]
+        chunk = candidates[read : read + min(page_size, SCAN_BOUND - read)]
         read += len(chunk)
+        # Dense matches fill a page from a short read; sparse ones read more per trip.
+        page_size = min(page_size * 4, _SCAN_PAGE)
         for place, payload, record in zip(chunk, *_read_entries(store, chunk), strict=True):
             if payload is None:
                 continue  # released or cancelled between the reads
