@@ -22,9 +22,11 @@ from werkzeug.test import Client
 
 import celery_zdelay
 from celery_zdelay.store import Store
+from celery_zdelay.testing import RedisServer
 from celery_zdelay.web import app as web_app
 from celery_zdelay.web import create_app, queries
 from tests.conftest import AppFactory
+from tests.servers import LocalCluster
 from tests.support.store import due_ms
 from tests.web_support import open_store, token_in
 
@@ -249,3 +251,35 @@ def test_a_tag_page_that_reads_its_bound_says_so_and_the_next_page_goes_on(
     # Then paging on from where each page stopped finds every match once
     seen = _walk(store, filters, limit=5)
     assert [task_id for _, task_id in seen] == stocked["42-add"]
+
+
+def test_the_tag_filter_its_action_and_the_control_page_work_on_a_redis_cluster(
+    make_test_app: AppFactory, cluster: LocalCluster, broker_server: RedisServer
+) -> None:
+    # Given 6 shards on a 3-master cluster, with 9 entries of order:42 among 21
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={"zdelay_redis_url": cluster.url, "zdelay_shards": 6},
+    )
+    record = app.tasks["tests.record"]
+    order = [
+        record.apply_delayed((i,), countdown=600 + i, tags=["order:42"], key=f"k:{i}").id
+        for i in range(9)
+    ]
+    others = [record.apply_delayed((i,), countdown=600 + i, tags=["order:7"]).id for i in range(12)]
+    client = Client(create_app(app, actions=True))
+    # Then the tag's listing is exact, in due order, and its entries show their keys
+    assert _listed(client.get("/parked?tag=order:42").get_data(as_text=True)) == order
+    assert "k:3" in client.get(f"/entry?id={order[3]}").get_data(as_text=True)
+    # ...a pause set from the control page is listed there
+    token = token_in(client.get("/control").get_data(as_text=True))
+    reply = client.post(
+        "/actions/control",
+        data={"csrf_token": token, "op": "pause", "name": "queue:celery", "back": "control"},
+    )
+    assert reply.status_code == 303
+    assert 'data-name="queue:celery"' in client.get("/control").get_data(as_text=True)
+    # ...and cancelling every entry of the tag cancels those 9 only
+    assert _act(client, op="cancel", scope="filter", tag="order:42") == "cancelled 9 of 9"
+    html = client.get("/parked").get_data(as_text=True)
+    assert sorted(_listed(html)) == sorted(others)
