@@ -17,9 +17,10 @@ where the time went:
   outside the tasks' traces.
 
 Nothing here imports OpenTelemetry unless it is installed (the ``otel``
-extra), and a tracer that raises never fails a park or a release: the park
-span swallows tracing errors, and the release spans are signal receivers,
-whose errors Celery's dispatch logs.
+extra), and a tracer, exporter or span processor that raises never fails
+a park or a release: the park span swallows tracing errors (at its start and
+its end), and the release spans are signal receivers, sent after the tasks
+reached the broker, whose errors the companion logs.
 """
 
 from __future__ import annotations
@@ -76,8 +77,16 @@ def park_span(task_ids: Sequence[str], due_ms: int | None = None) -> Iterator[No
         logger.debug("Could not start the zdelay.park span", exc_info=True)
         yield
         return
-    with trace.use_span(span, end_on_exit=True, record_exception=True):
-        yield
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=True):
+            yield
+    finally:
+        # Ended here, not by use_span: the SDK catches an exporter's errors
+        # but not a span processor's, and the tasks are parked by now.
+        try:
+            span.end()
+        except Exception:
+            logger.debug("Could not end the zdelay.park span", exc_info=True)
 
 
 def release_spans(

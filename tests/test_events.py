@@ -1,7 +1,8 @@
 """Celery events for parked work: what Flower and event consumers see.
 
 Given an app with Celery's ``task_send_sent_event``, a parked task is
-announced as ``task-sent`` with its due time as ``eta``, a cancelled one as
+announced as ``task-sent`` with its due time as ``eta`` (again with the new
+one when rescheduled), a cancelled one as
 ``task-revoked``, a dead-lettered one as ``task-rejected``; nothing is
 announced for a call that was not parked, nor without the setting; and a
 broker that cannot take events delays and fails no park.
@@ -24,6 +25,8 @@ from kombu.exceptions import EncodeError
 import celery_zdelay
 from celery_zdelay import events
 from celery_zdelay.companion import Companion
+from celery_zdelay.control import reschedule_ids as _reschedule_ids
+from celery_zdelay.schedule import Due
 from tests.conftest import AppFactory
 
 pytestmark = pytest.mark.timeout(60)
@@ -144,6 +147,29 @@ def test_a_cancelled_task_is_revoked(evented: Celery) -> None:
     (revoked,) = seen.of_type("task-revoked")
     assert revoked["uuid"] == parked.id
     assert revoked["terminated"] is False
+
+
+def test_a_rescheduled_task_is_sent_again_with_its_new_eta(evented: Celery) -> None:
+    # Breaks if: announce_rescheduled is not connected, or a reschedule path
+    # (by id, by ids as the dashboard does, by filter) sends no signal.
+    record = evented.tasks["tests.record"]
+    by_id, by_ids = (record.apply_delayed((n,), countdown=600) for n in range(2))
+    tagged = record.apply_delayed((3,), countdown=600, tags=["ev:1"])
+    with _Events(evented) as seen:
+        assert celery_zdelay.reschedule(by_id.id, countdown=900, app=evented) is True
+        assert _reschedule_ids([by_ids.id], Due("r", 1_200_000), app=evented) == [True]
+        assert celery_zdelay.reschedule_matching(tag="ev:1", countdown=1500, app=evented) == 1
+        moved = {by_id.id, by_ids.id, tagged.id}
+        seen.wait_for(
+            lambda: {e["uuid"] for e in seen.of_type("task-sent")} >= moved, what="task-sent"
+        )
+    sent = {e["uuid"]: e for e in seen.of_type("task-sent")}
+    assert set(sent) == moved
+    for task_id in moved:
+        found = celery_zdelay.lookup(task_id, app=evented)
+        assert found is not None
+        assert datetime.fromisoformat(sent[task_id]["eta"]) == found.due
+        assert sent[task_id]["zdelay"] == "rescheduled"
 
 
 def test_a_dead_lettered_task_is_rejected_with_its_reason(

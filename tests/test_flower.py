@@ -2,8 +2,8 @@
 
 Given a real Flower server reading the app's events, a worker sending task
 events and a companion: a parked task shows in Flower at once with its eta,
-a cancelled one as REVOKED, and the parked one as SUCCESS once released and
-run. (The events themselves: ``test_events.py``.)
+a rescheduled one with its new eta, a cancelled one as REVOKED, and the
+parked one as SUCCESS once released and run. (The events themselves: ``test_events.py``.)
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Flower:
         wait_for(marker_seen, timeout=60, message="Flower subscribed to events")
 
 
-def test_flower_lists_parked_tasks_with_their_eta_revoked_and_then_run(
+def test_flower_lists_parked_tasks_with_their_eta_rescheduled_revoked_and_then_run(
     make_test_app: AppFactory,
     processes: list[CeleryProcess],
     companion: Callable[..., CeleryProcess],
@@ -106,6 +106,21 @@ def test_flower_lists_parked_tasks_with_their_eta_revoked_and_then_run(
     page_text = _task_page(flower, later.id, tmp_path)
     assert later.id in page_text
     assert "PENDING" in page_text
+
+    # When one is rescheduled, Flower shows its new eta
+    moved = record.apply_delayed(("moved",), countdown=600)
+    wait_for(lambda: flower.state_of(moved.id) == "PENDING", timeout=30, message="moved parked")
+    assert celery_zdelay.reschedule(moved.id, countdown=1200, app=app) is True
+    new_due = celery_zdelay.lookup(moved.id, app=app)
+    assert new_due is not None
+
+    def eta_of_moved() -> datetime | None:
+        info = flower.task(moved.id)
+        return None if info is None or not info.get("eta") else datetime.fromisoformat(info["eta"])
+
+    wait_for(lambda: eta_of_moved() == new_due.due, timeout=30, message="the new eta in Flower")
+    assert flower.state_of(moved.id) == "PENDING"
+    assert (flower.task(moved.id) or {}).get("name") == "tests.record"
 
     # When one is cancelled, Flower shows it revoked
     assert celery_zdelay.cancel(cancelled.id, app=app) is True

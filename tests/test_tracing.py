@@ -7,7 +7,8 @@ task's ``apply_async`` span, through the parked headers), the producer
 recorded a ``zdelay.park`` span, and the companion a ``zdelay.release`` span
 with the lateness and the shard (a ``zdelay.handoff`` batch span on the atomic
 handoff, which does not read the messages it moves). Bulk parking and
-transparent mode too. A tracer that raises fails no park.
+transparent mode too. A tracer, an exporter or a span processor that raises
+fails no park and no release.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import celery_zdelay
 from celery_zdelay import tracing
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import Runs, wait_for
-from tests.project.otel import OTEL_FILE_ENV, span_record
+from tests.project.otel import OTEL_BROKEN_ENV, OTEL_FILE_ENV, broken_provider, span_record
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,6 +80,18 @@ def _run_span(path: Path, task_id: str) -> dict[str, Any]:
 PATHS = ["handoff", pytest.param("publish", marks=pytest.mark.rabbitmq)]
 
 
+def _app_on(
+    path: str, request: pytest.FixtureRequest, make_test_app: AppFactory
+) -> tuple[Celery, tuple[str, ...]]:
+    """An app releasing on *path* ("handoff" or "publish"), and its worker's queues."""
+    conf: dict[str, Any] = {"zdelay_threshold": 0}
+    if path == "handoff":
+        return make_test_app(conf=conf), ()
+    rabbitmq: RabbitMQ = request.getfixturevalue("rabbitmq")
+    app = make_test_app(broker=rabbitmq.url, conf={**conf, "task_default_queue": rabbitmq.queue})
+    return app, (rabbitmq.queue,)
+
+
 @pytest.fixture(params=PATHS)
 def traced_app(
     request: pytest.FixtureRequest,
@@ -90,16 +103,7 @@ def traced_app(
 ) -> Celery:
     """An app on the given release path, with a traced worker and companion."""
     producer_spans.clear()
-    conf: dict[str, Any] = {"zdelay_threshold": 0}
-    if request.param == "handoff":
-        app = make_test_app(conf=conf)
-        queues: tuple[str, ...] = ()
-    else:
-        rabbitmq: RabbitMQ = request.getfixturevalue("rabbitmq")
-        app = make_test_app(
-            broker=rabbitmq.url, conf={**conf, "task_default_queue": rabbitmq.queue}
-        )
-        queues = (rabbitmq.queue,)
+    app, queues = _app_on(request.param, request, make_test_app)
     env = {OTEL_FILE_ENV: str(spans_file)}
     worker(app, *queues, env=env)
     companion(app, env=env)
@@ -179,3 +183,58 @@ def test_a_tracer_that_raises_fails_no_park(app: Celery, monkeypatch: pytest.Mon
     monkeypatch.setattr(tracing, "_trace_api", Broken)
     result = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
     assert celery_zdelay.lookup(result.id, app=app) is not None
+
+
+def test_an_exporter_that_raises_fails_no_park(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The SDK's own provider, its exporter and a span processor raising at
+    # the span's end (the global provider is the module's in-memory one).
+    called = tmp_path / "called"
+    provider = broken_provider(str(called))
+
+    class WithBrokenProvider:
+        use_span = staticmethod(trace.use_span)
+
+        @staticmethod
+        def get_tracer(name: str) -> Any:
+            return provider.get_tracer(name)
+
+    monkeypatch.setattr(tracing, "_trace_api", WithBrokenProvider)
+    record = app.tasks["tests.record"]
+    results = [
+        record.apply_delayed((1,), countdown=600),
+        *record.apply_delayed_many([(2,)], countdown=600),
+    ]
+    assert all(celery_zdelay.lookup(r.id, app=app) is not None for r in results)
+    assert called.read_text().count("export zdelay.park") == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_tracing_backend_that_raises_fails_no_release(
+    path: str,
+    request: pytest.FixtureRequest,
+    make_test_app: AppFactory,
+    worker,
+    companion,
+    runs: Runs,
+    tmp_path: Path,
+) -> None:
+    # Breaks if: release_spans' errors escaped the companion's release (a
+    # plain signal send instead of send_robust), or tracing ran before the
+    # release and failed it.
+    app, queues = _app_on(path, request, make_test_app)
+    called = tmp_path / "called"
+    worker(app, *queues)
+    companion(app, env={OTEL_BROKEN_ENV: str(called)})
+    record = app.tasks["tests.record"]
+    parked = [record.apply_delayed((n,), countdown=0.5) for n in range(3)]
+    runs.wait_for_ids({r.id for r in parked})
+    span = "zdelay.release" if path == "publish" else "zdelay.handoff"
+    # The companion did call the broken backend, for what it released
+    wait_for(lambda: f"export {span}" in _text(called), timeout=30, message="the exporter called")
+    assert f"end {span}" in _text(called)
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
