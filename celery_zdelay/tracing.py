@@ -11,7 +11,8 @@ where the time went:
   caller's current span): how many tasks, on which due time;
 - ``zdelay.release``, in the companion, one per task it published (a child
   of the task's ``apply_async`` span, from the parked headers), with the
-  lateness and the shard as attributes. The atomic handoff into a Redis
+  lateness and the shard as attributes; it lasts from the task's due time
+  to its release, so its length is the lateness. The atomic handoff into a Redis
   broker moves messages inside Redis without reading them, so it has no
   per-task context: it records one ``zdelay.handoff`` span per batch,
   outside the tasks' traces.
@@ -105,7 +106,11 @@ def release_spans(
     tracer = trace.get_tracer(TRACER_NAME)
     end_ns = time.time_ns()
     if headers is None:
-        span = tracer.start_span("zdelay.handoff", attributes=_batch_attributes(shard, lateness_ms))
+        span = tracer.start_span(
+            "zdelay.handoff",
+            attributes=_batch_attributes(shard, lateness_ms),
+            start_time=_due_ns(end_ns, max(lateness_ms, default=0)),
+        )
         span.end(end_time=end_ns)
         return
     from opentelemetry.propagate import extract
@@ -126,8 +131,18 @@ def release_spans(
             "zdelay.release",
             context=extract(_text_headers(message_headers)),
             attributes=attributes,
+            start_time=_due_ns(end_ns, late_ms),
         )
         span.end(end_time=end_ns)
+
+
+def _due_ns(released_ns: int, lateness_ms: int) -> int:
+    """When a task released at *released_ns*, *lateness_ms* late, was due: its span's start.
+
+    A release span lasts from the due time to the broker's confirmation, so
+    a trace shows the lateness as a bar, not only as an attribute.
+    """
+    return released_ns - max(0, lateness_ms) * 1_000_000
 
 
 def _batch_attributes(shard: int, lateness_ms: Sequence[int]) -> dict[str, Any]:

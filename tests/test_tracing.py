@@ -31,6 +31,8 @@ from celery_zdelay import tracing
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import Runs, wait_for
 from tests.project.otel import OTEL_BROKEN_ENV, OTEL_FILE_ENV, broken_provider, span_record
+from tests.support.trace_view import waterfall_html
+from tests.web_support import chromium, screenshot
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,8 +107,8 @@ def traced_app(
     producer_spans.clear()
     app, queues = _app_on(request.param, request, make_test_app)
     env = {OTEL_FILE_ENV: str(spans_file)}
-    worker(app, *queues, env=env)
-    companion(app, env=env)
+    worker(app, *queues, env={**env, "ZDELAY_TEST_OTEL_SERVICE": "worker"})
+    companion(app, env={**env, "ZDELAY_TEST_OTEL_SERVICE": "companion"})
     app._zdelay_test_path = request.param  # type: ignore[attr-defined]
     return app
 
@@ -118,7 +120,11 @@ def _ids(spans: list[Any], name: str) -> dict[str, dict[str, Any]]:
 
 
 def test_a_parked_task_runs_in_the_trace_of_the_request_that_parked_it(
-    traced_app: Celery, producer_spans: InMemorySpanExporter, spans_file: Path, runs: Runs
+    traced_app: Celery,
+    producer_spans: InMemorySpanExporter,
+    spans_file: Path,
+    runs: Runs,
+    tmp_path: Path,
 ) -> None:
     tracer = trace.get_tracer("tests")
     with tracer.start_as_current_span("request") as request_span:
@@ -148,9 +154,33 @@ def test_a_parked_task_runs_in_the_trace_of_the_request_that_parked_it(
         assert release["attributes"]["messaging.message.id"] == result.id
         assert release["attributes"]["zdelay.lateness_ms"] >= 0
         assert release["attributes"]["zdelay.shard"] == 0
+        # And a person sees the whole trace, producer to worker (the
+        # screenshot of docs/monitoring.rst)
+        local = [span_record(s) for s in producer_spans.get_finished_spans()]
+        _show_trace([s for s in [*local, *released] if s["trace_id"] == trace_id], tmp_path)
     else:
         (handoff,) = _named(released, "zdelay.handoff")
         assert handoff["attributes"]["zdelay.task_count"] == 1
+
+
+def _show_trace(spans: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Draw the trace in Chromium; check its rows; keep the screenshot for the docs."""
+    names = [s["name"] for s in sorted(spans, key=lambda s: s["start_ns"])]
+    # From the request, through the park and the release (from the due time
+    # to the broker's confirm), to the worker
+    assert names[:3] == ["request", "apply_async/tests.record", "zdelay.park"]
+    assert set(names[3:]) == {"zdelay.release", "run/tests.record"}
+    (release,) = [s for s in spans if s["name"] == "zdelay.release"]
+    assert release["end_ns"] - release["start_ns"] == pytest.approx(
+        release["attributes"]["zdelay.lateness_ms"] * 1e6, abs=1e6
+    )
+    page_html = waterfall_html(spans, title="A task parked by a request, released, and run")
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1200, "height": 330})
+        page.set_content(page_html)
+        assert page.locator("tr.span").count() == len(spans)
+        assert "zdelay.release" in page.inner_text("body")
+        screenshot(page, "monitoring-trace.png", tmp_path)
 
 
 def test_bulk_and_transparent_parks_keep_each_task_in_its_trace(

@@ -31,6 +31,9 @@ def span_record(span: Any) -> dict[str, Any]:
         "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
         "attributes": dict(span.attributes or {}),
         "links": [f"{link.context.span_id:016x}" for link in span.links],
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "service": os.environ.get("ZDELAY_TEST_OTEL_SERVICE", "producer"),
     }
 
 
