@@ -92,27 +92,34 @@ def _cancel_canvas(store: Store, result_id: str) -> list[str]:
 
 
 def reschedule(
-    task_id: str, *, countdown: Any = None, eta: Any = None, app: Celery | None = None
+    task_id: str,
+    *,
+    countdown: Any = None,
+    eta: Any = None,
+    app: Celery | None = None,
+    by: str | None = None,
 ) -> bool:
     """Move a parked task or canvas to a new due time; return whether it was parked.
 
     *countdown* is seconds from now on the Redis clock, *eta* a datetime
     (naive means UTC); a time in the past makes it due at once. A canvas is
     found by its result's id, as with :func:`cancel`.
+    :data:`~celery_zdelay.signals.tasks_rescheduled` is sent with *by* (who
+    moved it, for receivers and audit trails).
     """
     app = _app(app)
     due = due_from(countdown, eta)
     store = store_for(app)
     moved = store.reschedule(task_id, due)
     if moved is not None:
-        _rescheduled(app, [(task_id, moved)], None)
+        _rescheduled(app, [(task_id, moved)], by)
         return True
     moves = []
     for member in _canvas_members(store, task_id):
         member_ms = store.reschedule(member, due)
         if member_ms is not None:
             moves.append((member, member_ms))
-    _rescheduled(app, moves, None)
+    _rescheduled(app, moves, by)
     return bool(moves)
 
 
@@ -204,6 +211,7 @@ def reschedule_matching(
     tag: str | None = None,
     dry_run: bool = False,
     app: Celery | None = None,
+    by: str | None = None,
 ) -> int:
     """Move every parked task that matches to a new due time; return how many moved.
 
@@ -222,7 +230,7 @@ def reschedule_matching(
         due_ms = store.reschedule(task_id, due)
         if due_ms is not None:
             moves.append((task_id, due_ms))
-    _rescheduled(app, moves, None)
+    _rescheduled(app, moves, by)
     return len(moves)
 
 

@@ -23,11 +23,12 @@ from celery import Celery
 from kombu.exceptions import EncodeError
 
 import celery_zdelay
-from celery_zdelay import events
+from celery_zdelay import events, signals
 from celery_zdelay.companion import Companion
 from celery_zdelay.control import reschedule_ids as _reschedule_ids
 from celery_zdelay.schedule import Due
 from tests.conftest import AppFactory
+from tests.support.cli import run as run_cli
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,6 +171,36 @@ def test_a_rescheduled_task_is_sent_again_with_its_new_eta(evented: Celery) -> N
         assert found is not None
         assert datetime.fromisoformat(sent[task_id]["eta"]) == found.due
         assert sent[task_id]["zdelay"] == "rescheduled"
+
+
+def test_receivers_hear_each_reschedule_with_who_moved_it(app: Celery) -> None:
+    # Breaks if: a reschedule path drops by= or sends no tasks_rescheduled.
+    record = app.tasks["tests.record"]
+    first, second, third = (record.apply_delayed((n,), countdown=600) for n in range(3))
+    heard: list[dict[str, Any]] = []
+
+    def receiver(sender: Celery, task_ids: list[str], due_ms: list[int], by: Any, **_: Any) -> None:
+        heard.append({"ids": list(task_ids), "due_ms": list(due_ms), "by": by})
+
+    signals.tasks_rescheduled.connect(receiver, weak=False)
+    try:
+        celery_zdelay.reschedule(first.id, countdown=900, app=app, by="support:alice")
+        assert run_cli(app, "reschedule", second.id, "--countdown", "900").exit_code == 0
+        assert (
+            run_cli(app, "reschedule", "--task", "tests.record", "--countdown", "1200").exit_code
+            == 0
+        )
+        assert celery_zdelay.reschedule(str(uuid.uuid4()), countdown=900, app=app) is False
+    finally:
+        signals.tasks_rescheduled.disconnect(receiver)
+    assert [h["ids"] for h in heard[:2]] == [[first.id], [second.id]]
+    assert set(heard[2]["ids"]) == {first.id, second.id, third.id}
+    assert heard[0]["by"] == "support:alice"
+    assert all(h["by"].startswith("cli") for h in heard[1:])
+    assert len(heard) == 3  # nothing for an id that was not parked
+    found = celery_zdelay.lookup(third.id, app=app)
+    assert found is not None
+    assert heard[2]["due_ms"][heard[2]["ids"].index(third.id)] == found.due_ms
 
 
 def test_a_dead_lettered_task_is_rejected_with_its_reason(
