@@ -25,10 +25,13 @@ Measured:
 - ``park`` (P5): ``noop.apply_delayed(args, countdown=3600)``, one call at a
   time, ``call_n`` calls per variant per round, each timed alone; per round
   the p50 of each variant and its ratio to ``bare``; reported, each ratio's
-  median over the rounds with its spread (min-max, IQR);
+  median over the rounds with its spread (min-max, IQR). Also this
+  process's CPU time per call (``time.process_time``, every thread: the
+  event sender's publishes and the span processor's work included), which a
+  loaded machine disturbs far less than wall time;
 - ``release`` (P1): ``release_n`` tasks parked due now, released by an
   in-process companion (``release_due`` until none is left); the rate's
-  ratio to ``bare`` per round, median and spread. Events are not sent by
+  ratio to ``bare`` per round, median and spread; and CPU time per task. Events are not sent by
   releases (the worker sends its own), so the release rows have no
   ``events`` variant.
 
@@ -92,9 +95,11 @@ class _SdkTracing:
         self.provider = TracerProvider()
         self.provider.add_span_processor(BatchSpanProcessor(Dropping()))
         self.use_span = trace.use_span
+        self.ProxyTracerProvider = trace.ProxyTracerProvider
+        self.NoOpTracerProvider = trace.NoOpTracerProvider
 
-    def get_tracer(self, name: str) -> Any:
-        return self.provider.get_tracer(name)
+    def get_tracer_provider(self) -> Any:
+        return self.provider
 
 
 @contextlib.contextmanager
@@ -154,15 +159,22 @@ def _park_rounds(app: Any, sdk: _SdkTracing, n: int, rounds: int) -> dict[str, A
             timed(200)
     load = MachineLoad()
     p50: dict[str, list[float]] = {name: [] for name in PARK_VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in PARK_VARIANTS}
     for round_no in range(rounds):
         for name in _order(PARK_VARIANTS, round_no):
             with _variant(app, name, sdk):
+                cpu_started = time.process_time()
                 p50[name].append(percentile(timed(n), 0.5) * 1e6)
+                if name == "events":  # the sender thread's publishes count too
+                    events.flush(app)
+                cpu[name].append((time.process_time() - cpu_started) / n * 1e6)
     return {
         "call_n": n,
         "rounds": rounds,
         "p50_us": {k: round(statistics.median(v), 1) for k, v in p50.items()},
         "p50_ratio_to_bare": _ratios(p50, higher_is_cost=True),
+        "cpu_us_per_call": {k: round(statistics.median(v), 1) for k, v in cpu.items()},
+        "cpu_ratio_to_bare": _ratios(cpu, higher_is_cost=True),
         "machine": load.stop(),
     }
 
@@ -172,17 +184,24 @@ def _release_rounds(
 ) -> dict[str, Any]:
     load = MachineLoad()
     rates: dict[str, list[float]] = {name: [] for name in RELEASE_VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in RELEASE_VARIANTS}
     for round_no in range(rounds):
         for name in _order(RELEASE_VARIANTS, round_no):
             with _variant(app, name, sdk):
                 _park(app, n, countdown=0, marked=False)
+                cpu_started = time.process_time()
                 rates[name].append(_release_rate(app, n))
+                if name == "tracing":  # the batch processor's thread counts too
+                    sdk.provider.force_flush()
+                cpu[name].append((time.process_time() - cpu_started) / n * 1e6)
             empty_broker()
     return {
         "n": n,
         "rounds": rounds,
         "tasks_per_s": {k: round(statistics.median(v)) for k, v in rates.items()},
         "rate_ratio_bare_to_variant": _ratios(rates, higher_is_cost=False),
+        "cpu_us_per_task": {k: round(statistics.median(v), 1) for k, v in cpu.items()},
+        "cpu_ratio_to_bare": _ratios(cpu, higher_is_cost=True),
         "machine": load.stop(),
     }
 

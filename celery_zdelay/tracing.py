@@ -53,6 +53,19 @@ def _trace_api() -> Any:
     return trace
 
 
+def _tracer(trace: Any) -> Any:
+    """celery-zdelay's tracer, or None while no SDK is configured.
+
+    Without a configured provider the API hands out no-op spans; skipping
+    them keeps tracing free when it is off (the release path would otherwise
+    read each message's trace context for nothing, measurable per task).
+    """
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    return provider.get_tracer(TRACER_NAME)
+
+
 def connect_receivers() -> None:
     """Connect the release-span receiver (idempotent)."""
     signals.batch_released.connect(
@@ -68,14 +81,18 @@ def park_span(task_ids: Sequence[str], due_ms: int | None = None) -> Iterator[No
         yield
         return
     try:
-        span = trace.get_tracer(TRACER_NAME).start_span("zdelay.park")
-        span.set_attribute("zdelay.task_count", len(task_ids))
-        if len(task_ids) == 1:
-            span.set_attribute("messaging.message.id", task_ids[0])
-        if due_ms is not None:
-            span.set_attribute("zdelay.due_ms", due_ms)
+        tracer = _tracer(trace)
+        span = None if tracer is None else tracer.start_span("zdelay.park")
+        if span is not None:
+            span.set_attribute("zdelay.task_count", len(task_ids))
+            if len(task_ids) == 1:
+                span.set_attribute("messaging.message.id", task_ids[0])
+            if due_ms is not None:
+                span.set_attribute("zdelay.due_ms", due_ms)
     except Exception:  # a broken tracer never fails a park
         logger.debug("Could not start the zdelay.park span", exc_info=True)
+        span = None
+    if span is None:  # no SDK configured, or a broken one
         yield
         return
     try:
@@ -103,7 +120,9 @@ def release_spans(
     trace = _trace_api()
     if trace is None:
         return
-    tracer = trace.get_tracer(TRACER_NAME)
+    tracer = _tracer(trace)
+    if tracer is None:
+        return
     end_ns = time.time_ns()
     if headers is None:
         span = tracer.start_span(

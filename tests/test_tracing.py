@@ -14,6 +14,8 @@ fails no park and no release.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import celery_zdelay
 from celery_zdelay import tracing
 from tests.conftest import AppFactory, RabbitMQ
-from tests.helpers import Runs, wait_for
+from tests.helpers import ROOT, Runs, wait_for
 from tests.project.otel import OTEL_BROKEN_ENV, OTEL_FILE_ENV, broken_provider, span_record
 from tests.support.trace_view import waterfall_html
 from tests.web_support import chromium, screenshot
@@ -207,7 +209,7 @@ def test_bulk_and_transparent_parks_keep_each_task_in_its_trace(
 
 def test_a_tracer_that_raises_fails_no_park(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken:
-        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+        def get_tracer_provider(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("the tracing backend is broken")
 
     monkeypatch.setattr(tracing, "_trace_api", Broken)
@@ -225,10 +227,12 @@ def test_an_exporter_that_raises_fails_no_park(
 
     class WithBrokenProvider:
         use_span = staticmethod(trace.use_span)
+        ProxyTracerProvider = trace.ProxyTracerProvider
+        NoOpTracerProvider = trace.NoOpTracerProvider
 
         @staticmethod
-        def get_tracer(name: str) -> Any:
-            return provider.get_tracer(name)
+        def get_tracer_provider() -> Any:
+            return provider
 
     monkeypatch.setattr(tracing, "_trace_api", WithBrokenProvider)
     record = app.tasks["tests.record"]
@@ -268,3 +272,42 @@ def test_a_tracing_backend_that_raises_fails_no_release(
 
 def _text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
+
+
+#: A process with OpenTelemetry's API installed and no SDK configured (the
+#: default): the release receiver must do no span work at all.
+_NO_SDK = """
+import opentelemetry.propagate
+import opentelemetry.trace
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("span work with no SDK configured")
+
+
+opentelemetry.propagate.extract = refuse
+opentelemetry.trace.ProxyTracerProvider.get_tracer = refuse
+from celery_zdelay import tracing
+
+headers = [{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}]
+tracing.release_spans(
+    None, shard=0, path="publish", lateness_ms=[1], task_ids=["x"], headers=headers
+)
+tracing.release_spans(None, shard=0, path="handoff", lateness_ms=[1])
+print("no span work")
+"""
+
+
+def test_with_no_sdk_configured_releases_do_no_span_work() -> None:
+    # Breaks if: _tracer handed out the API's no-op tracer (each published
+    # task's trace context would be read for nothing: benchmarks.monitoring).
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_SDK],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no span work"
