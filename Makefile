@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types pytest docs servers matrix install clean chromium wheel-check celery-suite
+.PHONY: demo test lint types pytest docs servers matrix install clean chromium prometheus wheel-check celery-suite
 
 # Python 3.10-3.13 as pyenv installs them, for tox (its shims serve one version);
 # the machine image has them (its python3 is pyenv's 3.11).
@@ -41,12 +41,17 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-install: $(STAMP) chromium
+install: $(STAMP) chromium prometheus
 
 # The dashboard's browser tests drive Debian's Chromium (Playwright never downloads
 # one); checked on every run, so an existing .venv gets it too.
 chromium:
 	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+# The Grafana dashboard's test runs its queries in Debian's Prometheus (Grafana
+# itself is packaged for neither Debian nor PyPI).
+prometheus:
+	@test -x /usr/bin/prometheus || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
 
 demo: $(STAMP)
 	$(BIN)/python -m example_project.demo
@@ -58,7 +63,7 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) chromium
+pytest: $(STAMP) chromium prometheus
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 docs: $(STAMP)

@@ -92,29 +92,35 @@ def _cancel_canvas(store: Store, result_id: str) -> list[str]:
 
 
 def reschedule(
-    task_id: str, *, countdown: Any = None, eta: Any = None, app: Celery | None = None
+    task_id: str,
+    *,
+    countdown: Any = None,
+    eta: Any = None,
+    app: Celery | None = None,
+    by: str | None = None,
 ) -> bool:
     """Move a parked task or canvas to a new due time; return whether it was parked.
 
     *countdown* is seconds from now on the Redis clock, *eta* a datetime
     (naive means UTC); a time in the past makes it due at once. A canvas is
     found by its result's id, as with :func:`cancel`.
+    :data:`~celery_zdelay.signals.tasks_rescheduled` is sent with *by* (who
+    moved it, for receivers and audit trails).
     """
     app = _app(app)
     due = due_from(countdown, eta)
     store = store_for(app)
     moved = store.reschedule(task_id, due)
     if moved is not None:
-        _audit(app, "Rescheduled %s: due %s", task_id, utc(moved))
+        _rescheduled(app, [(task_id, moved)], by)
         return True
-    members = _canvas_members(store, task_id)
-    done = False
-    for member in members:
+    moves = []
+    for member in _canvas_members(store, task_id):
         member_ms = store.reschedule(member, due)
         if member_ms is not None:
-            done = True
-            _audit(app, "Rescheduled %s: due %s", member, utc(member_ms))
-    return done
+            moves.append((member, member_ms))
+    _rescheduled(app, moves, by)
+    return bool(moves)
 
 
 def reschedule_ids(
@@ -128,11 +134,13 @@ def reschedule_ids(
     app = _app(app)
     store = store_for(app)
     moved = []
+    moves = []
     for task_id in task_ids:
         due_ms = store.reschedule(task_id, due)
         moved.append(due_ms is not None)
         if due_ms is not None:
-            _audit(app, "Rescheduled %s: due %s" + _by_text(by), task_id, utc(due_ms))
+            moves.append((task_id, due_ms))
+    _rescheduled(app, moves, by)
     return moved
 
 
@@ -203,6 +211,7 @@ def reschedule_matching(
     tag: str | None = None,
     dry_run: bool = False,
     app: Celery | None = None,
+    by: str | None = None,
 ) -> int:
     """Move every parked task that matches to a new due time; return how many moved.
 
@@ -216,13 +225,13 @@ def reschedule_matching(
     ids = _select(store, task, queue, due_after, due_before, tag)
     if dry_run:
         return len(ids)
-    moved = 0
+    moves = []
     for task_id in ids:
         due_ms = store.reschedule(task_id, due)
         if due_ms is not None:
-            moved += 1
-            _audit(app, "Rescheduled %s: due %s", task_id, utc(due_ms))
-    return moved
+            moves.append((task_id, due_ms))
+    _rescheduled(app, moves, by)
+    return len(moves)
 
 
 def _app(app: Celery | None) -> Celery:
@@ -282,6 +291,17 @@ def _cancelled(app: Celery, task_ids: list[str], by: str | None) -> None:
     for task_id in task_ids:
         _audit(app, "Cancelled %s" + _by_text(by), task_id)
     signals.tasks_cancelled.send(sender=app, task_ids=task_ids, by=by)
+
+
+def _rescheduled(app: Celery, moves: list[tuple[str, int]], by: str | None) -> None:
+    """Audit and announce *moves* (id, new due ms) (receiver: :mod:`.events`)."""
+    if not moves:
+        return
+    for task_id, due_ms in moves:
+        _audit(app, "Rescheduled %s: due %s" + _by_text(by), task_id, utc(due_ms))
+    signals.tasks_rescheduled.send(
+        sender=app, task_ids=[m[0] for m in moves], due_ms=[m[1] for m in moves], by=by
+    )
 
 
 def _by_text(by: str | None) -> str:

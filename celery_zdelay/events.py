@@ -6,6 +6,8 @@ standard event types, which Flower understands without a plugin:
 
 - a parked task is a ``task-sent`` event with its ``eta`` (the due time),
   sent after the park succeeded, never for a call that was not parked;
+- a rescheduled task is ``task-sent`` again, with its new ``eta`` (Flower
+  replaces the eta of a task still pending) and ``zdelay="rescheduled"``;
 - a cancelled task is ``task-revoked``, as Celery's ``revoke`` reports it;
 - a dead-lettered task is ``task-rejected`` (its message was refused and
   not requeued), with the reason as an extra ``reason`` field.
@@ -61,6 +63,9 @@ def connect_receivers() -> None:
     signals.tasks_cancelled.connect(
         announce_cancelled, weak=False, dispatch_uid="celery_zdelay.events.cancelled"
     )
+    signals.tasks_rescheduled.connect(
+        announce_rescheduled, weak=False, dispatch_uid="celery_zdelay.events.rescheduled"
+    )
     signals.task_dead_lettered.connect(
         announce_dead_lettered, weak=False, dispatch_uid="celery_zdelay.events.dead"
     )
@@ -84,13 +89,29 @@ def announce_parked(
                 "args": headers.get("argsrepr"),
                 "kwargs": headers.get("kwargsrepr"),
                 "retries": headers.get("retries"),
-                "eta": datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(),
+                "eta": _iso(ms),
                 "expires": headers.get("expires"),
                 "queue": message.routing_key,
                 "exchange": message.exchange,
                 "routing_key": message.routing_key,
                 "zdelay": "parked",
             },
+        )
+
+
+def announce_rescheduled(
+    sender: Celery, task_ids: Sequence[str], due_ms: Sequence[int], **_: Any
+) -> None:
+    """Send ``task-sent`` again for each moved id, its ``eta`` the new due time.
+
+    Only the id and the new eta: an event consumer (Flower) keeps what the
+    first ``task-sent`` told of the task and takes the new eta over it.
+    """
+    if not sender.conf.task_send_sent_event:
+        return
+    for task_id, ms in zip(task_ids, due_ms, strict=True):
+        _sender_for(sender).put(
+            "task-sent", {"uuid": task_id, "eta": _iso(ms), "zdelay": "rescheduled"}
         )
 
 
@@ -111,6 +132,11 @@ def announce_dead_lettered(sender: Any, task_id: str, reason: str, **_: Any) -> 
     if app is None or not app.conf.task_send_sent_event:
         return
     _sender_for(app).put("task-rejected", {"uuid": task_id, "requeue": False, "reason": reason})
+
+
+def _iso(ms: int) -> str:
+    """A due time in ms as the ISO 8601 UTC text Celery events carry."""
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat()
 
 
 def flush(app: Celery, timeout_s: float = 5.0) -> bool:

@@ -26,6 +26,7 @@ __all__ = [
     "tasks_cancelled",
     "tasks_held",
     "tasks_parked",
+    "tasks_rescheduled",
 ]
 
 #: Sent when a companion starts releasing. Sender: the
@@ -75,3 +76,11 @@ tasks_cancelled = Signal(name="zdelay_tasks_cancelled")
 #: parked :class:`~celery_zdelay.entry.TaskMessage` objects (headers as
 #: parked), and ``due_ms``, each one's due time in ms on the Redis clock.
 tasks_parked = Signal(name="zdelay_tasks_parked")
+
+#: Sent after parked tasks were moved to a new due time, whoever moved them
+#: (Python, the CLI, the dashboard), in the process that moved them. Sender:
+#: the Celery app. Arguments: ``task_ids``, the ids moved; ``due_ms``, each
+#: one's new due time in ms on the Redis clock; ``by``, who moved them where
+#: known, or None. celery-zdelay's own receiver sends Celery's ``task-sent``
+#: event again with the new ``eta`` (:mod:`celery_zdelay.events`).
+tasks_rescheduled = Signal(name="zdelay_tasks_rescheduled")

@@ -11,15 +11,17 @@ where the time went:
   caller's current span): how many tasks, on which due time;
 - ``zdelay.release``, in the companion, one per task it published (a child
   of the task's ``apply_async`` span, from the parked headers), with the
-  lateness and the shard as attributes. The atomic handoff into a Redis
+  lateness and the shard as attributes; it lasts from the task's due time
+  to its release, so its length is the lateness. The atomic handoff into a Redis
   broker moves messages inside Redis without reading them, so it has no
   per-task context: it records one ``zdelay.handoff`` span per batch,
   outside the tasks' traces.
 
 Nothing here imports OpenTelemetry unless it is installed (the ``otel``
-extra), and a tracer that raises never fails a park or a release: the park
-span swallows tracing errors, and the release spans are signal receivers,
-whose errors Celery's dispatch logs.
+extra), and a tracer, exporter or span processor that raises never fails
+a park or a release: the park span swallows tracing errors (at its start and
+its end), and the release spans are signal receivers, sent after the tasks
+reached the broker, whose errors the companion logs.
 """
 
 from __future__ import annotations
@@ -51,6 +53,19 @@ def _trace_api() -> Any:
     return trace
 
 
+def _tracer(trace: Any) -> Any:
+    """celery-zdelay's tracer, or None while no SDK is configured.
+
+    Without a configured provider the API hands out no-op spans; skipping
+    them keeps tracing free when it is off (the release path would otherwise
+    read each message's trace context for nothing, measurable per task).
+    """
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    return provider.get_tracer(TRACER_NAME)
+
+
 def connect_receivers() -> None:
     """Connect the release-span receiver (idempotent)."""
     signals.batch_released.connect(
@@ -66,18 +81,30 @@ def park_span(task_ids: Sequence[str], due_ms: int | None = None) -> Iterator[No
         yield
         return
     try:
-        span = trace.get_tracer(TRACER_NAME).start_span("zdelay.park")
-        span.set_attribute("zdelay.task_count", len(task_ids))
-        if len(task_ids) == 1:
-            span.set_attribute("messaging.message.id", task_ids[0])
-        if due_ms is not None:
-            span.set_attribute("zdelay.due_ms", due_ms)
+        tracer = _tracer(trace)
+        span = None if tracer is None else tracer.start_span("zdelay.park")
+        if span is not None:
+            span.set_attribute("zdelay.task_count", len(task_ids))
+            if len(task_ids) == 1:
+                span.set_attribute("messaging.message.id", task_ids[0])
+            if due_ms is not None:
+                span.set_attribute("zdelay.due_ms", due_ms)
     except Exception:  # a broken tracer never fails a park
         logger.debug("Could not start the zdelay.park span", exc_info=True)
+        span = None
+    if span is None:  # no SDK configured, or a broken one
         yield
         return
-    with trace.use_span(span, end_on_exit=True, record_exception=True):
-        yield
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=True):
+            yield
+    finally:
+        # Ended here, not by use_span: the SDK catches an exporter's errors
+        # but not a span processor's, and the tasks are parked by now.
+        try:
+            span.end()
+        except Exception:
+            logger.debug("Could not end the zdelay.park span", exc_info=True)
 
 
 def release_spans(
@@ -93,10 +120,16 @@ def release_spans(
     trace = _trace_api()
     if trace is None:
         return
-    tracer = trace.get_tracer(TRACER_NAME)
+    tracer = _tracer(trace)
+    if tracer is None:
+        return
     end_ns = time.time_ns()
     if headers is None:
-        span = tracer.start_span("zdelay.handoff", attributes=_batch_attributes(shard, lateness_ms))
+        span = tracer.start_span(
+            "zdelay.handoff",
+            attributes=_batch_attributes(shard, lateness_ms),
+            start_time=_due_ns(end_ns, max(lateness_ms, default=0)),
+        )
         span.end(end_time=end_ns)
         return
     from opentelemetry.propagate import extract
@@ -117,8 +150,18 @@ def release_spans(
             "zdelay.release",
             context=extract(_text_headers(message_headers)),
             attributes=attributes,
+            start_time=_due_ns(end_ns, late_ms),
         )
         span.end(end_time=end_ns)
+
+
+def _due_ns(released_ns: int, lateness_ms: int) -> int:
+    """When a task released at *released_ns*, *lateness_ms* late, was due: its span's start.
+
+    A release span lasts from the due time to the broker's confirmation, so
+    a trace shows the lateness as a bar, not only as an attribute.
+    """
+    return released_ns - max(0, lateness_ms) * 1_000_000
 
 
 def _batch_attributes(shard: int, lateness_ms: Sequence[int]) -> dict[str, Any]:

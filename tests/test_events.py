@@ -1,7 +1,8 @@
 """Celery events for parked work: what Flower and event consumers see.
 
 Given an app with Celery's ``task_send_sent_event``, a parked task is
-announced as ``task-sent`` with its due time as ``eta``, a cancelled one as
+announced as ``task-sent`` with its due time as ``eta`` (again with the new
+one when rescheduled), a cancelled one as
 ``task-revoked``, a dead-lettered one as ``task-rejected``; nothing is
 announced for a call that was not parked, nor without the setting; and a
 broker that cannot take events delays and fails no park.
@@ -22,9 +23,12 @@ from celery import Celery
 from kombu.exceptions import EncodeError
 
 import celery_zdelay
-from celery_zdelay import events
+from celery_zdelay import events, signals
 from celery_zdelay.companion import Companion
+from celery_zdelay.control import reschedule_ids as _reschedule_ids
+from celery_zdelay.schedule import Due
 from tests.conftest import AppFactory
+from tests.support.cli import run as run_cli
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -144,6 +148,59 @@ def test_a_cancelled_task_is_revoked(evented: Celery) -> None:
     (revoked,) = seen.of_type("task-revoked")
     assert revoked["uuid"] == parked.id
     assert revoked["terminated"] is False
+
+
+def test_a_rescheduled_task_is_sent_again_with_its_new_eta(evented: Celery) -> None:
+    # Breaks if: announce_rescheduled is not connected, or a reschedule path
+    # (by id, by ids as the dashboard does, by filter) sends no signal.
+    record = evented.tasks["tests.record"]
+    by_id, by_ids = (record.apply_delayed((n,), countdown=600) for n in range(2))
+    tagged = record.apply_delayed((3,), countdown=600, tags=["ev:1"])
+    with _Events(evented) as seen:
+        assert celery_zdelay.reschedule(by_id.id, countdown=900, app=evented) is True
+        assert _reschedule_ids([by_ids.id], Due("r", 1_200_000), app=evented) == [True]
+        assert celery_zdelay.reschedule_matching(tag="ev:1", countdown=1500, app=evented) == 1
+        moved = {by_id.id, by_ids.id, tagged.id}
+        seen.wait_for(
+            lambda: {e["uuid"] for e in seen.of_type("task-sent")} >= moved, what="task-sent"
+        )
+    sent = {e["uuid"]: e for e in seen.of_type("task-sent")}
+    assert set(sent) == moved
+    for task_id in moved:
+        found = celery_zdelay.lookup(task_id, app=evented)
+        assert found is not None
+        assert datetime.fromisoformat(sent[task_id]["eta"]) == found.due
+        assert sent[task_id]["zdelay"] == "rescheduled"
+
+
+def test_receivers_hear_each_reschedule_with_who_moved_it(app: Celery) -> None:
+    # Breaks if: a reschedule path drops by= or sends no tasks_rescheduled.
+    record = app.tasks["tests.record"]
+    first, second, third = (record.apply_delayed((n,), countdown=600) for n in range(3))
+    heard: list[dict[str, Any]] = []
+
+    def receiver(sender: Celery, task_ids: list[str], due_ms: list[int], by: Any, **_: Any) -> None:
+        heard.append({"ids": list(task_ids), "due_ms": list(due_ms), "by": by})
+
+    signals.tasks_rescheduled.connect(receiver, weak=False)
+    try:
+        celery_zdelay.reschedule(first.id, countdown=900, app=app, by="support:alice")
+        assert run_cli(app, "reschedule", second.id, "--countdown", "900").exit_code == 0
+        assert (
+            run_cli(app, "reschedule", "--task", "tests.record", "--countdown", "1200").exit_code
+            == 0
+        )
+        assert celery_zdelay.reschedule(str(uuid.uuid4()), countdown=900, app=app) is False
+    finally:
+        signals.tasks_rescheduled.disconnect(receiver)
+    assert [h["ids"] for h in heard[:2]] == [[first.id], [second.id]]
+    assert set(heard[2]["ids"]) == {first.id, second.id, third.id}
+    assert heard[0]["by"] == "support:alice"
+    assert all(h["by"].startswith("cli") for h in heard[1:])
+    assert len(heard) == 3  # nothing for an id that was not parked
+    found = celery_zdelay.lookup(third.id, app=app)
+    assert found is not None
+    assert heard[2]["due_ms"][heard[2]["ids"].index(third.id)] == found.due_ms
 
 
 def test_a_dead_lettered_task_is_rejected_with_its_reason(

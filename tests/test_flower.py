@@ -2,8 +2,9 @@
 
 Given a real Flower server reading the app's events, a worker sending task
 events and a companion: a parked task shows in Flower at once with its eta,
-a cancelled one as REVOKED, and the parked one as SUCCESS once released and
-run. (The events themselves: ``test_events.py``.)
+a rescheduled one with its new eta, a cancelled one as REVOKED, the
+parked one as SUCCESS once released and run, and a dead-lettered one as
+REJECTED. (The events themselves: ``test_events.py``.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 import celery_zdelay
@@ -27,6 +29,9 @@ from tests.helpers import CeleryProcess, wait_for
 from tests.web_support import CHROMIUM_ARGS, SCREENSHOTS, chromium_path
 
 pytestmark = pytest.mark.timeout(120)
+
+#: Shard 0's due set and messages, where the test plants an entry to dead-letter.
+DUE, MSG = "{zdelay:0}:due", "{zdelay:0}:msg"
 
 
 class Flower:
@@ -79,10 +84,11 @@ class Flower:
         wait_for(marker_seen, timeout=60, message="Flower subscribed to events")
 
 
-def test_flower_lists_parked_tasks_with_their_eta_revoked_and_then_run(
+def test_flower_shows_parked_rescheduled_revoked_run_and_rejected_tasks(
     make_test_app: AppFactory,
     processes: list[CeleryProcess],
     companion: Callable[..., CeleryProcess],
+    redis_client: redis.Redis,
     tmp_path: Path,
 ) -> None:
     app = make_test_app(conf={"task_send_sent_event": True, "worker_send_task_events": True})
@@ -107,9 +113,28 @@ def test_flower_lists_parked_tasks_with_their_eta_revoked_and_then_run(
     assert later.id in page_text
     assert "PENDING" in page_text
 
+    # When one is rescheduled, Flower shows its new eta
+    moved = record.apply_delayed(("moved",), countdown=600)
+    wait_for(lambda: flower.state_of(moved.id) == "PENDING", timeout=30, message="moved parked")
+    assert celery_zdelay.reschedule(moved.id, countdown=1200, app=app) is True
+    new_due = celery_zdelay.lookup(moved.id, app=app)
+    assert new_due is not None
+
+    def eta_of_moved() -> datetime | None:
+        info = flower.task(moved.id)
+        return None if info is None or not info.get("eta") else datetime.fromisoformat(info["eta"])
+
+    wait_for(lambda: eta_of_moved() == new_due.due, timeout=30, message="the new eta in Flower")
+    assert flower.state_of(moved.id) == "PENDING"
+    assert (flower.task(moved.id) or {}).get("name") == "tests.record"
+
     # When one is cancelled, Flower shows it revoked
     assert celery_zdelay.cancel(cancelled.id, app=app) is True
     wait_for(lambda: flower.state_of(cancelled.id) == "REVOKED", timeout=30, message="revoked")
+
+    # ... and an entry the companion will have to dead-letter (not a message of ours)
+    redis_client.hset(MSG, "forged", b"\x80 not ours at all")
+    redis_client.zadd(DUE, {"forged": 0})
 
     # When a worker and a companion run, the parked one is received and succeeds
     worker = CeleryProcess(
@@ -121,6 +146,8 @@ def test_flower_lists_parked_tasks_with_their_eta_revoked_and_then_run(
     companion(app)
     wait_for(lambda: flower.state_of(later.id) == "SUCCESS", timeout=60, message="run in Flower")
     assert flower.state_of(cancelled.id) == "REVOKED"
+    # ... and the dead-lettered one shows rejected
+    wait_for(lambda: flower.state_of("forged") == "REJECTED", timeout=30, message="rejected")
 
 
 def _task_page(flower: Flower, task_id: str, tmp_path: Path) -> str:

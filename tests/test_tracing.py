@@ -7,12 +7,15 @@ task's ``apply_async`` span, through the parked headers), the producer
 recorded a ``zdelay.park`` span, and the companion a ``zdelay.release`` span
 with the lateness and the shard (a ``zdelay.handoff`` batch span on the atomic
 handoff, which does not read the messages it moves). Bulk parking and
-transparent mode too. A tracer that raises fails no park.
+transparent mode too. A tracer, an exporter or a span processor that raises
+fails no park and no release.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +31,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import celery_zdelay
 from celery_zdelay import tracing
 from tests.conftest import AppFactory, RabbitMQ
-from tests.helpers import Runs, wait_for
-from tests.project.otel import OTEL_FILE_ENV, span_record
+from tests.helpers import ROOT, Runs, wait_for
+from tests.project.otel import OTEL_BROKEN_ENV, OTEL_FILE_ENV, broken_provider, span_record
+from tests.support.trace_view import waterfall_html
+from tests.web_support import chromium, screenshot
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,6 +84,18 @@ def _run_span(path: Path, task_id: str) -> dict[str, Any]:
 PATHS = ["handoff", pytest.param("publish", marks=pytest.mark.rabbitmq)]
 
 
+def _app_on(
+    path: str, request: pytest.FixtureRequest, make_test_app: AppFactory
+) -> tuple[Celery, tuple[str, ...]]:
+    """An app releasing on *path* ("handoff" or "publish"), and its worker's queues."""
+    conf: dict[str, Any] = {"zdelay_threshold": 0}
+    if path == "handoff":
+        return make_test_app(conf=conf), ()
+    rabbitmq: RabbitMQ = request.getfixturevalue("rabbitmq")
+    app = make_test_app(broker=rabbitmq.url, conf={**conf, "task_default_queue": rabbitmq.queue})
+    return app, (rabbitmq.queue,)
+
+
 @pytest.fixture(params=PATHS)
 def traced_app(
     request: pytest.FixtureRequest,
@@ -90,19 +107,10 @@ def traced_app(
 ) -> Celery:
     """An app on the given release path, with a traced worker and companion."""
     producer_spans.clear()
-    conf: dict[str, Any] = {"zdelay_threshold": 0}
-    if request.param == "handoff":
-        app = make_test_app(conf=conf)
-        queues: tuple[str, ...] = ()
-    else:
-        rabbitmq: RabbitMQ = request.getfixturevalue("rabbitmq")
-        app = make_test_app(
-            broker=rabbitmq.url, conf={**conf, "task_default_queue": rabbitmq.queue}
-        )
-        queues = (rabbitmq.queue,)
+    app, queues = _app_on(request.param, request, make_test_app)
     env = {OTEL_FILE_ENV: str(spans_file)}
-    worker(app, *queues, env=env)
-    companion(app, env=env)
+    worker(app, *queues, env={**env, "ZDELAY_TEST_OTEL_SERVICE": "worker"})
+    companion(app, env={**env, "ZDELAY_TEST_OTEL_SERVICE": "companion"})
     app._zdelay_test_path = request.param  # type: ignore[attr-defined]
     return app
 
@@ -114,7 +122,11 @@ def _ids(spans: list[Any], name: str) -> dict[str, dict[str, Any]]:
 
 
 def test_a_parked_task_runs_in_the_trace_of_the_request_that_parked_it(
-    traced_app: Celery, producer_spans: InMemorySpanExporter, spans_file: Path, runs: Runs
+    traced_app: Celery,
+    producer_spans: InMemorySpanExporter,
+    spans_file: Path,
+    runs: Runs,
+    tmp_path: Path,
 ) -> None:
     tracer = trace.get_tracer("tests")
     with tracer.start_as_current_span("request") as request_span:
@@ -144,9 +156,33 @@ def test_a_parked_task_runs_in_the_trace_of_the_request_that_parked_it(
         assert release["attributes"]["messaging.message.id"] == result.id
         assert release["attributes"]["zdelay.lateness_ms"] >= 0
         assert release["attributes"]["zdelay.shard"] == 0
+        # And a person sees the whole trace, producer to worker (the
+        # screenshot of docs/monitoring.rst)
+        local = [span_record(s) for s in producer_spans.get_finished_spans()]
+        _show_trace([s for s in [*local, *released] if s["trace_id"] == trace_id], tmp_path)
     else:
         (handoff,) = _named(released, "zdelay.handoff")
         assert handoff["attributes"]["zdelay.task_count"] == 1
+
+
+def _show_trace(spans: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Draw the trace in Chromium; check its rows; keep the screenshot for the docs."""
+    names = [s["name"] for s in sorted(spans, key=lambda s: s["start_ns"])]
+    # From the request, through the park and the release (from the due time
+    # to the broker's confirm), to the worker
+    assert names[:3] == ["request", "apply_async/tests.record", "zdelay.park"]
+    assert set(names[3:]) == {"zdelay.release", "run/tests.record"}
+    (release,) = [s for s in spans if s["name"] == "zdelay.release"]
+    assert release["end_ns"] - release["start_ns"] == pytest.approx(
+        release["attributes"]["zdelay.lateness_ms"] * 1e6, abs=1e6
+    )
+    page_html = waterfall_html(spans, title="A task parked by a request, released, and run")
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1200, "height": 330})
+        page.set_content(page_html)
+        assert page.locator("tr.span").count() == len(spans)
+        assert "zdelay.release" in page.inner_text("body")
+        screenshot(page, "monitoring-trace.png", tmp_path)
 
 
 def test_bulk_and_transparent_parks_keep_each_task_in_its_trace(
@@ -173,9 +209,105 @@ def test_bulk_and_transparent_parks_keep_each_task_in_its_trace(
 
 def test_a_tracer_that_raises_fails_no_park(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken:
-        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+        def get_tracer_provider(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("the tracing backend is broken")
 
     monkeypatch.setattr(tracing, "_trace_api", Broken)
     result = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
     assert celery_zdelay.lookup(result.id, app=app) is not None
+
+
+def test_an_exporter_that_raises_fails_no_park(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The SDK's own provider, its exporter and a span processor raising at
+    # the span's end (the global provider is the module's in-memory one).
+    called = tmp_path / "called"
+    provider = broken_provider(str(called))
+
+    class WithBrokenProvider:
+        use_span = staticmethod(trace.use_span)
+        ProxyTracerProvider = trace.ProxyTracerProvider
+        NoOpTracerProvider = trace.NoOpTracerProvider
+
+        @staticmethod
+        def get_tracer_provider() -> Any:
+            return provider
+
+    monkeypatch.setattr(tracing, "_trace_api", WithBrokenProvider)
+    record = app.tasks["tests.record"]
+    results = [
+        record.apply_delayed((1,), countdown=600),
+        *record.apply_delayed_many([(2,)], countdown=600),
+    ]
+    assert all(celery_zdelay.lookup(r.id, app=app) is not None for r in results)
+    assert called.read_text().count("export zdelay.park") == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_tracing_backend_that_raises_fails_no_release(
+    path: str,
+    request: pytest.FixtureRequest,
+    make_test_app: AppFactory,
+    worker,
+    companion,
+    runs: Runs,
+    tmp_path: Path,
+) -> None:
+    # Breaks if: release_spans' errors escaped the companion's release (a
+    # plain signal send instead of send_robust), or tracing ran before the
+    # release and failed it.
+    app, queues = _app_on(path, request, make_test_app)
+    called = tmp_path / "called"
+    worker(app, *queues)
+    companion(app, env={OTEL_BROKEN_ENV: str(called)})
+    record = app.tasks["tests.record"]
+    parked = [record.apply_delayed((n,), countdown=0.5) for n in range(3)]
+    runs.wait_for_ids({r.id for r in parked})
+    span = "zdelay.release" if path == "publish" else "zdelay.handoff"
+    # The companion did call the broken backend, for what it released
+    wait_for(lambda: f"export {span}" in _text(called), timeout=30, message="the exporter called")
+    assert f"end {span}" in _text(called)
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+#: A process with OpenTelemetry's API installed and no SDK configured (the
+#: default): the release receiver must do no span work at all.
+_NO_SDK = """
+import opentelemetry.propagate
+import opentelemetry.trace
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("span work with no SDK configured")
+
+
+opentelemetry.propagate.extract = refuse
+opentelemetry.trace.ProxyTracerProvider.get_tracer = refuse
+from celery_zdelay import tracing
+
+headers = [{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}]
+tracing.release_spans(
+    None, shard=0, path="publish", lateness_ms=[1], task_ids=["x"], headers=headers
+)
+tracing.release_spans(None, shard=0, path="handoff", lateness_ms=[1])
+print("no span work")
+"""
+
+
+def test_with_no_sdk_configured_releases_do_no_span_work() -> None:
+    # Breaks if: _tracer handed out the API's no-op tracer (each published
+    # task's trace context would be read for nothing: benchmarks.monitoring).
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_SDK],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no span work"

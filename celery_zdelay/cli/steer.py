@@ -30,7 +30,7 @@ __all__ = ["cancel", "reschedule"]
 
 
 def _by() -> str:
-    """Who cancels from the command line, for the audit line and the signal."""
+    """Who cancels or reschedules from the command line, for the audit line and the signal."""
     try:
         return f"cli:{getpass.getuser()}"
     except (KeyError, OSError):  # no user name in a bare container
@@ -250,13 +250,13 @@ def reschedule(
     with _exit_codes(ctx):
         if filters is not None:
             n = control.reschedule_matching(
-                countdown=countdown, eta=eta, dry_run=dry_run, app=app, **filters
+                countdown=countdown, eta=eta, dry_run=dry_run, app=app, by=_by(), **filters
             )
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would reschedule {tasks} (dry run)" if dry_run else f"rescheduled {tasks}")
             ctx.exit(EXIT_OK)
         assert task_id is not None
-        moved = control.reschedule(task_id, countdown=countdown, eta=eta, app=app)
+        moved = control.reschedule(task_id, countdown=countdown, eta=eta, app=app, by=_by())
         found = control.lookup(task_id, app=app) if moved else None
         now_ms = store_for(app).time_ms()
     if not moved:

@@ -14,6 +14,10 @@ from typing import Any
 
 #: Environment variable naming the file the worker appends its spans to.
 OTEL_FILE_ENV = "ZDELAY_TEST_OTEL_FILE"
+#: Environment variable naming a file: the process gets a tracing backend
+#: whose exporter and span processor raise at every span's end, after
+#: writing the span's name to that file (so a test knows they were called).
+OTEL_BROKEN_ENV = "ZDELAY_TEST_OTEL_BROKEN"
 
 
 def span_record(span: Any) -> dict[str, Any]:
@@ -27,6 +31,9 @@ def span_record(span: Any) -> dict[str, Any]:
         "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
         "attributes": dict(span.attributes or {}),
         "links": [f"{link.context.span_id:016x}" for link in span.links],
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "service": os.environ.get("ZDELAY_TEST_OTEL_SERVICE", "producer"),
     }
 
 
@@ -49,5 +56,36 @@ def instrument_worker(path: str) -> None:
     CeleryInstrumentor().instrument(tracer_provider=provider)
 
 
-if os.environ.get(OTEL_FILE_ENV):
+def broken_provider(path: str) -> Any:
+    """A tracer provider whose exporter and span processor both raise."""
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+
+    def called(what: str) -> None:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(what + "\n")
+
+    class RaisingExporter(SpanExporter):  # type: ignore[misc]
+        def export(self, spans: Sequence[Any]) -> Any:
+            called("export " + " ".join(s.name for s in spans))
+            raise ConnectionError("the trace collector is down")
+
+    class RaisingProcessor(SpanProcessor):  # type: ignore[misc]
+        # The SDK catches an exporter's errors but not a processor's: this
+        # one reaches the code that ended the span.
+        def on_end(self, span: Any) -> None:
+            called("end " + span.name)
+            raise RuntimeError("the span processor is broken")
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(RaisingExporter()))
+    provider.add_span_processor(RaisingProcessor())
+    return provider
+
+
+if os.environ.get(OTEL_BROKEN_ENV):
+    from opentelemetry import trace
+
+    trace.set_tracer_provider(broken_provider(os.environ[OTEL_BROKEN_ENV]))
+elif os.environ.get(OTEL_FILE_ENV):
     instrument_worker(os.environ[OTEL_FILE_ENV])
