@@ -200,7 +200,8 @@ def release_key(task: Any) -> None:
 
     Called by :meth:`celery_zdelay.DelayedTaskMixin.after_return` (successes
     and failures); a task that is retried keeps its key until its last
-    run. Should the worker die first, the key is freed when
+    run. The key a periodic occurrence holds for its schedule's overlap
+    policy is freed here too. Should the worker die first, the key is freed when
     ``zdelay_key_hold_seconds`` have passed since the release.
     """
     request = task.request
@@ -209,7 +210,13 @@ def release_key(task: Any) -> None:
     headers = request.headers or {}
     key = getattr(request, KEY_HEADER, None) or headers.get(KEY_HEADER)
     on_key = getattr(request, ON_KEY_HEADER, None) or headers.get(ON_KEY_HEADER)
-    if not isinstance(key, str) or on_key != "until_finished" or not request.id:
+    if not isinstance(key, str) or on_key != "until_finished":
+        # A periodic occurrence with an overlap policy holds its schedule's
+        # key the same way while it runs (see celery_zdelay.periodic.overlap).
+        from .periodic.overlap import held_key
+
+        key = held_key(request)
+    if key is None or not request.id:
         return
     from .parking import store_for
     from .store.marks import finish_key

@@ -10,6 +10,7 @@ import celery
 from .dedupe import note_run_finished, refuse_second_delivery
 from .keys import release_key
 from .parking import park_many, park_task
+from .periodic.overlap import start_run
 from .transparent import install
 
 __all__ = ["DelayedTaskMixin", "Task"]
@@ -114,12 +115,14 @@ class DelayedTaskMixin:
         return park_many(self, calls, countdown, eta, options)
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        """Drop a second delivery of a released task (``zdelay_worker_dedupe``).
+        """Drop a second delivery (``zdelay_worker_dedupe``); apply a schedule's overlap policy.
 
         Celery calls this in the worker just before the task runs; raising
-        ``Ignore`` here skips the run. See :mod:`celery_zdelay.dedupe`.
+        ``Ignore`` here skips the run. See :mod:`celery_zdelay.dedupe` and
+        :mod:`celery_zdelay.periodic.overlap`.
         """
         refuse_second_delivery(self)
+        start_run(self)
         super().before_start(task_id, args, kwargs)  # type: ignore[misc]
 
     def after_return(

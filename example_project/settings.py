@@ -82,5 +82,14 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The companions serve the periodic tasks: no celery beat process.
 CELERY_ZDELAY_BEAT = True
 CELERY_BEAT_SCHEDULE = {
-    "shop-sweep": {"task": "shop.sweep_stale_orders", "schedule": SHOP_SWEEP_SECONDS},
+    "shop-sweep": {
+        "task": "shop.sweep_stale_orders",
+        "schedule": SHOP_SWEEP_SECONDS,
+        # A sweep slowed down by a big backlog must not run twice at once
+        # (both would cancel the same orders): a tick due meanwhile is
+        # skipped, and counted in `zdelay periodic list`. A sweep whose
+        # worker died stops blocking after 10 minutes.
+        "zdelay_overlap": "skip",
+        "zdelay_overlap_timeout": 600,
+    },
 }

@@ -472,8 +472,8 @@ def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
     paths = list(_commands(zdelay))
     # zdelay, cancel, dead, dead list|purge|requeue, limit, list, pause, repair,
     # reschedule, resume, status, web, periodic,
-    # periodic add|list|pause|remove|resume|run|sync
-    assert len(paths) == 22
+    # periodic add|backfill|list|pause|remove|resume|run|sync
+    assert len(paths) == 23
 
     for path in paths:
         result = run(app, *path, "--help")

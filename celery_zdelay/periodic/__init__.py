@@ -10,6 +10,16 @@ runs, by Celery's own schedule classes), :mod:`.store` (Redis),
 
 from __future__ import annotations
 
-from .api import ScheduleInfo, add, pause, remove, resume, run_now, schedules, sync
+from .api import ScheduleInfo, add, backfill, pause, remove, resume, run_now, schedules, sync
 
-__all__ = ["ScheduleInfo", "add", "pause", "remove", "resume", "run_now", "schedules", "sync"]
+__all__ = [
+    "ScheduleInfo",
+    "add",
+    "backfill",
+    "pause",
+    "remove",
+    "resume",
+    "run_now",
+    "schedules",
+    "sync",
+]

@@ -7,18 +7,28 @@ their restarts. Names are those of ``beat_schedule`` (or given to :func:`add`).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..parking import send_delayed, store_for
 from .definition import SOURCE_API, from_beat_entry, validate_spec
-from .store import PeriodicStore, Pointer
+from .store import COUNTERS, PeriodicStore, Pointer
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["ScheduleInfo", "add", "pause", "remove", "resume", "run_now", "schedules", "sync"]
+__all__ = [
+    "ScheduleInfo",
+    "add",
+    "backfill",
+    "pause",
+    "remove",
+    "resume",
+    "run_now",
+    "schedules",
+    "sync",
+]
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,12 @@ class ScheduleInfo:
     args: list[Any]
     kwargs: dict[str, Any]
     options: dict[str, Any]
+    #: ``zdelay_overlap``: allow, skip or buffer_one.
+    overlap: str = "allow"
+    #: Task id of the last occurrence a companion released, when it was seen released.
+    last_run_id: str | None = None
+    #: Ticks counted so far: missed, skipped_overlap, late (see ``periodic/store.py``).
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def schedules(app: Celery) -> tuple[int, list[ScheduleInfo]]:
@@ -76,6 +92,9 @@ def schedules_in(periodic: PeriodicStore) -> tuple[int, list[ScheduleInfo]]:
                 args=definition.args,
                 kwargs=definition.kwargs,
                 options=definition.options,
+                overlap=definition.overlap,
+                last_run_id=snap.last_ids.get(name),
+                counts={c: snap.counts.get(name, {}).get(c, 0) for c in COUNTERS},
             )
         )
     return snap.now_ms, result
@@ -133,6 +152,8 @@ def add(
     end: Any = None,
     max_runs: int | None = None,
     one_off: bool = False,
+    overlap: str = "allow",
+    overlap_timeout: float | None = None,
 ) -> bool:
     """Add (or replace) a schedule at run time, in ``beat_schedule``'s terms.
 
@@ -143,7 +164,8 @@ def add(
     ``zdelay_timezone``: a crontab in that zone rather than the app's.
     *start* and *end* (datetimes or ISO strings), *max_runs* and *one_off*
     are ``zdelay_start``, ``zdelay_end``, ``zdelay_max_runs`` and
-    ``zdelay_one_off``.
+    ``zdelay_one_off``. *overlap* and *overlap_timeout* (seconds) are
+    ``zdelay_overlap`` and ``zdelay_overlap_timeout``.
 
     Raises:
         ConfigurationError: the task is unknown to *app*, or the entry cannot
@@ -165,6 +187,8 @@ def add(
         "zdelay_end": end,
         "zdelay_max_runs": max_runs,
         "zdelay_one_off": one_off or None,
+        "zdelay_overlap": None if overlap == "allow" else overlap,
+        "zdelay_overlap_timeout": overlap_timeout,
     }
     entry.update({key: value for key, value in optional.items() if value is not None})
     app.loader.import_default_modules()
@@ -193,6 +217,52 @@ def sync(app: Celery, *, force: bool = False) -> str:
     app.loader.import_default_modules()
     server = PeriodicServer(app, store_for(app), companion_id="cli")
     return server.reconcile(force=force)
+
+
+def backfill(name: str, *, app: Celery, since: Any, until: Any = None) -> list[str]:
+    """Run now, once each, the missed occurrences of *name* between *since* and *until*.
+
+    Missed occurrences are those the missed policy (``zdelay_missed``) left
+    out while no companion or broker served the schedule; the companions
+    remember the last 1,000 of each schedule. Each runs under its own
+    occurrence id, as the companions would have run it, and is taken from
+    that memory as it is parked: a second backfill of the same window, or
+    one running at the same time, finds nothing to run. *since* and
+    *until* (default: now) are datetimes (naive: UTC) or ISO 8601 strings.
+    Returns the ids parked, oldest first.
+
+    Raises:
+        ConfigurationError: no schedule has that name, or the window is invalid.
+    """
+    from .definition import moment_ms
+    from .server import PeriodicServer
+
+    periodic = _periodic(app)
+    snap = periodic.snapshot()
+    definition = snap.definitions.get(name)
+    if definition is None:
+        raise ConfigurationError(
+            f"No periodic schedule is named {name!r}: see zdelay periodic list."
+        )
+    where = f"backfill of {name!r}"
+    since_ms = moment_ms(since, "since", where)
+    until_ms = moment_ms(until, "until", where)
+    until_ms = snap.now_ms if until_ms is None else min(until_ms, snap.now_ms)
+    if since_ms is None or until_ms < since_ms:
+        raise ConfigurationError(
+            f"{where}: give since (an ISO 8601 time), before until and before now."
+        )
+    app.loader.import_default_modules()
+    server = PeriodicServer(app, periodic.store, companion_id="backfill")
+    parked = []
+    for ms, task_id in periodic.missed_between(name, since_ms, until_ms):
+        # Claimed first: whoever claims it parks it, so it never runs twice
+        # (an interrupted backfill leaves it out rather than run it twice).
+        requests = server.requests_for(definition, task_id, ms, due_ms=snap.now_ms)
+        if periodic.claim_missed(name, task_id):
+            periodic.store.park(requests)
+            parked.append(task_id)
+    return parked
 
 
 def _last_run(run: tuple[int, int] | None, past: list[int]) -> int | None:

@@ -23,7 +23,7 @@ from ..cli import (
     _json_option,
 )
 from . import api
-from .definition import MISSED_POLICIES
+from .definition import MAX_OVERLAP_TIMEOUT_SECONDS, MISSED_POLICIES, OVERLAP_POLICIES
 from .views import schedule_json, schedule_lines
 
 __all__ = ["periodic"]
@@ -37,6 +37,7 @@ Examples:
   celery -A proj zdelay periodic add cleanup --task proj.tasks.cleanup --every 3600
   celery -A proj zdelay periodic add report --task proj.tasks.report --crontab '0 3 * * *'
   celery -A proj zdelay periodic remove cleanup
+  celery -A proj zdelay periodic backfill cleanup --since 2026-07-01T00:00:00Z
   celery -A proj zdelay periodic sync --force     # make this beat_schedule the stored one
 
 \b
@@ -125,14 +126,16 @@ periodic.command(
 def run(ctx: click.Context, name: str) -> None:
     """Run a schedule's task once now, outside its schedule."""
     with _exit_codes(ctx):
-        known = {i.name for i in api.schedules(ctx.obj.app)[1]}
-        if name not in known:
-            click.echo(
-                f"No periodic schedule is named {name!r} (see: zdelay periodic list).", err=True
-            )
-            ctx.exit(EXIT_NOT_FOUND)
+        _require_schedule(ctx, name)
         task_id = api.run_now(name, app=ctx.obj.app)
     click.echo(f"sent {task_id}")
+
+
+def _require_schedule(ctx: click.Context, name: str) -> None:
+    """Exit with EXIT_NOT_FOUND, saying so, when no schedule is named *name*."""
+    if name not in {i.name for i in api.schedules(ctx.obj.app)[1]}:
+        click.echo(f"No periodic schedule is named {name!r} (see: zdelay periodic list).", err=True)
+        ctx.exit(EXIT_NOT_FOUND)
 
 
 def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
@@ -152,6 +155,7 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         "add clean-up --task proj.tasks.clean_up --every 3600",
         "add report --task proj.tasks.report --crontab '0 3 * * *' --args '[\"sales\"]'",
         'add poll --task proj.tasks.poll --every 10 --options \'{"queue": "io"}\' --missed skip',
+        "add sync --task proj.tasks.sync --every 60 --overlap skip --overlap-timeout 900",
     ),
 )
 @click.argument("name")
@@ -247,6 +251,25 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help_group="Entry Options",
     help="Run the next occurrence only (as --max-runs 1).",
 )
+@click.option(
+    "--overlap",
+    type=click.Choice(OVERLAP_POLICIES),
+    default="allow",
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="An occurrence due while the previous run is unfinished: allow runs it (as beat), "
+    "skip drops it, buffer_one runs it once that run ends (one waits, others are skipped).",
+)
+@click.option(
+    "--overlap-timeout",
+    type=click.FloatRange(min=0, min_open=True, max=MAX_OVERLAP_TIMEOUT_SECONDS),
+    metavar="SECONDS",
+    cls=CeleryOption,
+    help_group="Entry Options",
+    help="With --overlap skip or buffer_one: a run no worker reported finished (killed) "
+    "stops blocking after SECONDS (default: zdelay_key_hold_seconds).",
+)
 @click.pass_context
 def add(
     ctx: click.Context,
@@ -264,6 +287,8 @@ def add(
     end: str | None,
     max_runs: int | None,
     one_off: bool,
+    overlap: str,
+    overlap_timeout: float | None,
 ) -> None:
     """Add (or replace) a schedule, stored in Redis for every companion."""
     if (every is None) == (cron is None):
@@ -299,8 +324,52 @@ def add(
             end=end,
             max_runs=max_runs,
             one_off=one_off,
+            overlap=overlap,
+            overlap_timeout=overlap_timeout,
         )
     click.echo(f"{'added' if changed else 'unchanged'} {name}")
+
+
+@periodic.command(
+    "backfill",
+    cls=ZDelayCommand,
+    context_settings=_CONTEXT,
+    epilog=_examples(
+        "backfill nightly-report --since 2026-07-01T00:00:00Z",
+        "backfill poll --since 2026-07-01T08:00:00Z --until 2026-07-01T09:00:00Z",
+    ),
+)
+@click.argument("name")
+@click.option(
+    "--since",
+    required=True,
+    metavar="TIME",
+    cls=CeleryOption,
+    help_group="Backfill Options",
+    help="Start of the window, an ISO time (UTC unless it has an offset).",
+)
+@click.option(
+    "--until",
+    metavar="TIME",
+    cls=CeleryOption,
+    help_group="Backfill Options",
+    help="End of the window (default: now).",
+)
+@click.pass_context
+def backfill(ctx: click.Context, name: str, since: str, until: str | None) -> None:
+    """Run now, once each, the occurrences of a window that were missed.
+
+    Missed: left out by the missed policy while no companion or broker served
+    the schedule (the last 1,000 of each schedule are remembered). Each runs
+    under its own occurrence id, once: running the same backfill again runs
+    nothing more.
+    """
+    with _exit_codes(ctx):
+        _require_schedule(ctx, name)
+        parked = api.backfill(name, app=ctx.obj.app, since=since, until=until)
+    for task_id in parked:
+        click.echo(f"sent {task_id}")
+    click.echo(f"backfilled {len(parked)} missed occurrences of {name}")
 
 
 @periodic.command(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MISSED_POLICIES",
+    "OVERLAP_POLICIES",
     "SOURCE_API",
     "SOURCE_CONFIG",
     "Definition",
@@ -39,6 +40,14 @@ __all__ = [
 #: down, or the broker was): ``once`` runs one for the whole gap, the first
 #: of them (as celery beat runs one), ``skip`` none, ``all`` every one of them.
 MISSED_POLICIES = ("once", "skip", "all")
+#: What an occurrence does when the schedule's previous run is still going
+#: (a worker reports start and finish, see :mod:`celery_zdelay.periodic.overlap`):
+#: ``allow`` runs it anyway (celery beat's behaviour), ``skip`` drops it,
+#: ``buffer_one`` waits for the previous run to end (one waits at most; the
+#: others are skipped).
+OVERLAP_POLICIES = ("allow", "skip", "buffer_one")
+#: Largest ``zdelay_overlap_timeout`` (seconds): a week.
+MAX_OVERLAP_TIMEOUT_SECONDS = 7 * 86_400
 #: Entries read from ``app.conf.beat_schedule``.
 SOURCE_CONFIG = "config"
 #: Entries added at run time (Python API or ``zdelay periodic add``).
@@ -59,6 +68,8 @@ _ENTRY_KEYS = (
     "zdelay_end",
     "zdelay_max_runs",
     "zdelay_one_off",
+    "zdelay_overlap",
+    "zdelay_overlap_timeout",
 )
 #: Largest ``zdelay_jitter`` (seconds): a day.
 MAX_JITTER_SECONDS = 86_400
@@ -87,6 +98,11 @@ class Definition:
     end_ms: int | None = None
     #: At most this many occurrences run, per definition (None: no limit).
     max_runs: int | None = None
+    #: One of :data:`OVERLAP_POLICIES`.
+    overlap: str = "allow"
+    #: How long a run counts as unfinished at most when no worker reports
+    #: its end (a SIGKILLed worker); None: the app's ``zdelay_key_hold_seconds``.
+    overlap_timeout_ms: int | None = None
 
     def body(self) -> str:
         """Return the canonical JSON stored in Redis (equal definitions, equal text)."""
@@ -108,6 +124,10 @@ class Definition:
             data["end_ms"] = self.end_ms
         if self.max_runs is not None:
             data["max_runs"] = self.max_runs
+        if self.overlap != "allow":
+            data["overlap"] = self.overlap
+        if self.overlap_timeout_ms is not None:
+            data["overlap_timeout_ms"] = self.overlap_timeout_ms
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def offset_ms(self, occurrence_ms: int) -> int:
@@ -140,6 +160,8 @@ class Definition:
             start_ms=_optional_int(data.get("start_ms")),
             end_ms=_optional_int(data.get("end_ms")),
             max_runs=_optional_int(data.get("max_runs")),
+            overlap=data.get("overlap", "allow"),
+            overlap_timeout_ms=_optional_int(data.get("overlap_timeout_ms")),
         )
 
     def in_window(self, occurrence_ms: int) -> bool:
@@ -164,6 +186,8 @@ class Definition:
             jitter += " (one-off)"
         elif self.max_runs is not None:
             jitter += f" (at most {self.max_runs} runs)"
+        if self.overlap != "allow":
+            jitter += f" (overlap {self.overlap})"
         if "every" in spec:
             text = f"every {spec['every']:g}s"
             return (text + " (relative)" if spec.get("relative") else text) + jitter
@@ -252,8 +276,8 @@ def from_beat_entry(
     zone = entry.get("zdelay_timezone")
     if zone is not None:
         spec = {**spec, "tz": _zone_name(zone, spec, where)}
-    start_ms = _moment_ms(entry.get("zdelay_start"), "zdelay_start", where)
-    end_ms = _moment_ms(entry.get("zdelay_end"), "zdelay_end", where)
+    start_ms = moment_ms(entry.get("zdelay_start"), "zdelay_start", where)
+    end_ms = moment_ms(entry.get("zdelay_end"), "zdelay_end", where)
     if start_ms is not None and end_ms is not None and end_ms < start_ms:
         raise ConfigurationError(f"{where}: zdelay_end is before zdelay_start; swap them.")
     max_runs = entry.get("zdelay_max_runs")
@@ -274,6 +298,7 @@ def from_beat_entry(
                 "keep one of them."
             )
         max_runs = 1
+    overlap, overlap_timeout_ms = _overlap(entry, where)
     definition = Definition(
         name=name,
         task=task,
@@ -287,6 +312,8 @@ def from_beat_entry(
         start_ms=start_ms,
         end_ms=end_ms,
         max_runs=max_runs,
+        overlap=overlap,
+        overlap_timeout_ms=overlap_timeout_ms,
     )
     try:
         body = definition.body()
@@ -357,7 +384,7 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
 
 
-def _moment_ms(value: Any, key: str, where: str) -> int | None:
+def moment_ms(value: Any, key: str, where: str) -> int | None:
     """Check a ``zdelay_start``/``zdelay_end`` value; return it in epoch ms.
 
     A datetime (naive: UTC, as Celery's worker reads an ``eta``) or an ISO
@@ -378,6 +405,38 @@ def _moment_ms(value: Any, key: str, where: str) -> int | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
     return int(value.timestamp() * 1000)
+
+
+def _overlap(entry: Mapping[str, Any], where: str) -> tuple[str, int | None]:
+    """Check ``zdelay_overlap`` and ``zdelay_overlap_timeout``; return the policy and ms."""
+    overlap = entry.get("zdelay_overlap", "allow")
+    if overlap not in OVERLAP_POLICIES:
+        raise ConfigurationError(
+            f"{where}: zdelay_overlap must be one of {', '.join(OVERLAP_POLICIES)}, "
+            f"got {overlap!r}."
+        )
+    timeout = entry.get("zdelay_overlap_timeout")
+    if timeout is None:
+        return overlap, None
+    if overlap == "allow":
+        raise ConfigurationError(
+            f"{where}: zdelay_overlap_timeout bounds how long a run blocks the next one, "
+            "and zdelay_overlap is 'allow' (nothing is blocked): set zdelay_overlap to "
+            "'skip' or 'buffer_one', or remove zdelay_overlap_timeout."
+        )
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, numbers.Real)
+        or not 0 < float(timeout) <= MAX_OVERLAP_TIMEOUT_SECONDS
+    ):
+        raise ConfigurationError(
+            f"{where}: zdelay_overlap_timeout must be a number of seconds above 0 and at most "
+            f"{MAX_OVERLAP_TIMEOUT_SECONDS} (or a timedelta): the longest a run may take, "
+            f"after which a run no worker reported finished stops blocking; got {timeout!r}."
+        )
+    return overlap, max(1, round(float(timeout) * 1000))
 
 
 def _zone_name(value: Any, spec: Mapping[str, Any], where: str) -> str:

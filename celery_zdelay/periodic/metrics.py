@@ -4,6 +4,7 @@ zdelay_periodic_next_run_timestamp_seconds{schedule}   next occurrence parked (a
 zdelay_periodic_last_run_timestamp_seconds{schedule}   last occurrence released
 zdelay_periodic_last_run_lateness_seconds{schedule}    how late it was released
 zdelay_periodic_paused{schedule}                       1 when paused
+zdelay_periodic_ticks_total{schedule,outcome}          ticks missed, skipped_overlap, late
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ class PeriodicCollector:
             "paused": gauge(
                 "zdelay_periodic_paused", "1 when the periodic schedule is paused.", labels=label
             ),
+            "ticks": self._core.CounterMetricFamily(
+                "zdelay_periodic_ticks",
+                "Ticks of a periodic schedule by outcome: missed (no companion or broker "
+                "served it), skipped_overlap (the previous run was unfinished), late (released "
+                "more than a second after its time).",
+                labels=["schedule", "outcome"],
+            ),
         }
 
     def describe(self) -> Iterator[Any]:
@@ -77,4 +85,6 @@ class PeriodicCollector:
                 families["last"].add_metric(name, info.last_run_ms / 1000)
             if info.last_run_lateness_ms is not None:
                 families["lateness"].add_metric(name, info.last_run_lateness_ms / 1000)
+            for outcome, ticks in info.counts.items():
+                families["ticks"].add_metric([info.name, outcome], ticks)
         yield from families.values()

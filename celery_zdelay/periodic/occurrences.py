@@ -10,7 +10,7 @@ that one". Timezones, ``relative`` and DST are then Celery's behaviour.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from celery.schedules import BaseSchedule, schedule
@@ -51,6 +51,10 @@ class Plan:
     skipped: int
     #: The newest occurrence considered (parked or not): the new pointer.
     pointer_ms: int
+    #: The skipped occurrences stepped over one by one (not those a long
+    #: outage jumped over), at most :data:`MAX_MISSED`: what ``periodic
+    #: backfill`` can run later.
+    missed: list[int] = field(default_factory=list)
 
 
 def plan(
@@ -87,6 +91,7 @@ def plan(
     interval = _interval_ms(sched)
     late: list[int] = []
     ahead: list[int] = []
+    missed_at: list[int] = []
     skipped = 0
     at = pointer_ms
     if inclusive:
@@ -100,6 +105,8 @@ def plan(
                 late.append(at)
                 continue
             skipped += 1
+            if len(missed_at) < MAX_MISSED:
+                missed_at.append(at)
             if skipped >= JUMP_AFTER:
                 # A long outage: jump over what no policy runs, in whole
                 # periods from this occurrence, so a plain interval keeps its
@@ -118,8 +125,8 @@ def plan(
             break
     else:
         # Years of a minute schedule missed: go on from here next pass.
-        return Plan(park=late, skipped=skipped, pointer_ms=at)
-    return Plan(park=late + ahead, skipped=skipped, pointer_ms=ahead[-1])
+        return Plan(park=late, skipped=skipped, pointer_ms=at, missed=missed_at)
+    return Plan(park=late + ahead, skipped=skipped, pointer_ms=ahead[-1], missed=missed_at)
 
 
 def _interval_ms(sched: BaseSchedule) -> int:

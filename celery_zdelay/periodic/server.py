@@ -34,7 +34,8 @@ from ..store import ParkRequest, Store
 from .definition import Definition, config_hash, definitions_from_config
 from .django_beat import DjangoBeatSource, uses_django_beat
 from .occurrences import plan
-from .store import PeriodicStore, Snapshot
+from .overlap import overlap_headers
+from .store import LATE_MS, PeriodicStore, Snapshot
 from .takeover import since_for
 
 if TYPE_CHECKING:
@@ -249,25 +250,34 @@ class PeriodicServer:
         time each get their own entry's run, and only once it ran.
         """
         pending = self._pending
-        runs: dict[str, tuple[int, int]] = {}
+        runs: dict[str, tuple[int, int, str]] = {}
+        late_ticks: dict[str, int] = {}
         for task_id, late in zip(task_ids, lateness_ms, strict=True):
-            hit = pending.pop(task_id, None) if task_id is not None else None
+            if task_id is None:
+                continue
+            hit = pending.pop(task_id, None)
             if hit is not None:
                 name, ms = hit
-                if ms >= runs.get(name, (-1, 0))[0]:
-                    runs[name] = (ms, late)
+                if late > LATE_MS:
+                    late_ticks[name] = late_ticks.get(name, 0) + 1
+                if ms >= runs.get(name, (-1, 0, ""))[0]:
+                    runs[name] = (ms, late, task_id)
         if runs and self._source is not None:
             # Written by the periodic thread (tend): no database round trip
             # in the release loop.
-            for name, (ms, _) in runs.items():
+            for name, (ms, _, _) in runs.items():
                 self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
         if runs:
             self.periodic.record_runs(
                 {
-                    name: json.dumps({"ms": ms, "lateness_ms": late, "by": self.companion_id})
-                    for name, (ms, late) in runs.items()
+                    name: json.dumps(
+                        {"ms": ms, "lateness_ms": late, "id": task_id, "by": self.companion_id}
+                    )
+                    for name, (ms, late, task_id) in runs.items()
                 }
             )
+        for name, ticks in late_ticks.items():
+            self.periodic.count(name, "late", ticks)
 
     def _cancel(self, snap: Snapshot) -> None:
         if not snap.to_cancel:
@@ -319,6 +329,14 @@ class PeriodicServer:
         withdrawn = waiting[len(kept) :]
         found = self.periodic.store.cancel(withdrawn) if withdrawn else []
         self._settled |= set(withdrawn)
+        # Those this companion took back: another one back from the same
+        # outage finds them gone and counts none.
+        self.periodic.count(definition.name, "missed", sum(found))
+        ms_of = {task_id: ms for ms, task_id in stale}
+        self.periodic.note_missed(
+            definition.name,
+            [(ms_of[t], t) for t, was in zip(withdrawn, found, strict=True) if was],
+        )
         logger.warning(
             "Periodic task %r: %d occurrences parked ahead were not released within %d ms of "
             "their time (no companion or no broker); zdelay_missed=%r runs %d of them, "
@@ -356,7 +374,15 @@ class PeriodicServer:
             todo_park = todo_park[: max(0, definition.max_runs - pointer.runs)]
         if not todo_park:
             if todo.pointer_ms != pointer.ms:
-                self.periodic.advance(definition.name, version, todo.pointer_ms, [], snap.now_ms)
+                self.periodic.advance(
+                    definition.name,
+                    version,
+                    todo.pointer_ms,
+                    [],
+                    snap.now_ms,
+                    missed=todo.skipped,
+                    missed_ids=self._missed_ids(definition, version, todo.missed),
+                )
             return 0
         if todo.skipped:
             logger.warning(
@@ -403,7 +429,15 @@ class PeriodicServer:
             return 0
         # Past what the dates and the limit left out too, unless parking stopped early.
         new_pointer = todo.pointer_ms if len(parked) == len(todo_park) else parked[-1][0]
-        status = self.periodic.advance(definition.name, version, new_pointer, parked, snap.now_ms)
+        status = self.periodic.advance(
+            definition.name,
+            version,
+            new_pointer,
+            parked,
+            snap.now_ms,
+            missed=todo.skipped,
+            missed_ids=self._missed_ids(definition, version, todo.missed),
+        )
         if status != "done":
             # Only on a Redis Cluster store (elsewhere park_once refused them
             # in the script that checks the version). Paused since the
@@ -417,6 +451,17 @@ class PeriodicServer:
             return 0
         return first
 
+    @staticmethod
+    def _missed_ids(
+        definition: Definition, version: int, missed: Sequence[int]
+    ) -> list[tuple[int, str]]:
+        """(ms, id) of the missed occurrences a plan left out, within the dates."""
+        return [
+            (ms, occurrence_id(definition.name, version, ms))
+            for ms in missed
+            if definition.in_window(ms)
+        ]
+
     def _schedule(self, definition: Definition, version: int) -> BaseSchedule:
         key = (definition.name, version)
         sched = self._schedules.get(key)
@@ -424,16 +469,33 @@ class PeriodicServer:
             sched = self._schedules[key] = definition.celery_schedule(self.app)
         return sched
 
+    def requests_for(
+        self, definition: Definition, task_id: str, occurrence_ms: int, *, due_ms: int
+    ) -> list[ParkRequest]:
+        """The messages of one occurrence, parked due at *due_ms* (see ``periodic backfill``)."""
+        return self._requests(definition, task_id, occurrence_ms, due_ms=due_ms)
+
     def _requests(
-        self, definition: Definition, task_id: str, occurrence_ms: int
+        self,
+        definition: Definition,
+        task_id: str,
+        occurrence_ms: int,
+        *,
+        due_ms: int | None = None,
     ) -> list[ParkRequest]:
         """Build the message celery beat would send for this occurrence, parked at its time.
 
         Its time is the occurrence's plus the schedule's jitter offset
-        (:meth:`Definition.offset_ms`, the same in every companion).
+        (:meth:`Definition.offset_ms`, the same in every companion), unless
+        *due_ms* says otherwise (a backfill runs it now).
         """
-        due_ms = occurrence_ms + definition.offset_ms(occurrence_ms)
+        if due_ms is None:
+            due_ms = occurrence_ms + definition.offset_ms(occurrence_ms)
         options: dict[str, Any] = dict(definition.options)
+        overlap = overlap_headers(definition)
+        if overlap:
+            # The worker applies the policy (see celery_zdelay.periodic.overlap).
+            options["headers"] = {**(options.get("headers") or {}), **overlap}
         expires = options.get("expires")
         if isinstance(expires, (int, float)) and not isinstance(expires, bool):
             # Seconds from when beat would send it: when it is due, not now.

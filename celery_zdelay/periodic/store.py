@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from ..store import ParkRequest, Store
 from ..store.client import unavailable_as_error
@@ -22,7 +22,16 @@ from ..store.keys import periodic_keys
 from ..store.scripts import guarded, script_source
 from .definition import Definition
 
-__all__ = ["PeriodicStore", "Pointer", "Snapshot"]
+__all__ = ["COUNTERS", "PeriodicStore", "Pointer", "Snapshot"]
+
+#: Ticks counted per schedule: ``missed`` (due while no companion or broker
+#: served it, left out by ``zdelay_missed``), ``skipped_overlap`` (released
+#: while the previous run was unfinished, skipped by ``zdelay_overlap``),
+#: ``late`` (released more than :data:`LATE_MS` after its time).
+COUNTERS = ("missed", "skipped_overlap", "late")
+#: A tick released later than this after its time (its jitter offset
+#: included) counts as run late.
+LATE_MS = 1_000
 
 #: Ids of parked occurrences are remembered this long after their time, so
 #: a change, removal or pause can still cancel them.
@@ -78,6 +87,10 @@ class Snapshot:
     meta: dict[str, str] = field(default_factory=dict)
     #: name -> (occurrence ms, lateness ms) of the last occurrence released.
     runs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: name -> task id of the last occurrence released.
+    last_ids: dict[str, str] = field(default_factory=dict)
+    #: name -> {counter: ticks} (see :data:`COUNTERS`).
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @cache
@@ -130,7 +143,8 @@ class PeriodicStore:
                 pipe.smembers(k.cancel)
                 pipe.hgetall(k.meta)
                 pipe.hgetall(k.runs)
-                defs, pointers, paused, cancel, meta, runs = pipe.execute()
+                pipe.hgetall(k.counts)
+                defs, pointers, paused, cancel, meta, runs, counts = pipe.execute()
             seconds, micros = self.store.client.time()
         snap = Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
         for raw_name, body in defs.items():
@@ -151,7 +165,15 @@ class PeriodicStore:
             try:
                 run = json.loads(raw)
                 snap.runs[_text(raw_name)] = (int(run["ms"]), int(run["lateness_ms"]))
+                if isinstance(run.get("id"), str):
+                    snap.last_ids[_text(raw_name)] = run["id"]
             except (ValueError, KeyError, TypeError):
+                continue
+        for raw_field, raw_count in counts.items():
+            name, _, counter = _text(raw_field).partition("\n")
+            try:
+                snap.counts.setdefault(name, {})[counter] = int(raw_count)
+            except ValueError:
                 continue
         return snap
 
@@ -280,20 +302,57 @@ class PeriodicStore:
         pointer_ms: int,
         parked: Sequence[tuple[int, str]],
         now_ms: int,
+        *,
+        missed: int = 0,
+        missed_ids: Sequence[tuple[int, str]] = (),
     ) -> str:
-        """Record what was parked: "done", or "paused" / "changed" (or removed) meanwhile."""
+        """Record what was parked: "done", or "paused" / "changed" (or removed) meanwhile.
+
+        *missed* occurrences the missed policy left out count once, for
+        whoever moves the pointer past them; *missed_ids* (ms, id) of them
+        are remembered for :meth:`claim_missed`.
+        """
         k = self.keys
-        args: list[Any] = [name, version, pointer_ms, now_ms - REMEMBER_PARKED_MS]
-        for ms, task_id in parked:
+        args: list[Any] = [name, version, pointer_ms, now_ms - REMEMBER_PARKED_MS, missed]
+        args.append(len(missed_ids))
+        for ms, task_id in [*missed_ids, *parked]:
             args += [ms, task_id]
+        keys = [k.pointers, k.paused, k.counts, k.missed_prefix + name]
         with unavailable_as_error(self.store.url):
-            reply = int(self._advance(keys=[k.pointers, k.paused], args=args))
+            reply = int(self._advance(keys=keys, args=args))
         return {1: "done", 0: "paused"}.get(reply, "changed")
 
     def record_runs(self, runs: dict[str, str]) -> None:
         """Store name -> JSON of the last occurrence released (see :class:`Snapshot`)."""
         with unavailable_as_error(self.store.url):
             self.store.client.hset(self.keys.runs, mapping=runs)  # type: ignore[arg-type]
+
+    def count(self, name: str, counter: str, ticks: int = 1) -> None:
+        """Add *ticks* to *counter* (one of :data:`COUNTERS`) of schedule *name*."""
+        if ticks > 0:
+            with unavailable_as_error(self.store.url):
+                self.store.client.hincrby(self.keys.counts, f"{name}\n{counter}", ticks)
+
+    def note_missed(self, name: str, missed_ids: Sequence[tuple[int, str]]) -> None:
+        """Remember (ms, id) of occurrences of *name* that did not run, for :meth:`claim_missed`."""
+        if missed_ids:
+            with unavailable_as_error(self.store.url):
+                self.store.client.zadd(
+                    self.keys.missed_prefix + name, {task_id: ms for ms, task_id in missed_ids}
+                )
+
+    def missed_between(self, name: str, since_ms: int, until_ms: int) -> list[tuple[int, str]]:
+        """Return (ms, id) of the remembered missed occurrences of *name* in the window."""
+        with unavailable_as_error(self.store.url):
+            found = self.store.client.zrangebyscore(
+                self.keys.missed_prefix + name, since_ms, until_ms, withscores=True
+            )
+        return [(int(ms), _text(task_id)) for task_id, ms in cast("list[Any]", found)]
+
+    def claim_missed(self, name: str, task_id: str) -> bool:
+        """Take a missed occurrence to run it now; True for one caller only, ever."""
+        with unavailable_as_error(self.store.url):
+            return bool(self.store.client.zrem(self.keys.missed_prefix + name, task_id))
 
     def forget_cancelled(self, task_ids: Sequence[str]) -> None:
         if task_ids:

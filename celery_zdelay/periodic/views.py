@@ -9,7 +9,7 @@ from ..store import Store
 from .api import ScheduleInfo, schedules_in
 from .store import PeriodicStore
 
-__all__ = ["schedule_json", "schedule_lines", "store_schedules"]
+__all__ = ["counts_text", "schedule_json", "schedule_lines", "store_schedules"]
 
 
 def store_schedules(store: Store) -> tuple[int, list[ScheduleInfo]]:
@@ -30,6 +30,9 @@ def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
         "next_run_ms": info.next_run_ms,
         "last_run_ms": info.last_run_ms,
         "last_run_lateness_ms": info.last_run_lateness_ms,
+        "last_run_id": info.last_run_id,
+        "overlap": info.overlap,
+        "counts": info.counts,
         "args": info.args,
         "kwargs": info.kwargs,
         "options": info.options,
@@ -37,7 +40,7 @@ def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
 
 
 def schedule_lines(infos: list[ScheduleInfo]) -> list[str]:
-    """Return two lines per schedule for people."""
+    """Return three lines per schedule for people."""
     lines = []
     for info in infos:
         state = "paused" if info.paused else "active"
@@ -51,5 +54,16 @@ def schedule_lines(infos: list[ScheduleInfo]) -> list[str]:
         lines.append(
             f"{info.name}  {info.task}  {info.schedule}  [{state}, {info.source}, v{info.version}]"
         )
-        lines.append(f"    next {next_run}  last {last_run}{late}")
+        last_id = f" {info.last_run_id}" if info.last_run_id else ""
+        lines.append(f"    next {next_run}  last {last_run}{late}{last_id}")
+        lines.append("    " + counts_text(info))
     return lines
+
+
+def counts_text(info: ScheduleInfo) -> str:
+    """The tick counters of one schedule, as ``periodic list`` and the dashboard show them."""
+    counts = info.counts
+    return (
+        f"missed {counts.get('missed', 0)}  skipped by overlap {counts.get('skipped_overlap', 0)}"
+        f"  late {counts.get('late', 0)}"
+    )

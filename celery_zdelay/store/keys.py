@@ -109,8 +109,12 @@ class PeriodicKeys:
     meta: str
     #: SET of beat_schedule hashes replaced by a newer one.
     superseded: str
-    #: HASH name -> JSON: the last occurrence released and how late.
+    #: HASH name -> JSON: the last occurrence released, its id and how late.
     runs: str
+    #: HASH "<name>\n<counter>" -> ticks counted (see PeriodicStore.count).
+    counts: str
+    #: Followed by a schedule's name: ZSET of its missed occurrence ids -> their ms.
+    missed_prefix: str
 
 
 def periodic_keys(prefix: str) -> PeriodicKeys:
@@ -125,6 +129,8 @@ def periodic_keys(prefix: str) -> PeriodicKeys:
         meta=f"{tag}:meta",
         superseded=f"{tag}:superseded",
         runs=f"{tag}:runs",
+        counts=f"{tag}:counts",
+        missed_prefix=f"{tag}:missed:",
     )
 
 

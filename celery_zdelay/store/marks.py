@@ -40,6 +40,7 @@ __all__ = [
     "marks_of",
     "park_marked",
     "repair_marks",
+    "start_run",
     "tagged_ids",
 ]
 
@@ -88,6 +89,7 @@ class MarkProblem:
 class _Scripts:
     park_keyed: Script
     finish_key: Script
+    start_run: Script
     drop_key: Script
 
 
@@ -108,6 +110,7 @@ def _scripts(store: Store) -> _Scripts:
         found = _Scripts(
             park_keyed=store.client.register_script(park_keyed),
             finish_key=store.client.register_script(guarded(_lua("_marks") + _lua("finish_key"))),
+            start_run=store.client.register_script(guarded(_lua("_marks") + _lua("start_run"))),
             drop_key=store.client.register_script(guarded(_lua("drop_key"))),
         )
         _scripts_of[store] = found
@@ -232,6 +235,22 @@ def finish_key(store: Store, key: str, task_id: str) -> bool:
     keys = store.keys(store.shard_of(key))
     with unavailable_as_error(store.url):
         return bool(_scripts(store).finish_key(keys=[keys.marks, keys.due], args=[key, task_id]))
+
+
+def start_run(
+    store: Store, key: str, task_id: str, *, hold_ms: int, policy: str
+) -> tuple[str, str | None]:
+    """Take *key* for the run of *task_id* about to start, unless another run holds it.
+
+    Returns ("run", None), or ("wait", holder) / ("skip", holder) while
+    *holder* runs (see ``lua/start_run.lua``). The key is freed as an
+    ``until_finished`` key is (:func:`finish_key`), or when *hold_ms* passed.
+    """
+    keys = store.keys(store.shard_of(key))
+    with unavailable_as_error(store.url):
+        reply = _scripts(store).start_run(keys=[keys.marks], args=[key, task_id, hold_ms, policy])
+    verdict = _text(reply[0])
+    return verdict, (_text(reply[1]) if len(reply) > 1 else None)
 
 
 # -- readers -----------------------------------------------------------------------
