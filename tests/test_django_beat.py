@@ -292,3 +292,84 @@ def test_the_switch_from_celery_beat_goes_on_from_last_run_at(
     settle = time.monotonic() + 3
     wait_for(lambda: time.monotonic() > settle, timeout=10, interval=0.5)
     assert len(_runs_with(runs, "once")) == 1
+
+
+def test_clocked_rows_run_once_at_their_time_and_bad_rows_are_skipped(
+    make_test_app: AppFactory,
+    database: str,
+    processes: list[CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    # Given a clocked row due in 10 s, one whose moment passed while nothing
+    # served it, an interval row, and rows with an invalid crontab and with
+    # a time zone that does not exist (written past the admin's checks)
+    at = round(time.time()) + 10
+    _add_interval_row(database, "good", 1, ["good"], task="tests.record")
+    _django(
+        database,
+        f"""
+        from datetime import datetime, timezone
+        from django.db import connection
+        from django_celery_beat.models import ClockedSchedule, CrontabSchedule, PeriodicTask
+        for name, moment in (("at ten", {at!r}), ("passed", {at - 310!r})):
+            clocked = ClockedSchedule.objects.create(
+                clocked_time=datetime.fromtimestamp(moment, timezone.utc)
+            )
+            PeriodicTask.objects.create(
+                name=name, task="tests.record", clocked=clocked, one_off=True,
+                args=json.dumps([name]),
+            )
+        bad_cron = CrontabSchedule.objects.create(minute="99")
+        PeriodicTask.objects.create(
+            name="bad cron", task="tests.record", crontab=bad_cron, args='["bad cron"]'
+        )
+        bad_zone = CrontabSchedule.objects.create(minute="*", hour="*")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE django_celery_beat_crontabschedule SET timezone = %s WHERE id = %s",
+                ["Mars/Olympus", bad_zone.pk],
+            )
+        PeriodicTask.objects.create(
+            name="bad zone", task="tests.record", crontab=bad_zone, args='["bad zone"]'
+        )
+        """,
+    )
+    app = make_test_app(conf={"zdelay_beat": True})
+    worker(app)
+    # When a companion serves the rows
+    served = _companion(app, processes, database, "--beat", "-S", "django")
+
+    # Then the bad rows are reported by name and block no other row
+    served.wait_for_log("'bad_cron' is not served: django-celery-beat row 'bad cron': invalid")
+    served.wait_for_log("'bad_zone' is not served: django-celery-beat row 'bad zone': its crontab")
+    wait_for(lambda: _runs_with(runs, "good"), timeout=60, message="a run of the interval row")
+    # and the passed moment runs once, at once
+    wait_for(lambda: _runs_with(runs, "passed"), timeout=60, message="the passed clocked row")
+    # and the clocked row runs once, at its moment
+    wait_for(lambda: _runs_with(runs, "at ten"), timeout=60, message="the clocked row")
+    (clocked,) = _runs_with(runs, "at ten")
+    assert _occurrence_s(clocked["id"]) == at
+    assert clocked["wall"] >= at
+    # and each clocked row is disabled after its run, as django-celery-beat does
+    for name in ("at ten", "passed"):
+        wait_for(
+            lambda name=name: (
+                not _django(
+                    database,
+                    f"""
+                from django_celery_beat.models import PeriodicTask
+                print(json.dumps(PeriodicTask.objects.get(name={name!r}).enabled))
+                """,
+                )
+            ),
+            timeout=30,
+            interval=0.5,
+            message=f"{name} disabled",
+        )
+    settle = time.monotonic() + 3
+    wait_for(lambda: time.monotonic() > settle, timeout=10, interval=0.5)
+    assert len(_runs_with(runs, "at ten")) == 1
+    assert len(_runs_with(runs, "passed")) == 1
+    assert _runs_with(runs, "bad cron") == _runs_with(runs, "bad zone") == []
+    assert runs.duplicates() == {}
