@@ -481,3 +481,45 @@ def test_a_real_celery_beat_then_the_companion_lose_and_double_no_tick(
     gaps = [later["wall"] - earlier["wall"] for earlier, later in itertools.pairwise(ran)]
     assert all(abs(gap - PERIOD_S) < PERIOD_S / 3 for gap in gaps), gaps
     assert runs.duplicates() == {}
+
+
+def test_a_rows_routing_priority_headers_and_expiry_reach_the_message(
+    make_test_app: AppFactory,
+    database: str,
+    processes: list[CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    # Given a row routed by exchange and routing key, with a priority,
+    # headers and expire_seconds, as the admin's "Execution Options" set them
+    _add_interval_row(
+        database,
+        "routed",
+        1,
+        ["routed"],
+        task="tests.record",
+        exchange="reports",
+        routing_key="reports.daily",
+        priority=7,
+        headers=json.dumps({"x_from": "the admin"}),
+        expire_seconds=300,
+    )
+    app = make_test_app(
+        conf={"zdelay_beat": True},
+        queues=[
+            {"name": "celery"},
+            {"name": "reports", "exchange": "reports", "routing_key": "reports.daily"},
+        ],
+    )
+    # When a companion serves it, and a worker consumes only the bound queue
+    worker(app, "reports")
+    _companion(app, processes, database, "--beat", "-S", "django")
+
+    # Then its runs arrive through that exchange and key, with each option
+    wait_for(lambda: _runs_with(runs, "routed"), timeout=60, message="a run of the routed row")
+    run = _runs_with(runs, "routed")[0]
+    assert run["routing_key"] == "reports.daily"
+    assert run["priority"] == 7
+    assert run["headers"]["x_from"] == "the admin"
+    expires = datetime.fromisoformat(run["expires"]).timestamp()
+    assert abs(expires - (_occurrence_s(run["id"]) + 300)) < 1
