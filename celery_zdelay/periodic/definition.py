@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
 from ..errors import ConfigurationError
+from .clocked import ClockedAt
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -82,7 +83,8 @@ class Definition:
 
     name: str
     task: str
-    #: ``{"every": seconds, "relative": bool}``, ``{"crontab": {...}}`` or ``{"solar": {...}}``.
+    #: ``{"every": seconds, "relative": bool}``, ``{"crontab": {...}}``, ``{"solar": {...}}``
+    #: or ``{"at": epoch ms}`` (a clocked schedule: once, at that moment).
     schedule: Mapping[str, Any]
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -195,6 +197,8 @@ class Definition:
             cron = spec["crontab"]
             zone = f" {spec['tz']}" if spec.get("tz") else ""
             return "crontab " + " ".join(str(cron[f]) for f in _CRONTAB_FIELDS) + zone + jitter
+        if "at" in spec:
+            return f"once at {_iso(spec['at'])}" + jitter
         sun = spec["solar"]
         return f"solar {sun['event']} at {sun['lat']},{sun['lon']}" + jitter
 
@@ -346,6 +350,8 @@ def schedule_spec(value: Any, relative: bool, where: str) -> dict[str, Any]:
         return {"crontab": {f: _cron_text(getattr(value, f"_orig_{f}")) for f in _CRONTAB_FIELDS}}
     if isinstance(value, solar) and type(value) is solar:
         return {"solar": {"event": value.event, "lat": value.lat, "lon": value.lon}}
+    if isinstance(value, ClockedAt):
+        return {"at": value.at_ms}
     raise ConfigurationError(
         f"{where}: schedule must be a number of seconds, a timedelta, a crontab or a solar "
         f"(the schedule is stored in Redis as JSON), got {value!r}."
@@ -473,6 +479,8 @@ def build_schedule(spec: Mapping[str, Any], app: Celery) -> BaseSchedule:
     if "solar" in spec:
         sun = spec["solar"]
         return solar(sun["event"], sun["lat"], sun["lon"], app=app)
+    if "at" in spec:
+        return ClockedAt(spec["at"], app=app)
     raise ConfigurationError(f"Unknown stored schedule {spec!r}.")
 
 

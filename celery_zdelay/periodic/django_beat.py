@@ -15,9 +15,10 @@ What is kept as django-celery-beat keeps it: ``last_run_at`` and
 released, so the admin stays true. A crontab's time zone, ``start_time``,
 ``expires`` and ``one_off`` become the periodic options ``zdelay_timezone``,
 ``zdelay_start``, ``zdelay_end`` and ``zdelay_one_off``. A row that cannot
-be served (an unknown task, bad JSON in ``args``, an unknown time zone, a
-clocked schedule, not served yet) is reported by name and skipped; the
-others are served.
+be served (an unknown task, bad JSON in ``args``, an invalid crontab, an
+unknown time zone) is reported by name and skipped; the others are served.
+A clocked row runs once at its ``clocked_time`` (a moment already past
+when the row is first read runs at once, as django-celery-beat runs it).
 
 Only imported when that scheduler is configured: django-celery-beat and
 Django are optional.
@@ -33,6 +34,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
+from .clocked import ClockedAt
 from .definition import SOURCE_CONFIG, Definition, from_beat_entry
 
 if TYPE_CHECKING:
@@ -109,8 +111,10 @@ class DjangoBeatSource:
         rows: dict[str, int] = {}
         one_off: set[str] = set()
         last_runs: dict[str, int] = {}
+        # Not the crontab: a row whose time zone does not exist fails as it
+        # is loaded, and it must fail alone (see _crontab), not the query.
         query = PeriodicTask.objects.filter(enabled=True).select_related(
-            "interval", "crontab", "solar", "clocked"
+            "interval", "solar", "clocked"
         )
         for row in query:
             name = definition_name(row.name)
@@ -127,6 +131,10 @@ class DjangoBeatSource:
                     one_off.add(name)
                 if row.last_run_at is not None:
                     last_runs[name] = round(row.last_run_at.timestamp() * 1000)
+                elif row.clocked is not None:
+                    # A clocked moment that passed while nothing served the
+                    # row runs once, late, as django-celery-beat runs it.
+                    last_runs[name] = _clocked_ms(row) - 1
             except ConfigurationError as exc:
                 errors[name] = str(exc)
         self._rows = rows
@@ -172,6 +180,7 @@ class DjangoBeatSource:
 
     def _definition(self, row: Any, name: str, known: set[str]) -> Definition:
         where = f"django-celery-beat row {row.name!r}"
+        _crontab(row, where)
         entry: dict[str, Any] = {
             "task": row.task,
             "schedule": self._schedule(row, where),
@@ -216,10 +225,7 @@ class DjangoBeatSource:
             sun = row.solar
             return solar(sun.event, float(sun.latitude), float(sun.longitude), app=self.app)
         if row.clocked is not None:
-            raise ConfigurationError(
-                f"{where}: clocked (run once at a time) schedules are not served by "
-                "celery-zdelay yet; park the task with apply_delayed(eta=...) instead."
-            )
+            return ClockedAt(_clocked_ms(row), app=self.app)
         raise ConfigurationError(f"{where} has no schedule.")
 
     @staticmethod
@@ -238,6 +244,34 @@ class DjangoBeatSource:
             # Seconds after the occurrence, as celery beat counts from sending it.
             options["expires"] = row.expire_seconds
         return options
+
+
+def _crontab(row: Any, where: str) -> Any:
+    """Load a row's crontab (one query each, cached on the row), refusing a bad time zone.
+
+    django-celery-beat's time zone field turns the stored name into a zone
+    as the crontab is read, and raises for one that does not exist (a
+    name removed from the tz database, or written by hand).
+    """
+    from django.core.exceptions import ValidationError
+
+    try:
+        return row.crontab
+    except ValidationError as exc:
+        raise ConfigurationError(
+            f"{where}: its crontab's time zone does not exist ({' '.join(exc.messages)}): "
+            "pick an IANA name such as 'Europe/Paris' in the admin."
+        ) from None
+
+
+def _clocked_ms(row: Any) -> int:
+    """A clocked row's moment, epoch ms (a naive time is in Django's ``TIME_ZONE``)."""
+    from django.utils import timezone as django_timezone
+
+    moment = row.clocked.clocked_time
+    if django_timezone.is_naive(moment):
+        moment = django_timezone.make_aware(moment)
+    return round(float(moment.timestamp()) * 1000)
 
 
 def _json(text: str | None, kind: type, field: str, where: str) -> Any:
