@@ -60,6 +60,19 @@ def test_a_captured_message_is_announced_once_when_parked_and_not_before(
     assert announced == [("tests.record", "held")]
 
 
+def test_each_message_of_a_capture_is_announced_for_itself(
+    app: Celery, announced: list[tuple[str, str]]
+) -> None:
+    task = app.tasks["tests.record"]
+    _, messages = capture(
+        app,
+        lambda p: [task.apply_async((i,), producer=p, task_id=i) for i in ("one", "two", "three")],
+    )
+    assert announced == []
+    announce_parked(messages)
+    assert announced == [("tests.record", i) for i in ("one", "two", "three")]
+
+
 def test_a_real_publish_is_announced_at_once_before_and_after_a_capture(
     app: Celery, announced: list[tuple[str, str]], redis_client: redis.Redis
 ) -> None:
