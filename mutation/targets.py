@@ -106,6 +106,10 @@ _STORE = "celery_zdelay/store/lua/"
 _PERIODIC = "celery_zdelay/periodic/lua/"
 _PERIODIC_TESTS = ("tests/test_periodic.py", "tests/test_periodic_hardening.py")
 _ADMIN = ("tests/test_admin.py",)
+_STEERING = (
+    "tests/test_mutation_kills_cancel_reschedule_lua.py",
+    "tests/test_cancel_reschedule.py",
+)
 
 LUA = (
     Target(
@@ -133,8 +137,8 @@ LUA = (
     ),
     Target("recover.lua", _STORE + "recover.lua", ("tests/test_crash_recovery.py",)),
     Target("deadletter.lua", _STORE + "deadletter.lua", ("tests/test_security.py", *_ADMIN)),
-    Target("cancel.lua", _STORE + "cancel.lua", ("tests/test_cancel_reschedule.py",)),
-    Target("reschedule.lua", _STORE + "reschedule.lua", ("tests/test_cancel_reschedule.py",)),
+    Target("cancel.lua", _STORE + "cancel.lua", _STEERING),
+    Target("reschedule.lua", _STORE + "reschedule.lua", _STEERING),
     Target("requeue.lua", _STORE + "requeue.lua", _ADMIN),
     Target("purge.lua", _STORE + "purge.lua", _ADMIN),
     Target(
