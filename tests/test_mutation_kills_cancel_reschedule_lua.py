@@ -34,7 +34,8 @@ def _park(app: Celery, *ids: str, countdown: float = 3600) -> None:
 
 
 def _template_refs(client: redis.Redis) -> list[bytes]:
-    return [v for k, v in client.hgetall(SHARD0.templates).items() if k.startswith(b"#")]
+    counts: dict[bytes, bytes] = client.hgetall(SHARD0.templates)
+    return [v for k, v in counts.items() if k.startswith(b"#")]
 
 
 # -- cancel.lua ------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def test_a_reschedule_wakes_the_companions_only_when_it_moves_the_earliest_due_t
     _park(app, "early", countdown=600)
     _park(app, "late", countdown=3600)
     store = store_for(app)
-    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub = store.client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(SHARD0.wake)
     wait_for(lambda: redis_client.pubsub_numsub(SHARD0.wake)[0][1] == 1, message="subscribed")
     try:
