@@ -139,3 +139,13 @@ def test_captures_share_one_connection_and_give_a_channel_when_asked(app: Celery
     # A result backend (RPC) declares its reply queue on the producer's channel.
     assert first.channel is not None
     assert first.channel is first.__connection__.default_channel
+
+
+def test_a_message_without_both_task_headers_is_refused_and_not_taken(app: Celery) -> None:
+    producers: list[CapturingProducer] = []
+    capture(app, producers.append)
+    (producer,) = producers
+    for headers in ({"id": "x"}, {"task": "tests.record"}, {}):
+        with pytest.raises(ConfigurationError, match="task protocol 2 messages only"):
+            producer.publish(b"{}", routing_key="celery", exchange="", headers=headers)
+    assert producer.messages == []
