@@ -149,3 +149,13 @@ def test_a_message_without_both_task_headers_is_refused_and_not_taken(app: Celer
         with pytest.raises(ConfigurationError, match="task protocol 2 messages only"):
             producer.publish(b"{}", routing_key="celery", exchange="", headers=headers)
     assert producer.messages == []
+
+
+def test_the_signal_hold_is_installed_once_not_once_per_capture(app: Celery) -> None:
+    # Installed again per capture, it would wrap itself: every park would make
+    # every later after_task_publish a call deeper.
+    capture(app, lambda p: None)
+    installed = signals.after_task_publish._live_receivers
+    for _ in range(3):
+        capture(app, lambda p: None)
+    assert signals.after_task_publish._live_receivers is installed
