@@ -45,6 +45,14 @@ def test_an_interval_under_a_millisecond_still_moves_forward_by_one() -> None:
     assert next_after(schedule(timedelta(microseconds=400), relative=True), T) == T + 1
 
 
+def test_a_relative_schedule_due_at_the_very_time_asked_still_moves_forward() -> None:
+    # Celery rounds a relative schedule to whole seconds: asked on a whole
+    # second, a sub-second one is due "now", which is not strictly after.
+    whole = (T // SECOND) * SECOND
+    for period in (timedelta(microseconds=400), timedelta(milliseconds=500)):
+        assert next_after(schedule(period, relative=True), whole) == whole + 1
+
+
 def test_a_relative_interval_lands_on_whole_periods_of_the_clock() -> None:
     hourly = schedule(timedelta(hours=1), relative=True)
     assert next_after(hourly, T) == (T // HOUR + 1) * HOUR
