@@ -151,11 +151,16 @@ def test_a_message_without_both_task_headers_is_refused_and_not_taken(app: Celer
     assert producer.messages == []
 
 
-def test_the_signal_hold_is_installed_once_not_once_per_capture(app: Celery) -> None:
+def test_the_signal_hold_and_the_producer_route_are_installed_once_not_per_capture(
+    app: Celery,
+) -> None:
     # Installed again per capture, it would wrap itself: every park would make
     # every later after_task_publish a call deeper.
     capture(app, lambda p: None)
     installed = signals.after_task_publish._live_receivers
+    routed = app.producer_or_acquire
     for _ in range(3):
         capture(app, lambda p: None)
     assert signals.after_task_publish._live_receivers is installed
+    # The same for the app's producer_or_acquire, routed to the capture.
+    assert app.producer_or_acquire is routed
