@@ -12,6 +12,7 @@ worker needed.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,7 +55,15 @@ def test_a_captured_message_is_announced_once_when_parked_and_not_before(
     message = _capture_one(app, "held")
     assert announced == []
     assert redis_client.llen("celery") == 0  # nothing reached the broker
+    # The held-back signal's arguments repeat the whole message: a log line
+    # showing the message does not show them twice.
+    assert message.announcement is not None
+    assert "announcement" not in repr(message)
+    unannounced = copy.copy(message)
     announce_parked([None, message])
+    # Announced or not, it is the same message.
+    assert message.announcement is None
+    assert message == unannounced
     assert announced == [("tests.record", "held")]
     announce_parked([message])
     assert announced == [("tests.record", "held")]

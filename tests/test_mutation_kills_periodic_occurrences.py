@@ -186,3 +186,10 @@ def test_a_plan_computes_at_most_its_step_limit_and_goes_on_from_there_next_pass
         second, pointer_ms=T, now_ms=T, horizon_ms=(MAX_STEPS + 10) * SECOND, missed="once"
     )
     assert result == Plan(park=[], skipped=0, pointer_ms=T + MAX_STEPS * SECOND)
+
+
+def test_a_plan_is_asked_for_by_name_so_two_times_cannot_be_swapped() -> None:
+    # pointer_ms, now_ms and horizon_ms are all ints: given by position, a
+    # swap would plan silently wrong.
+    with pytest.raises(TypeError):
+        plan(EVERY_10S, T, T, SECOND, "once")  # type: ignore[misc]
