@@ -17,6 +17,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_zdelay import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
@@ -88,6 +89,18 @@ def test_an_entry_claimed_for_release_is_not_cancelled(
 
     assert redis_client.hexists(SHARD0.msg, "due-now")
     assert redis_client.zscore(SHARD0.lease, "due-now") is not None
+
+
+def test_a_cancel_finding_a_key_of_another_type_is_refused_with_the_fix_and_writes_nothing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    _park(app, "a")
+    redis_client.delete(SHARD0.msg)
+    redis_client.set(SHARD0.msg, "something else wrote this")
+    with pytest.raises(StoreRefusedError, match=r"holds a string, not a hash: something else"):
+        store_for(app).cancel(["a"])
+    assert redis_client.zscore(SHARD0.due, "a") is not None
+    assert redis_client.get(SHARD0.msg) == b"something else wrote this"
 
 
 # -- reschedule.lua ----------------------------------------------------------------------

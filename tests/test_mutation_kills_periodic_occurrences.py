@@ -13,6 +13,7 @@ the stories through companions and workers are in test_periodic*.py.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -193,3 +194,10 @@ def test_a_plan_is_asked_for_by_name_so_two_times_cannot_be_swapped() -> None:
     # swap would plan silently wrong.
     with pytest.raises(TypeError):
         plan(EVERY_10S, T, T, SECOND, "once")  # type: ignore[misc]
+
+
+def test_a_plan_cannot_be_changed_once_made() -> None:
+    # Every companion acts on the plan it computed: nothing may edit it on the way.
+    made = plan(EVERY_10S, pointer_ms=T, now_ms=T, horizon_ms=SECOND, missed="once")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.pointer_ms = 0  # type: ignore[misc]
