@@ -148,6 +148,16 @@ def test_entries_moved_to_one_millisecond_keep_the_order_they_were_moved_in(
     assert int(redis_client.zscore(SHARD0.due, "second") or -1) == at * 1024 + 3
 
 
+def test_an_entry_of_the_next_millisecond_does_not_push_a_moved_one_to_the_end(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    _park(app, "moved")
+    at = 1_900_000_000_000
+    redis_client.zadd(SHARD0.due, {"next-ms": (at + 1) * 1024})
+    assert store_for(app).reschedule("moved", Due("a", at)) == at
+    assert int(redis_client.zscore(SHARD0.due, "moved") or -1) == at * 1024
+
+
 def test_a_full_millisecond_keeps_every_entry_in_it(app: Celery, redis_client: redis.Redis) -> None:
     _park(app, "moved")
     at = 1_900_000_000_000
@@ -172,7 +182,11 @@ def test_a_reschedule_wakes_the_companions_only_when_it_moves_the_earliest_due_t
         # Earlier than the earliest: the companions wake for its due time.
         at = redis_ms(redis_client) + 60_000
         assert store.reschedule("late", Due("a", at)) == at
-        # The earliest moved later: nothing to wake for.
+        # The earliest moved later, still ahead of the next one, or moved to
+        # the very slot it had: nothing to wake for.
+        assert store.reschedule("late", Due("a", at + 1000)) == at + 1000
+        assert due_ms(store, "late") == at + 1000
+        assert store.reschedule("late", Due("a", at + 1000)) == at + 1000
         store.reschedule("early", Due("r", 9000_000))
         # Messages on one channel arrive in order: read up to a last one of ours.
         redis_client.publish(SHARD0.wake, "end")
