@@ -103,6 +103,15 @@ def test_a_cancel_finding_a_key_of_another_type_is_refused_with_the_fix_and_writ
     assert redis_client.get(SHARD0.msg) == b"something else wrote this"
 
 
+def test_a_reschedule_finding_a_key_of_another_type_is_refused_with_the_fix(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    redis_client.set(SHARD0.due, "something else wrote this")
+    with pytest.raises(StoreRefusedError, match=r"holds a string, not a zset: something else"):
+        store_for(app).reschedule("a", Due("a", 1_900_000_000_000))
+    assert redis_client.get(SHARD0.due) == b"something else wrote this"
+
+
 # -- reschedule.lua ----------------------------------------------------------------------
 
 
@@ -154,6 +163,10 @@ def test_an_entry_of_the_next_millisecond_does_not_push_a_moved_one_to_the_end(
     _park(app, "moved")
     at = 1_900_000_000_000
     redis_client.zadd(SHARD0.due, {"next-ms": (at + 1) * 1024})
+    assert store_for(app).reschedule("moved", Due("a", at)) == at
+    assert int(redis_client.zscore(SHARD0.due, "moved") or -1) == at * 1024
+    # Moved again to the same millisecond, alone in it: the same first slot,
+    # not the one after its own old place.
     assert store_for(app).reschedule("moved", Due("a", at)) == at
     assert int(redis_client.zscore(SHARD0.due, "moved") or -1) == at * 1024
 
