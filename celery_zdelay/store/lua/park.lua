@@ -32,16 +32,6 @@ if redis.replicate_commands then redis.replicate_commands() end
 local due, msg, lease, leased, dests, marker, templates =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
--- A client whose reply was lost (Redis restarted) retries the call; if the
--- first attempt ran, its entries may already be released: parking them again
--- would release them twice. The marker remembers the first attempt.
-local done = redis.call('GET', marker)
-if done then
-  local previous = {}
-  for ms in string.gmatch(done, '[^,]+') do previous[#previous + 1] = tonumber(ms) end
-  return previous
-end
-
 zdelay_expect_park_args()
 local n_templates = tonumber(ARGV[3])
 local first_entry = 4 + 2 * n_templates
@@ -90,26 +80,49 @@ end
 
 -- Everything is read before the first write, and those reads check the
 -- types of the keys written after them (a read of a key of another type
--- fails as the check would): due (ZREVRANGEBYSCORE), msg (HGET), lease
--- (ZSCORE), templates (HEXISTS, and the counts' HGET before any count is
--- written). leased is checked when an entry being released needs it; dests
--- is written first of all (below). A failed read is reported as the checks
--- of _guard.lua report it, with the fix.
+-- fails as the check would): due (ZREVRANGEBYSCORE), msg (HMGET), lease
+-- (ZSCORE), templates (the HGET of a template's count, HEXISTS where it has
+-- none, and the counts' HGET before any count is written). leased is
+-- checked when an entry being released needs it; dests is written first of
+-- all (below). A failed read is reported as the checks of _guard.lua report
+-- it, with the fix.
 local created, delta, keep, holds = {}, {}, {}, {}
 local entries = {}
 local refs
 local lowest, wake = nil, false
+-- Template counts read here, for zdelay_refs_plan (false: no count).
+local counts = {}
 local function read()
   for i = 4, 3 + 2 * n_templates, 2 do
-    if redis.call('HEXISTS', templates, ARGV[i]) == 0 then created[ARGV[i]] = true end
+    -- A template with a count is stored (zdelay_refs_apply writes and
+    -- deletes the two together): for a template in use, the one read of its
+    -- count answers both questions. Only without one is the record looked for.
+    local tid = ARGV[i]
+    local count = redis.call('HGET', templates, '#' .. tid) or false
+    counts[tid] = count
+    if not (count and string.match(count, '^%d+$'))
+        and redis.call('HEXISTS', templates, tid) == 0 then
+      created[tid] = true
+    end
+  end
+  -- The payloads the entries replace, one HMGET per 1,000 entries rather
+  -- than one HGET each (false where none).
+  local ids = {}
+  for i = first_entry, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
+  local replaced = {}
+  for k = 1, #ids, 1000 do
+    local values = redis.call('HMGET', msg, unpack(ids, k, math.min(k + 999, #ids)))
+    for j = 1, #values do replaced[k + j - 1] = values[j] end
   end
   local any_leased = false
   for i = first_entry, #ARGV, 5 do
+    local e = (i - first_entry) / 5 + 1
     local id, ms = ARGV[i], tonumber(ARGV[i + 2])
     -- Template reference counts: each entry adds one to its template and
-    -- takes one from the payload it replaces.
+    -- takes one from the payload it replaces (an id twice in one call: the
+    -- first occurrence's, as it holds it by then).
     local old = holds[id]
-    if old == nil then old = zdelay_template_id(redis.call('HGET', msg, id)) or false end
+    if old == nil then old = zdelay_template_id(replaced[e]) or false end
     if old then zdelay_count(delta, old, -1) end
     local new = zdelay_template_id(ARGV[i + 3]) or false
     if new then
@@ -131,7 +144,7 @@ local function read()
     entries[#entries + 1] = {id, due_ms, score, leased_now}
   end
   if any_leased then zdelay_expect(leased, 'hash') end
-  refs = zdelay_refs_plan(templates, delta, created)
+  refs = zdelay_refs_plan(templates, delta, created, counts)
 end
 local read_ok, read_error = pcall(read)
 if not read_ok then
@@ -156,20 +169,46 @@ if #names > 0 then
   end
 end
 
+local result = {}
+for e, entry in ipairs(entries) do result[e] = entry[2] end
+
+-- A client whose reply was lost (Redis restarted) retries the call; if the
+-- first attempt ran, its entries may already be released: parking them again
+-- would release them twice. The marker remembers the first attempt. It is
+-- set only where absent, so the common path pays one command for it (not a
+-- read first): a retry finds it there and returns the first attempt's due
+-- times, having written nothing but the destination set's members the first
+-- attempt added already. (Not SET ... NX GET in one: Redis 6.2 refuses it.)
+if not redis.call('SET', marker, table.concat(result, ','), 'NX', 'PX', ARGV[2]) then
+  local previous = {}
+  for ms in string.gmatch(redis.call('GET', marker), '[^,]+') do
+    previous[#previous + 1] = tonumber(ms)
+  end
+  return previous
+end
+
 for i = 4, 3 + 2 * n_templates, 2 do
   if created[ARGV[i]] then redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1]) end
 end
 
-local result = {}
+-- One ZADD and one HSET per 1,000 entries, not one each: the cost of a
+-- command called from Lua is mostly the call, not its arguments. ZADD
+-- replaces the score of an id parked before; an id twice in one call keeps
+-- its last score and payload, as one call each would.
+local scored, fields = {}, {}
 for e, entry in ipairs(entries) do
   local id = entry[1]
   if entry[4] then
     redis.call('ZREM', lease, id)
     redis.call('HDEL', leased, id)
   end
-  redis.call('ZADD', due, entry[3], id)  -- replaces the score of an id parked before
-  redis.call('HSET', msg, id, stamped(ARGV[first_entry + 5 * (e - 1) + 3]))
-  result[e] = entry[2]
+  scored[2 * e - 1], scored[2 * e] = entry[3], id
+  fields[2 * e - 1], fields[2 * e] = id, stamped(ARGV[first_entry + 5 * (e - 1) + 3])
+end
+for k = 1, #scored, 2000 do
+  local last = math.min(k + 1999, #scored)
+  redis.call('ZADD', due, unpack(scored, k, last))
+  redis.call('HSET', msg, unpack(fields, k, last))
 end
 
 zdelay_refs_apply(templates, refs, keep)
@@ -179,5 +218,4 @@ zdelay_refs_apply(templates, refs, keep)
 if wake then
   zdelay_wake(ARGV[1], math.floor(lowest / 1024))
 end
-redis.call('SET', marker, table.concat(result, ','), 'PX', ARGV[2])
 return result
