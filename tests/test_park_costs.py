@@ -177,8 +177,7 @@ def test_an_id_parked_twice_in_one_call_keeps_its_last_due_time_payload_and_coun
     keys = store.keys(store.shard_of(task_id))
     (replaced,) = [f for f in client.hkeys(keys.templates) if not f.startswith(b"#")]
 
-    # When one call parks the same id twice with another template (park.lua
-    # writes its entries with one ZADD and one HSET)
+    # When one call parks the same id twice with another template
     with celery_zdelay.batch(app):
         record.apply_delayed(("first",), countdown=300, task_id=task_id)
         record.apply_delayed(("last",), countdown=900, task_id=task_id)
@@ -198,7 +197,7 @@ def test_an_id_parked_twice_in_one_call_keeps_its_last_due_time_payload_and_coun
 
 
 def test_a_call_of_more_than_a_thousand_entries_parks_every_one(app: Celery) -> None:
-    # Given calls enough for park.lua to write them in several ZADD and HSET
+    # Given more calls than a millisecond has sequence slots
     record = app.tasks["tests.record"]
     store = store_for(app)
 

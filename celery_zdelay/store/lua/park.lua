@@ -80,7 +80,7 @@ end
 
 -- Everything is read before the first write, and those reads check the
 -- types of the keys written after them (a read of a key of another type
--- fails as the check would): due (ZREVRANGEBYSCORE), msg (HMGET), lease
+-- fails as the check would): due (ZREVRANGEBYSCORE), msg (HGET), lease
 -- (ZSCORE), templates (the HGET of a template's count, HEXISTS where it has
 -- none, and the counts' HGET before any count is written). leased is
 -- checked when an entry being released needs it; dests is written first of
@@ -105,24 +105,14 @@ local function read()
       created[tid] = true
     end
   end
-  -- The payloads the entries replace, one HMGET per 1,000 entries rather
-  -- than one HGET each (false where none).
-  local ids = {}
-  for i = first_entry, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
-  local replaced = {}
-  for k = 1, #ids, 1000 do
-    local values = redis.call('HMGET', msg, unpack(ids, k, math.min(k + 999, #ids)))
-    for j = 1, #values do replaced[k + j - 1] = values[j] end
-  end
   local any_leased = false
   for i = first_entry, #ARGV, 5 do
-    local e = (i - first_entry) / 5 + 1
     local id, ms = ARGV[i], tonumber(ARGV[i + 2])
     -- Template reference counts: each entry adds one to its template and
     -- takes one from the payload it replaces (an id twice in one call: the
     -- first occurrence's, as it holds it by then).
     local old = holds[id]
-    if old == nil then old = zdelay_template_id(replaced[e]) or false end
+    if old == nil then old = zdelay_template_id(redis.call('HGET', msg, id)) or false end
     if old then zdelay_count(delta, old, -1) end
     local new = zdelay_template_id(ARGV[i + 3]) or false
     if new then
@@ -191,24 +181,14 @@ for i = 4, 3 + 2 * n_templates, 2 do
   if created[ARGV[i]] then redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1]) end
 end
 
--- One ZADD and one HSET per 1,000 entries, not one each: the cost of a
--- command called from Lua is mostly the call, not its arguments. ZADD
--- replaces the score of an id parked before; an id twice in one call keeps
--- its last score and payload, as one call each would.
-local scored, fields = {}, {}
 for e, entry in ipairs(entries) do
   local id = entry[1]
   if entry[4] then
     redis.call('ZREM', lease, id)
     redis.call('HDEL', leased, id)
   end
-  scored[2 * e - 1], scored[2 * e] = entry[3], id
-  fields[2 * e - 1], fields[2 * e] = id, stamped(ARGV[first_entry + 5 * (e - 1) + 3])
-end
-for k = 1, #scored, 2000 do
-  local last = math.min(k + 1999, #scored)
-  redis.call('ZADD', due, unpack(scored, k, last))
-  redis.call('HSET', msg, unpack(fields, k, last))
+  redis.call('ZADD', due, entry[3], id)  -- replaces the score of an id parked before
+  redis.call('HSET', msg, id, stamped(ARGV[first_entry + 5 * (e - 1) + 3]))
 end
 
 zdelay_refs_apply(templates, refs, keep)
