@@ -40,21 +40,38 @@ __all__ = ["EntryEncoder"]
 _ADDED_PROPERTIES = ("delivery_info", "priority", "body_encoding", "delivery_tag")
 
 
+#: Groups one encoder remembers; past that it starts again (a process that
+#: parks more kinds of calls than this pays encode_entry's price more often).
+MAX_GROUPS = 1024
+
+_UNKNOWN = object()
+
+
 class EntryEncoder:
     """Encode entries as :func:`~celery_zdelay.entry.encode_entry` does, faster for repeats.
 
-    One encoder serves one park (its groups are not kept beyond it).
+    One encoder may serve one park or every park of a configuration (the
+    producer keeps one per app configuration: a task called the same way
+    again is encoded the fast way, one call after another). Its groups never
+    go stale: a group's key holds everything its template is made of. Safe
+    to share between threads: two that meet a new group both work it out.
     """
 
     def __init__(
-        self, signing_key: bytes | None = None, *, repeats: bool = True, whole: bool = False
+        self,
+        signing_key: bytes | None = None,
+        *,
+        repeats: bool = True,
+        whole: bool = False,
+        max_groups: int = MAX_GROUPS,
     ) -> None:
         self._signing_key = signing_key
-        #: False for a park of one message: grouping pays only for repeats, so
-        #: a single message goes straight to encode_entry.
+        #: False: every message goes straight to encode_entry (grouping pays
+        #: only for messages encoded again the same way).
         self._repeats = repeats
         #: Messages stored whole have no template to share.
         self._whole = whole
+        self._max_groups = max_groups
         #: Group key -> the group's template, or None where encode_entry is used.
         self._templates: dict[Any, Template | None] = {}
 
@@ -70,19 +87,21 @@ class EntryEncoder:
             return encode_entry(message, dest=dest, layout=layout, signing_key=self._signing_key)
         try:
             key, variables = _group(message, dest, layout)
-            known = key in self._templates
+            known = self._templates.get(key, _UNKNOWN)
         except TypeError:  # an unhashable value where a template value goes
             return encode_entry(message, dest=dest, layout=layout, signing_key=self._signing_key)
-        if not known:
+        if known is _UNKNOWN:
             payload, template = encode_entry(
                 message, dest=dest, layout=layout, signing_key=self._signing_key
             )
             fast = template and self._payload(template, variables, dest, message)
             if fast != payload:
                 template = None  # pragma: no cover - guards against a format change
+            if len(self._templates) >= self._max_groups:
+                self._templates = {}
             self._templates[key] = template
             return payload, template
-        template = self._templates[key]
+        template = known  # type: ignore[assignment]
         if template is None:
             return encode_entry(message, dest=dest, layout=layout, signing_key=self._signing_key)
         return self._payload(template, variables, dest, message), template

@@ -302,6 +302,15 @@ class _Parking:
     layout: RedisLayout | None
     #: Whether this process already looked for a live companion (first park).
     companion_checked: bool = False
+    #: Kept for every park of this configuration: a call made the same way
+    #: again has its template worked out once, not once per call.
+    encoder: EntryEncoder = field(init=False)
+
+    def __post_init__(self) -> None:
+        signing_keys = self.config.signing_keys
+        self.encoder = EntryEncoder(
+            signing_keys[0] if signing_keys else None, whole=self.config.whole_messages
+        )
 
 
 def store_for(app: Celery) -> Store:
@@ -404,11 +413,7 @@ def _announce(
 def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:
     """Return the store requests that park captured *messages* of *app* at *due*."""
     parking = _parking(app)
-    signing_key = parking.config.signing_keys[0] if parking.config.signing_keys else None
-    # One encoder per park: a template is worked out once for its messages.
-    encoder = EntryEncoder(
-        signing_key, repeats=len(messages) > 1, whole=parking.config.whole_messages
-    )
+    encoder = parking.encoder
     requests = []
     for message in messages:
         if parking.config.worker_dedupe:

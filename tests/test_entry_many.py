@@ -69,3 +69,37 @@ def test_messages_of_one_shape_share_one_template() -> None:
     encoder = EntryEncoder()
     templates = {encoder.encode(m)[1] for m in messages[:2]}
     assert len(templates) == 1
+
+
+def test_an_encoder_that_remembers_few_groups_starts_again_and_stays_exact() -> None:
+    # Given an encoder kept across parks that remembers two groups at most
+    messages = _messages()
+    encoder = EntryEncoder(max_groups=2)
+
+    # When it encodes messages of many shapes, twice over
+    for message in messages + messages:
+        # Then each entry is still encode_entry's, and it never holds more
+        assert encoder.encode(message, dest="celery", layout="l") == encode_entry(
+            message, dest="celery", layout="l"
+        )
+        assert len(encoder._templates) <= 2
+
+
+def test_the_producer_keeps_one_encoder_per_configuration(app: Celery) -> None:
+    from celery_zdelay.parking import _parking
+
+    # Given an app that parked a call
+    record = app.tasks["tests.record"]
+    record.apply_delayed((1,), countdown=600)
+    encoder = _parking(app).encoder
+    groups = len(encoder._templates)
+
+    # When it parks the same call again, then another configuration's
+    record.apply_delayed((2,), countdown=600)
+    assert _parking(app).encoder is encoder
+    assert len(encoder._templates) == groups  # the same group: known already
+    app.conf.zdelay_signing_key = "k" * 32
+    record.apply_delayed((3,), countdown=600)
+
+    # Then the new configuration has an encoder of its own
+    assert _parking(app).encoder is not encoder

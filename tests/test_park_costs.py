@@ -1,16 +1,19 @@
 """Parking costs the caller no more than it must (P5): one park of one task
-runs a dozen Redis commands inside park.lua, none of them a type check, and
+runs ten Redis commands inside park.lua, none of them a type check or a read
+of the retry marker or of a template already counted, and
 still refuses a key of another type with the fix before it writes anything,
 and still wakes a companion only when the earliest due time moved earlier."""
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any
 
 import pytest
 from celery import Celery
 
+import celery_zdelay
 from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
@@ -30,7 +33,7 @@ def _commands_of_one_park(store: Store, task: Any, countdown: float) -> dict[str
     return {name: n for name, n in calls.items() if name in may_run}
 
 
-def test_one_park_of_one_task_runs_a_dozen_commands_and_no_type_check(app: Celery) -> None:
+def test_one_park_of_one_task_runs_ten_commands_and_no_type_check(app: Celery) -> None:
     # Given an app whose store already parked a task (script loaded, ACL and
     # bulk limit asked once, the handoff's destination named)
     record = app.tasks["tests.record"]
@@ -40,14 +43,36 @@ def test_one_park_of_one_task_runs_a_dozen_commands_and_no_type_check(app: Celer
     # When it parks one more task, due after the first
     commands = _commands_of_one_park(store, record, 900)
 
-    # Then the client sent one EVALSHA, and park.lua ran at most twelve
-    # commands (it ran twenty before: six TYPE checks, the template stored
-    # again, the head read for the wake-up)
+    # Then the client sent one EVALSHA, and park.lua ran at most ten
+    # commands (twenty before issue 23: six TYPE checks, the template stored
+    # again, the head read for the wake-up; twelve after its first round)
     assert commands.pop("evalsha") == 1
     assert "type" not in commands
     assert "hsetnx" not in commands  # the template is stored already
+    assert "hexists" not in commands  # its count says so: one read, not two
+    assert "get" not in commands  # the retry marker is set only where absent (SET NX)
+    assert commands["set"] == 1
     assert "publish" not in commands  # nothing moved earlier: no wake-up
-    assert sum(commands.values()) <= 12, commands
+    assert sum(commands.values()) <= 10, commands
+
+
+def test_a_template_without_a_count_is_stored_again_by_the_next_park(app: Celery) -> None:
+    # Given a parked task whose template record was deleted with its count
+    # (as the last release of an entry using it does)
+    record = app.tasks["tests.record"]
+    store = store_for(app)
+    first = record.apply_delayed((0,), countdown=600)
+    client = store.client
+    templates = store.keys(store.shard_of(first.id)).templates
+    (template_id,) = [f for f in client.hkeys(templates) if not f.startswith(b"#")]
+    client.hdel(templates, template_id, b"#" + template_id)
+
+    # When another task of the same template is parked
+    record.apply_delayed((1,), countdown=600)
+
+    # Then the template is stored again, counted for that one entry
+    assert client.hexists(templates, template_id)
+    assert client.hget(templates, b"#" + template_id) == b"1"
 
 
 @pytest.mark.parametrize(
@@ -138,3 +163,50 @@ def test_a_wake_up_is_published_only_when_the_earliest_due_time_moves_earlier(
         assert abs(woke[0] - (store.time_ms() + 300_000)) < 10_000
     finally:
         pubsub.close()
+
+
+def test_an_id_parked_twice_in_one_call_keeps_its_last_due_time_payload_and_counts(
+    app: Celery,
+) -> None:
+    # Given a task parked with one template, due in ten minutes
+    record, add = app.tasks["tests.record"], app.tasks["tests.add"]
+    store = store_for(app)
+    client = store.client
+    task_id = "parked-twice-in-one-call"
+    add.apply_delayed((1, 2), countdown=600, task_id=task_id)
+    keys = store.keys(store.shard_of(task_id))
+    (replaced,) = [f for f in client.hkeys(keys.templates) if not f.startswith(b"#")]
+
+    # When one call parks the same id twice with another template
+    with celery_zdelay.batch(app):
+        record.apply_delayed(("first",), countdown=300, task_id=task_id)
+        record.apply_delayed(("last",), countdown=900, task_id=task_id)
+
+    # Then the id is parked once, with the last call's due time and payload,
+    # the template it replaced is gone, and the new one is counted once
+    assert client.zcard(keys.due) == 1
+    due_ms = int(client.zscore(keys.due, task_id)) // 1024
+    assert abs(due_ms - (store.time_ms() + 900_000)) < 10_000
+    payload = client.hget(keys.msg, task_id)
+    # (the body is stored in base64; its start is the arguments)
+    assert base64.b64encode(b'[["last"]') in payload
+    assert base64.b64encode(b'[["first"]') not in payload
+    counts = {f: v for f, v in client.hgetall(keys.templates).items() if f.startswith(b"#")}
+    assert replaced not in client.hkeys(keys.templates)
+    assert list(counts.values()) == [b"1"]
+
+
+def test_a_call_of_more_than_a_thousand_entries_parks_every_one(app: Celery) -> None:
+    # Given more calls than a millisecond has sequence slots
+    record = app.tasks["tests.record"]
+    store = store_for(app)
+
+    # When they are parked in one call
+    results = record.apply_delayed_many([(i,) for i in range(2_345)], countdown=600)
+
+    # Then each is parked; the first 1,024 of a millisecond in the order given
+    keys = store.keys(0)
+    parked = [i.decode() for i in store.client.zrange(keys.due, 0, -1)]
+    assert sorted(parked) == sorted(r.id for r in results)
+    assert parked[:1_000] == [r.id for r in results[:1_000]]
+    assert store.client.hlen(keys.msg) == 2_345

@@ -144,12 +144,15 @@ end
 
 -- Reads only (call it before the first write): the counts to write for
 -- *delta* (template id -> change), as a list of {id, new count}. *created*
--- names the templates this call stores (they start counting from 0).
-local function zdelay_refs_plan(templates, delta, created)
+-- names the templates this call stores (they start counting from 0);
+-- *counts* (optional) the count fields the caller read already (false:
+-- none), which are not read again.
+local function zdelay_refs_plan(templates, delta, created, counts)
   local plan = {}
   for tid, change in pairs(delta) do
     if change ~= 0 then
-      local stored = redis.call('HGET', templates, '#' .. tid)
+      local stored = counts and counts[tid]
+      if stored == nil then stored = redis.call('HGET', templates, '#' .. tid) end
       local current = stored and string.match(stored, '^%d+$') and tonumber(stored)
       if current or (created and created[tid]) then
         plan[#plan + 1] = {tid, (current or 0) + change}

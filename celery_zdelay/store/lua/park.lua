@@ -32,16 +32,6 @@ if redis.replicate_commands then redis.replicate_commands() end
 local due, msg, lease, leased, dests, marker, templates =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
--- A client whose reply was lost (Redis restarted) retries the call; if the
--- first attempt ran, its entries may already be released: parking them again
--- would release them twice. The marker remembers the first attempt.
-local done = redis.call('GET', marker)
-if done then
-  local previous = {}
-  for ms in string.gmatch(done, '[^,]+') do previous[#previous + 1] = tonumber(ms) end
-  return previous
-end
-
 zdelay_expect_park_args()
 local n_templates = tonumber(ARGV[3])
 local first_entry = 4 + 2 * n_templates
@@ -91,23 +81,36 @@ end
 -- Everything is read before the first write, and those reads check the
 -- types of the keys written after them (a read of a key of another type
 -- fails as the check would): due (ZREVRANGEBYSCORE), msg (HGET), lease
--- (ZSCORE), templates (HEXISTS, and the counts' HGET before any count is
--- written). leased is checked when an entry being released needs it; dests
--- is written first of all (below). A failed read is reported as the checks
--- of _guard.lua report it, with the fix.
+-- (ZSCORE), templates (the HGET of a template's count, HEXISTS where it has
+-- none, and the counts' HGET before any count is written). leased is
+-- checked when an entry being released needs it; dests is written first of
+-- all (below). A failed read is reported as the checks of _guard.lua report
+-- it, with the fix.
 local created, delta, keep, holds = {}, {}, {}, {}
 local entries = {}
 local refs
 local lowest, wake = nil, false
+-- Template counts read here, for zdelay_refs_plan (false: no count).
+local counts = {}
 local function read()
   for i = 4, 3 + 2 * n_templates, 2 do
-    if redis.call('HEXISTS', templates, ARGV[i]) == 0 then created[ARGV[i]] = true end
+    -- A template with a count is stored (zdelay_refs_apply writes and
+    -- deletes the two together): for a template in use, the one read of its
+    -- count answers both questions. Only without one is the record looked for.
+    local tid = ARGV[i]
+    local count = redis.call('HGET', templates, '#' .. tid) or false
+    counts[tid] = count
+    if not (count and string.match(count, '^%d+$'))
+        and redis.call('HEXISTS', templates, tid) == 0 then
+      created[tid] = true
+    end
   end
   local any_leased = false
   for i = first_entry, #ARGV, 5 do
     local id, ms = ARGV[i], tonumber(ARGV[i + 2])
     -- Template reference counts: each entry adds one to its template and
-    -- takes one from the payload it replaces.
+    -- takes one from the payload it replaces (an id twice in one call: the
+    -- first occurrence's, as it holds it by then).
     local old = holds[id]
     if old == nil then old = zdelay_template_id(redis.call('HGET', msg, id)) or false end
     if old then zdelay_count(delta, old, -1) end
@@ -131,7 +134,7 @@ local function read()
     entries[#entries + 1] = {id, due_ms, score, leased_now}
   end
   if any_leased then zdelay_expect(leased, 'hash') end
-  refs = zdelay_refs_plan(templates, delta, created)
+  refs = zdelay_refs_plan(templates, delta, created, counts)
 end
 local read_ok, read_error = pcall(read)
 if not read_ok then
@@ -156,11 +159,28 @@ if #names > 0 then
   end
 end
 
+local result = {}
+for e, entry in ipairs(entries) do result[e] = entry[2] end
+
+-- A client whose reply was lost (Redis restarted) retries the call; if the
+-- first attempt ran, its entries may already be released: parking them again
+-- would release them twice. The marker remembers the first attempt. It is
+-- set only where absent, so the common path pays one command for it (not a
+-- read first): a retry finds it there and returns the first attempt's due
+-- times, having written nothing but the destination set's members the first
+-- attempt added already. (Not SET ... NX GET in one: Redis 6.2 refuses it.)
+if not redis.call('SET', marker, table.concat(result, ','), 'NX', 'PX', ARGV[2]) then
+  local previous = {}
+  for ms in string.gmatch(redis.call('GET', marker), '[^,]+') do
+    previous[#previous + 1] = tonumber(ms)
+  end
+  return previous
+end
+
 for i = 4, 3 + 2 * n_templates, 2 do
   if created[ARGV[i]] then redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1]) end
 end
 
-local result = {}
 for e, entry in ipairs(entries) do
   local id = entry[1]
   if entry[4] then
@@ -169,7 +189,6 @@ for e, entry in ipairs(entries) do
   end
   redis.call('ZADD', due, entry[3], id)  -- replaces the score of an id parked before
   redis.call('HSET', msg, id, stamped(ARGV[first_entry + 5 * (e - 1) + 3]))
-  result[e] = entry[2]
 end
 
 zdelay_refs_apply(templates, refs, keep)
@@ -179,5 +198,4 @@ zdelay_refs_apply(templates, refs, keep)
 if wake then
   zdelay_wake(ARGV[1], math.floor(lowest / 1024))
 end
-redis.call('SET', marker, table.concat(result, ','), 'PX', ARGV[2])
 return result
