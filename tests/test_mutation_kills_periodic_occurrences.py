@@ -19,7 +19,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery.schedules import crontab, schedule
 
-from celery_zdelay.periodic.occurrences import MAX_MISSED, MAX_STEPS, Plan, next_after, plan
+from celery_zdelay.periodic.occurrences import (
+    JUMP_AFTER,
+    MAX_MISSED,
+    MAX_STEPS,
+    Plan,
+    next_after,
+    plan,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,7 +115,9 @@ def _missed(
 
 def test_an_occurrence_exactly_at_now_counts_as_missed() -> None:
     result = _missed("skip", 1)
-    assert result == Plan(park=[T + 20 * SECOND], skipped=1, pointer_ms=T + 20 * SECOND)
+    assert result == Plan(
+        park=[T + 20 * SECOND], skipped=1, pointer_ms=T + 20 * SECOND, missed=[T + 10 * SECOND]
+    )
 
 
 def test_missed_once_runs_the_first_missed_occurrence_and_counts_the_rest() -> None:
@@ -120,7 +129,10 @@ def test_missed_once_runs_the_first_missed_occurrence_and_counts_the_rest() -> N
 
 def test_missed_skip_runs_none_of_them() -> None:
     result = _missed("skip", 5)
-    assert result == Plan(park=[T + 60 * SECOND], skipped=5, pointer_ms=T + 60 * SECOND)
+    stepped_over = [T + k * 10 * SECOND for k in range(1, 6)]
+    assert result == Plan(
+        park=[T + 60 * SECOND], skipped=5, pointer_ms=T + 60 * SECOND, missed=stepped_over
+    )
     # An unknown policy keeps none either.
     assert _missed("whatever", 5) == result
 
@@ -154,7 +166,17 @@ def test_a_long_outage_of_a_crontab_counts_every_missed_occurrence() -> None:
     missed = 5000
     now = start + (missed - 1) * 5 * MINUTE  # the last missed occurrence is exactly now
     result = plan(EVERY_5_MIN, pointer_ms=start - 1, now_ms=now, horizon_ms=MINUTE, missed="skip")
-    assert result == Plan(park=[now + 5 * MINUTE], skipped=missed, pointer_ms=now + 5 * MINUTE)
+    # Listed for a backfill: the ones stepped over one by one before the
+    # jump, then those stepped over after it (the jump lands two periods
+    # short of now); the jumped-over ones are only counted.
+    stepped_over = [start + k * 5 * MINUTE for k in range(JUMP_AFTER)]
+    after_jump = [now - 5 * MINUTE, now]
+    assert result == Plan(
+        park=[now + 5 * MINUTE],
+        skipped=missed,
+        pointer_ms=now + 5 * MINUTE,
+        missed=stepped_over + after_jump,
+    )
 
 
 def test_an_inclusive_plan_runs_the_occurrence_at_the_pointer_whatever_the_policy() -> None:
@@ -165,10 +187,15 @@ def test_an_inclusive_plan_runs_the_occurrence_at_the_pointer_whatever_the_polic
         result = plan(
             sched, pointer_ms=pointer, now_ms=now, horizon_ms=1, missed="skip", inclusive=True
         )
-        assert result == Plan(park=[pointer, now + period], skipped=3, pointer_ms=now + period)
+        skipped = [pointer + k * period for k in (1, 2, 3)]
+        assert result == Plan(
+            park=[pointer, now + period], skipped=3, pointer_ms=now + period, missed=skipped
+        )
         # Not inclusive: the occurrence at the pointer was parked already.
         plain = plan(sched, pointer_ms=pointer, now_ms=now, horizon_ms=1, missed="skip")
-        assert plain == Plan(park=[now + period], skipped=3, pointer_ms=now + period)
+        assert plain == Plan(
+            park=[now + period], skipped=3, pointer_ms=now + period, missed=skipped
+        )
 
 
 def test_an_inclusive_plan_ahead_of_now_parks_the_occurrence_at_the_pointer_once() -> None:
