@@ -74,9 +74,11 @@ __all__ = [
     "decode_entry",
     "encode_entry",
     "entry_headers",
+    "entry_routing_key",
     "expand_entry",
     "parked_ms",
     "template_id",
+    "template_ref",
 ]
 
 #: Version written into every new entry; readers accept this one.
@@ -95,6 +97,8 @@ _WHOLE_START = b'{"body":"'
 _WHOLE_TAG = re.compile(rb'"delivery_tag":"zdelay\.([0-9a-f]{16})\.[0-9a-f]{32}"\}\}\Z')
 #: The parked-at stamp park.lua writes first in the stored metadata line.
 _PARKED = re.compile(rb'\{"p":(\d{1,16}),')
+#: The template id of a metadata line (``"t":"9f86d081884c7d65"``).
+_TEMPLATE_REF = re.compile(rb'"t":"([0-9a-f]{1,64})"')
 #: json's own (C) string encoder, as json.dumps uses it with ensure_ascii.
 _encode_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
@@ -488,6 +492,38 @@ def entry_headers(payload: bytes, templates: TemplateLookup | None = None) -> di
     if not isinstance(headers, dict):
         raise EntryError("damaged payload: headers are not a mapping")
     return headers
+
+
+def entry_routing_key(expanded: bytes) -> str | None:
+    """Return the routing key in the envelope's ``properties.delivery_info``.
+
+    *expanded* is an entry as :func:`expand_entry` returns it; None when it
+    names no routing key.
+    """
+    _, _, head = expanded.partition(b"\n")
+    try:
+        # The stored envelope stops inside the delivery tag string: close it.
+        envelope = json.loads(head + b'"}}')
+        key = envelope["properties"]["delivery_info"]["routing_key"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return key if isinstance(key, str) else None
+
+
+def template_ref(payload: bytes) -> str | None:
+    """Return the id of the template a stored entry refers to, from its metadata line alone.
+
+    None for an entry without one (stored whole, or with too many per-call
+    values): reading only the first line, this never mistakes a value of
+    the message's own headers for a template id.
+    """
+    end = payload.find(b"\n")
+    if end < 0:
+        # No metadata line (a message stored whole): the message's own
+        # headers may hold anything, '"t":"..."' included.
+        return None
+    found = _TEMPLATE_REF.search(payload, 0, end)
+    return found.group(1).decode() if found else None
 
 
 def _split(payload: bytes, templates: TemplateLookup | None) -> tuple[dict[str, Any], bytes]:

@@ -19,6 +19,7 @@ from redis.exceptions import NoScriptError
 
 from ..bulk_limit import bulk_limit
 from ..config import ZDelayConfig
+from ..due_score import due_ms_of
 from ..entry import TaskMessage, Template, TemplateLookup
 from ..entry import template_id as entry_template_id
 from ..errors import StoreRefusedError
@@ -77,7 +78,7 @@ class Claimed:
 
     @property
     def due_ms(self) -> int:
-        return self.score // 1024
+        return due_ms_of(self.score)
 
 
 @dataclass
@@ -432,7 +433,7 @@ class Store:
             result.handed_ids = [task_id.decode() for task_id in reply[end:-1]]
         # Scores as Redis prints them ("1.8393728123812342e+18"): due_ms * 1024 + sequence.
         scores = reply[-1].split(b",") if reply[-1] else []
-        result.handed_due_ms = [int(float(score)) // 1024 for score in scores]
+        result.handed_due_ms = [due_ms_of(float(score)) for score in scores]
         result.needs_dests = bool(int(reply[4]))
         return result
 

@@ -35,6 +35,7 @@ from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
 from ..parking import RELEASED_BY_TEST, store_for
 from ..store.admin import MAX_LIST_LIMIT, ParkedEntry, list_parked
+from ..store.reading import scan_parked
 from .worker import InProcessWorker
 
 if TYPE_CHECKING:
@@ -290,10 +291,9 @@ class FastForward:
         now_ms = store.time_ms()
         earliest: int | None = None
         for shard in store.shards:
-            head = store.client.zrange(store.keys(shard).due, 0, 0, withscores=True)
-            if head:
-                due_ms = int(head[0][1]) // 1024
-                earliest = due_ms if earliest is None else min(earliest, due_ms)
+            head = next(scan_parked(store, shards=[shard], first_page=1, payloads=False), None)
+            if head is not None:
+                earliest = head.due_ms if earliest is None else min(earliest, head.due_ms)
         return now_ms, earliest
 
     def _shift(self, store: Store, step_ms: int) -> None:
