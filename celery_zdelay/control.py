@@ -18,10 +18,10 @@ import celery
 
 from . import signals
 from ._format import utc
+from .app_state import store_for
 from .config import get_config
 from .errors import ConfigurationError
 from .keys import validate_tag
-from .parking import store_for
 from .schedule import Due, due_from
 from .store import Store
 from .store.client import unavailable_as_error

@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from . import signals
+from .app_state import cached, value
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -145,19 +146,17 @@ def flush(app: Celery, timeout_s: float = 5.0) -> bool:
     Return False on timeout. It runs at exit too (up to 3 s), so a short
     process (``zdelay cancel``) does not leave its events unsent.
     """
-    sender: _Sender | None = getattr(app, "_zdelay_event_sender", None)
+    sender: _Sender | None = value(app, "event_sender")
     if sender is None or sender.pid != os.getpid():
         return True
     return sender.flush(timeout_s)
 
 
 def _sender_for(app: Celery) -> _Sender:
-    sender: _Sender | None = getattr(app, "_zdelay_event_sender", None)
     # A forked process (a prefork web server) has no thread of its parent.
-    if sender is None or sender.pid != os.getpid():
-        sender = _Sender(app)
-        app._zdelay_event_sender = sender
-    return sender
+    return cached(
+        app, "event_sender", lambda: _Sender(app), valid=lambda sender: sender.pid == os.getpid()
+    )
 
 
 class _Sender:

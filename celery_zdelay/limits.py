@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import celery
 
 from ._format import utc
+from .app_state import store_for
 from .config import get_config
 from .control import _by_text, audit
-from .parking import store_for
 from .rates import RateLimit, control_name, parse_limit
 from .store.control import ControlStore
 

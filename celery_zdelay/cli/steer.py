@@ -12,8 +12,8 @@ from celery.bin.base import CeleryOption
 
 from .. import control
 from .._format import counted, duration, parse_duration_ms, relative_due, utc
+from ..app_state import store_for
 from ..errors import ConfigurationError
-from ..parking import store_for
 from ..schedule import Due, due_from
 from ._base import (
     _CONTEXT,

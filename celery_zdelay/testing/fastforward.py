@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery import states
 
+from ..app_state import PARK_WHEN_EAGER, RELEASED_BY_TEST, store_for
 from ..companion import Companion
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
-from ..parking import RELEASED_BY_TEST, store_for
 from ..store.admin import MAX_LIST_LIMIT, ParkedEntry, list_parked
 from ..store.reading import scan_parked
 from .worker import InProcessWorker
@@ -52,8 +52,6 @@ logger = logging.getLogger(__name__)
 MAX_STEPS = 10_000
 #: Keys SCAN looks at per call when clearing the test prefix.
 CLEAR_BATCH = 500
-#: App attribute parking reads: park delayed calls even under task_always_eager.
-PARK_WHEN_EAGER = "_zdelay_park_when_eager"
 
 
 @dataclass(frozen=True)
