@@ -13,7 +13,7 @@ from celery import Celery
 from werkzeug.test import Client
 
 import celery_zdelay
-from celery_zdelay._views import listing_json
+from celery_zdelay.cli.views import listing_json
 from celery_zdelay.companion import Companion
 from celery_zdelay.entry import decode_entry, parked_ms
 from celery_zdelay.parking import store_for

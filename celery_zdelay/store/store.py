@@ -365,7 +365,7 @@ class Store:
             [keys.due, keys.msg, keys.lease, keys.leased, keys.tags],
             [lease_ms, limit, advance_ms],
         )
-        return _claim_result(reply, offset=4)
+        return claim_result(reply, offset=4)
 
     def handoff(
         self,
@@ -424,7 +424,7 @@ class Store:
         )
         n_leased, n_dead = int(reply[5]), int(reply[6])
         end = 7 + 3 * n_leased
-        result = _claim_result(reply[:end], offset=7)
+        result = claim_result(reply[:end], offset=7)
         result.dead = [
             (reply[i].decode(), json.loads(reply[i + 1])) for i in range(end, end + 2 * n_dead, 2)
         ]
@@ -648,7 +648,7 @@ class Store:
         return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _claim_result(reply: Sequence[Any], *, offset: int) -> ClaimResult:
+def claim_result(reply: Sequence[Any], *, offset: int) -> ClaimResult:
     entries = [
         Claimed(
             task_id=reply[i].decode(),
