@@ -22,7 +22,7 @@ from celery_zdelay.periodic.takeover import beat_last_runs, set_since
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
-from tests.support.periodic import BeatCompanion, CeleryBeat, occurrence_ms
+from tests.support.periodic import BeatCompanion, CeleryBeat, occurrence_ms, tend
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -121,8 +121,7 @@ def test_without_beats_file_since_carries_a_crontab_over_the_switch(
     # nor does the same companion after Redis lost everything (beat's last
     # run is long out of date by then): the schedule starts again from now
     redis_client.flushall()
-    server._last_tend = 0.0
-    server.tend()
+    tend(server)
     parked = {i.decode() for i in redis_client.zrange(SHARD0.due, 0, -1)}
     assert parked
     assert all(occurrence_ms(i) > now for i in parked), parked

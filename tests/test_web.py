@@ -15,7 +15,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pytest
@@ -30,17 +29,11 @@ from celery_zdelay.web.security import BasicAuth, ProxyHeaderAuth
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess
 from tests.servers import LocalCluster
-from tests.test_admin import stock
-from tests.web_support import make_dead_letter, open_store
+from tests.support.deadletters import make_dead_letter
+from tests.support.store import stock
+from tests.web_support import open_store
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
 
 
 def _form_token(client: Client, path: str) -> str:

@@ -18,7 +18,9 @@ import pytest
 from celery import Celery
 
 from celery_zdelay.store import Store
-from tests.web_support import chromium, open_store, serve
+from tests.support.browser import chromium
+from tests.support.store import is_parked
+from tests.web_support import serve
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,17 +31,6 @@ ATTACKER = "attacker.example"
 def browser() -> Iterator[Any]:
     with chromium(f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1") as launched:
         yield launched
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
-
-
-def _parked(store: Store, task_id: str) -> bool:
-    return store.client.zscore(store.keys(store.shard_of(task_id)).due, task_id) is not None
 
 
 def test_a_rebound_page_reads_nothing_and_cancels_nothing(
@@ -73,7 +64,7 @@ def test_a_rebound_page_reads_nothing_and_cancels_nothing(
                 parked.id,
             )
             assert outcome == {"listing": 400, "read": False, "token": False, "post": 400}
-            assert _parked(store, parked.id)
+            assert is_parked(store, parked.id)
             # The same browser at the dashboard's own address: served as usual.
             page.goto(f"{served.url}/entry?id={parked.id}")
             assert page.text_content("#entry-id") == parked.id
@@ -110,13 +101,13 @@ def test_a_token_from_another_browser_is_refused_with_this_browsers_cookie(
             page.click("#entry-actions button[value=cancel]")
             page.wait_for_selector("#error")
             assert "CSRF" in page.text_content("#error")
-            assert _parked(store, parked.id)
+            assert is_parked(store, parked.id)
             # Its own token, unchanged, works.
             page.goto(f"{served.url}/entry?id={parked.id}")
             page.click("#entry-actions button[value=cancel]")
             page.wait_for_selector("p.message")
             assert "cancelled 1 of 1" in page.text_content("p.message")
-            assert not _parked(store, parked.id)
+            assert not is_parked(store, parked.id)
         finally:
             first.close()
             second.close()
