@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime
 from typing import Any
 
@@ -13,7 +11,7 @@ from celery import Celery
 
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer
-from tests.helpers import ROOT, CeleryProcess
+from tests.helpers import CeleryProcess
 from tests.support.keys import SHARD0
 
 BEAT_ENV = "ZDELAY_TEST_BEAT"  # read by tests.periodic_app
@@ -34,21 +32,12 @@ __all__ = [
 class BeatCompanion(CeleryProcess):
     """``celery -A tests.periodic_app zdelay --beat`` with a schedule from JSON."""
 
+    app_module = "tests.periodic_app"
+
     def __init__(self, app: Celery, schedule: dict[str, Any], *args: str) -> None:
         super().__init__(
             app, "zdelay", "-l", "DEBUG", "--beat", *args, env={BEAT_ENV: json.dumps(schedule)}
         )
-
-    def start(self) -> BeatCompanion:
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.periodic_app", *self.args],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        return self
 
 
 class CeleryBeat(BeatCompanion):
