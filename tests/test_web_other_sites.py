@@ -26,6 +26,7 @@ from werkzeug.test import Client
 from celery_zdelay.store import Store
 from celery_zdelay.web import create_app
 from tests.helpers import CeleryProcess
+from tests.support.cli import run
 from tests.support.store import is_parked
 from tests.web_support import cookie_of, raw_request, serve, token_in
 
@@ -195,17 +196,8 @@ def test_a_flask_mount_with_actions_and_no_wrap_warns(
 def test_actions_without_authentication_need_no_auth_and_then_warn(
     app: Celery, processes: list[CeleryProcess]
 ) -> None:
-    from celery.bin.base import CLIContext
-    from click.testing import CliRunner
 
-    from celery_zdelay.cli import zdelay
-
-    result = CliRunner().invoke(
-        zdelay,
-        ["web", "--port", "0", "--actions"],
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        catch_exceptions=False,
-    )
+    result = run(app, "web", "--port", "0", "--actions")
     assert result.exit_code == 2
     assert "--no-auth" in result.output
     # Said knowingly: it serves, warns, and still serves only its own hosts.
