@@ -23,8 +23,8 @@ from celery_zdelay.store.scripts import _lua_file
 from celery_zdelay.web import create_app
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
+from tests.support.deadletters import make_dead_letter
 from tests.support.keys import SHARD0
-from tests.web_support import make_dead_letter
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -25,8 +25,8 @@ from celery_zdelay.periodic.definition import Definition, from_beat_entry
 from celery_zdelay.periodic.overlap import overlap_headers
 from celery_zdelay.web import create_app
 from tests.helpers import CeleryProcess, Runs, wait_for
-from tests.periodic_helpers import occurrence_ms, start_beat_companion, ticks_of
-from tests.test_cli import run
+from tests.support.cli import run
+from tests.support.periodic import occurrence_ms, start_beat_companion, ticks_of
 
 pytestmark = pytest.mark.timeout(300)
 

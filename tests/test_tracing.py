@@ -33,8 +33,8 @@ from celery_zdelay import tracing
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import ROOT, Runs, wait_for
 from tests.project.otel import OTEL_BROKEN_ENV, OTEL_FILE_ENV, broken_provider, span_record
+from tests.support.browser import chromium, screenshot
 from tests.support.trace_view import waterfall_html
-from tests.web_support import chromium, screenshot
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,16 +1,18 @@
-"""Helpers of the periodic-task tests: companions serving a schedule, tick checks."""
+"""What the periodic-task tests share: companions serving a schedule, tending it, tick checks."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime
 from typing import Any
 
+import redis
 from celery import Celery
 
-from tests.helpers import ROOT, CeleryProcess
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.server import PeriodicServer
+from tests.helpers import CeleryProcess
+from tests.support.keys import SHARD0
 
 BEAT_ENV = "ZDELAY_TEST_BEAT"  # read by tests.periodic_app
 
@@ -18,8 +20,11 @@ __all__ = [
     "BeatCompanion",
     "CeleryBeat",
     "occurrence_ms",
-    "redis_ms",
+    "parked_ids",
+    "server_for",
     "start_beat_companion",
+    "tend",
+    "ticked_ids",
     "ticks_of",
 ]
 
@@ -27,21 +32,12 @@ __all__ = [
 class BeatCompanion(CeleryProcess):
     """``celery -A tests.periodic_app zdelay --beat`` with a schedule from JSON."""
 
+    app_module = "tests.periodic_app"
+
     def __init__(self, app: Celery, schedule: dict[str, Any], *args: str) -> None:
         super().__init__(
             app, "zdelay", "-l", "DEBUG", "--beat", *args, env={BEAT_ENV: json.dumps(schedule)}
         )
-
-    def start(self) -> BeatCompanion:
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.periodic_app", *self.args],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        return self
 
 
 class CeleryBeat(BeatCompanion):
@@ -50,12 +46,6 @@ class CeleryBeat(BeatCompanion):
     def __init__(self, app: Celery, schedule: dict[str, Any], schedule_file: str) -> None:
         super().__init__(app, schedule)
         self.args = ["beat", "-l", "INFO", "-s", schedule_file]
-
-
-def redis_ms(client: Any) -> int:
-    """The Redis clock in epoch ms (the one clock every due decision uses)."""
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def start_beat_companion(app: Celery, schedule: dict[str, Any], *args: str) -> BeatCompanion:
@@ -75,3 +65,27 @@ def ticks_of(runs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     prefix = f"periodic:{name}:"
     mine = [r for r in runs if r["id"].startswith(prefix) and ":run:" not in r["id"]]
     return sorted(mine, key=lambda r: occurrence_ms(r["id"]))
+
+
+def server_for(app: Celery, beat_schedule: dict[str, Any], name: str = "c") -> PeriodicServer:
+    """A companion's periodic part, id *name*, for *beat_schedule* (not reconciled yet)."""
+    app.conf.beat_schedule = beat_schedule
+    return PeriodicServer(app, store_for(app), companion_id=name)
+
+
+def tend(server: PeriodicServer) -> int:
+    """Run one pass of *server*'s planning; return what it parked."""
+    server._last_tend = 0.0  # every call is a pass, however close together
+    return server.tend()
+
+
+def parked_ids(client: redis.Redis, name: str) -> set[str]:
+    """Ids of schedule *name*'s occurrences parked now (a one-shard store)."""
+    prefix = f"periodic:{name}:"
+    return {i.decode() for i in client.zrange(SHARD0.due, 0, -1) if i.decode().startswith(prefix)}
+
+
+def ticked_ids(client: redis.Redis, name: str = "") -> list[str]:
+    """Every occurrence remembered as parked (parked, leased or released), of *name* or of all."""
+    prefix = f"periodic:{name}:" if name else ""
+    return [i.decode() for i in client.zrange(SHARD0.ticks, 0, -1) if i.decode().startswith(prefix)]
