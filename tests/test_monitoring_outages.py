@@ -6,8 +6,8 @@ loopback server that reads nothing), when tasks are parked with Celery's
 companion and worker release and run every task, and the events are dropped
 with a warning within :data:`~celery_zdelay.events.SEND_TIMEOUT_S`. Given an
 OpenTelemetry exporter that never returns (behind the SDK's
-``BatchSpanProcessor``), in the producer and in the companion, then every
-task is parked, released and run all the same.
+``BatchSpanProcessor``) in the producer, then every task is parked at once
+(the companion's side: ``test_tracing.py``).
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from opentelemetry import trace
 
 import celery_zdelay
 from celery_zdelay import events, tracing
 from tests.conftest import AppFactory
 from tests.helpers import Runs, wait_for
-from tests.project.otel import OTEL_BLOCKING_ENV, blocking_provider
-from tests.test_tracing import PATHS, _app_on
+from tests.project.otel import blocking_provider, trace_api_with
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,50 +121,13 @@ def test_an_exporter_that_hangs_delays_no_park(
     # Breaks if: the park span were exported in the caller's thread (a
     # force_flush after span.end()): each park would wait on the exporter.
     called = tmp_path / "called"
-    provider = blocking_provider(str(called))
-
-    class WithBlockingProvider:
-        use_span = staticmethod(trace.use_span)
-        ProxyTracerProvider = trace.ProxyTracerProvider
-        NoOpTracerProvider = trace.NoOpTracerProvider
-
-        @staticmethod
-        def get_tracer_provider() -> Any:
-            return provider
-
-    monkeypatch.setattr(tracing, "_trace_api", WithBlockingProvider)
+    monkeypatch.setattr(tracing, "_trace_api", trace_api_with(blocking_provider(str(called))))
     _park_timed(app, 1)
     wait_for(lambda: "export zdelay.park" in _text(called), timeout=10, message="the export")
     ids, elapsed = _park_timed(app, 20)  # while the exporter hangs
     assert elapsed < PARKS_BOUND_S
     assert all(celery_zdelay.lookup(task_id, app=app) is not None for task_id in ids)
     assert _text(called).count("export") == 1  # still hanging in the first export
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_an_exporter_that_hangs_delays_no_release(
-    path: str,
-    request: pytest.FixtureRequest,
-    make_test_app: AppFactory,
-    worker: Any,
-    companion: Any,
-    runs: Runs,
-    tmp_path: Path,
-) -> None:
-    # Breaks if: release_spans exported in the companion's loop (a
-    # SimpleSpanProcessor, or a force_flush): the first release span would
-    # stop every later release.
-    app, queues = _app_on(path, request, make_test_app)
-    called = tmp_path / "called"
-    worker(app, *queues)
-    companion(app, env={OTEL_BLOCKING_ENV: str(called)})
-    span = "zdelay.release" if path == "publish" else "zdelay.handoff"
-    first, _ = _park_timed(app, 1)
-    runs.wait_for_ids(first)
-    wait_for(lambda: f"export {span}" in _text(called), timeout=30, message="the exporter called")
-    ids, _ = _park_timed(app, 20)  # released while the exporter hangs
-    runs.wait_for_ids(ids)
-    assert _text(called).count("export") == 1
 
 
 def _text(path: Path) -> str:

@@ -87,6 +87,26 @@ def broken_provider(path: str) -> Any:
     return provider
 
 
+def trace_api_with(provider: Any) -> Any:
+    """``opentelemetry.trace`` as :mod:`celery_zdelay.tracing` uses it, handing out *provider*.
+
+    For ``monkeypatch.setattr(tracing, "_trace_api", ...)``: the global
+    provider of a process can be set once, and the tests' is in-memory.
+    """
+    from opentelemetry import trace
+
+    class WithProvider:
+        use_span = staticmethod(trace.use_span)
+        ProxyTracerProvider = trace.ProxyTracerProvider
+        NoOpTracerProvider = trace.NoOpTracerProvider
+
+        @staticmethod
+        def get_tracer_provider() -> Any:
+            return provider
+
+    return WithProvider
+
+
 def blocking_provider(path: str) -> Any:
     """A tracer provider whose exporter blocks for good, behind a BatchSpanProcessor.
 
