@@ -282,7 +282,9 @@ def _text(path: Path) -> str:
 
 
 #: A process with OpenTelemetry's API installed and no SDK configured (the
-#: default): the release receiver must do no span work at all.
+#: default) and Celery's task_send_sent_event off: the park span, the release
+#: receiver and the events receiver must do no span or event work at all
+#: (what benchmarks.monitoring's off_path times is this code).
 _NO_SDK = """
 import opentelemetry.propagate
 import opentelemetry.trace
@@ -301,13 +303,27 @@ tracing.release_spans(
     None, shard=0, path="publish", lateness_ms=[1], task_ids=["x"], headers=headers
 )
 tracing.release_spans(None, shard=0, path="handoff", lateness_ms=[1])
+with tracing.park_span(["x"], due_ms=1):
+    pass
+
+from celery import Celery
+from celery_zdelay import events
+
+app = Celery("off", set_as_current=False)
+events.announce_parked(app, messages=[None], due_ms=[1])
+events.announce_cancelled(app, task_ids=["x"])
+events.announce_rescheduled(app, task_ids=["x"], due_ms=[1])
+assert not hasattr(app, "_zdelay_event_sender"), "event work with task_send_sent_event off"
 print("no span work")
 """
 
 
-def test_with_no_sdk_configured_releases_do_no_span_work() -> None:
+def test_with_monitoring_off_parks_and_releases_do_no_span_or_event_work() -> None:
     # Breaks if: _tracer handed out the API's no-op tracer (each published
-    # task's trace context would be read for nothing: benchmarks.monitoring).
+    # task's trace context would be read for nothing: benchmarks.monitoring),
+    # park_span started a span without an SDK, or an events receiver lost
+    # its task_send_sent_event check (a sender thread per process, or an
+    # error on the message).
     done = subprocess.run(
         [sys.executable, "-c", _NO_SDK],
         cwd=ROOT,
