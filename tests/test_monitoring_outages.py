@@ -4,7 +4,8 @@ Given an events broker that accepts connections and never answers (a
 loopback server that reads nothing), when tasks are parked with Celery's
 ``task_send_sent_event`` on, then the parks take what parking takes, a real
 companion and worker release and run every task, and the events are dropped
-with a warning within :data:`~celery_zdelay.events.SEND_TIMEOUT_S`. Given an
+with a warning within :data:`~celery_zdelay.events.SEND_TIMEOUT_S`; once
+the broker answers again, events are sent again. Given an
 OpenTelemetry exporter that never returns (behind the SDK's
 ``BatchSpanProcessor``) in the producer, then every task is parked at once
 (the companion's side: ``test_tracing.py``).
@@ -25,9 +26,12 @@ from celery import Celery
 
 import celery_zdelay
 from celery_zdelay import events, tracing
-from tests.conftest import AppFactory
+from celery_zdelay.testing import RedisServer
+from tests.conftest import BROKER_DB, AppFactory
 from tests.helpers import Runs, wait_for
 from tests.project.otel import blocking_provider, trace_api_with
+from tests.proxy import PausableProxy
+from tests.test_events import _Events
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,6 +117,33 @@ def test_an_events_broker_that_hangs_delays_and_fails_no_park_or_release(
     assert waited < 2 * events.SEND_TIMEOUT_S + 5
     assert "not sent" in caplog.text
     runs.wait_for_ids(ids)
+
+
+def test_events_come_back_when_a_broker_that_hung_answers_again(
+    app: Celery,
+    redis_server: RedisServer,
+    make_test_app: AppFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Breaks if: the sender thread stayed on the connection that hung, or
+    # stopped after its first failure.
+    with PausableProxy("127.0.0.1", redis_server.port) as proxy, _Events(app) as seen:
+        producer = make_test_app(
+            broker=f"redis://127.0.0.1:{proxy.port}/{BROKER_DB}",
+            conf={"task_send_sent_event": True},
+        )
+        record = producer.tasks["tests.record"]
+        proxy.pause()
+        with caplog.at_level(logging.WARNING, logger="celery_zdelay.events"):
+            record.apply_delayed((1,), countdown=600)
+            assert events.flush(producer, timeout_s=events.SEND_TIMEOUT_S + 5)
+        assert "not sent" in caplog.text
+        proxy.resume()
+        back = record.apply_delayed((2,), countdown=600)
+        seen.wait_for(
+            lambda: back.id in {e["uuid"] for e in seen.of_type("task-sent")},
+            what="task-sent once the broker answers again",
+        )
 
 
 def test_an_exporter_that_hangs_delays_no_park(
