@@ -25,9 +25,9 @@ if os.environ.get(RECORD_RECEIVED_ENV) == "1":
         _recorder.rpush(RECEIVED_KEY, json.dumps({"id": request.id, "redis_ms": received_ms}))
 
 
-if os.environ.get("ZDELAY_TEST_OTEL_FILE") or os.environ.get("ZDELAY_TEST_OTEL_BROKEN"):
-    # Spans of the worker (and of a companion), or a broken tracing backend,
-    # for the tracing tests.
+if any(os.environ.get(f"ZDELAY_TEST_OTEL_{kind}") for kind in ("FILE", "BROKEN", "BLOCKING")):
+    # Spans of the worker (and of a companion), or a broken or hanging
+    # tracing backend, for the tracing tests.
     import tests.project.otel  # noqa: F401
 
 if os.environ.get("DJANGO_SETTINGS_MODULE") == "tests.beat_project.settings":
