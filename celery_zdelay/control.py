@@ -25,7 +25,7 @@ from .parking import store_for
 from .schedule import Due, due_from
 from .store import Store
 from .store._shared import ADMIN_BATCH
-from .store.client import unavailable_as_error
+from .store.client import store_errors
 from .store.keys import canvas_key
 from .store.lookup import ParkedTask, find, select
 
@@ -240,7 +240,7 @@ def _app(app: Celery | None) -> Celery:
 
 def _canvas_members(store: Store, result_id: str) -> list[str]:
     """Return the ids parked for the canvas whose result id is *result_id* (none: [])."""
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         members = store.client.smembers(canvas_key(store.config.key_prefix, result_id))
     return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 

@@ -21,13 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from .. import __version__, signals
 from ..bulk_limit import too_large
 from ..config import get_config
 from ..entry import TaskMessage, decode_entry
-from ..errors import EntryError, StoreUnavailableError
+from ..errors import EntryError, StoreRefusedError, StoreUnavailableError, ZDelayError
 from ..periodic.server import TEND_EVERY_SECONDS, PeriodicServer
 from ..store import Claimed, ClaimResult, Store
 from ..store.admin import COMPANION_ALIVE_MS, log_store_warnings
@@ -36,7 +34,7 @@ from ..store.keys import companions_key
 from .gate import MIN_THROTTLE_SECONDS, REFRESH_SECONDS, Gate
 from .handoff import Handoff, detect_handoff
 from .ownership import ShardOwnership
-from .publish import Publisher, is_transient_reply, make_publisher
+from .publish import Publisher, make_publisher
 from .wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -68,6 +66,11 @@ OCCURRENCE_MARGIN_MS = 5_000
 
 #: Pauses after consecutive failures (store or broker unreachable), growing to the last.
 BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def backoff_seconds(failures: int) -> float:
+    """The pause after *failures* consecutive failed attempts (0 for the first)."""
+    return BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
 
 
 @dataclass
@@ -177,7 +180,7 @@ class Companion:
                 report = self._pass()
                 self._note_periodic_runs(report)
                 if report.failed:
-                    pause = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+                    pause = backoff_seconds(failures)
                     failures += 1
                     self._sleep(wakeup, pause, wake_early=False)
                     continue
@@ -271,39 +274,25 @@ class Companion:
                     break
             if self.gate.watching and not report.failed:
                 self._release_held(shards, report)
-        except StoreUnavailableError as exc:
-            logger.warning("Store unreachable, retrying with backoff: %s", exc)
-            report.failed = True
-        except redis.exceptions.ResponseError as exc:
-            if not is_transient_reply(exc):
+        except (StoreUnavailableError, StoreRefusedError) as exc:
+            if not exc.transient:
                 raise
-            self._store_refused(exc)
-            report.failed = True
+            report.failed = self._store_waits(exc)
         self._add_to_totals(report)
         return report
 
-    def _store_refused(self, exc: redis.exceptions.ResponseError) -> None:
-        """Say why the store refuses to work, and what fixes it.
+    @staticmethod
+    def _store_waits(exc: ZDelayError) -> bool:
+        """Say why releases wait for the store (its error says what fixes it); True.
 
-        The entries stay where the refused script found them (every script
+        The entries stay where the refused call found them (every script
         checks before its first write), so waiting loses nothing.
         """
-        text = str(exc)
-        url = sanitize_url(self.store.url)
-        if isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
-            why = (
-                f"the store Redis at {url} is out of memory (used memory above maxmemory, "
-                "eviction off): parked tasks are kept but nothing can be released. "
-                "Raise maxmemory or free memory"
-            )
-        elif isinstance(exc, redis.exceptions.ReadOnlyError) or text.startswith("READONLY"):
-            why = (
-                f"the store Redis at {url} is a read-only replica. Point zdelay_redis_url "
-                "at the primary (or use a sentinel:// URL so failovers are followed)"
-            )
+        if isinstance(exc, StoreUnavailableError):
+            logger.warning("Store unreachable, retrying with backoff: %s", exc)
         else:
-            why = f"the store Redis at {url} refuses writes for now ({text})"
-        logger.error("Releases paused: %s; retrying with backoff.", why)
+            logger.error("Releases paused: %s Retrying with backoff.", exc)
+        return True
 
     def _release_shard(self, shard: int, report: PassReport, advance_ms: int = 0) -> None:
         fresh = False
@@ -755,13 +744,12 @@ class Companion:
                     self.periodic.reconcile()
                 self.periodic.tend()
                 failures, wait = 0, TEND_EVERY_SECONDS
-            except StoreUnavailableError as exc:
-                logger.warning("Store unreachable, periodic tasks wait: %s", exc)
-                wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
-                failures += 1
-            except Exception:
-                logger.exception("Serving periodic tasks failed; retrying with backoff")
-                wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+            except Exception as exc:
+                if isinstance(exc, ZDelayError) and exc.transient:
+                    logger.warning("Store unreachable or refusing, periodic tasks wait: %s", exc)
+                else:
+                    logger.exception("Serving periodic tasks failed; retrying with backoff")
+                wait = backoff_seconds(failures)
                 failures += 1
             # Releases wait for the first pass, not for a failing one.
             self.periodic.first_pass.set()
@@ -784,14 +772,10 @@ class Companion:
             return None
         try:
             self._ownership.maybe_renew(self._live_companions)
-        except StoreUnavailableError as exc:
-            logger.warning("Store unreachable, retrying with backoff: %s", exc)
-            return PassReport(failed=True)
-        except redis.exceptions.ResponseError as exc:
-            if not is_transient_reply(exc):
+        except (StoreUnavailableError, StoreRefusedError) as exc:
+            if not exc.transient:
                 raise
-            self._store_refused(exc)
-            return PassReport(failed=True)
+            return PassReport(failed=self._store_waits(exc))
         return None
 
     def _detect_handoff(self) -> None:

@@ -33,6 +33,7 @@ except ImportError:  # kombu < 5.7 has no batch publishing: nothing raises it
 from .._format import counted
 from ..bulk_limit import DEFAULT_BULK_LIMIT, MessageTooLarge, bulk_limit, envelope_size, too_large
 from ..entry import TaskMessage
+from ..store.client import server_state
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = [
     "PublishOutcome",
     "Publisher",
-    "is_transient_reply",
     "make_publisher",
     "supports_confirms",
 ]
@@ -195,7 +195,7 @@ class Publisher:
             try:
                 self._publish_one(producer, messages[index])
             except Exception as exc:
-                if is_transient_reply(exc):
+                if server_state(exc) is not None:
                     if outcome.error is None:
                         logger.warning("Redis broker refused a push for now, it waits: %s", exc)
                     outcome.error = exc
@@ -268,7 +268,7 @@ class Publisher:
         # BatchPublishError: a pipelined push failed as a whole (its replies
         # are read one by one otherwise); what it delivered is unknown.
         uncertain = (OperationalError, *_BATCH_ERRORS, ConnectionError, TimeoutError, OSError)
-        if isinstance(exc, uncertain) or is_transient_reply(exc) or _is_service_outage(exc):
+        if isinstance(exc, uncertain) or server_state(exc) is not None or _is_service_outage(exc):
             return True
         connection = self._connection
         if connection is None:
@@ -334,39 +334,6 @@ def _is_service_outage(exc: BaseException) -> bool:
     return code in _AWS_TRANSIENT_CODES or (isinstance(status, int) and status >= 500)
 
 
-#: Redis error replies that describe the server's state, not the command:
-#: out of memory, a read-only replica, loading, failing over. The message
-#: waits for the server instead of being dead-lettered.
-TRANSIENT_REPLIES = (
-    "OOM",
-    "READONLY",
-    "LOADING",
-    "MASTERDOWN",
-    "TRYAGAIN",
-    "CLUSTERDOWN",
-    "BUSY",
-    "MISCONF",
-    "NOAUTH",
-    "NOPERM",
-)
-
-
-def is_transient_reply(exc: BaseException) -> bool:
-    """Whether *exc* is a Redis error reply that should be waited out."""
-    from redis.exceptions import ResponseError
-
-    if not isinstance(exc, ResponseError):
-        return False
-    text = str(exc.args[0]) if exc.args else ""
-    # redis-py prefixes pipeline errors with "Command # N (...) of pipeline caused error: ".
-    text = text.rpartition("caused error: ")[2]
-    return text.startswith(TRANSIENT_REPLIES) or type(exc).__name__ in (
-        "OutOfMemoryError",
-        "ReadOnlyError",
-        "NoPermissionError",
-    )
-
-
 #: Commands buffered before kombu flushes a Redis publish batch: more than a
 #: batch ever holds, so a batch is one round trip.
 _BATCH_COMMANDS = 1 << 30
@@ -411,7 +378,7 @@ class RedisPublisher(Publisher):
         batch, self._batch = self._batch, None
         failures: dict[int, Exception] = batch.failures if batch is not None else {}
         for index, error in failures.items():
-            if is_transient_reply(error):
+            if server_state(error) is not None:
                 # Not pushed; the server, not the message, is at fault: it waits.
                 logger.warning("Redis broker refused a push for now, it waits: %s", error)
                 outcome.error = error

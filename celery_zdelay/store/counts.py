@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ._shared import SEQ as _SEQ
 from ._shared import _shards
-from .client import unavailable_as_error
+from .client import store_errors
 from .store import Store
 
 __all__ = ["Counts", "ShardCounts", "counts"]
@@ -91,7 +91,7 @@ def counts(store: Store, shards: Iterable[int] | None = None) -> Counts:
     now_ms = store.time_ms()
     # An entry is overdue when claim.lua would take it now: score below (now + 1 ms) * 1024.
     due_now = now_ms * _SEQ + _SEQ - 1
-    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         for shard in numbers:
             keys = store.keys(shard)
             pipe.zcard(keys.due)

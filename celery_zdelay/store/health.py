@@ -17,7 +17,7 @@ import redis
 from .._format import duration
 from ..config import MAX_SHARDS
 from ._shared import _text
-from .client import sanitize_url, unavailable_as_error
+from .client import sanitize_url, store_errors
 from .counts import Counts, counts
 from .keys import companions_key, shard_keys
 from .store import Store
@@ -84,7 +84,7 @@ def companions(store: Store, *, now_ms: int | None = None) -> list[CompanionInfo
     an hour later.
     """
     now = store.time_ms() if now_ms is None else now_ms
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         beats = store.client.hgetall(companions_key(store.config.key_prefix))
     found = []
     for raw_id, raw in beats.items():
@@ -167,7 +167,7 @@ def wake_problem(store: Store) -> str | None:
         StoreUnavailableError: Redis cannot be reached.
     """
     channels = [store.keys(shard).wake for shard in store.shards]
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         if store.cluster:
             # PUBLISH reaches every node from any one: the first channel tells.
             replies: list[object] = []
@@ -219,7 +219,7 @@ def server_health(store: Store) -> ServerHealth:
     """
     config: dict[str, str] = {}
     unreadable: str | None = None
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         try:
             # One CONFIG GET per name: Redis before 7.0 takes one pattern only,
             # and a cluster client cannot pipeline CONFIG.
@@ -311,7 +311,7 @@ def stranded_shards(store: Store) -> list[int]:
     if not beyond:
         return []
     prefix = store.config.key_prefix
-    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         for shard in beyond:
             keys = shard_keys(prefix, shard)
             pipe.exists(keys.due, keys.lease, keys.dead)

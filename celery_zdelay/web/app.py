@@ -33,7 +33,7 @@ from ..errors import ConfigurationError, ZDelayError
 from ..keys import validate_tag
 from ..schedule import Due, due_from
 from ..store import Store, admin
-from ..store.client import unavailable_as_error
+from ..store.client import store_errors
 from . import queries
 from .security import (
     CSRF_COOKIE,
@@ -614,7 +614,7 @@ class _Timer:
         try:
             # Connection failures become StoreUnavailableError: a 503 page that
             # names the store (password hidden) and says what to check.
-            with unavailable_as_error(self._url()):
+            with store_errors(self._url()):
                 yield
         finally:
             self.ms += (time.perf_counter() - started) * 1000
