@@ -14,8 +14,8 @@ import click
 from celery.bin.base import LOG_LEVEL, CeleryOption, handle_preload_options
 
 from .._logjson import JsonFormatter
+from ..companion.metrics import DEFAULT_METRICS_ADDR
 from ..errors import ConfigurationError, StoreUnavailableError
-from ..metrics import DEFAULT_METRICS_ADDR
 from ._base import _CONTEXT, EXIT_OK, ZDelayGroup, _exit_codes, _parse_shards
 
 __all__ = ["zdelay"]
@@ -201,7 +201,7 @@ def zdelay(
             )
         metrics = None
         if metrics_port is not None:
-            from ..metrics import serve_metrics
+            from ..companion.metrics import serve_metrics
 
             metrics = serve_metrics(companion, port=metrics_port, addr=metrics_addr)
         try:

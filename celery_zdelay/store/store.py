@@ -7,7 +7,6 @@ into values; it decides nothing about what to release.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from .client import (
     sanitize_url,
     store_errors,
 )
+from .dead_reason import DeadReason
 from .keys import ShardKeys, held_key, lanes_key, shard_keys, shard_of
 from .scripts import Scripts, script_commands
 
@@ -101,8 +101,8 @@ class ClaimResult:
     needs_dests: bool = False
     #: Entries leased for the generic path, in due order.
     entries: list[Claimed] = field(default_factory=list)
-    #: Entries the handoff dead-lettered itself: (id, reason dict).
-    dead: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: Entries the handoff dead-lettered itself, with why.
+    dead: list[tuple[str, DeadReason]] = field(default_factory=list)
 
 
 class Store:
@@ -424,7 +424,8 @@ class Store:
         end = 7 + 3 * n_leased
         result = _claim_result(reply[:end], offset=7)
         result.dead = [
-            (reply[i].decode(), json.loads(reply[i + 1])) for i in range(end, end + 2 * n_dead, 2)
+            (reply[i].decode(), DeadReason.from_json(reply[i + 1]))
+            for i in range(end, end + 2 * n_dead, 2)
         ]
         end += 2 * n_dead
         if with_ids:
@@ -574,16 +575,14 @@ class Store:
                 )
             )
 
-    def dead_letter(
-        self, shard: int, token: int, reasons: Sequence[tuple[str, dict[str, Any]]]
-    ) -> int:
+    def dead_letter(self, shard: int, token: int, reasons: Sequence[tuple[str, DeadReason]]) -> int:
         """Move claimed entries to the dead-letter set with their reasons."""
         if not reasons:
             return 0
         keys = self._keys[shard]
         args: list[Any] = [token]
         for task_id, reason in reasons:
-            args += [task_id, json.dumps(reason, separators=(",", ":"))]
+            args += [task_id, reason.to_json()]
         self.ensure_allowed(keys.due, "deadletter")
         with store_errors(self.url):
             return int(

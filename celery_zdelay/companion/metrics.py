@@ -51,14 +51,14 @@ from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from . import signals
-from .control_metrics import ControlCollector
-from .errors import ConfigurationError, ZDelayError
-from .periodic.metrics import PeriodicCollector
-from .store import Store, admin
+from .. import signals
+from ..control_metrics import ControlCollector
+from ..errors import ConfigurationError, ZDelayError
+from ..periodic.metrics import PeriodicCollector
+from ..store import Store, admin
 
 if TYPE_CHECKING:
-    from .companion import Companion
+    from .loop import Companion
 
 __all__ = [
     "CLAIM_BUCKETS",
