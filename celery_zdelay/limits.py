@@ -18,9 +18,9 @@ import celery
 
 from ._format import utc
 from .config import get_config
-from .control import _by_text, audit
 from .parking import store_for
 from .rates import RateLimit, control_name, parse_limit
+from .steering import audit_line
 from .store.control import ControlStore
 
 if TYPE_CHECKING:
@@ -208,8 +208,7 @@ def _warn_unknown(app: Celery, name: str) -> None:
 
 def _audit(app: Celery, name: str, by: str | None, message: str, *args: Any) -> None:
     """Write the audit line of a control change (``zdelay_audit_log``), as steering does."""
-    if get_config(app).audit_log:
-        audit.info(message + _by_text(by), name, *args, extra={"control": name})
+    audit_line(app, message, name, *args, by=by, control=name)
 
 
 def _app(app: Celery | None) -> Celery:

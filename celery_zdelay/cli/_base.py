@@ -5,6 +5,7 @@ Subcommand groups of other modules (``periodic``, ``web``) build on these too.
 
 from __future__ import annotations
 
+import getpass
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ __all__ = [
     "EXIT_USAGE",
     "ZDelayCommand",
     "ZDelayGroup",
+    "cli_user",
 ]
 
 #: Clean exit, including after SIGTERM/SIGINT.
@@ -171,6 +173,14 @@ def _resolve(when: Due | None, now_ms: int) -> int | None:
 
 def _echo_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, sort_keys=False))
+
+
+def cli_user() -> str:
+    """Who acts from the command line (``cli:<user>``), for the audit line and the signals."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no user name in a bare container
+        return "cli"
 
 
 class _exit_codes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from celery.bin.base import CeleryOption
 
-from .. import _views
+from .. import _views, steering
 from .._format import count, counted
 from ..store import admin
 from ._base import (
@@ -16,9 +16,11 @@ from ._base import (
     ZDelayCommand,
     ZDelayGroup,
     _echo_json,
+    _exit_codes,
     _json_option,
     _limit_option,
     _store,
+    cli_user,
 )
 from .companion import zdelay
 
@@ -99,9 +101,10 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
     """Park dead-lettered entries again, due now, with their original message."""
     if bool(task_ids) == requeue_all:
         raise click.UsageError("Give the ids to requeue, or --all.")
-    with _store(ctx) as store:
+    app = ctx.obj.app
+    with _exit_codes(ctx):
         if requeue_all:
-            requeued, left = admin.requeue_all_dead(store)
+            requeued, left = steering.requeue_all_dead(app=app, by=cli_user())
             click.echo(f"requeued {counted(requeued, 'entry', 'entries')}, due now")
             if left:
                 click.echo(
@@ -109,7 +112,7 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
                     "or the id was parked again (see: zdelay dead list)"
                 )
             ctx.exit(EXIT_OK)
-        flags = admin.requeue_dead(store, task_ids)
+        flags = steering.requeue_dead(task_ids, app=app, by=cli_user())
     for task_id, done in zip(task_ids, flags, strict=True):
         if done:
             click.echo(f"requeued      {task_id}, due now")
@@ -131,12 +134,14 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
 @click.pass_context
 def dead_purge(ctx: click.Context, task_ids: tuple[str, ...], yes: bool) -> None:
     """Delete dead-lettered entries for good: the given ids, or all of them."""
-    with _store(ctx) as store:
+    app = ctx.obj.app
+    with _exit_codes(ctx):
         if task_ids:
-            purged = admin.purge_dead(store, task_ids)
+            purged = steering.purge_dead(task_ids, app=app, by=cli_user())
             click.echo(f"purged {count(purged)} of {counted(len(task_ids), 'entry', 'entries')}")
             ctx.exit(EXIT_OK if purged == len(set(task_ids)) else EXIT_NOT_FOUND)
-        total = admin.counts(store).dead
+        with _store(ctx) as store:
+            total = admin.counts(store).dead
         if total == 0:
             click.echo("No dead-lettered entries.")
             ctx.exit(EXIT_OK)
@@ -144,5 +149,5 @@ def dead_purge(ctx: click.Context, task_ids: tuple[str, ...], yes: bool) -> None
         if not yes and not click.confirm(question):
             click.echo("Nothing purged.")
             ctx.exit(EXIT_CHECK_FAILED)
-        purged = admin.purge_dead(store)
+        purged = steering.purge_dead(app=app, by=cli_user())
     click.echo(f"purged {counted(purged, 'entry', 'entries')}")

@@ -9,9 +9,17 @@ from celery.bin.base import CeleryOption
 
 from .. import limits
 from .._format import utc
-from ._base import _CONTEXT, EXIT_OK, F, ZDelayCommand, _echo_json, _exit_codes, _json_option
+from ._base import (
+    _CONTEXT,
+    EXIT_OK,
+    F,
+    ZDelayCommand,
+    _echo_json,
+    _exit_codes,
+    _json_option,
+    cli_user,
+)
 from .companion import zdelay
-from .steer import _by
 
 __all__ = ["control_lines", "limit", "pause", "resume"]
 
@@ -109,7 +117,7 @@ def limit(
             None if rate.lower() in ("off", "none") else rate,
             burst=burst,
             app=app,
-            by=_by(),
+            by=cli_user(),
         )
     for warning in caught:
         click.echo(f"Warning: {warning.message}", err=True)
@@ -127,7 +135,7 @@ def pause(ctx: click.Context, name: str | None, queue: str | None, task: str | N
     control = _name(name, queue, task)
     with _exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", limits.UnknownControlWarning)
-        since = limits.pause(control, app=ctx.obj.app, by=_by())
+        since = limits.pause(control, app=ctx.obj.app, by=cli_user())
     for warning in caught:
         click.echo(f"Warning: {warning.message}", err=True)
     click.echo(f"paused {control} (since {utc(since)})")
@@ -140,7 +148,7 @@ def resume(ctx: click.Context, name: str | None, queue: str | None, task: str | 
     """Release a paused queue or task again, overdue tasks first."""
     control = _name(name, queue, task)
     with _exit_codes(ctx):
-        was = limits.resume(control, app=ctx.obj.app, by=_by())
+        was = limits.resume(control, app=ctx.obj.app, by=cli_user())
     click.echo(f"resumed {control}" if was else f"{control} was not paused")
 
 

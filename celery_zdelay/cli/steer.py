@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryOption
 
-from .. import control
+from .. import steering
 from .._format import counted, duration, parse_duration_ms, relative_due, utc
 from ..errors import ConfigurationError
 from ..parking import store_for
@@ -23,18 +22,11 @@ from ._base import (
     ZDelayCommand,
     _exit_codes,
     _when_option,
+    cli_user,
 )
 from .companion import zdelay
 
 __all__ = ["cancel", "reschedule"]
-
-
-def _by() -> str:
-    """Who cancels or reschedules from the command line, for the audit line and the signal."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):  # no user name in a bare container
-        return "cli"
 
 
 _CANCEL_EPILOG = """\b
@@ -170,11 +162,11 @@ def cancel(
     app = ctx.obj.app
     with _exit_codes(ctx):
         if filters is not None:
-            n = control.cancel_matching(dry_run=dry_run, app=app, by=_by(), **filters)
+            n = steering.cancel_matching(dry_run=dry_run, app=app, by=cli_user(), **filters)
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would cancel {tasks} (dry run)" if dry_run else f"cancelled {tasks}")
             ctx.exit(EXIT_OK)
-        found = control.cancel_ids(task_ids, app=app, by=_by())
+        found = steering.cancel_ids(task_ids, app=app, by=cli_user())
     for task_id, was_parked in zip(task_ids, found, strict=True):
         if was_parked:
             click.echo(f"cancelled   {task_id}")
@@ -249,15 +241,15 @@ def reschedule(
     app = ctx.obj.app
     with _exit_codes(ctx):
         if filters is not None:
-            n = control.reschedule_matching(
-                countdown=countdown, eta=eta, dry_run=dry_run, app=app, by=_by(), **filters
+            n = steering.reschedule_matching(
+                countdown=countdown, eta=eta, dry_run=dry_run, app=app, by=cli_user(), **filters
             )
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would reschedule {tasks} (dry run)" if dry_run else f"rescheduled {tasks}")
             ctx.exit(EXIT_OK)
         assert task_id is not None
-        moved = control.reschedule(task_id, countdown=countdown, eta=eta, app=app, by=_by())
-        found = control.lookup(task_id, app=app) if moved else None
+        moved = steering.reschedule(task_id, countdown=countdown, eta=eta, app=app, by=cli_user())
+        found = steering.lookup(task_id, app=app) if moved else None
         now_ms = store_for(app).time_ms()
     if not moved:
         click.echo(f"not parked  {task_id} (unknown, released, or being released)")

@@ -26,7 +26,7 @@ from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
-from .. import control, limits
+from .. import limits, steering
 from .._format import ago, count, duration, parse_duration_ms, relative_due, utc
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
@@ -412,9 +412,9 @@ class Dashboard:
             # audit line, tasks_cancelled (REVOKED, Celery events) and who acted.
             by = _who(ctx)
             if op == "cancel":
-                done = sum(control.cancel_ids(ids, app=self.celery_app, by=by))
+                done = sum(steering.cancel_ids(ids, app=self.celery_app, by=by))
             else:
-                done = sum(control.reschedule_ids(ids, due, app=self.celery_app, by=by))
+                done = sum(steering.reschedule_ids(ids, due, app=self.celery_app, by=by))
         message = f"{verb} {done} of {len(ids)}"
         if len(ids) > done:
             message += " (the others were no longer parked)"
@@ -427,17 +427,19 @@ class Dashboard:
             raise BadRequest(f"Unknown action {op!r}: use requeue or purge.")
         everything = form.get("scope") == "all"
         ids = queries.as_ids(form.getlist("ids"))
+        app, by = self.celery_app, _who(ctx)
+        # Through the steering module, as the CLI: the same audit line.
         with ctx.timer():
             if op == "requeue" and everything:
-                done, left = admin.requeue_all_dead(self.store)
+                done, left = steering.requeue_all_dead(app=app, by=by)
                 message = f"requeued {done}, due now" + (f"; {left} could not be" if left else "")
             elif op == "requeue":
-                done = sum(admin.requeue_dead(self.store, ids))
+                done = sum(steering.requeue_dead(ids, app=app, by=by))
                 message = f"requeued {done} of {len(ids)}, due now"
             elif everything:
-                message = f"purged {admin.purge_dead(self.store)}"
+                message = f"purged {steering.purge_dead(app=app, by=by)}"
             else:
-                message = f"purged {admin.purge_dead(self.store, ids)} of {len(ids)}"
+                message = f"purged {steering.purge_dead(ids, app=app, by=by)} of {len(ids)}"
         return self._back(ctx, form, message)
 
     def view_act_periodic(self, ctx: _Context) -> Response:
