@@ -165,6 +165,7 @@ class ReleasePass:
         self._note_next_event(result, report)
 
     def claim(self, shard: int, *, fresh: bool, advance_ms: int = 0) -> ClaimResult:
+        """Claim one batch of *shard*'s due entries: handed off where it may be, else leased."""
         # With signing on, every entry is leased and verified in Python first
         # (then pushed atomically by push.lua): handoff.lua cannot check an
         # HMAC, so it must not see entries before they are verified.
