@@ -15,7 +15,7 @@ from celery.bin.base import LOG_LEVEL, CeleryOption, handle_preload_options
 
 from .._logjson import JsonFormatter
 from ..companion.metrics import DEFAULT_METRICS_ADDR
-from ..errors import ConfigurationError, StoreUnavailableError
+from ..errors import ConfigurationError, ZDelayError
 from ._base import _CONTEXT, EXIT_OK, ZDelayGroup, _exit_codes, _parse_shards
 
 __all__ = ["zdelay"]
@@ -229,7 +229,9 @@ def _companion_once_the_store_answers(create: Callable[[], Any], stopping: threa
     while not stopping.is_set():
         try:
             companion = create()
-        except StoreUnavailableError as exc:
+        except ZDelayError as exc:
+            if not exc.transient:
+                raise  # a bad setting fails at once
             failed = True
             logger.error(
                 "%s The companion starts when the store answers; next try in %g s.", exc, pause

@@ -154,6 +154,8 @@ class _StoreCollector:
             counted = admin.counts(self.store)
             live = [c for c in admin.companions(self.store, now_ms=counted.now_ms) if c.alive]
         except ZDelayError as exc:
+            if not exc.transient:
+                raise  # a damaged key or a bug, not an outage
             logger.warning("Metrics scrape could not read the store: %s", exc)
             up.add_metric([], 0)
             yield up
