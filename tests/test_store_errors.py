@@ -22,15 +22,12 @@ from celery_zdelay.store.client import store_errors
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
+from tests.test_hardening_companion import _errors
 
 pytestmark = pytest.mark.timeout(120)
 
 #: Runs until the Unix time in ARGV[1] without writing: SCRIPT KILL ends it.
 BUSY_LOOP = "local stop = tonumber(ARGV[1]) while tonumber(redis.call('TIME')[1]) < stop do end"
-
-
-def _errors(caplog: pytest.LogCaptureFixture, text: str) -> int:
-    return sum(text in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
 
 
 def test_a_store_busy_with_a_script_pauses_releases_and_tells_producers_to_wait(
