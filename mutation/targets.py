@@ -79,10 +79,20 @@ PYTHON = (
             "tests/test_periodic_hardening.py",
         ),
     ),
-    # The companion's publish and publisher confirms: forgotten only when accepted.
+    # The companion's publishers and publisher confirms: forgotten only when accepted.
     Target(
         "companion.publish",
-        "celery_zdelay/companion/publish.py",
+        "celery_zdelay/companion/publish/generic.py",
+        ("tests/test_hardening_publish.py", *_RELEASE),
+    ),
+    Target(
+        "companion.publish.redis_broker",
+        "celery_zdelay/companion/publish/redis_broker.py",
+        ("tests/test_hardening_publish.py", *_RELEASE),
+    ),
+    Target(
+        "companion.publish.confirming",
+        "celery_zdelay/companion/publish/confirming.py",
         ("tests/test_hardening_publish.py", *_RELEASE),
     ),
     # The second-delivery guard.

@@ -25,8 +25,8 @@ from kombu.exceptions import EncodeError
 import celery_zdelay
 from celery_zdelay import events, signals
 from celery_zdelay.companion import Companion
-from celery_zdelay.control import reschedule_ids as _reschedule_ids
 from celery_zdelay.schedule import Due
+from celery_zdelay.steering import reschedule_ids as _reschedule_ids
 from tests.conftest import AppFactory
 from tests.support.cli import run as run_cli
 from tests.support.keys import SHARD0
