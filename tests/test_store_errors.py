@@ -22,7 +22,7 @@ from celery_zdelay.store.client import store_errors
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
-from tests.test_hardening_companion import _errors
+from tests.support.logs import error_lines
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,7 +54,7 @@ def test_a_store_busy_with_a_script_pauses_releases_and_tells_producers_to_wait(
         thread.start()
         try:
             # Then the companion says why releases wait, and what ends the wait
-            wait_for(lambda: _errors(caplog, "busy running a script") >= 2, timeout=60)
+            wait_for(lambda: error_lines(caplog, "busy running a script") >= 2, timeout=60)
             assert thread.is_alive()
             assert broker_server.client(0).llen("celery") == 0
 
