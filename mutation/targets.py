@@ -106,6 +106,7 @@ _STORE = "celery_zdelay/store/lua/"
 _PERIODIC = "celery_zdelay/periodic/lua/"
 _PERIODIC_TESTS = ("tests/test_periodic.py", "tests/test_periodic_hardening.py")
 _ADMIN = ("tests/test_admin.py",)
+_WITHDRAW = "tests/test_mutation_kills_withdraw_lua.py"
 _STEERING = (
     "tests/test_mutation_kills_cancel_reschedule_lua.py",
     "tests/test_cancel_reschedule.py",
@@ -148,7 +149,12 @@ LUA = (
         quick=_OWN,
     ),
     Target("_pointer.lua", _PERIODIC + "_pointer.lua", _PERIODIC_TESTS),
-    Target("_withdraw.lua", _PERIODIC + "_withdraw.lua", _PERIODIC_TESTS),
+    Target(
+        "_withdraw.lua",
+        _PERIODIC + "_withdraw.lua",
+        (_WITHDRAW, *_PERIODIC_TESTS),
+        quick=(_WITHDRAW,),
+    ),
     Target("define.lua", _PERIODIC + "define.lua", _PERIODIC_TESTS),
     Target("advance.lua", _PERIODIC + "advance.lua", _PERIODIC_TESTS),
     Target("pause.lua", _PERIODIC + "pause.lua", _PERIODIC_TESTS),
