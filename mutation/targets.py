@@ -49,6 +49,8 @@ _WEB_SECURITY = (
 )
 _ACK = ("tests/test_mutation_kills_ack_lua.py", "tests/test_mutation_kills_ack_lua_marks.py")
 _OWN = ("tests/test_mutation_kills_own_lua.py",)
+_CLAIM = "tests/test_mutation_kills_claim_lua.py"
+_ADVANCE = "tests/test_mutation_kills_advance_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -122,7 +124,12 @@ LUA = (
     Target(
         "park.lua", _STORE + "park.lua", ("tests/test_parked_at.py", "tests/test_bulk_parking.py")
     ),
-    Target("claim.lua", _STORE + "claim.lua", ("tests/test_crash_recovery.py", *_RELEASE)),
+    Target(
+        "claim.lua",
+        _STORE + "claim.lua",
+        (_CLAIM, "tests/test_crash_recovery.py", *_RELEASE),
+        quick=(_CLAIM,),
+    ),
     Target("handoff.lua", _STORE + "handoff.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
     Target("push.lua", _STORE + "push.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
     Target(
@@ -156,7 +163,12 @@ LUA = (
         quick=(_WITHDRAW,),
     ),
     Target("define.lua", _PERIODIC + "define.lua", _PERIODIC_TESTS),
-    Target("advance.lua", _PERIODIC + "advance.lua", _PERIODIC_TESTS),
+    Target(
+        "advance.lua",
+        _PERIODIC + "advance.lua",
+        (_ADVANCE, *_PERIODIC_TESTS),
+        quick=(_ADVANCE,),
+    ),
     Target("pause.lua", _PERIODIC + "pause.lua", _PERIODIC_TESTS),
     Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
 )
