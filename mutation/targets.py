@@ -51,6 +51,7 @@ _ACK = ("tests/test_mutation_kills_ack_lua.py", "tests/test_mutation_kills_ack_l
 _OWN = ("tests/test_mutation_kills_own_lua.py",)
 _CLAIM = "tests/test_mutation_kills_claim_lua.py"
 _ADVANCE = "tests/test_mutation_kills_advance_lua.py"
+_DEFINE = "tests/test_mutation_kills_define_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -162,7 +163,12 @@ LUA = (
         (_WITHDRAW, *_PERIODIC_TESTS),
         quick=(_WITHDRAW,),
     ),
-    Target("define.lua", _PERIODIC + "define.lua", _PERIODIC_TESTS),
+    Target(
+        "define.lua",
+        _PERIODIC + "define.lua",
+        (_DEFINE, _WITHDRAW, *_PERIODIC_TESTS),
+        quick=(_DEFINE, _WITHDRAW),
+    ),
     Target(
         "advance.lua",
         _PERIODIC + "advance.lua",
