@@ -111,7 +111,8 @@ def test_the_newest_configuration_wins_unless_an_older_one_is_forced_back(
     assert (meta["hash"], meta["written_by"]) == ("h1", "c1")
     assert before <= int(meta["written_ms"]) <= redis_ms(client)
 
-    assert store([_entry("a", 20.0)], "h2", writer="c2", force=False) == ("done", [("changed", "a")])
+    replaced = store([_entry("a", 20.0)], "h2", writer="c2", force=False)
+    assert replaced == ("done", [("changed", "a")])
     assert client.smembers(keys.superseded) == {b"h1"}
 
     # A companion of the previous deploy, restarted, does not write it back
