@@ -52,6 +52,7 @@ _OWN = ("tests/test_mutation_kills_own_lua.py",)
 _CLAIM = "tests/test_mutation_kills_claim_lua.py"
 _ADVANCE = "tests/test_mutation_kills_advance_lua.py"
 _DEFINE = "tests/test_mutation_kills_define_lua.py"
+_PARK = "tests/test_mutation_kills_park_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -123,7 +124,10 @@ LUA = (
     ),
     Target("_expand.lua", _STORE + "_expand.lua", ("tests/test_entry_format.py", *_RELEASE)),
     Target(
-        "park.lua", _STORE + "park.lua", ("tests/test_parked_at.py", "tests/test_bulk_parking.py")
+        "park.lua",
+        _STORE + "park.lua",
+        (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py"),
+        quick=(_PARK,),
     ),
     Target(
         "claim.lua",
