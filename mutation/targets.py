@@ -81,6 +81,12 @@ PYTHON = (
             "tests/test_periodic_hardening.py",
         ),
     ),
+    # Overlap policy: an occurrence starting while the previous run goes on is skipped or waits.
+    Target(
+        "periodic.overlap",
+        "celery_zdelay/periodic/overlap.py",
+        ("tests/test_mutation_kills_periodic_overlap.py", "tests/test_periodic_overlap.py"),
+    ),
     # The companion's publish and publisher confirms: forgotten only when accepted.
     Target(
         "companion.publish",
@@ -127,13 +133,11 @@ LUA = (
         "park.lua",
         _STORE + "park.lua",
         (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py"),
-        quick=(_PARK,),
     ),
     Target(
         "claim.lua",
         _STORE + "claim.lua",
         (_CLAIM, "tests/test_crash_recovery.py", *_RELEASE),
-        quick=(_CLAIM,),
     ),
     Target("handoff.lua", _STORE + "handoff.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
     Target("push.lua", _STORE + "push.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
@@ -165,21 +169,18 @@ LUA = (
         "_withdraw.lua",
         _PERIODIC + "_withdraw.lua",
         (_WITHDRAW, *_PERIODIC_TESTS),
-        quick=(_WITHDRAW,),
     ),
     Target(
         "define.lua",
         _PERIODIC + "define.lua",
         (_DEFINE, _WITHDRAW, *_PERIODIC_TESTS),
-        quick=(_DEFINE, _WITHDRAW),
     ),
     Target(
         "advance.lua",
         _PERIODIC + "advance.lua",
         (_ADVANCE, *_PERIODIC_TESTS),
-        quick=(_ADVANCE,),
     ),
-    Target("pause.lua", _PERIODIC + "pause.lua", _PERIODIC_TESTS),
+    Target("pause.lua", _PERIODIC + "pause.lua", (_WITHDRAW, *_PERIODIC_TESTS)),
     Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
 )
 
