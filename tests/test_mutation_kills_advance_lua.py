@@ -78,12 +78,19 @@ def test_the_companion_that_moves_the_pointer_counts_the_missed_and_remembers_th
     assert _missed_ids(periodic_store) == [(t + 10_000, "m1")]
 
 
-def test_a_pointer_moved_with_nothing_missed_counts_nothing(app: Celery) -> None:
+def test_a_pointer_moved_with_nothing_missed_counts_nothing_and_with_one_counts_one(
+    app: Celery,
+) -> None:
     periodic_store, start = _added(app)
-    assert periodic_store.advance("a", 1, start.ms + 10_000, [], start.ms) == "done"
-    assert _pointer(periodic_store).ms == start.ms + 10_000
+    t = start.ms
+    assert periodic_store.advance("a", 1, t + 10_000, [], t) == "done"
+    assert _pointer(periodic_store).ms == t + 10_000
     assert periodic_store.snapshot().counts == {}
     assert _missed_ids(periodic_store) == []
+
+    periodic_store.advance("a", 1, t + 30_000, [], t, missed=1, missed_ids=[(t + 20_000, "m")])
+    assert periodic_store.snapshot().counts == {"a": {"missed": 1}}
+    assert _missed_ids(periodic_store) == [(t + 20_000, "m")]
 
 
 def test_only_the_newest_thousand_missed_ids_are_remembered(app: Celery) -> None:
@@ -95,6 +102,11 @@ def test_only_the_newest_thousand_missed_ids_are_remembered(app: Celery) -> None
 
     assert _missed_ids(periodic_store) == missed[2:]
     assert periodic_store.snapshot().counts == {"a": {"missed": KEEP_MISSED + 2}}
+
+    # One more, on a later pass: still the newest thousand
+    newest = (t + 2_000_000, "newest")
+    periodic_store.advance("a", 1, t + 3_000_000, [], t, missed=1, missed_ids=[newest])
+    assert _missed_ids(periodic_store) == [*missed[3:], newest]
 
 
 def test_ids_parked_before_the_memory_are_forgotten_and_the_rest_kept(app: Celery) -> None:
