@@ -24,6 +24,7 @@ from celery_zdelay.periodic.server import PeriodicServer
 from celery_zdelay.store import Store
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
+from tests.servers import LocalCluster
 from tests.support.clock import redis_ms
 from tests.support.store import ids_on_shard
 
@@ -178,3 +179,26 @@ def test_a_change_goes_on_from_the_earliest_tick_due_and_waiting_not_from_one_le
     # Then the new version goes on from the earliest waiting tick, which it runs
     pointer = server.periodic.snapshot().pointers["a"]
     assert (pointer.version, pointer.ms, pointer.inclusive) == (2, second[0], True)
+
+
+def test_on_a_redis_cluster_a_pause_or_removal_withdraws_shard_by_shard_before_it_returns(
+    make_test_app: AppFactory, cluster: LocalCluster
+) -> None:
+    # The shards are other slots than the schedules': the script lists the
+    # occurrences in the cancel set, and the call cancels them on each shard
+    app = make_test_app(conf={"zdelay_redis_url": cluster.url, "zdelay_shards": SHARDS})
+    store = store_for(app)
+    app.conf.beat_schedule = {"a": {"task": "tests.record", "schedule": 1.0}}
+    server = PeriodicServer(app, store, companion_id="c")
+    server.horizon_ms = HORIZON_MS
+    assert server.reconcile() == "done"
+    assert server.tend() > SHARDS * 2
+
+    for withdraw in (_pause, _remove):
+        withdraw(app)
+        assert not any(_occurrences(store, shard) for shard in store.shards)
+        assert store.client.scard(server.periodic.keys.cancel) == 0
+        if withdraw is _pause:
+            assert periodic.resume("a", app=app)
+            server._last_tend = 0.0  # a pass now, however close to the last
+            assert server.tend() > SHARDS * 2
