@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_zdelay import periodic
@@ -151,3 +152,18 @@ def test_a_pause_change_or_removal_since_the_read_refuses_the_record(app: Celery
     assert periodic.remove("a", app=app)
     assert periodic_store.advance("a", 2, t + 10_000, [(t + 10_000, "p")], t) == "changed"
     assert "a" not in periodic_store.snapshot().pointers
+
+
+def test_a_key_of_another_type_refuses_the_record_before_anything_is_counted(
+    app: Celery,
+) -> None:
+    periodic_store, start = _added(app)
+    t = start.ms
+    missed_key = periodic_store.keys.missed_prefix + "a"
+    periodic_store.store.client.set(missed_key, "something else wrote this")
+
+    with pytest.raises(redis.ResponseError, match="holds a string, not a zset: something else"):
+        periodic_store.advance("a", 1, t + 30_000, [], t, missed=2, missed_ids=[(t + 10_000, "m1")])
+
+    assert periodic_store.snapshot().counts == {}
+    assert _pointer(periodic_store) == start
