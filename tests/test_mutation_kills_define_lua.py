@@ -16,6 +16,7 @@ test_mutation_kills_withdraw_lua.py.
 from __future__ import annotations
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_zdelay import periodic
@@ -141,3 +142,21 @@ def test_a_new_configuration_removes_only_the_configured_entries_it_no_longer_na
     assert (status, sorted(changed)) == ("done", [("new", "new"), ("removed", "gone")])
     assert sorted(periodic_store.snapshot().definitions) == ["added", "kept", "new", "unservable"]
     assert _versions(periodic_store) == {"added": 1, "kept": 1, "new": 1, "unservable": 1}
+
+
+def test_a_version_counter_that_cannot_count_refuses_the_whole_change_with_the_fix(
+    app: Celery,
+) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    store([_entry("a"), _entry("b")], "h1", writer="c", force=False)
+    periodic_store.store.client.hset(periodic_store.keys.versions, "a", "not a count")
+
+    # A deploy that changes "a" and removes "b"
+    with pytest.raises(redis.ResponseError, match="holds not a count, not a count: delete that"):
+        store([_entry("a", 20.0)], "h2", writer="c", force=False)
+
+    # Nothing of it was written: "b" is still there, "a" as it was
+    snap = periodic_store.snapshot()
+    assert snap.definitions == {"a": _entry("a"), "b": _entry("b")}
+    assert snap.meta["hash"] == "h1"
