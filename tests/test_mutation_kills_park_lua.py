@@ -75,18 +75,23 @@ def test_entries_of_one_millisecond_keep_parking_order_and_share_its_last_slot_o
 ) -> None:
     store = store_for(app)
     at = redis_ms(redis_client) + HOUR
-    # An entry in the last slot of the millisecond before is not in this one
-    redis_client.zadd(SHARD0.due, {"before": (at - 1) * 1024 + 1023})
-    store.park([_at("first", at), _at("second", at)])
-    store.park([_at("third", at)])
+    # Entries in the last slot of the millisecond before and in the first
+    # of the one after are not in this one
+    redis_client.zadd(SHARD0.due, {"before": (at - 1) * 1024 + 1023, "after": (at + 1) * 1024})
+    store.park([_at("first", at)])
+    store.park([_at("second", at), _at("third", at)])
     assert [_score(redis_client, i) - at * 1024 for i in ("first", "second", "third")] == [0, 1, 2]
 
+    # A millisecond whose last slot is taken: the rest share it
     full = at + 1000
-    redis_client.zadd(SHARD0.due, {"next-to-last": full * 1024 + 1022})
-    store.park([_at("last", full), _at("shares", full)])
-    store.park([_at("shares-too", full)])
-    assert [_score(redis_client, i) - full * 1024 for i in ("last", "shares", "shares-too")] == [
-        1023,
+    redis_client.zadd(SHARD0.due, {"in-the-last-slot": full * 1024 + 1023})
+    store.park([_at("shares", full), _at("shares-too", full)])
+    assert {_score(redis_client, i) - full * 1024 for i in ("shares", "shares-too")} == {1023}
+    # One before the last slot: the next takes the last, the one after shares it
+    nearly = at + 2000
+    redis_client.zadd(SHARD0.due, {"next-to-last": nearly * 1024 + 1022})
+    store.park([_at("last", nearly), _at("shares-last", nearly)])
+    assert [_score(redis_client, i) - nearly * 1024 for i in ("last", "shares-last")] == [
         1023,
         1023,
     ]
@@ -101,6 +106,7 @@ def test_each_payload_is_stamped_once_with_when_it_was_parked(
     before = redis_ms(redis_client)
     store.park([_at("plain", at), _at("restamped", at, b'{"p":17,"v":1}\nbody')])
     store.park([_at("whole", at, whole), _at("other", at, b"not json")])
+    store.park([_at("unquoted", at, b"{not quoted}")])
     after = redis_ms(redis_client)
 
     stored = {i: redis_client.hget(SHARD0.msg, i) or b"" for i in ("plain", "restamped")}
@@ -109,7 +115,9 @@ def test_each_payload_is_stamped_once_with_when_it_was_parked(
         assert before <= int(stamp.removeprefix(b'{"p":')) <= after
         assert rest == b'"v":1}\nbody'
     assert redis_client.hget(SHARD0.msg, "whole") == whole
-    assert redis_client.hget(SHARD0.msg, "other") == b"not json"
+    # Only a metadata line ({"...) is stamped: anything else is kept as it is
+    for task_id, payload in {"other": b"not json", "unquoted": b"{not quoted}"}.items():
+        assert redis_client.hget(SHARD0.msg, task_id) == payload
 
 
 def test_a_retried_call_returns_the_first_calls_due_times_and_parks_nothing_again(
