@@ -216,3 +216,19 @@ def test_a_key_of_another_type_refuses_the_park_with_the_fix_and_writes_nothing(
     assert redis_client.get(key) == b"something else wrote this"
     for other in (SHARD0.due, SHARD0.msg, SHARD0.dests, SHARD0.templates):
         assert other == key or not redis_client.exists(other)
+
+
+def test_a_re_park_of_a_leased_id_checks_the_leased_hash_before_it_writes(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    store = store_for(app)
+    now = redis_ms(redis_client)
+    store.park([_at("a", now - 1000)])
+    assert [e.task_id for e in store.claim(0, limit=1, lease_ms=HOUR).entries] == ["a"]
+    _string_at(SHARD0.leased)(redis_client)
+
+    with pytest.raises(StoreRefusedError, match="holds a string, not a hash: something else"):
+        store.park([_at("a", now + HOUR)])
+
+    assert redis_client.zscore(SHARD0.lease, "a") is not None
+    assert redis_client.zcard(SHARD0.due) == 0
