@@ -173,6 +173,22 @@ def test_template_counts_follow_what_is_parked_an_id_parked_again_counting_once(
     assert not redis_client.hexists(SHARD0.templates, record_ref[1:])
 
 
+def test_every_new_template_of_one_call_is_stored_and_counted(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    later = Due("r", HOUR)
+    requests = [
+        *_requests(app, "tests.record", "a", later),
+        *_requests(app, "tests.add", "b", later),
+        *_requests(app, "tests.record", "c", later),
+    ]
+    store_for(app).park(requests)
+    refs = _template_refs(redis_client)
+    assert sorted(refs.values()) == [b"1", b"2"]
+    for ref in refs:
+        assert redis_client.hexists(SHARD0.templates, ref[1:])
+
+
 def test_handoff_destinations_are_listed_once(app: Celery, redis_client: redis.Redis) -> None:
     at = redis_ms(redis_client) + HOUR
     store_for(app).park([_at("a", at, dest="q1"), _at("b", at, dest="q1"), _at("c", at, dest="q2")])
