@@ -183,10 +183,11 @@ def test_every_new_template_of_one_call_is_stored_and_counted(
         *_requests(app, "tests.record", "c", later),
     ]
     store_for(app).park(requests)
-    refs = _template_refs(redis_client)
-    assert sorted(refs.values()) == [b"1", b"2"]
-    for ref in refs:
-        assert redis_client.hexists(SHARD0.templates, ref[1:])
+    assert sorted(_template_refs(redis_client).values()) == [b"1", b"2"]
+    records = {r.template.id: r.template.record for r in requests if r.template}
+    assert len(records) == 2
+    for template_id, record in records.items():
+        assert redis_client.hget(SHARD0.templates, template_id) == record
 
 
 def test_handoff_destinations_are_listed_once(app: Celery, redis_client: redis.Redis) -> None:
