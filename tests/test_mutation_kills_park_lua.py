@@ -25,8 +25,10 @@ from celery_zdelay.capture import capture
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest
+from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
+from tests.support.store import ids_on_shard
 from tests.support.wake import wake_ups
 
 pytestmark = pytest.mark.timeout(60)
@@ -249,3 +251,19 @@ def test_a_re_park_of_a_leased_id_checks_the_leased_hash_before_it_writes(
 
     assert redis_client.zscore(SHARD0.lease, "a") is not None
     assert redis_client.zcard(SHARD0.due) == 0
+
+
+def test_a_batch_another_shard_cannot_take_is_refused_on_every_shard_before_any_writes(
+    make_test_app: AppFactory,
+) -> None:
+    app = make_test_app(conf={"zdelay_shards": 2})
+    store = store_for(app)
+    client = store.client
+    (on_0,), (on_1,) = (ids_on_shard(store, shard, 1) for shard in (0, 1))
+    at = redis_ms(client) + HOUR
+    client.set(store.keys(1).due, "something else wrote this")
+
+    with pytest.raises(StoreRefusedError, match="holds a string, not a zset: something else"):
+        store.park([_at(on_0, at), _at(on_1, at)])
+
+    assert client.zcard(store.keys(0).due) == client.hlen(store.keys(0).msg) == 0
