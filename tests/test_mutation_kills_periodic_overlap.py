@@ -127,6 +127,7 @@ def test_skip_holds_the_key_for_the_overlap_timeout_and_skips_and_counts_an_occu
 
     until = _held_until(store, "first")
     assert before + 5000 <= until <= redis_ms(store.client) + 5000
+    assert PeriodicStore(store).snapshot().counts == {}
     with pytest.raises(Ignore):
         _start(app, "second", headers)
     assert PeriodicStore(store).snapshot().counts == {"a": {"skipped_overlap": 1}}
