@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import redis
 from celery import Celery
 
 from celery_zdelay import periodic
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.store import REMEMBER_PARKED_MS, PeriodicStore, Pointer
 
@@ -162,7 +162,7 @@ def test_a_key_of_another_type_refuses_the_record_before_anything_is_counted(
     missed_key = periodic_store.keys.missed_prefix + "a"
     periodic_store.store.client.set(missed_key, "something else wrote this")
 
-    with pytest.raises(redis.ResponseError, match="holds a string, not a zset: something else"):
+    with pytest.raises(StoreRefusedError, match="holds a string, not a zset: something else"):
         periodic_store.advance("a", 1, t + 30_000, [], t, missed=2, missed_ids=[(t + 10_000, "m1")])
 
     assert periodic_store.snapshot().counts == {}

@@ -17,6 +17,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from tests.support.clock import redis_ms
@@ -136,7 +137,7 @@ def test_a_key_of_another_type_refuses_the_claim_before_anything_moves(
         redis_client.set(SHARD0.msg, "something else wrote this")
     else:
         redis_client.set(SHARD0.tags, "something else wrote this")
-    with pytest.raises(redis.ResponseError, match="WRONGTYPE celery-zdelay"):
+    with pytest.raises(StoreRefusedError, match="WRONGTYPE celery-zdelay"):
         store_for(app).claim(0, limit=10, lease_ms=LEASE_MS)
     assert _due_ids(redis_client) == ["a"]
     assert redis_client.zcard(SHARD0.lease) == 0

@@ -16,10 +16,10 @@ test_mutation_kills_withdraw_lua.py.
 from __future__ import annotations
 
 import pytest
-import redis
 from celery import Celery
 
 from celery_zdelay import periodic
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import SOURCE_API, Definition, from_beat_entry
 from celery_zdelay.periodic.store import PeriodicStore
@@ -153,7 +153,7 @@ def test_a_version_counter_that_cannot_count_refuses_the_whole_change_with_the_f
     periodic_store.store.client.hset(periodic_store.keys.versions, "a", "not a count")
 
     # A deploy that changes "a" and removes "b"
-    with pytest.raises(redis.ResponseError, match="holds not a count, not a count: delete that"):
+    with pytest.raises(StoreRefusedError, match="holds not a count, not a count: delete that"):
         store([_entry("a", 20.0)], "h2", writer="c", force=False)
 
     # Nothing of it was written: "b" is still there, "a" as it was
