@@ -28,7 +28,7 @@ from celery import Celery
 
 from celery_zdelay.testing import RedisServer
 
-from .proj import app_env
+from .proj import app_env, make_app
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -141,6 +141,16 @@ class Resources:
         server = RedisServer(**config)
         self.stack.callback(server.stop)
         return server.start()
+
+    def redis_app(self) -> tuple[str, Celery, redis.Redis]:
+        """A private Redis as broker and store: its URL, the benchmark app on it, a client."""
+        server = self.redis()
+        url = f"{server.url}/0"
+        app = make_app(broker=url, store=url)
+        self.stack.callback(app.close)
+        client = server.client()
+        self.stack.callback(client.close)
+        return url, app, client
 
     def worker(self, app: Celery, *, pool: str = "solo", concurrency: int = 1) -> CeleryProcess:
         """Start a worker of *app* (solo by default) and wait until it is ready."""

@@ -31,7 +31,6 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store.scripts import reader_source
 
 from .infra import ROOT, Resources, used_memory
-from .proj import make_app
 
 #: Tasks parked per apply_delayed_many call.
 _CHUNK = 1000
@@ -78,12 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         check=True,
     ).stdout
     with Resources() as res:
-        server = res.redis()
-        url = f"{server.url}/0"
-        app = make_app(broker=url, store=url)
-        res.callback(app.close)
-        client = server.client()
-        res.callback(client.close)
+        _, app, client = res.redis_app()
         store = store_for(app)
 
         memory: dict[str, int] = {}

@@ -146,12 +146,7 @@ def run_burst(sizes: Sizes) -> dict[str, Any]:
     """P4: N tasks due at one instant, all handed off; seconds from due to the last."""
     n = sizes.burst_n
     with Resources() as res:
-        server = res.redis()
-        url = f"{server.url}/0"
-        app = make_app(broker=url, store=url)
-        res.callback(app.close)
-        client = server.client()
-        res.callback(client.close)
+        _, app, client = res.redis_app()
         companion = _Companion(res, app)
 
         def prepare(due_ms: int) -> bool:

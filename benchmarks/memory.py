@@ -55,12 +55,7 @@ def run_memory(sizes: Sizes) -> dict[str, Any]:
     n = sizes.memory_n
     settle = sizes.settle_seconds
     with Resources() as res:
-        server = res.redis()
-        url = f"{server.url}/0"
-        app = make_app(broker=url, store=url)
-        res.callback(app.close)
-        client = server.client()
-        res.callback(client.close)
+        url, app, client = res.redis_app()
         noop = app.tasks["bench.noop"]
         load = MachineLoad()
 

@@ -341,12 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     sdk = _SdkTracing()
     document: dict[str, Any] = {"rounds": rounds}
     with Resources() as res:
-        server = res.redis()
-        url = f"{server.url}/0"
-        app = make_app(broker=url, store=url)
-        res.callback(app.close)
-        client = server.client()
-        res.callback(client.close)
+        url, app, client = res.redis_app()
         document["park_redis_broker"] = _park_rounds(app, sdk, call_n, rounds)
         off_times = _off_path_rounds(app, sdk, off_n, rounds)
         client.flushall()

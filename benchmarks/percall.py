@@ -28,19 +28,13 @@ from typing import Any
 
 from .common import percentile
 from .infra import Resources, ScriptTimer, commands_per_task, reset_stats
-from .proj import make_app
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def profile(n: int, rounds: int) -> dict[str, Any]:
     with Resources() as res:
-        server = res.redis()
-        url = f"{server.url}/0"
-        app = make_app(broker=url, store=url)
-        res.callback(app.close)
-        client = server.client()
-        res.callback(client.close)
+        _, app, client = res.redis_app()
         noop = app.tasks["bench.noop"]
         paths = {"apply_delayed": noop.apply_delayed, "apply_async": noop.apply_async}
         seq = 0
