@@ -315,7 +315,6 @@ class PeriodicServer:
             (task_id, name, ms)
             for task_id, (name, ms) in pending.items()
             if name not in snap.paused
-            and task_id not in self._settled
             and ms + self._offset(snap, name, ms) <= snap.now_ms - LATE_MS
         ]
         if not overdue:
