@@ -149,9 +149,7 @@ class DjangoBeatSource:
             rows[name] = row.pk
             if row.one_off:
                 one_off.add(name)
-            last_run = (
-                None if row.last_run_at is None else round(row.last_run_at.timestamp() * 1000)
-            )
+            last_run = _ms(row.last_run_at)
             if last_run is not None:
                 last_runs[name] = last_run
             if row.clocked is not None and (last_run is None or last_run < _clocked_ms(row)):
@@ -307,6 +305,7 @@ def _crontab(row: Any, where: str) -> Any:
 
 
 def _ms(moment: datetime | None) -> int | None:
+    """A moment as epoch ms (None stays None)."""
     return None if moment is None else round(moment.timestamp() * 1000)
 
 
