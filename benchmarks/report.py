@@ -631,16 +631,16 @@ def _named_scripts(stats: dict[str, Any]) -> dict[str, Any]:
 # -- docs -------------------------------------------------------------------------------
 
 
-def render_docs(run: dict[str, Any], run_path: Path, plot: Path | None) -> Path:
+def render_docs(run: dict[str, Any], run_path: Path, plot: Path | None, *, full: bool) -> Path:
     """Refresh the generated regions of docs/performance.rst from *run*; copy the plot.
 
-    A run of some benchmarks only (``--only``) refreshes the "against the
-    limit" table alone, when it measured it: the other regions keep the
-    figures of the last full run.
+    A run of some benchmarks only (``--only``; *full* is False) refreshes the
+    "against the limit" table alone, when it measured it: the other regions
+    keep the figures of the last full run.
     """
     text = DOCS_PAGE.read_text() if DOCS_PAGE.exists() else ""
     regions = {"limits": rst_limits(run, run_path)}
-    if is_full_suite(run):
+    if full:
         regions.update(
             summary=rst_summary(run, run_path),
             machine=rst_machine(run),
@@ -961,14 +961,6 @@ def rst_details(run: dict[str, Any]) -> str:
         )
         parts.append(_list_table(["benchmark", "seconds", "cores busy"], loads, [30, 20, 30]))
     return "\n".join(parts)
-
-
-def is_full_suite(run: dict[str, Any]) -> bool:
-    """Whether *run* ran every benchmark of its mode (not ``--only`` a few)."""
-    from .run import BENCHMARKS
-
-    skipped_in_quick = {"lateness_generic"} if run.get("mode") == "quick" else set()
-    return set(BENCHMARKS) - skipped_in_quick <= set(run.get("benchmarks") or [])
 
 
 def rst_limits(run: dict[str, Any], run_path: Path) -> str:

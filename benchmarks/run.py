@@ -140,6 +140,12 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
 }
 
 
+def is_full_suite(run: dict[str, Any]) -> bool:
+    """Whether *run* ran every benchmark of its mode (not ``--only`` a few)."""
+    skipped_in_quick = {"lateness_generic"} if run.get("mode") == "quick" else set()
+    return set(BENCHMARKS) - skipped_in_quick <= set(run.get("benchmarks") or [])
+
+
 def _selected(only: str | None, *, quick: bool) -> list[str]:
     if not only:
         return [name for name in BENCHMARKS if name != "lateness_generic" or not quick]
@@ -262,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             plot = path.with_name(path.stem + "-lateness.png")
             if not plot.exists():
                 plot = report.plot_lateness(run, plot) or plot
-            print(f"\nwrote {report.render_docs(run, path, plot)}")
+            print(f"\nwrote {report.render_docs(run, path, plot, full=is_full_suite(run))}")
         return 0
 
     sizes = QUICK if args.quick else FULL
@@ -283,6 +289,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nresults: {path}")
     if args.update_docs:
         plot = path.with_name(path.stem + "-lateness.png")
-        print(f"docs: {report.render_docs(run, path, plot)}")
+        print(f"docs: {report.render_docs(run, path, plot, full=is_full_suite(run))}")
     failed = [name for name, value in run["results"].items() if "error" in value]
     return 1 if failed else 0

@@ -16,7 +16,7 @@ from .control import (
 )
 from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
 from .events import connect_receivers as _connect_events
-from .hooks import install_everywhere as _install_everywhere
+from .fixup import install_everywhere as _install_everywhere
 from .limits import pause, resume, set_rate_limit
 from .parking import apply_delayed, batch, send_delayed
 from .revocation import connect_receivers as _connect_revocation
@@ -27,7 +27,7 @@ from .transparent import TransparentAMQP
 __version__ = "0.1.0"
 
 # zdelay_threshold alone makes an app transparent, and workers report a
-# forgotten companion: see celery_zdelay.hooks.
+# forgotten companion: see celery_zdelay.fixup.
 _install_everywhere()
 # A cancel ends REVOKED in the result backend; parked, cancelled and dead
 # tasks are announced as Celery events when the app sends task events.

@@ -18,6 +18,7 @@ __all__ = [
     "duration",
     "parse_duration_ms",
     "relative_due",
+    "shard_ranges",
     "table",
     "utc",
 ]
@@ -141,3 +142,13 @@ def table(
                 cells.append(cell.ljust(widths[index]))
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def shard_ranges(shards: Collection[int]) -> str:
+    """Return shard numbers as people read them: ``0-7``, ``0-1``, ``3``, ``0,2,5``, ``none``."""
+    if not shards:
+        return "none"
+    numbers = sorted(shards)
+    if numbers == list(range(numbers[0], numbers[-1] + 1)) and len(numbers) > 1:
+        return f"{numbers[0]}-{numbers[-1]}"
+    return ",".join(map(str, numbers))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from celery import signals
 from kombu import Connection, Producer, Queue
 
+from .app_state import cached, set_value, value
 from .entry import TaskMessage
 from .errors import ConfigurationError
 
@@ -213,7 +214,7 @@ _capturing: contextvars.ContextVar[tuple[Any, CapturingProducer] | None] = conte
 
 def _route_acquired_producers(app: Celery) -> None:
     """Make ``app.producer_or_acquire`` return the capturing producer during a capture."""
-    if getattr(app, "_zdelay_routes_producers", False):
+    if value(app, "routes_producers"):
         return
     acquire = app.producer_or_acquire
 
@@ -226,15 +227,12 @@ def _route_acquired_producers(app: Celery) -> None:
     # An attribute of this app only: other apps, and this app outside a
     # capture, acquire producers from the pool as before.
     app.producer_or_acquire = producer_or_acquire
-    app._zdelay_routes_producers = True
+    set_value(app, "routes_producers", True)
 
 
 def _lazy_connection(app: Celery) -> Connection:
     # One kombu Connection per app, never connected by capturing: creating a
     # kombu Connection is not free, and producers may park while the broker
     # itself is down.
-    connection: Connection | None = getattr(app, "_zdelay_capture_connection", None)
-    if connection is None:
-        connection = app.connection_for_write()
-        app._zdelay_capture_connection = connection
+    connection: Connection = cached(app, "capture_connection", app.connection_for_write)
     return connection

@@ -18,16 +18,16 @@ import celery
 
 from . import signals
 from ._format import utc
+from .app_state import store_for
 from .config import get_config
 from .errors import ConfigurationError
 from .keys import validate_tag
-from .parking import store_for
 from .schedule import Due, due_from
 from .store import Store
-from .store._shared import ADMIN_BATCH
 from .store.client import unavailable_as_error
 from .store.keys import canvas_key
 from .store.lookup import ParkedTask, find, select
+from .store.reading import ADMIN_BATCH
 
 if TYPE_CHECKING:
     from celery import Celery

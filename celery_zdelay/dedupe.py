@@ -37,6 +37,7 @@ from typing import Any
 from celery.exceptions import Ignore
 from redis.exceptions import RedisError
 
+from .app_state import store_for
 from .config import get_config
 from .errors import ZDelayError
 
@@ -127,6 +128,4 @@ def _seen_key(task: Any) -> str | None:
 
 
 def _client(task: Any) -> Any:
-    from .parking import store_for
-
     return store_for(task._get_app()).client

@@ -74,9 +74,11 @@ __all__ = [
     "decode_entry",
     "encode_entry",
     "entry_headers",
+    "entry_routing_key",
     "expand_entry",
     "parked_ms",
     "template_id",
+    "template_ref",
 ]
 
 #: Version written into every new entry; readers accept this one.
@@ -95,6 +97,8 @@ _WHOLE_START = b'{"body":"'
 _WHOLE_TAG = re.compile(rb'"delivery_tag":"zdelay\.([0-9a-f]{16})\.[0-9a-f]{32}"\}\}\Z')
 #: The parked-at stamp park.lua writes first in the stored metadata line.
 _PARKED = re.compile(rb'\{"p":(\d{1,16}),')
+#: The template id of a metadata line (``"t":"9f86d081884c7d65"``).
+_TEMPLATE_REF = re.compile(rb'"t":"([0-9a-f]{1,64})"')
 #: json's own (C) string encoder, as json.dumps uses it with ensure_ascii.
 _encode_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
@@ -104,13 +108,13 @@ _encode_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 #: ``time_limit``, retries, stamps): kept in the template, each new value
 #: made a new template, and templates piled up with the history of calls
 #: rather than with what is parked.
-_TEMPLATE_HEADERS = frozenset(
+TEMPLATE_HEADERS = frozenset(
     {"lang", "task", "eta", "ignore_result", "replaced_task_nesting", "compression"}
 )
 #: Properties that stay in the template; correlation_id, reply_to, ... are
 #: per call, and so is the routing key inside delivery_info (a topic
 #: exchange may get a new one on every call).
-_TEMPLATE_PROPERTIES = frozenset({"delivery_mode", "priority", "body_encoding", "delivery_tag"})
+TEMPLATE_PROPERTIES = frozenset({"delivery_mode", "priority", "body_encoding", "delivery_tag"})
 
 TemplateLookup = Callable[[str], "bytes | None"]
 
@@ -189,7 +193,7 @@ def encode_entry(
     if whole:
         if signing_key:
             raise ValueError("a message stored whole carries no signature")
-        record = _line({"w": 1, **routing}) + b"\n"
+        record = metadata_line({"w": 1, **routing}) + b"\n"
         route = Template(id=template_id(record), record=record)
         tag = b'zdelay.%s.%s"}}' % (route.id.encode(), uuid.uuid4().hex.encode())
         return _head(envelope) + tag, route
@@ -198,7 +202,7 @@ def encode_entry(
     numbers: dict[bytes, int] = {}
 
     def variable(value: Any) -> str:
-        fragment = _fragment(value)
+        fragment = value_fragment(value)
         number = numbers.setdefault(fragment, len(variables) + 1)
         if number > len(variables):
             variables.append(fragment)
@@ -209,13 +213,13 @@ def encode_entry(
         "content-encoding": envelope["content-encoding"],
         "content-type": envelope["content-type"],
         "headers": {
-            key: value if key in _TEMPLATE_HEADERS else variable(value)
+            key: value if key in TEMPLATE_HEADERS else variable(value)
             for key, value in envelope["headers"].items()
         },
         "properties": {
             key: (
                 value
-                if key in _TEMPLATE_PROPERTIES
+                if key in TEMPLATE_PROPERTIES
                 else {"exchange": value["exchange"], "routing_key": variable(value["routing_key"])}
                 if key == "delivery_info"
                 else variable(value)
@@ -227,14 +231,14 @@ def encode_entry(
         head = _head(envelope)
         meta = {"v": SCHEMA_VERSION, "n": len(head), **routing}
         if signing_key:
-            meta["s"] = _signature(signing_key, dest, message.declare or None, head)
-        return _line(meta) + b"\n" + head, None
+            meta["s"] = entry_signature(signing_key, dest, message.declare or None, head)
+        return metadata_line(meta) + b"\n" + head, None
 
     text = _head(templated)
     for number in range(1, len(variables) + 1):
         # Each placeholder became a quoted JSON string: make it NUL + number.
         text = text.replace(_SENTINELS[number], b"\x00" + bytes([number]))
-    record = _line({"c": len(variables), **routing}) + b"\n" + text
+    record = metadata_line({"c": len(variables), **routing}) + b"\n" + text
     template = Template(id=template_id(record), record=record)
     # Each value ends in a NUL, so handoff.lua cuts them out in one C call.
     blob = b"\x00".join(variables) + b"\x00"
@@ -244,12 +248,12 @@ def encode_entry(
         return line + b"\n" + blob, template
     # Signed as the companion will check it: the envelope as released.
     head = _MARKER.sub(lambda match: variables[match.group(1)[0] - 1], text)
-    signature = _signature(signing_key, dest, message.declare or None, head)
+    signature = entry_signature(signing_key, dest, message.declare or None, head)
     meta = {"v": SCHEMA_VERSION, "t": template.id, "n": len(blob), "s": signature}
-    return _line(meta) + b"\n" + blob, template
+    return metadata_line(meta) + b"\n" + blob, template
 
 
-def _fragment(value: Any) -> bytes:
+def value_fragment(value: Any) -> bytes:
     """Return *value* as compact JSON, as part of the envelope's JSON."""
     # Most per-call values are strings, ints or null: skip the generic encoder.
     kind = type(value)
@@ -278,12 +282,12 @@ def expand_entry(payload: bytes, lookup: TemplateLookup) -> bytes:
     """
     if payload.startswith(_WHOLE_START):
         meta, head = _whole(payload, lookup)
-        return _line(meta) + b"\n" + head
+        return metadata_line(meta) + b"\n" + head
     meta_line, sep, blob = payload.partition(b"\n")
     if not sep or b'"t":' not in meta_line:
         return payload
     meta, head = _expanded(_meta(meta_line, blob), blob, lookup)
-    return _line({**meta, "n": len(head)}) + b"\n" + head
+    return metadata_line({**meta, "n": len(head)}) + b"\n" + head
 
 
 def _whole(payload: bytes, lookup: TemplateLookup | None) -> tuple[dict[str, Any], bytes]:
@@ -327,7 +331,7 @@ def _expanded(
         raise EntryError(
             f"damaged payload: {len(values)} values for a template of {template_meta.get('c')}"
         )
-    pieces, numbers = _template_pieces(record)
+    pieces, numbers = template_pieces(record)
     parts = [pieces[0]]
     for number, piece in zip(numbers, pieces[1:], strict=True):
         parts.append(values[number - 1])
@@ -341,7 +345,7 @@ def _expanded(
 
 
 @functools.lru_cache(maxsize=1024)
-def _template_pieces(record: bytes) -> tuple[list[bytes], list[int]]:
+def template_pieces(record: bytes) -> tuple[list[bytes], list[int]]:
     """Return the text of a template cut at its markers, and each marker's value number."""
     template_meta, text = _parsed_template(record)
     segments = _MARKER.split(text)
@@ -388,7 +392,7 @@ def _head(envelope: dict[str, Any]) -> bytes:
     return text[:-3].encode()  # drop '"}}', keep the tag's opening quote
 
 
-def _line(meta: dict[str, Any]) -> bytes:
+def metadata_line(meta: dict[str, Any]) -> bytes:
     return json.dumps(meta, separators=_COMPACT).encode()
 
 
@@ -421,7 +425,7 @@ def decode_entry(
         if not isinstance(signature, str):
             raise EntryError("unsigned entry: zdelay_signing_key is set, so entries must be signed")
         if not any(
-            hmac.compare_digest(signature, _signature(key, meta.get("k"), meta.get("q"), head))
+            hmac.compare_digest(signature, entry_signature(key, meta.get("k"), meta.get("q"), head))
             for key in signing_keys
         ):
             raise EntryError("bad signature: the entry was not signed with a current key")
@@ -490,6 +494,38 @@ def entry_headers(payload: bytes, templates: TemplateLookup | None = None) -> di
     return headers
 
 
+def entry_routing_key(expanded: bytes) -> str | None:
+    """Return the routing key in the envelope's ``properties.delivery_info``.
+
+    *expanded* is an entry as :func:`expand_entry` returns it; None when it
+    names no routing key.
+    """
+    _, _, head = expanded.partition(b"\n")
+    try:
+        # The stored envelope stops inside the delivery tag string: close it.
+        envelope = json.loads(head + b'"}}')
+        key = envelope["properties"]["delivery_info"]["routing_key"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return key if isinstance(key, str) else None
+
+
+def template_ref(payload: bytes) -> str | None:
+    """Return the id of the template a stored entry refers to, from its metadata line alone.
+
+    None for an entry without one (stored whole, or with too many per-call
+    values): reading only the first line, this never mistakes a value of
+    the message's own headers for a template id.
+    """
+    end = payload.find(b"\n")
+    if end < 0:
+        # No metadata line (a message stored whole): the message's own
+        # headers may hold anything, '"t":"..."' included.
+        return None
+    found = _TEMPLATE_REF.search(payload, 0, end)
+    return found.group(1).decode() if found else None
+
+
 def _split(payload: bytes, templates: TemplateLookup | None) -> tuple[dict[str, Any], bytes]:
     if payload.startswith(_WHOLE_START):
         return _whole(payload, templates)
@@ -521,7 +557,7 @@ def _meta(line: bytes, rest: bytes) -> dict[str, Any]:
     return meta
 
 
-def _signature(key: bytes, dest: Any, declare: Any, head: bytes) -> str:
+def entry_signature(key: bytes, dest: Any, declare: Any, head: bytes) -> str:
     # The signature covers what decides where and what is published: the
     # message, its destination list and the queues declared for it.
     routing = _routing(json.dumps([dest, declare], separators=_COMPACT, sort_keys=True))

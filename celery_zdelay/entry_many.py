@@ -22,16 +22,16 @@ import base64
 from typing import Any
 
 from .entry import (
-    _TEMPLATE_HEADERS,
-    _TEMPLATE_PROPERTIES,
     SCHEMA_VERSION,
+    TEMPLATE_HEADERS,
+    TEMPLATE_PROPERTIES,
     TaskMessage,
     Template,
-    _fragment,
-    _line,
-    _signature,
-    _template_pieces,
     encode_entry,
+    entry_signature,
+    metadata_line,
+    template_pieces,
+    value_fragment,
 )
 
 __all__ = ["EntryEncoder"]
@@ -116,15 +116,15 @@ class EntryEncoder:
             return line + b"\n" + blob
         # Signed over the envelope as released: the template's pieces joined
         # with the values, as the companion expands it.
-        pieces, numbers = _template_pieces(template.record)
+        pieces, numbers = template_pieces(template.record)
         parts = [pieces[0]]
         for number, piece in zip(numbers, pieces[1:], strict=True):
             parts.append(variables[number - 1])
             parts.append(piece)
         head = b"".join(parts)
-        signature = _signature(self._signing_key, dest, message.declare or None, head)
+        signature = entry_signature(self._signing_key, dest, message.declare or None, head)
         meta = {"v": SCHEMA_VERSION, "t": template.id, "n": len(blob), "s": signature}
-        return _line(meta) + b"\n" + blob
+        return metadata_line(meta) + b"\n" + blob
 
 
 def _group(
@@ -139,18 +139,18 @@ def _group(
     slots = [b'"' + base64.b64encode(message.body) + b'"']
     fixed_headers: list[tuple[Any, ...]] = []
     for name, value in message.headers.items():
-        if name in _TEMPLATE_HEADERS:
+        if name in TEMPLATE_HEADERS:
             fixed_headers.append((name, type(value), value))
         else:
             fixed_headers.append((name,))
-            slots.append(_fragment(value))
+            slots.append(value_fragment(value))
     properties = message.properties
     names = [*properties, *(name for name in _ADDED_PROPERTIES if name not in properties)]
     for name in names:
         if name == "delivery_info":
-            slots.append(_fragment(message.routing_key))
-        elif name not in _TEMPLATE_PROPERTIES:
-            slots.append(_fragment(properties[name]))
+            slots.append(value_fragment(message.routing_key))
+        elif name not in TEMPLATE_PROPERTIES:
+            slots.append(value_fragment(properties[name]))
     numbers: dict[bytes, int] = {}
     pattern = tuple(numbers.setdefault(slot, len(numbers) + 1) for slot in slots)
     key = (

@@ -17,9 +17,9 @@ A released task needs nothing from here: the worker that receives it sends
 
 Events never delay or fail a park, a cancel or a release: they are handed to
 one background thread per process, which publishes them on a connection of
-its own, and dropped (with a warning) when the broker cannot take them or
-too many are waiting. Each event type is sent by a receiver of the
-library's own signals.
+its own, and dropped (with a warning) when the broker cannot take them, does
+not answer within :data:`SEND_TIMEOUT_S`, or too many are waiting. Each
+event type is sent by a receiver of the library's own signals.
 """
 
 from __future__ import annotations
@@ -34,13 +34,15 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from . import signals
+from .app_state import cached, value
 
 if TYPE_CHECKING:
     from celery import Celery
+    from kombu import Connection
 
     from .entry import TaskMessage
 
-__all__ = ["MAX_PENDING_EVENTS", "connect_receivers", "flush"]
+__all__ = ["MAX_PENDING_EVENTS", "SEND_TIMEOUT_S", "connect_receivers", "flush"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,18 @@ _IDLE_CLOSE_S = 2.0
 
 #: Seconds a process waits at exit for its queued events.
 _EXIT_FLUSH_S = 3.0
+
+#: Seconds the sender thread waits on the broker, for a connect or for one
+#: event, before it gives up and drops what waits: a broker that accepts
+#: connections and never answers would otherwise hold the thread for ever
+#: (a Redis socket has no timeout by default), and every later event with it.
+SEND_TIMEOUT_S = 5.0
+
+#: The transport options that bound each socket wait, by kombu transport.
+_TIMEOUT_OPTIONS = {
+    "amqp": ("read_timeout", "write_timeout"),
+    "redis": ("socket_timeout", "socket_connect_timeout"),
+}
 
 
 def connect_receivers() -> None:
@@ -145,19 +159,29 @@ def flush(app: Celery, timeout_s: float = 5.0) -> bool:
     Return False on timeout. It runs at exit too (up to 3 s), so a short
     process (``zdelay cancel``) does not leave its events unsent.
     """
-    sender: _Sender | None = getattr(app, "_zdelay_event_sender", None)
+    sender: _Sender | None = value(app, "event_sender")
     if sender is None or sender.pid != os.getpid():
         return True
     return sender.flush(timeout_s)
 
 
 def _sender_for(app: Celery) -> _Sender:
-    sender: _Sender | None = getattr(app, "_zdelay_event_sender", None)
     # A forked process (a prefork web server) has no thread of its parent.
-    if sender is None or sender.pid != os.getpid():
-        sender = _Sender(app)
-        app._zdelay_event_sender = sender
-    return sender
+    return cached(
+        app, "event_sender", lambda: _Sender(app), valid=lambda sender: sender.pid == os.getpid()
+    )
+
+
+def _bounded(connection: Connection) -> Connection:
+    """Make *connection* give up on a broker silent for :data:`SEND_TIMEOUT_S`.
+
+    Only the events' own connection: the app's broker options stay as they
+    are for its tasks. A transport without such options (SQS over HTTP) keeps
+    its own timeouts, still off the callers' threads.
+    """
+    for option in _TIMEOUT_OPTIONS.get(connection.transport.driver_type, ()):
+        connection.transport_options[option] = SEND_TIMEOUT_S
+    return connection
 
 
 class _Sender:
@@ -209,9 +233,9 @@ class _Sender:
     def _send_until_idle(self, item: tuple[str, dict[str, Any]]) -> None:
         if self._flushed(item):
             return
-        with self.app.connection_for_write() as connection:
-            # Bounded: events wait for no broker longer than one connect.
-            connection.ensure_connection(max_retries=1)
+        with _bounded(self.app.connection_for_write(connect_timeout=SEND_TIMEOUT_S)) as connection:
+            # One connect, no retry: what waits meanwhile is dropped if it fails.
+            connection.ensure_connection(max_retries=0)
             dispatcher = self.app.events.Dispatcher(connection, buffer_while_offline=False)
             try:
                 while True:

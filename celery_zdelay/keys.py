@@ -218,7 +218,7 @@ def release_key(task: Any) -> None:
         key = held_key(request)
     if key is None or not request.id:
         return
-    from .parking import store_for
+    from .app_state import store_for
     from .store.marks import finish_key
 
     try:

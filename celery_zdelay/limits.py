@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import celery
 
+from . import signals
 from ._format import utc
+from .app_state import store_for
 from .config import get_config
 from .control import _by_text, audit
-from .parking import store_for
 from .rates import RateLimit, control_name, parse_limit
 from .store.control import ControlStore
 
@@ -100,9 +101,9 @@ def set_rate_limit(
     in_settings = name in get_config(app).rate_limits
     ControlStore(store_for(app)).set_limit(name, limit, tombstone=in_settings)
     if limit is None:
-        _audit(app, name, by, "Rate limit of %s removed")
+        _changed(app, name, by, "Rate limit of %s removed")
     else:
-        _audit(app, name, by, "Rate limit of %s set to %s (burst %s)", limit.text, limit.burst)
+        _changed(app, name, by, "Rate limit of %s set to %s (burst %s)", limit.text, limit.burst)
     return limit
 
 
@@ -134,7 +135,7 @@ def pause(name: str, *, app: Celery | None = None, by: str | None = None) -> int
     name = control_name(name)
     _warn_unknown(app, name)
     since = ControlStore(store_for(app)).pause(name)
-    _audit(app, name, by, "Paused %s (since %s)", utc(since))
+    _changed(app, name, by, "Paused %s (since %s)", utc(since))
     return since
 
 
@@ -150,7 +151,7 @@ def resume(name: str, *, app: Celery | None = None, by: str | None = None) -> bo
     name = control_name(name)
     was_paused = ControlStore(store_for(app)).resume(name)
     if was_paused:
-        _audit(app, name, by, "Resumed %s")
+        _changed(app, name, by, "Resumed %s")
     return was_paused
 
 
@@ -206,10 +207,12 @@ def _warn_unknown(app: Celery, name: str) -> None:
         )
 
 
-def _audit(app: Celery, name: str, by: str | None, message: str, *args: Any) -> None:
-    """Write the audit line of a control change (``zdelay_audit_log``), as steering does."""
+def _changed(app: Celery, name: str, by: str | None, message: str, *args: Any) -> None:
+    """Tell of a control change: its audit line (``zdelay_audit_log``), as steering
+    writes one, and :data:`~celery_zdelay.signals.control_changed`."""
     if get_config(app).audit_log:
         audit.info(message + _by_text(by), name, *args, extra={"control": name})
+    signals.control_changed.send(sender=app, name=name, change=message % (name, *args), by=by)
 
 
 def _app(app: Celery | None) -> Celery:

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
 
 from . import signals
+from .app_state import PARK_WHEN_EAGER, RELEASED_BY_TEST, Producing, producing, store_for
 from .bulk import build_messages, split_call
 from .capture import announce_parked, capture
-from .config import ZDelayConfig, get_config
+from .config import get_config
 from .dedupe import mark_parked
 from .entry import TaskMessage
-from .entry_many import EntryEncoder
 from .errors import ConfigurationError, ZDelayError
 from .keys import KEY_HEADER, check_task_id, mark_from_headers, set_headers, task_id_for
 from .redis_layout import RedisLayout
@@ -292,51 +292,6 @@ _current_batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
 )
 
 
-@dataclass
-class _Parking:
-    """What producers of one app configuration need to turn messages into entries."""
-
-    config: ZDelayConfig
-    store: Store
-    #: Naming of the broker's queue lists when the broker is Redis.
-    layout: RedisLayout | None
-    #: Whether this process already looked for a live companion (first park).
-    companion_checked: bool = False
-    #: Kept for every park of this configuration: a call made the same way
-    #: again has its template worked out once, not once per call.
-    encoder: EntryEncoder = field(init=False)
-
-    def __post_init__(self) -> None:
-        signing_keys = self.config.signing_keys
-        self.encoder = EntryEncoder(
-            signing_keys[0] if signing_keys else None, whole=self.config.whole_messages
-        )
-
-
-def store_for(app: Celery) -> Store:
-    """Return the store of *app*, built once per configuration."""
-    return _parking(app).store
-
-
-def _parking(app: Celery) -> _Parking:
-    config = get_config(app)
-    cached: _Parking | None = getattr(app, "_zdelay_parking", None)
-    if cached is None or cached.config is not config:
-        cached = _Parking(config=config, store=Store(config), layout=_broker_layout(app))
-        app._zdelay_parking = cached
-    return cached
-
-
-def _broker_layout(app: Celery) -> RedisLayout | None:
-    connection = app.connection_for_write()
-    try:
-        if connection.transport.driver_type != "redis":
-            return None
-        return RedisLayout(connection.transport_options)
-    finally:
-        connection.release()
-
-
 def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[str]:
     """Park captured *messages* of *app*, all due at *due*, atomically.
 
@@ -344,7 +299,7 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[st
     a message with a key already held (``on_key``), the holder's.
     Inside :func:`batch` the entries are queued and parked when it ends.
     """
-    parking = _parking(app)
+    parking = producing(app)
     # The worker gives the task this ETA back in request.eta (periodic ticks,
     # parked through park_requests, have none: Celery beat sends none).
     carry_eta(app, messages, due)
@@ -412,7 +367,7 @@ def _announce(
 
 def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:
     """Return the store requests that park captured *messages* of *app* at *due*."""
-    parking = _parking(app)
+    parking = producing(app)
     encoder = parking.encoder
     requests = []
     for message in messages:
@@ -487,11 +442,7 @@ def _result_ids(result: Any) -> list[str]:
     return ids
 
 
-#: Set on an app whose parked tasks a test releases itself (celery_zdelay.testing).
-RELEASED_BY_TEST = "_zdelay_released_by_test"
-
-
-def _warn_without_companion(app: Celery, parking: _Parking) -> None:
+def _warn_without_companion(app: Celery, parking: Producing) -> None:
     """On the first park of this process, warn when no companion is alive to release it."""
     parking.companion_checked = True
     if getattr(app, RELEASED_BY_TEST, False):
@@ -505,7 +456,7 @@ def _warn_without_companion(app: Celery, parking: _Parking) -> None:
         logger.warning("%s", warning)
 
 
-def _warn_without_wakeup(parking: _Parking) -> None:
+def _warn_without_wakeup(parking: Producing) -> None:
     """On the first park of this process, warn when Redis refuses this user the wake-up channels.
 
     park.lua's wake-up is a best effort after its writes (a refusal never
@@ -542,10 +493,10 @@ def _runs_now(app: Celery) -> bool:
 
     Under ``task_always_eager`` it runs, as ``apply_async`` does, unless
     :mod:`celery_zdelay.testing` bound the app to a test (it sets
-    ``app._zdelay_park_when_eager``): then it is parked as in production, so
-    the test can fast-forward it.
+    :data:`~celery_zdelay.app_state.PARK_WHEN_EAGER`): then it is parked as
+    in production, so the test can fast-forward it.
     """
-    return bool(app.conf.task_always_eager) and not getattr(app, "_zdelay_park_when_eager", False)
+    return bool(app.conf.task_always_eager) and not getattr(app, PARK_WHEN_EAGER, False)
 
 
 @contextmanager

@@ -15,12 +15,11 @@ from typing import Any, Literal
 
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 
+from .due_score import MAX_DUE_MS
 from .errors import ConfigurationError
 
 __all__ = ["MAX_DUE_MS", "Due", "due_from"]
 
-#: Latest due time the score encoding (ms * 1024 + seq < 2**53) holds: 2248.
-MAX_DUE_MS = 2**53 // 1024 - 1
 #: Longest countdown accepted, in seconds (about 100 years).
 MAX_COUNTDOWN_S = 100 * 365.25 * 86400
 

@@ -22,6 +22,7 @@ __all__ = [
     "batch_released",
     "companion_started",
     "companion_stopped",
+    "control_changed",
     "task_dead_lettered",
     "tasks_cancelled",
     "tasks_held",
@@ -84,3 +85,14 @@ tasks_parked = Signal(name="zdelay_tasks_parked")
 #: known, or None. celery-zdelay's own receiver sends Celery's ``task-sent``
 #: event again with the new ``eta`` (:mod:`celery_zdelay.events`).
 tasks_rescheduled = Signal(name="zdelay_tasks_rescheduled")
+
+#: Sent after a rate limit or a pause was set, changed or removed, whoever
+#: changed it (Python, the CLI, the dashboard), in the process that changed
+#: it, not in the companions. Sender: the Celery app. Arguments: ``name``,
+#: the control (``"queue:emails"``, ``"task:proj.sms"``); ``change``, what
+#: changed, as the audit line says it (``"Paused queue:emails (since
+#: 2026-...)"``); ``by``, who changed it where known (``"cli:alice"``,
+#: ``"dashboard:alice"``) or None. Not sent for a resume of a name that was
+#: not paused. The Django mount of the dashboard writes an admin
+#: ``LogEntry`` from it (:mod:`celery_zdelay.web.django`).
+control_changed = Signal(name="zdelay_control_changed")

@@ -59,7 +59,7 @@ def startup_problems(app: Celery) -> list[str]:
     problems = unknown_settings(app)
     if problems:
         return problems
-    from .parking import store_for
+    from .app_state import store_for
     from .store import admin
 
     try:

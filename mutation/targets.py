@@ -73,7 +73,9 @@ PYTHON = (
         "celery_zdelay/periodic/occurrences.py",
         (
             "tests/test_mutation_kills_periodic_occurrences.py",
-            "tests/test_periodic.py",
+            "tests/test_periodic_ticks.py",
+            "tests/test_periodic_reconcile.py",
+            "tests/test_periodic_control.py",
             "tests/test_periodic_hardening.py",
         ),
     ),
@@ -104,7 +106,12 @@ PYTHON = (
 
 _STORE = "celery_zdelay/store/lua/"
 _PERIODIC = "celery_zdelay/periodic/lua/"
-_PERIODIC_TESTS = ("tests/test_periodic.py", "tests/test_periodic_hardening.py")
+_PERIODIC_TESTS = (
+    "tests/test_periodic_ticks.py",
+    "tests/test_periodic_reconcile.py",
+    "tests/test_periodic_control.py",
+    "tests/test_periodic_hardening.py",
+)
 _ADMIN = ("tests/test_admin.py",)
 _STEERING = (
     "tests/test_mutation_kills_cancel_reschedule_lua.py",

@@ -16,10 +16,17 @@ import redis
 from celery import Celery
 from kombu import Connection, Queue
 
+from celery_zdelay.config import get_config
+from celery_zdelay.store import Store
 from celery_zdelay.testing import RedisServer
 from tests.helpers import CeleryProcess, Runs, start_companion, start_worker
 from tests.project import close_app, make_app
 from tests.servers import LocalCluster
+from tests.support.store import Stock, stock
+
+#: Fixtures kept in the module of their concern: ``browser``, ``page`` and
+#: ``viewport``; ``django_db``.
+pytest_plugins = ["tests.support.browser", "tests.support.django"]
 
 #: Shared RabbitMQ of the machine (CI has it; local runs skip without it).
 RABBITMQ_URL = os.environ.get("ZDELAY_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
@@ -104,6 +111,20 @@ def make_test_app(redis_server: RedisServer) -> Iterator[AppFactory]:
 @pytest.fixture
 def app(make_test_app: AppFactory) -> Celery:
     return make_test_app()
+
+
+@pytest.fixture
+def store(app: Celery) -> Iterator[Store]:
+    """The test app's store, as the admin reads, the CLI and the dashboard open it."""
+    opened = Store(get_config(app))
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def stocked(app: Celery) -> Stock:
+    """The test app's store stocked with parked, overdue, in-flight and dead entries."""
+    return stock(app)
 
 
 @pytest.fixture

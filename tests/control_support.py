@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import redis
 
 from tests.helpers import wait_for
+from tests.support.clock import redis_ms
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,10 @@ class BrokerTap:
                 continue
             key, raw = popped
             at = time.monotonic()
-            seconds, micros = self.client.time()
             arrival = Arrival(
                 queue=key.decode(),
                 task_id=json.loads(raw)["headers"]["id"],
-                redis_ms=int(seconds) * 1000 + int(micros) // 1000,
+                redis_ms=redis_ms(self.client),
                 at=at,
             )
             with self._lock:

@@ -114,8 +114,14 @@ class Runs:
         return {i: c for i, c in Counter(self.ids()).items() if c > 1}
 
 
+_Process = TypeVar("_Process", bound="CeleryProcess")
+
+
 class CeleryProcess:
     """``celery -A tests.project.worker_app <args>`` as a subprocess, logging to a file."""
+
+    #: The ``-A`` of the command: the module of the Celery app it runs.
+    app_module = "tests.project.worker_app"
 
     def __init__(self, app: Celery, *args: str, env: dict[str, str] | None = None) -> None:
         self.args = list(args)
@@ -131,10 +137,10 @@ class CeleryProcess:
         }
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> CeleryProcess:
+    def start(self: _Process) -> _Process:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.project.worker_app", *self.args],
+                [sys.executable, "-m", "celery", "-A", self.app_module, *self.args],
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 from celery import Celery, chain
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
+from click.testing import Result
 from werkzeug.test import Client
 
 import celery_zdelay
-from celery_zdelay.cli import EXIT_CHECK_FAILED, zdelay
+from celery_zdelay.cli import EXIT_CHECK_FAILED
 from celery_zdelay.config import get_config
 from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.store import Store, admin
@@ -32,6 +31,9 @@ from celery_zdelay.web import create_app
 from tests.conftest import BACKEND_DB, BROKER_DB, RECORD_DB
 from tests.helpers import ROOT, CeleryProcess, wait_for
 from tests.project import close_app, make_app
+from tests.support.cli import run
+from tests.support.deadletters import make_dead_letter
+from tests.support.store import is_parked
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,11 +101,6 @@ def superuser_store(store_server: RedisServer) -> Store:
     return Store(get_config(app))
 
 
-def parked(store: Store, task_id: str) -> bool:
-    keys = store.keys(store.shard_of(task_id))
-    return store.client.zscore(keys.due, task_id) is not None
-
-
 def denials(store_server: RedisServer) -> list[str]:
     """What Redis refused any user since the log was reset (ACL LOG)."""
     client = store_server.client()
@@ -121,29 +118,8 @@ def denials(store_server: RedisServer) -> list[str]:
     return found
 
 
-def kill(store: Store, task_id: str) -> None:
-    """Move a parked entry to the dead letters, as a companion does when it refuses one."""
-    keys = store.keys(store.shard_of(task_id))
-    payload = store.client.hget(keys.msg, task_id)
-    assert payload is not None
-    store.client.zrem(keys.due, task_id)
-    store.client.hdel(keys.msg, task_id)
-    store.client.hset(keys.dead_msg, task_id, b'{"reason":"test"}\n' + payload)
-    store.client.zadd(keys.dead, {task_id: 1})
-
-
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def cli(app: Celery, *args: str) -> Result:
-    return CliRunner().invoke(
-        zdelay,
-        list(args),
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        prog_name="celery zdelay",
-        catch_exceptions=False,
-    )
 
 
 def broker_length(redis_server: RedisServer, queue: str = "celery") -> int:
@@ -174,7 +150,7 @@ def test_a_producer_denied_the_wake_up_channels_parks_once_and_is_not_told_other
 
         # Then the call returned, and the task is parked: a caller that trusted an
         # error and parked again would have run it twice
-        assert parked(truth, result.id)
+        assert is_parked(truth, result.id)
         # And the producer was told, once, what to grant
         warnings = [r.getMessage() for r in caplog.records if WAKE_PATTERN in r.getMessage()]
         assert len(warnings) == 1, caplog.text
@@ -188,7 +164,7 @@ def test_a_producer_denied_the_wake_up_channels_parks_once_and_is_not_told_other
         due_ms = truth.client.zscore(truth.keys(truth.shard_of(result.id)).due, result.id)
         assert due_ms is not None
         assert due_ms // 1024 < truth.time_ms() + 10_000
-        assert all(parked(truth, r.id) for r in many)
+        assert all(is_parked(truth, r.id) for r in many)
     finally:
         truth.close()
 
@@ -202,7 +178,7 @@ def test_a_dead_letter_requeued_by_a_user_denied_the_channels_is_requeued_once(
     try:
         result = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
         keys = truth.keys(truth.shard_of(result.id))
-        kill(truth, result.id)
+        make_dead_letter(truth, result.id, "test")
 
         # When that user requeues it (requeue.lua publishes after its writes)
         store = Store(get_config(app))
@@ -213,7 +189,7 @@ def test_a_dead_letter_requeued_by_a_user_denied_the_channels_is_requeued_once(
 
         # Then it says so, truly: the entry is due again and no longer dead
         assert requeued == [True]
-        assert parked(truth, result.id)
+        assert is_parked(truth, result.id)
         assert truth.client.zscore(keys.dead, result.id) is None
     finally:
         truth.close()
@@ -247,7 +223,7 @@ def test_a_companion_denied_the_wake_up_channels_keeps_releasing_and_says_what_i
     operator = superuser_app(store_server, redis_server)
 
     def failing_check() -> Result | None:
-        result = cli(operator, "status", "--check")
+        result = run(operator, "status", "--check")
         return result if result.exit_code == EXIT_CHECK_FAILED else None
 
     try:
@@ -326,11 +302,11 @@ def test_the_documented_acl_users_park_release_and_browse_without_one_refusal(
 
     # And the CLI's steering commands (and a dashboard's actions) work under
     # the companion's rule, as the page says
-    assert cli(companion, "reschedule", kept.id, "--countdown", "900").exit_code == 0
-    assert cli(companion, "cancel", kept.id).exit_code == 0
+    assert run(companion, "reschedule", kept.id, "--countdown", "900").exit_code == 0
+    assert run(companion, "cancel", kept.id).exit_code == 0
     truth = superuser_store(store_server)
     try:
-        assert not parked(truth, kept.id)
+        assert not is_parked(truth, kept.id)
     finally:
         truth.close()
     expected = ("config|get", "zdelay-dashboard: command evalsha")  # the refusal above
@@ -357,7 +333,7 @@ def test_a_user_denied_the_store_keys_is_refused_before_anything_is_written(
         # Then the error says nothing was written, and that is true
         assert "nothing was written" in str(refused.value)
         assert re.search(r"NOPERM|permission", str(refused.value))
-        assert not parked(truth, target)
+        assert not is_parked(truth, target)
     finally:
         truth.close()
 
@@ -378,7 +354,7 @@ def test_a_user_denied_a_command_a_script_runs_after_its_first_write_is_refused_
             app.tasks["tests.record"].apply_delayed((1,), countdown=600, task_id=result_id)
 
         # Then nothing was written, as the error says, and it names the command
-        assert not parked(truth, result_id)
+        assert not is_parked(truth, result_id)
         assert truth.client.hget(truth.keys(truth.shard_of(result_id)).msg, result_id) is None
         assert "nothing was written" in str(refused.value)
         assert "refuse SET, which park.lua runs" in str(refused.value)
@@ -397,7 +373,7 @@ def test_a_requeue_by_a_user_denied_zrem_is_refused_before_it_writes(
     try:
         producer = make_acl_app(documented_acl("producer"))
         result = producer.tasks["tests.record"].apply_delayed((1,), countdown=600)
-        kill(truth, result.id)
+        make_dead_letter(truth, result.id, "test")
 
         # When that user requeues it
         store = Store(get_config(app))
@@ -409,7 +385,7 @@ def test_a_requeue_by_a_user_denied_zrem_is_refused_before_it_writes(
 
         # Then it is still only a dead letter: not parked again besides
         keys = truth.keys(truth.shard_of(result.id))
-        assert not parked(truth, result.id)
+        assert not is_parked(truth, result.id)
         assert truth.client.zscore(keys.dead, result.id) is not None
     finally:
         truth.close()

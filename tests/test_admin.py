@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -22,16 +21,11 @@ from celery_zdelay.store import Store, admin
 from celery_zdelay.store.keys import companions_key
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
+from tests.support.deadletters import make_dead_letter
+from tests.support.keys import keys_of
 from tests.support.store import due_ms, put_raw, stock, write_heartbeat
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = Store(get_config(app))
-    yield opened
-    opened.close()
 
 
 # -- counts ---------------------------------------------------------------------
@@ -80,7 +74,7 @@ def test_the_counts_of_each_shard_are_the_sizes_of_its_sets(
 
     assert [s.shard for s in counted.shards] == [0, 1, 2, 3]
     for shard in counted.shards:
-        due = f"{{zdelay:{shard.shard}}}:due"
+        due = keys_of(shard.shard).due
         assert shard.parked == redis_client.zcard(due)
     assert counted.parked == 40
     assert counted.overdue == 10
@@ -208,15 +202,7 @@ def test_requeued_dead_letters_are_due_now_and_released_again(
     # A message dead-lettered for a reason that has gone away (here: the
     # signing key was missing) is released once requeued.
     result = app.tasks["tests.record"].apply_delayed(("again",), countdown=0)
-    keys = store.keys(0)
-    died_ms = store.time_ms()
-    payload = redis_client.hget(keys.msg, result.id)
-    assert payload is not None
-    redis_client.zrem(keys.due, result.id)
-    redis_client.hdel(keys.msg, result.id)
-    reason = json.dumps({"reason": "bad signature", "due_ms": died_ms, "companion": "c1"})
-    redis_client.hset(keys.dead_msg, result.id, reason.encode() + b"\n" + payload)
-    redis_client.zadd(keys.dead, {result.id: died_ms})
+    make_dead_letter(store, result.id, "bad signature", companion="c1")
 
     assert admin.requeue_dead(store, [result.id, "unknown-id"]) == [True, False]
     counted = admin.counts(store)

@@ -13,24 +13,17 @@ from collections.abc import Callable
 
 import pytest
 from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
 
 from celery_zdelay import periodic
-from celery_zdelay.cli import EXIT_CHECK_FAILED, EXIT_OK, zdelay
+from celery_zdelay.cli import EXIT_CHECK_FAILED, EXIT_OK
 from tests.helpers import CeleryProcess, wait_for
+from tests.support.cli import run
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def _zdelay(app: Celery, *args: str) -> Result:
-    return CliRunner().invoke(
-        zdelay, list(args), obj=CLIContext(app=app, no_color=True, workdir=None)
-    )
-
-
 def _beat_column(app: Celery) -> list[bool]:
-    document = json.loads(_zdelay(app, "status", "--json").stdout)
+    document = json.loads(run(app, "status", "--json").stdout)
     return [c["beat"] for c in document["companions"] if c["alive"]]
 
 
@@ -44,14 +37,14 @@ def test_schedules_that_no_live_companion_serves_fail_the_check(
     wait_for(lambda: _beat_column(app) == [False], timeout=20, message="the heartbeat")
 
     # Then the check fails and says why
-    result = _zdelay(app, "status", "--check")
+    result = run(app, "status", "--check")
     assert result.exit_code == EXIT_CHECK_FAILED
     assert "1 periodic schedule stored but no live companion serves them" in result.stdout
-    assert "BEAT" in _zdelay(app, "status").stdout
+    assert "BEAT" in run(app, "status").stdout
 
     # When a paused schedule is all there is, nothing is missing
     periodic.pause("cleanup", app=app)
-    assert _zdelay(app, "status", "--check").exit_code == EXIT_OK
+    assert run(app, "status", "--check").exit_code == EXIT_OK
     periodic.resume("cleanup", app=app)
 
     # When a companion serves them, the check passes
@@ -60,7 +53,7 @@ def test_schedules_that_no_live_companion_serves_fail_the_check(
     wait_for(
         lambda: sorted(_beat_column(app)) == [False, True], timeout=20, message="the heartbeat"
     )
-    result = _zdelay(app, "status", "--check")
+    result = run(app, "status", "--check")
     assert (result.exit_code, result.stdout.strip()) == (
         EXIT_OK,
         "OK: 2 companions alive, nothing overdue",

@@ -23,11 +23,12 @@ import celery_zdelay
 from celery_zdelay.companion import Companion
 from tests.conftest import AppFactory
 from tests.helpers import Runs
+from tests.support.fidelity import PRIORITY_SEP
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
 
-PRIORITY_SEP = "\x06\x16"
-DUE_KEY = "{zdelay:0}:due"
+DUE_KEY = SHARD0.due
 
 
 def _release(app: Celery) -> None:

@@ -17,13 +17,12 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.result import AsyncResult
-from click.testing import CliRunner
 
 import celery_zdelay
 from celery_zdelay import signals
-from celery_zdelay.cli import zdelay
 from celery_zdelay.revocation import REVOKE_REASON
 from tests.conftest import AppFactory
+from tests.support.cli import run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,7 +96,7 @@ def test_a_cancelled_chain_revokes_its_result_id_too(app: Celery) -> None:
 def test_a_cancel_from_the_cli_names_the_user(app: Celery) -> None:
     parked = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
     with _cancellations() as heard:
-        outcome = CliRunner().invoke(zdelay, ["cancel", parked.id], obj=_cli_context(app))
+        outcome = run(app, "cancel", parked.id)
     assert outcome.exit_code == 0, outcome.output
     (event,) = heard
     assert event["task_ids"] == [parked.id]
@@ -121,12 +120,6 @@ def test_a_result_backend_that_is_down_fails_no_cancel(
         assert celery_zdelay.cancel(parked_id, app=cancelling) is True
     assert celery_zdelay.lookup(parked_id, app=app) is None
     assert heard[0]["task_ids"] == [parked_id]
-
-
-def _cli_context(app: Celery) -> Any:
-    from celery.bin.base import CLIContext
-
-    return CLIContext(app=app, no_color=True, workdir=None, quiet=True)
 
 
 def test_a_cancel_from_the_dashboard_is_a_revoke_that_names_the_user(app: Celery) -> None:

@@ -41,7 +41,7 @@ from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for
 from tests.project import app_env
 from tests.support.cli import assert_shows, lines, run, timed
-from tests.support.store import Stock, due_ms, put_raw, stock, write_heartbeat
+from tests.support.store import Stock, due_ms, put_raw, write_heartbeat
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -59,18 +59,6 @@ def run_celery(app: Celery, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
-
-
-@pytest.fixture
-def stocked(app: Celery) -> Stock:
-    return stock(app)
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = Store(get_config(app))
-    yield opened
-    opened.close()
 
 
 # -- status -----------------------------------------------------------------------

@@ -25,7 +25,7 @@ from celery_zdelay.cli import zdelay
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
 from tests.support.cli import run
-from tests.support.store import Stock, stock, write_heartbeat
+from tests.support.store import Stock, write_heartbeat
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,11 +111,6 @@ def _field_paths(document: Any, prefix: str = "") -> Iterator[str]:
     elif isinstance(document, list):
         for item in document:
             yield from _field_paths(item, prefix.rstrip(".") + "[].")
-
-
-@pytest.fixture
-def stocked(app: Celery) -> Stock:
-    return stock(app)
 
 
 def test_every_json_field_is_documented(app: Celery, stocked: Stock) -> None:

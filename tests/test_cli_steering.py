@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import celery
 import pytest
@@ -28,23 +27,11 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
 from tests.support.cli import assert_shows, lines, run, timed
-from tests.support.store import Stock, due_ms, put_raw, stock
+from tests.support.store import Stock, due_ms, put_raw
 
 pytestmark = pytest.mark.timeout(90)
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
-
-
-@pytest.fixture
-def stocked(app: Celery) -> Stock:
-    return stock(app)
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = Store(get_config(app))
-    yield opened
-    opened.close()
 
 
 # -- cancel and reschedule ----------------------------------------------------------------

@@ -6,13 +6,12 @@ import types
 
 import pytest
 from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner
 
 import celery_zdelay
-from celery_zdelay.cli import EXIT_CONFIG, zdelay
+from celery_zdelay.cli import EXIT_CONFIG
 from celery_zdelay.config import DEFAULT_BATCH_SIZE, get_config, unknown_settings
 from celery_zdelay.errors import ConfigurationError
+from tests.support.cli import run
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -103,9 +102,7 @@ def test_the_missing_store_url_is_named_as_a_django_project_spells_it() -> None:
 def test_the_companion_refuses_to_start_without_a_store_url() -> None:
     app = Celery("rabbit", broker="amqp://127.0.0.1:1//", set_as_current=False)
 
-    result = CliRunner().invoke(
-        zdelay, [], obj=CLIContext(app=app, no_color=True, workdir=None), catch_exceptions=False
-    )
+    result = run(app)
 
     assert result.exit_code == EXIT_CONFIG
     assert "set zdelay_redis_url" in result.output
@@ -138,9 +135,7 @@ def test_a_misspelt_setting_of_a_plain_app_keeps_the_lowercase_spelling() -> Non
 def test_the_companion_refuses_to_start_with_a_misspelt_setting() -> None:
     app = _app(zdelay_treshold=60)
 
-    result = CliRunner().invoke(
-        zdelay, [], obj=CLIContext(app=app, no_color=True, workdir=None), catch_exceptions=False
-    )
+    result = run(app)
 
     assert result.exit_code == EXIT_CONFIG
     assert "Unknown setting zdelay_treshold. Did you mean zdelay_threshold?" in result.output

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,23 @@ def run_story_with_early_cancels():
     return story()
 demo.run_story = run_story_with_early_cancels
 sys.exit(demo.main())
+"""
+
+#: A ``sitecustomize`` for the worker the demo starts: each cancel task finds
+#: its order pending again, as a cancel task that no longer looked at the
+#: order would. The "last second" order, paid while its task stays parked,
+#: is then cancelled.
+REOPEN_BEFORE_CANCEL = """
+import sys
+if "worker" in sys.argv:
+    from celery.signals import task_prerun
+
+    def reopen(sender=None, args=None, **_):
+        if getattr(sender, "name", "") == "shop.cancel_unpaid":
+            from example_project.shop.models import Order
+            Order.objects.filter(pk=args[0]).update(status=Order.Status.PENDING)
+
+    task_prerun.connect(reopen, weak=False)
 """
 
 
@@ -70,3 +88,12 @@ def test_the_demo_fails_when_a_cancel_task_runs_early() -> None:
     done = _demo(code=EARLY_CANCELS)
     assert done.returncode == 1, done.stdout[-5000:]
     assert "cancel task(s) ran before the window closed" in done.stdout
+
+
+def test_the_demo_fails_when_a_paid_order_is_cancelled(tmp_path: Path) -> None:
+    """The story's own check, not the count of orders in the expected state,
+    names the paid order that was cancelled."""
+    (tmp_path / "sitecustomize.py").write_text(REOPEN_BEFORE_CANCEL)
+    done = _demo(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert "FAILED: order(s) paid in their window were cancelled" in done.stdout

@@ -9,7 +9,6 @@ then nothing is parked. Celery's own ``delay_on_commit`` and
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -28,7 +27,8 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.admin import ParkedEntry, list_parked
 from celery_zdelay.testing import RedisServer, free_port
-from tests.project import close_app
+from tests.support.clock import redis_ms
+from tests.support.django import django_task_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,32 +43,6 @@ def rolled_back() -> Iterator[None]:
         transaction.set_rollback(True)
 
 
-@pytest.fixture(scope="module")
-def django_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Django on tests/django_project with a SQLite file of this process, migrated.
-
-    When another project already set Django up in this process (the
-    example project's tests), its database is used: these tests need only
-    the auth app's tables, which both projects have.
-    """
-    import django
-    from django.conf import settings
-    from django.core.management import call_command
-    from django.db import connections
-
-    if not settings.configured:
-        from tests.django_project import settings as project
-
-        values = {name: getattr(project, name) for name in dir(project) if name.isupper()}
-        database = tmp_path_factory.mktemp("django") / "db.sqlite3"
-        values["DATABASES"] = {"default": {**project.DATABASES["default"], "NAME": str(database)}}
-        settings.configure(**values)
-    django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
-    yield
-    connections.close_all()
-
-
 @pytest.fixture
 def groups(django_db: None) -> Iterator[Any]:
     """The auth Group model; rows the test wrote are deleted afterwards."""
@@ -81,26 +55,8 @@ def groups(django_db: None) -> Iterator[Any]:
 @pytest.fixture
 def django_app(redis_server: RedisServer) -> Iterator[Celery]:
     """An app whose tasks are celery_zdelay.contrib.django.Task, on the test Redis."""
-    app = Celery(
-        "djangotest",
-        broker=f"{redis_server.url}/0",
-        task_cls="celery_zdelay.contrib.django:Task",
-        set_as_current=False,
-    )
-    app.conf.zdelay_redis_url = f"{redis_server.url}/0"
-
-    @app.task(name="shop.welcome", shared=False)
-    def welcome(group_id: int) -> int:
-        return group_id
-
-    yield app
-    gc.collect()
-    close_app(app)
-
-
-def _redis_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+    with django_task_app(redis_server, "djangotest") as app:
+        yield app
 
 
 def _parked(app: Celery) -> list[ParkedEntry]:
@@ -121,8 +77,8 @@ def test_a_committed_transaction_parks_the_task_with_the_id_returned_at_once(
         # Then its id is known at once, and nothing is parked before the commit
         assert result.id
         assert _parked(django_app) == []
-        before_commit = _redis_ms(redis_client)
-    after_commit = _redis_ms(redis_client)
+        before_commit = redis_ms(redis_client)
+    after_commit = redis_ms(redis_client)
 
     # And once committed it is parked, due 30 minutes after the commit
     (parked,) = _parked(django_app)

@@ -25,7 +25,6 @@ from celery_zdelay import periodic
 from celery_zdelay.periodic.api import ScheduleInfo
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs, wait_for
-from tests.periodic_helpers import ticks_of
 from tests.support.cli import run
 from tests.support.django_beat import (
     EDIT_BOUND_S,
@@ -36,7 +35,13 @@ from tests.support.django_beat import (
     occurrence_s,
     runs_with,
 )
-from tests.test_periodic_overlap import _counts, _finished, _overlapping, _spans
+from tests.support.periodic import (
+    finished_runs,
+    overlapping_runs,
+    run_spans,
+    tick_counts,
+    ticks_of,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -294,12 +299,12 @@ def test_a_rows_headers_carry_its_overlap_policy_to_real_workers(
         worker(app)
     # When a companion serves it
     companion(app, processes, sqlite_database, "--beat", "-S", "django")
-    wait_for(lambda: _finished(runs, "slow_row") >= 3, timeout=120, message="3 runs")
+    wait_for(lambda: finished_runs(runs, "slow_row") >= 3, timeout=120, message="3 runs")
 
     # Then runs never overlapped, ticks released meanwhile were skipped and counted
-    spans = _spans(runs, "slow_row")
-    assert _overlapping(spans) == []
-    assert _counts(app, "slow_row")["skipped_overlap"] >= 1
+    spans = run_spans(runs, "slow_row")
+    assert overlapping_runs(spans) == []
+    assert tick_counts(app, "slow_row")["skipped_overlap"] >= 1
     (info,) = [i for i in _schedules(app) if i.name == "slow_row"]
     assert info.overlap == policy
     # and the row's other headers still reach the message, the policy's keys do not

@@ -86,7 +86,7 @@ def test_an_encoder_that_remembers_few_groups_starts_again_and_stays_exact() -> 
 
 
 def test_the_producer_keeps_one_encoder_per_configuration(app: Celery) -> None:
-    from celery_zdelay.parking import _parking
+    from celery_zdelay.app_state import producing as _parking
 
     # Given an app that parked a call
     record = app.tasks["tests.record"]

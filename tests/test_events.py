@@ -29,10 +29,11 @@ from celery_zdelay.control import reschedule_ids as _reschedule_ids
 from celery_zdelay.schedule import Due
 from tests.conftest import AppFactory
 from tests.support.cli import run as run_cli
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
 
-DUE, MSG = "{zdelay:0}:due", "{zdelay:0}:msg"
+DUE, MSG = SHARD0.due, SHARD0.msg
 
 
 class _Events:

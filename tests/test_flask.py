@@ -27,11 +27,12 @@ from flask.testing import FlaskClient
 from celery_zdelay.testing import RedisServer
 from tests.helpers import wait_for
 from tests.project import close_app
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(90)
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "examples" / "flask"
-DUE = "{zdelay:0}:due"
+DUE = SHARD0.due
 
 
 @pytest.fixture

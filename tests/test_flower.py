@@ -26,12 +26,13 @@ import celery_zdelay
 from celery_zdelay.testing import free_port
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, wait_for
-from tests.web_support import CHROMIUM_ARGS, SCREENSHOTS, chromium_path
+from tests.support.browser import SCREENSHOTS, chromium
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(120)
 
 #: Shard 0's due set and messages, where the test plants an entry to dead-letter.
-DUE, MSG = "{zdelay:0}:due", "{zdelay:0}:msg"
+DUE, MSG = SHARD0.due, SHARD0.msg
 
 
 class Flower:
@@ -152,18 +153,10 @@ def test_flower_shows_parked_rescheduled_revoked_run_and_rejected_tasks(
 
 def _task_page(flower: Flower, task_id: str, tmp_path: Path) -> str:
     """Open Flower's page of *task_id* in Chromium; screenshot it; return its text."""
-    from playwright.sync_api import sync_playwright
-
     directory = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{flower.url}/task/{task_id}")
-            page.wait_for_load_state("load")
-            page.screenshot(path=str(directory / "monitoring-flower-parked.png"), full_page=True)
-            return str(page.inner_text("body"))
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{flower.url}/task/{task_id}")
+        page.wait_for_load_state("load")
+        page.screenshot(path=str(directory / "monitoring-flower-parked.png"), full_page=True)
+        return str(page.inner_text("body"))

@@ -28,6 +28,8 @@ from celery_zdelay.store.marks import check_marks, key_holder
 from celery_zdelay.testing import RedisServer
 from tests.helpers import ROOT, CeleryProcess, Runs, wait_for
 from tests.project import app_env
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0, keys_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,7 +42,7 @@ def _release(app: Celery) -> int:
 
 
 def _parked(client: redis.Redis, shards: int = 1) -> int:
-    return sum(int(client.zcard(f"{{zdelay:{s}}}:due")) for s in range(shards))
+    return sum(int(client.zcard(keys_of(s).due)) for s in range(shards))
 
 
 def _index_is_exact(app: Celery) -> None:
@@ -110,9 +112,11 @@ def test_debounce_releases_once_the_countdown_after_the_last_call(
     record = app.tasks["tests.record"]
     results = []
     for n in range(5):
+        # Read before the call: the last call's due time is at least this
+        # plus the countdown (read after it, a loaded machine's gap between
+        # the park and the read would make a release on time look early).
+        last_call_ms = redis_ms(redis_client)
         results.append(record.apply_delayed((n,), countdown=1.5, key="typing", on_key="debounce"))
-    seconds, micros = redis_client.time()
-    last_call_ms = int(seconds) * 1000 + int(micros) // 1000
 
     with Companion(app) as companion:
         wait_for(lambda: companion.release_due().released or runs.count(), timeout=30)
@@ -148,7 +152,7 @@ def test_threads_parking_one_key_leave_exactly_one_entry(
         thread.join(timeout=60)
 
     assert _parked(redis_client) == 1
-    (parked,) = redis_client.zrange("{zdelay:0}:due", 0, -1)
+    (parked,) = redis_client.zrange(SHARD0.due, 0, -1)
     assert key_holder(store_for(app), "hot") == (parked.decode(), None)
     if mode in ("keep", "until_finished"):
         assert set(returned) == {parked.decode()}
@@ -187,7 +191,7 @@ def test_processes_parking_one_key_leave_exactly_one_entry(
         returned |= set(out.decode().split())
 
     assert _parked(redis_client) == 1
-    (parked,) = redis_client.zrange("{zdelay:0}:due", 0, -1)
+    (parked,) = redis_client.zrange(SHARD0.due, 0, -1)
     if mode in ("keep", "until_finished"):
         assert returned == {parked.decode()}
     _index_is_exact(app)
@@ -341,13 +345,13 @@ def test_a_bad_key_tag_or_mode_is_refused_and_nothing_is_parked(
     with pytest.raises(ConfigurationError, match=message):
         app.tasks["tests.record"].apply_delayed((1,), countdown=60, **options)
     assert _parked(redis_client) == 0
-    assert redis_client.exists("{zdelay:0}:marks", "{zdelay:0}:tagged") == 0
+    assert redis_client.exists(SHARD0.marks, SHARD0.tagged) == 0
 
 
 def test_unkeyed_untagged_parks_leave_no_index(app: Celery, redis_client: redis.Redis) -> None:
     app.tasks["tests.record"].apply_delayed((1,), countdown=60)
     assert _release(app) == 0
-    assert redis_client.exists("{zdelay:0}:marks", "{zdelay:0}:tagged") == 0
+    assert redis_client.exists(SHARD0.marks, SHARD0.tagged) == 0
 
 
 def test_a_forged_key_cannot_make_replace_cancel_a_signed_entry_parked_under_another_key(
@@ -357,7 +361,7 @@ def test_a_forged_key_cannot_make_replace_cancel_a_signed_entry_parked_under_ano
     record = app.tasks["tests.record"]
     victim = record.apply_delayed(("victim",), countdown=3600, key="invoice:1")
     # Someone with write access to Redis points key "promo" at the victim
-    redis_client.hset("{zdelay:0}:marks", "k:promo", victim.id)
+    redis_client.hset(SHARD0.marks, "k:promo", victim.id)
 
     kept = record.apply_delayed(("promo",), countdown=3600, key="promo", on_key="keep")
     replaced = record.apply_delayed(("promo",), countdown=3600, key="promo", on_key="replace")
@@ -414,10 +418,7 @@ def test_producers_replacing_keys_while_a_companion_releases_leave_an_exact_inde
 
     # Then no key or tag is left pointing anywhere, and nothing ran twice
     _index_is_exact(app)
-    assert all(
-        redis_client.exists(f"{{zdelay:{s}}}:marks", f"{{zdelay:{s}}}:tagged") == 0
-        for s in range(2)
-    )
+    assert all(redis_client.exists(keys_of(s).marks, keys_of(s).tagged) == 0 for s in range(2))
     assert 10 <= released <= 480
     assert redis_client.llen("celery") == released
 

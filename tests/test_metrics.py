@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -50,13 +50,6 @@ def scrape(url: str) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = Store(get_config(app))
-    yield opened
-    opened.close()
 
 
 def test_a_running_companion_serves_metrics_that_match_the_store(

@@ -13,7 +13,7 @@ from celery import Celery
 from werkzeug.test import Client
 
 import celery_zdelay
-from celery_zdelay._views import listing_json
+from celery_zdelay.cli.views import listing_json
 from celery_zdelay.companion import Companion
 from celery_zdelay.entry import decode_entry, parked_ms
 from celery_zdelay.parking import store_for
@@ -23,8 +23,8 @@ from celery_zdelay.store.scripts import _lua_file
 from celery_zdelay.web import create_app
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
+from tests.support.deadletters import make_dead_letter
 from tests.support.keys import SHARD0
-from tests.web_support import make_dead_letter
 
 pytestmark = pytest.mark.timeout(90)
 

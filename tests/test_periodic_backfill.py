@@ -22,8 +22,9 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import config_hash, from_beat_entry
 from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
 from tests.helpers import CeleryProcess, Runs
-from tests.periodic_helpers import occurrence_ms, redis_ms
-from tests.test_cli import run
+from tests.support.cli import run
+from tests.support.clock import redis_ms
+from tests.support.periodic import occurrence_ms
 
 pytestmark = pytest.mark.timeout(240)
 

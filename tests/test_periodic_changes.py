@@ -17,13 +17,14 @@ from celery import Celery
 
 from celery_zdelay import periodic
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.keys import shard_keys
 from tests.helpers import CeleryProcess, Runs, wait_for
-from tests.periodic_helpers import occurrence_ms, redis_ms, start_beat_companion, ticks_of
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0
+from tests.support.periodic import occurrence_ms, start_beat_companion, ticks_of
 
 pytestmark = pytest.mark.timeout(180)
 
-DUE = shard_keys("zdelay", 0).due
+DUE = SHARD0.due
 SCHEDULE = {"a": {"task": "tests.record", "schedule": 0.5, "args": [0]}}
 #: How long before a tick each change lands, in ms (the review saw doubles at 30-120 ms).
 BEFORE_TICK_MS = (30, 60, 90, 120)

@@ -21,7 +21,8 @@ from celery_zdelay.periodic.server import occurrence_id
 from celery_zdelay.store.keys import periodic_keys
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import CeleryProcess, Runs
-from tests.periodic_helpers import BeatCompanion, occurrence_ms, start_beat_companion, ticks_of
+from tests.support.clock import redis_ms
+from tests.support.periodic import BeatCompanion, occurrence_ms, start_beat_companion, ticks_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -32,11 +33,6 @@ SCHEDULE = {
     "second": {"task": "tests.record", "schedule": 1.0},
     "minute": {"task": "tests.record", "schedule": {"crontab": {"minute": "*"}}},
 }
-
-
-def redis_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def serve_with_chaos(

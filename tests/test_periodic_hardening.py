@@ -16,29 +16,15 @@ from celery import Celery
 
 from celery_zdelay import periodic
 from celery_zdelay.companion import Companion
-from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
 from celery_zdelay.schedule import Due
-from celery_zdelay.store.keys import shard_keys
 from celery_zdelay.testing import RedisServer, free_port
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
-from tests.periodic_helpers import occurrence_ms
+from tests.support.clock import redis_ms
+from tests.support.periodic import occurrence_ms, parked_ids, server_for, tend, ticked_ids
 
 pytestmark = pytest.mark.timeout(90)
-
-DUE = shard_keys("zdelay", 0).due
-TICKS = shard_keys("zdelay", 0).ticks
-
-
-def _server(app: Celery, beat_schedule: dict[str, Any], name: str = "c") -> PeriodicServer:
-    app.conf.beat_schedule = beat_schedule
-    return PeriodicServer(app, store_for(app), companion_id=name)
-
-
-def _tend(server: PeriodicServer) -> int:
-    server._last_tend = 0.0  # every call is a pass
-    return server.tend()
 
 
 def _everything(client: redis.Redis) -> dict[bytes, Any]:
@@ -46,27 +32,12 @@ def _everything(client: redis.Redis) -> dict[bytes, Any]:
     return {key: client.dump(key) for key in sorted(client.keys("*"))}
 
 
-def _parked(client: redis.Redis, name: str) -> set[str]:
-    prefix = f"periodic:{name}:"
-    return {i.decode() for i in client.zrange(DUE, 0, -1) if i.decode().startswith(prefix)}
-
-
-def _ticked(client: redis.Redis) -> list[str]:
-    """Every occurrence ever parked (parked, leased or released)."""
-    return [i.decode() for i in client.zrange(TICKS, 0, -1)]
-
-
-def _redis_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def _served(app: Celery, client: redis.Redis) -> PeriodicServer:
     """A schedule "a" every 10 s, its next occurrences parked (so its pointer lists ids)."""
-    server = _server(app, {"a": {"task": "tests.record", "schedule": 10.0}})
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": 10.0}})
     assert server.reconcile() == "done"
-    _tend(server)
-    assert _parked(client, "a")
+    tend(server)
+    assert parked_ids(client, "a")
     return server
 
 
@@ -99,7 +70,7 @@ def test_define_with_a_key_of_the_wrong_type_fails_and_changes_nothing(
     before = _everything(redis_client)
 
     # When a companion with another configuration stores it, the call fails
-    other = _server(app, {"b": {"task": "tests.record", "schedule": 10.0}}, "c2")
+    other = server_for(app, {"b": {"task": "tests.record", "schedule": 10.0}}, "c2")
     with pytest.raises(redis.ResponseError) as failure:
         other.reconcile(force=True)
 
@@ -150,7 +121,7 @@ def test_park_once_with_an_invalid_due_time_fails_and_ticks_nothing(
     # Given an occurrence request whose due time is not a number
     server = _served(app, redis_client)
     store = server.periodic
-    (parked,) = _parked(redis_client, "a")
+    (parked,) = parked_ids(redis_client, "a")
     definition = store.snapshot().definitions["a"]
     task_id = occurrence_id("a", 1, occurrence_ms(parked) + 10_000)  # the next one
     (request,) = server._requests(definition, task_id, occurrence_ms(parked))
@@ -165,7 +136,7 @@ def test_park_once_with_an_invalid_due_time_fails_and_ticks_nothing(
     assert _everything(redis_client) == before
     assert "no valid due time" in str(failure.value)
     assert store.park_once(request) is True
-    assert task_id in _parked(redis_client, "a")
+    assert task_id in parked_ids(redis_client, "a")
 
 
 # -- issue 20 item 2: a change or removal withdraws the old version at once ---------------
@@ -177,30 +148,30 @@ def test_a_change_or_removal_withdraws_every_old_occurrence_and_the_new_version_
 ) -> None:
     # Given a 1-second schedule parked ahead, its first occurrence due but not
     # released (no companion is releasing, as in a broker outage)
-    first = _server(app, {"a": {"task": "tests.record", "schedule": 1.0}})
+    first = server_for(app, {"a": {"task": "tests.record", "schedule": 1.0}})
     first.reconcile()
-    _tend(first)
-    old = _parked(redis_client, "a")
+    tend(first)
+    old = parked_ids(redis_client, "a")
     earliest = min(occurrence_ms(i) for i in old)
-    wait_for(lambda: _redis_ms(redis_client) > earliest, timeout=10)
+    wait_for(lambda: redis_ms(redis_client) > earliest, timeout=10)
 
     # When the entry is changed (or removed) by a deploy
     schedule = {"a": {"task": "tests.record", "schedule": 30.0}} if how == "changed" else {}
-    second = _server(app, {**schedule, "z": {"task": "tests.record", "schedule": 60.0}}, "c2")
+    second = server_for(app, {**schedule, "z": {"task": "tests.record", "schedule": 60.0}}, "c2")
     assert second.reconcile() == "done"
 
     # Then, as soon as the change returns and before any companion's pass,
     # no occurrence of the old version is parked any more
-    assert not _parked(redis_client, "a")
+    assert not parked_ids(redis_client, "a")
 
     # And the tick that was due and waiting runs once, under the new
     # version (a removed entry runs nothing more)
-    _tend(second)
+    tend(second)
     with Companion(app) as companion:
         companion.release_due()
     queued = redis_client.lrange("celery", 0, -1)
     assert not any(i.encode() in raw for i in old for raw in queued)
-    ran = {i for i in _ticked(redis_client) if i.startswith("periodic:a:v2:")}
+    ran = {i for i in ticked_ids(redis_client) if i.startswith("periodic:a:v2:")}
     if how == "changed":
         assert occurrence_id("a", 2, earliest) in ran
         assert sum(occurrence_id("a", 2, earliest).encode() in raw for raw in queued) == 1
@@ -213,22 +184,22 @@ def test_a_companion_that_read_the_schedule_before_a_change_parks_nothing_of_the
 ) -> None:
     # Given a 1-second schedule nobody parked yet, its first occurrence due,
     # and a companion that read the schedules then
-    server = _server(app, {"a": {"task": "tests.record", "schedule": 1.0}})
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": 1.0}})
     server.reconcile()
     start = server.periodic.snapshot().pointers["a"].ms
-    wait_for(lambda: _redis_ms(redis_client) > start + 1000, timeout=10)
+    wait_for(lambda: redis_ms(redis_client) > start + 1000, timeout=10)
     snap = server.periodic.snapshot()
     definition = snap.definitions["a"]
 
     # When the entry changes before that companion parks from what it read
-    other = _server(app, {"a": {"task": "tests.record", "schedule": 30.0}}, "c2")
+    other = server_for(app, {"a": {"task": "tests.record", "schedule": 30.0}}, "c2")
     assert other.reconcile() == "done"
     assert server._tend_one(definition, snap) == 0
 
     # Then it parked nothing of the old version, not even the due one: each
     # park was refused in the same script that checked the version
-    assert not [i for i in _ticked(redis_client) if ":v1:" in i]
-    assert not _parked(redis_client, "a")
+    assert not [i for i in ticked_ids(redis_client) if ":v1:" in i]
+    assert not parked_ids(redis_client, "a")
 
 
 # -- a broker outage does not hold back parking ahead ----------------------------------
@@ -250,13 +221,13 @@ def test_during_a_broker_outage_a_live_companion_keeps_parking_ahead(
     thread = threading.Thread(target=companion.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: bool(_ticked(redis_client)), timeout=20)
+        wait_for(lambda: bool(ticked_ids(redis_client)), timeout=20)
         # When the outage lasts through the backoff
         lags, times = [], []
         end = time.monotonic() + 9
         while time.monotonic() < end:
-            newest = max(occurrence_ms(i) for i in _ticked(redis_client))
-            lags.append(_redis_ms(redis_client) - newest)
+            newest = max(occurrence_ms(i) for i in ticked_ids(redis_client))
+            lags.append(redis_ms(redis_client) - newest)
             times.append(time.monotonic())
             time.sleep(0.2)  # sampling, not synchronisation
     finally:

@@ -20,13 +20,13 @@ from celery_zdelay import ConfigurationError, periodic
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import Definition, from_beat_entry
 from celery_zdelay.periodic.server import PeriodicServer
-from celery_zdelay.store.keys import shard_keys
 from tests.helpers import CeleryProcess, Runs, wait_for
-from tests.periodic_helpers import occurrence_ms, start_beat_companion, ticks_of
+from tests.support.keys import SHARD0
+from tests.support.periodic import occurrence_ms, start_beat_companion, tend, ticks_of
 
 pytestmark = pytest.mark.timeout(180)
 
-DUE = shard_keys("zdelay", 0).due
+DUE = SHARD0.due
 JITTER_MS = 800
 SCHEDULE = {
     f"s{i}": {"task": "tests.record", "schedule": 1.0, "zdelay_jitter": JITTER_MS / 1000}
@@ -70,8 +70,7 @@ def test_two_companions_park_each_occurrence_once_at_the_same_jittered_time(
     servers = [PeriodicServer(app, store_for(app), companion_id=n) for n in ("c1", "c2")]
     for server in servers:
         server.reconcile()
-        server._last_tend = 0.0
-        server.tend()
+        tend(server)
 
     # Then each occurrence is parked once, due at its time plus its own offset
     scores: dict[str, int] = {

@@ -20,7 +20,8 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import HORIZON_MS, PeriodicServer
 from tests.helpers import CeleryProcess, Runs, wait_for
-from tests.periodic_helpers import BeatCompanion, occurrence_ms, redis_ms, ticks_of
+from tests.support.clock import redis_ms
+from tests.support.periodic import BeatCompanion, occurrence_ms, ticks_of
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -13,22 +13,16 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
-from tests.periodic_helpers import occurrence_ms
 from tests.servers import LocalCluster
+from tests.support.periodic import occurrence_ms, server_for, tend
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def serve(app: Celery, beat_schedule: dict, name: str = "c") -> PeriodicServer:  # type: ignore[type-arg]
-    app.conf.beat_schedule = beat_schedule
-    server = PeriodicServer(app, store_for(app), companion_id=name)
+    server = server_for(app, beat_schedule, name)
     server.reconcile()
     return server
-
-
-def tend(server: PeriodicServer) -> int:
-    server._last_tend = 0.0
-    return server.tend()
 
 
 def parked(app: Celery, name: str) -> set[str]:

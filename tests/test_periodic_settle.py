@@ -21,7 +21,7 @@ from celery_zdelay.periodic.definition import config_hash, from_beat_entry
 from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
 from celery_zdelay.periodic.store import LATE_MS
 from tests.helpers import wait_for
-from tests.periodic_helpers import redis_ms
+from tests.support.clock import redis_ms
 
 pytestmark = pytest.mark.timeout(60)
 

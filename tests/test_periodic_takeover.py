@@ -20,7 +20,9 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
 from celery_zdelay.periodic.takeover import beat_last_runs, set_since
 from tests.helpers import CeleryProcess, Runs, wait_for
-from tests.periodic_helpers import BeatCompanion, CeleryBeat, occurrence_ms, redis_ms
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0
+from tests.support.periodic import BeatCompanion, CeleryBeat, occurrence_ms, tend
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -107,7 +109,7 @@ def test_without_beats_file_since_carries_a_crontab_over_the_switch(
 
     # Then it goes on from beat's last run: the first minute after it is the
     # missed run (once), then the next minute ahead; nothing between
-    parked = {i.decode() for i in redis_client.zrange("{zdelay:0}:due", 0, -1)}
+    parked = {i.decode() for i in redis_client.zrange(SHARD0.due, 0, -1)}
     missed_run = occurrence_id("minutely", 1, last_run + 60_000)
     assert missed_run in parked
     assert all(occurrence_ms(i) > now for i in parked - {missed_run}), parked
@@ -119,8 +121,7 @@ def test_without_beats_file_since_carries_a_crontab_over_the_switch(
     # nor does the same companion after Redis lost everything (beat's last
     # run is long out of date by then): the schedule starts again from now
     redis_client.flushall()
-    server._last_tend = 0.0
-    server.tend()
-    parked = {i.decode() for i in redis_client.zrange("{zdelay:0}:due", 0, -1)}
+    tend(server)
+    parked = {i.decode() for i in redis_client.zrange(SHARD0.due, 0, -1)}
     assert parked
     assert all(occurrence_ms(i) > now for i in parked), parked

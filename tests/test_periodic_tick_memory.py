@@ -17,12 +17,13 @@ from celery import Celery
 
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
-from celery_zdelay.store.keys import shard_keys
-from tests.periodic_helpers import occurrence_ms, redis_ms
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0
+from tests.support.periodic import occurrence_ms
 
 pytestmark = pytest.mark.timeout(60)
 
-TICKS = shard_keys("zdelay", 0).ticks
+TICKS = SHARD0.ticks
 MINUTE_MS = 60_000
 
 

@@ -21,8 +21,8 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import from_beat_entry
 from celery_zdelay.periodic.occurrences import next_after
 from celery_zdelay.periodic.server import PeriodicServer
-from celery_zdelay.store.keys import shard_keys
-from tests.periodic_helpers import occurrence_ms
+from tests.support.keys import SHARD0
+from tests.support.periodic import occurrence_ms
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,7 +126,7 @@ def test_a_companion_parks_the_tick_in_the_entrys_zone(
     server.tend()
 
     # Then its next occurrence is parked at 03:00 in Tokyo (18:00Z), and listed so
-    (parked,) = [i.decode() for i in redis_client.zrange(shard_keys("zdelay", 0).due, 0, -1)]
+    (parked,) = [i.decode() for i in redis_client.zrange(SHARD0.due, 0, -1)]
     assert datetime.fromtimestamp(occurrence_ms(parked) / 1000, tz=timezone.utc).hour == 18
     (info,) = periodic.schedules(app)[1]
     assert info.schedule == "crontab 0 3 * * * Asia/Tokyo"

@@ -20,14 +20,14 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import from_beat_entry
 from celery_zdelay.periodic.server import PeriodicServer
-from celery_zdelay.store.keys import shard_keys
 from tests.helpers import wait_for
-from tests.periodic_helpers import occurrence_ms, redis_ms
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0
+from tests.support.periodic import occurrence_ms, tend, ticked_ids
 
 pytestmark = pytest.mark.timeout(60)
 
-DUE = shard_keys("zdelay", 0).due
-TICKS = shard_keys("zdelay", 0).ticks
+DUE = SHARD0.due
 
 
 def _iso(ms: int) -> str:
@@ -41,19 +41,9 @@ def _servers(app: Celery, schedule: dict[str, Any], n: int = 1) -> list[Periodic
     return servers
 
 
-def _tend(server: PeriodicServer) -> int:
-    server._last_tend = 0.0  # every call is a pass
-    return server.tend()
-
-
 def _ticked(client: redis.Redis, name: str) -> list[int]:
     """Every occurrence of *name* ever parked (parked, leased or released), by time."""
-    prefix = f"periodic:{name}:"
-    return sorted(
-        occurrence_ms(raw.decode())
-        for raw in client.zrange(TICKS, 0, -1)
-        if raw.decode().startswith(prefix)
-    )
+    return sorted(occurrence_ms(task_id) for task_id in ticked_ids(client, name))
 
 
 def test_only_occurrences_between_the_start_and_end_dates_run(
@@ -76,9 +66,9 @@ def test_only_occurrences_between_the_start_and_end_dates_run(
     anchor = server.periodic.snapshot().pointers["w"].ms
 
     # When companions plan it until after the end
-    _tend(server)
+    tend(server)
     wait_for(lambda: redis_ms(redis_client) > end + 300, timeout=10, interval=0.05)
-    _tend(server)
+    tend(server)
 
     # Then exactly the occurrences of the window were parked, none outside
     expected = [ms for ms in range(anchor + 250, end + 1, 250) if ms >= start]
@@ -99,12 +89,12 @@ def test_at_most_max_runs_occurrences_run_whatever_the_companions(
     # When each plans it, again and again over a second
     for _ in range(3):
         for server in servers:
-            _tend(server)
+            tend(server)
     wait_for(lambda: len(_ticked(redis_client, "m")) >= limit, timeout=10)
     end = redis_ms(redis_client) + 1000
     while redis_ms(redis_client) < end:
         for server in servers:
-            _tend(server)
+            tend(server)
 
     # Then only the first occurrences up to the limit were parked, and run once
     ticked = _ticked(redis_client, "m")
@@ -123,13 +113,13 @@ def test_a_pause_gives_back_what_it_withdrew_and_a_change_starts_the_count_again
     (server,) = _servers(
         app, {"m": {"task": "tests.record", "schedule": 0.2, "zdelay_max_runs": 2}}
     )
-    _tend(server)
+    tend(server)
     assert len(_ticked(redis_client, "m")) == 2
 
     # When it is paused before they ran (they are withdrawn) and resumed
     assert periodic.pause("m", app=app)
     assert periodic.resume("m", app=app)
-    _tend(server)
+    tend(server)
 
     # Then its two runs are parked again (the withdrawn ones did not count)
     with Companion(app) as companion:
@@ -138,12 +128,12 @@ def test_a_pause_gives_back_what_it_withdrew_and_a_change_starts_the_count_again
     # and once they ran, a pause and resume runs no more
     assert periodic.pause("m", app=app)
     assert periodic.resume("m", app=app)
-    _tend(server)
+    tend(server)
     assert not [i for i in redis_client.zrange(DUE, 0, -1) if i.startswith(b"periodic:m:")]
 
     # When its definition changes (a new version), it runs two more
     assert periodic.add("m", app=app, task="tests.record", schedule=0.2, args=[1], max_runs=2)
-    _tend(server)
+    tend(server)
     assert len([i for i in redis_client.zrange(DUE, 0, -1) if b":m:v" in i]) == 2
 
 

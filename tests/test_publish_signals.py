@@ -9,7 +9,6 @@ was parked, and never for a call that was not (a refused park, a
 
 from __future__ import annotations
 
-import gc
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,7 +27,8 @@ from celery_zdelay.periodic.server import PeriodicServer
 from celery_zdelay.store import Store
 from celery_zdelay.testing import RedisServer, free_port
 from tests.conftest import AppFactory
-from tests.project import close_app
+from tests.support.django import django_task_app
+from tests.support.periodic import tend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -230,8 +230,7 @@ def test_a_periodic_occurrence_served_by_two_companions_is_announced_once(
 
     # When both tend it (each builds the occurrence's message; one parks it)
     for server in (*servers, *servers):
-        server._last_tend = 0.0  # every call is a pass, however close together
-        server.tend()
+        tend(server)
 
     # Then each occurrence parked was announced once, after its park
     assert heard.store is not None
@@ -244,45 +243,11 @@ def test_a_periodic_occurrence_served_by_two_companions_is_announced_once(
 # -- apply_delayed_on_commit (Django) ----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def django_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Django on tests/django_project with a SQLite file of this process, migrated."""
-    import django
-    from django.conf import settings
-    from django.core.management import call_command
-    from django.db import connections
-
-    if not settings.configured:
-        from tests.django_project import settings as project
-
-        values = {name: getattr(project, name) for name in dir(project) if name.isupper()}
-        database = tmp_path_factory.mktemp("django") / "db.sqlite3"
-        values["DATABASES"] = {"default": {**project.DATABASES["default"], "NAME": str(database)}}
-        settings.configure(**values)
-    django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
-    yield
-    connections.close_all()
-
-
 @pytest.fixture
 def django_app(redis_server: RedisServer, django_db: None) -> Iterator[Celery]:
     """An app whose tasks are celery_zdelay.contrib.django.Task, on the test Redis."""
-    app = Celery(
-        "djangosignals",
-        broker=f"{redis_server.url}/0",
-        task_cls="celery_zdelay.contrib.django:Task",
-        set_as_current=False,
-    )
-    app.conf.zdelay_redis_url = f"{redis_server.url}/0"
-
-    @app.task(name="shop.welcome", shared=False)
-    def welcome(group_id: int) -> int:
-        return group_id
-
-    yield app
-    gc.collect()
-    close_app(app)
+    with django_task_app(redis_server, "djangosignals") as app:
+        yield app
 
 
 def test_apply_delayed_on_commit_announces_at_commit_and_never_on_rollback(

@@ -12,11 +12,8 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
 
 import celery_zdelay
-from celery_zdelay.cli import zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.errors import ConfigurationError
@@ -27,6 +24,8 @@ from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, largest_overtake_s, most_in_any_window
 from tests.helpers import CeleryProcess, wait_for
 from tests.servers import LocalCluster
+from tests.support.cli import run
+from tests.support.keys import keys_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -258,7 +257,7 @@ def test_held_entries_stay_parked_in_redis_not_in_the_companion(
     assert report.held == {"queue:emails": 30}
     (info,) = controls(app=app)
     assert (info.name, info.waiting, info.limit and info.limit.text) == ("queue:emails", 29, "1/m")
-    assert sum(redis_client.zcard(f"{{zdelay:{s}}}:lease") for s in range(4)) == 0
+    assert sum(redis_client.zcard(keys_of(s).lease) for s in range(4)) == 0
 
 
 # -- bad input ----------------------------------------------------------------------
@@ -309,32 +308,22 @@ def test_the_burst_is_a_second_worth_unless_given() -> None:
 # -- the CLI ------------------------------------------------------------------------
 
 
-def _run(app: Celery, *args: str) -> Result:
-    return CliRunner().invoke(
-        zdelay,
-        list(args),
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        prog_name="celery zdelay",
-        catch_exceptions=False,
-    )
-
-
 def test_the_cli_sets_lists_and_removes_limits(make_test_app: AppFactory) -> None:
     app = _app(make_test_app, zdelay_rate_limits={"task:tests.record": "10/m"})
-    assert _run(app, "limit", "queue:emails", "50/s", "--burst", "80").output == (
+    assert run(app, "limit", "queue:emails", "50/s", "--burst", "80").output == (
         "queue:emails: 50/s (burst 80)\n"
     )
-    listing = _run(app, "limit").output
+    listing = run(app, "limit").output
     assert "queue:emails" in listing
     assert "limit 50/s (burst 80, runtime)" in listing
     assert "limit 10/m (burst 1, setting)" in listing
-    document = json.loads(_run(app, "limit", "--json").output)
+    document = json.loads(run(app, "limit", "--json").output)
     assert {d["name"]: d["rate"] for d in document} == {
         "queue:emails": "50/s",
         "task:tests.record": "10/m",
     }
-    assert _run(app, "limit", "task:tests.record", "off").exit_code == 0
+    assert run(app, "limit", "task:tests.record", "off").exit_code == 0
     assert set(rate_limits(app=app)) == {"queue:emails"}
-    bad = _run(app, "limit", "queue:emails", "often")
+    bad = run(app, "limit", "queue:emails", "often")
     assert bad.exit_code == 78
     assert "is not a rate" in bad.output

@@ -134,7 +134,7 @@ def _park_bomb(app: Celery, path: Path, task_id: str) -> None:
 
 
 def _layout(app: Celery) -> str:
-    from celery_zdelay.parking import _parking
+    from celery_zdelay.app_state import producing as _parking
 
     layout = _parking(app).layout
     assert layout is not None

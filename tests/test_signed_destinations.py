@@ -10,7 +10,7 @@ which carries ``k`` and ``q`` in its own metadata line), or a route record
 and nothing is published, on every path: the atomic handoff (push.lua), the
 generic kombu publish, and a dead letter requeued by an operator.
 
-Each test catches this one-line change in ``entry._signature``::
+Each test catches this one-line change in ``entry.entry_signature``::
 
     return hmac.digest(key, routing + head, "sha256").hex()
     ->  return hmac.digest(key, head, "sha256").hex()

@@ -15,6 +15,7 @@ from celery_zdelay import StoreRefusedError, ZDelayError
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,7 +42,7 @@ def test_a_store_out_of_memory_refuses_the_park_with_the_fix_and_writes_nothing(
         # ... and nothing of it was written
         client.config_set("maxmemory", 0)
         assert client.dbsize() == keys_before
-        assert client.zcard("{zdelay:0}:due") == 1
+        assert client.zcard(SHARD0.due) == 1
 
 
 def test_a_read_only_replica_refuses_the_park_and_names_the_primary(
@@ -61,7 +62,7 @@ def test_a_read_only_replica_refuses_the_park_and_names_the_primary(
         assert "Point zdelay_redis_url at the primary" in str(refused.value)
 
         # ... and the primary still holds only the first entry
-        assert primary.client().zcard("{zdelay:0}:due") == 1
+        assert primary.client().zcard(SHARD0.due) == 1
 
 
 def test_a_task_over_the_store_bulk_limit_is_refused_as_too_large_not_unreachable(
@@ -89,4 +90,4 @@ def test_a_task_over_the_store_bulk_limit_is_refused_as_too_large_not_unreachabl
         # Then the producer hears the size and the fix, and nothing was written
         assert "takes values of at most 1048576 bytes" in str(refused.value)
         assert "nothing was written" in str(refused.value)
-        assert client.zcard("{zdelay:0}:due") == 1
+        assert client.zcard(SHARD0.due) == 1

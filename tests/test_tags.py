@@ -8,11 +8,9 @@ from collections.abc import Callable
 import pytest
 import redis
 from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
 
 import celery_zdelay
-from celery_zdelay.cli import EXIT_OK, zdelay
+from celery_zdelay.cli import EXIT_OK
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import admin
@@ -20,24 +18,14 @@ from celery_zdelay.store.marks import check_marks, repair_marks, tagged_ids
 from celery_zdelay.testing import RedisServer
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.servers import LocalCluster
+from tests.support.cli import run
+from tests.support.keys import SHARD0, keys_of
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def _cli(app: Celery, *args: str) -> Result:
-    return CliRunner().invoke(
-        zdelay,
-        list(args),
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        prog_name="celery zdelay",
-        catch_exceptions=False,
-    )
-
-
 def _index_empty(client: redis.Redis, shards: int) -> bool:
-    return all(
-        client.exists(f"{{zdelay:{s}}}:marks", f"{{zdelay:{s}}}:tagged") == 0 for s in range(shards)
-    )
+    return all(client.exists(keys_of(s).marks, keys_of(s).tagged) == 0 for s in range(shards))
 
 
 def _park_orders(app: Celery, n: int) -> dict[int, list[str]]:
@@ -84,12 +72,12 @@ def test_the_cli_lists_and_cancels_by_tag_and_json_shows_tags_and_key(app: Celer
     tagged = record.apply_delayed((1,), countdown=3600, key="pay:42", tags=["order:42"])
     record.apply_delayed((2,), countdown=3600, tags=["order:43"])
 
-    listed = _cli(app, "list", "--tag", "order:42", "--json")
+    listed = run(app, "list", "--tag", "order:42", "--json")
     assert listed.exit_code == EXIT_OK, listed.output
     (entry,) = json.loads(listed.stdout)["entries"]
     assert (entry["id"], entry["key"], entry["tags"]) == (tagged.id, "pay:42", ["order:42"])
 
-    cancelled = _cli(app, "cancel", "--tag", "order:42")
+    cancelled = run(app, "cancel", "--tag", "order:42")
     assert cancelled.exit_code == EXIT_OK
     assert "cancelled 1 parked task" in cancelled.output
     assert [e.tags for e in admin.list_parked(store_for(app)).entries] == [("order:43",)]
@@ -128,7 +116,7 @@ def test_dead_letter_requeue_and_purge_keep_the_index_exact(
     assert found.state == "dead"
     assert found.tags == ("t",)
     assert admin.purge_dead(store, [doomed.id]) == 1
-    assert not redis_client.hexists("{zdelay:0}:marks", f"d:{doomed.id}")
+    assert not redis_client.hexists(SHARD0.marks, f"d:{doomed.id}")
     assert tagged_ids(store, "t") == []
     assert check_marks(store) == []
 
@@ -139,11 +127,11 @@ def test_status_check_finds_a_drifted_index_and_repair_fixes_it(
     record = app.tasks["tests.record"]
     kept = record.apply_delayed((1,), countdown=3600, key="k", tags=["t"])
     # Someone else writes into the index: a stale key, a stale tag, a lost tag
-    redis_client.hset("{zdelay:0}:marks", "k:ghost", "no-such-id")
-    redis_client.zadd("{zdelay:0}:tagged", {"t\nno-such-id": 0})
-    redis_client.zrem("{zdelay:0}:tagged", f"t\n{kept.id}")
+    redis_client.hset(SHARD0.marks, "k:ghost", "no-such-id")
+    redis_client.zadd(SHARD0.tagged, {"t\nno-such-id": 0})
+    redis_client.zrem(SHARD0.tagged, f"t\n{kept.id}")
 
-    checked = _cli(app, "status", "--check")
+    checked = run(app, "status", "--check")
     assert checked.exit_code != EXIT_OK
     assert "key 'ghost'" in checked.output
     assert "missing from tag 't'" in checked.output
@@ -151,7 +139,7 @@ def test_status_check_finds_a_drifted_index_and_repair_fixes_it(
     assert repair_marks(store_for(app)) == 3
     assert check_marks(store_for(app)) == []
     assert tagged_ids(store_for(app), "t") == [kept.id]
-    repaired = _cli(app, "repair")
+    repaired = run(app, "repair")
     assert repaired.exit_code == EXIT_OK
     assert "repaired 0" in repaired.output
 
@@ -236,7 +224,7 @@ def test_a_forged_tag_cannot_cancel_a_signed_entry_tagged_otherwise(
     signed = record.apply_delayed((1,), countdown=3600, tags=["order:1"])
     honest = record.apply_delayed((2,), countdown=3600, tags=["order:9"])
     # Someone with write access to Redis points tag order:9 at the other entry
-    redis_client.zadd("{zdelay:0}:tagged", {f"order:9\n{signed.id}": 0})
+    redis_client.zadd(SHARD0.tagged, {f"order:9\n{signed.id}": 0})
 
     assert celery_zdelay.cancel_matching(tag="order:9", app=app) == 1
     assert celery_zdelay.lookup(signed.id, app=app) is not None

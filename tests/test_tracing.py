@@ -32,9 +32,16 @@ import celery_zdelay
 from celery_zdelay import tracing
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import ROOT, Runs, wait_for
-from tests.project.otel import OTEL_BROKEN_ENV, OTEL_FILE_ENV, broken_provider, span_record
+from tests.project.otel import (
+    OTEL_BLOCKING_ENV,
+    OTEL_BROKEN_ENV,
+    OTEL_FILE_ENV,
+    broken_provider,
+    span_record,
+    trace_api_with,
+)
+from tests.support.browser import chromium, screenshot
 from tests.support.trace_view import waterfall_html
-from tests.web_support import chromium, screenshot
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -223,18 +230,7 @@ def test_an_exporter_that_raises_fails_no_park(
     # The SDK's own provider, its exporter and a span processor raising at
     # the span's end (the global provider is the module's in-memory one).
     called = tmp_path / "called"
-    provider = broken_provider(str(called))
-
-    class WithBrokenProvider:
-        use_span = staticmethod(trace.use_span)
-        ProxyTracerProvider = trace.ProxyTracerProvider
-        NoOpTracerProvider = trace.NoOpTracerProvider
-
-        @staticmethod
-        def get_tracer_provider() -> Any:
-            return provider
-
-    monkeypatch.setattr(tracing, "_trace_api", WithBrokenProvider)
+    monkeypatch.setattr(tracing, "_trace_api", trace_api_with(broken_provider(str(called))))
     record = app.tasks["tests.record"]
     results = [
         record.apply_delayed((1,), countdown=600),
@@ -244,9 +240,11 @@ def test_an_exporter_that_raises_fails_no_park(
     assert called.read_text().count("export zdelay.park") == 2
 
 
+@pytest.mark.parametrize("backend", [OTEL_BROKEN_ENV, OTEL_BLOCKING_ENV])
 @pytest.mark.parametrize("path", PATHS)
-def test_a_tracing_backend_that_raises_fails_no_release(
+def test_a_tracing_backend_that_raises_or_hangs_fails_and_delays_no_release(
     path: str,
+    backend: str,
     request: pytest.FixtureRequest,
     make_test_app: AppFactory,
     worker,
@@ -255,19 +253,28 @@ def test_a_tracing_backend_that_raises_fails_no_release(
     tmp_path: Path,
 ) -> None:
     # Breaks if: release_spans' errors escaped the companion's release (a
-    # plain signal send instead of send_robust), or tracing ran before the
-    # release and failed it.
+    # plain signal send instead of send_robust), tracing ran before the
+    # release and failed it, or the spans were exported in the companion's
+    # loop (a SimpleSpanProcessor, a force_flush): a hanging exporter would
+    # stop every later release.
     app, queues = _app_on(path, request, make_test_app)
     called = tmp_path / "called"
     worker(app, *queues)
-    companion(app, env={OTEL_BROKEN_ENV: str(called)})
+    companion(app, env={backend: str(called)})
     record = app.tasks["tests.record"]
     parked = [record.apply_delayed((n,), countdown=0.5) for n in range(3)]
     runs.wait_for_ids({r.id for r in parked})
     span = "zdelay.release" if path == "publish" else "zdelay.handoff"
-    # The companion did call the broken backend, for what it released
+    # The companion did call the backend, for what it released
     wait_for(lambda: f"export {span}" in _text(called), timeout=30, message="the exporter called")
-    assert f"end {span}" in _text(called)
+    if backend == OTEL_BROKEN_ENV:
+        assert f"end {span}" in _text(called)
+        return
+    # The exporter hangs in its first export (a BatchSpanProcessor's thread):
+    # what is released from now on meets a full pipeline, and still runs.
+    later = [record.apply_delayed((n,), countdown=0.5) for n in range(20)]
+    runs.wait_for_ids({r.id for r in later})
+    assert _text(called).count("export") == 1
 
 
 def _text(path: Path) -> str:
@@ -275,7 +282,9 @@ def _text(path: Path) -> str:
 
 
 #: A process with OpenTelemetry's API installed and no SDK configured (the
-#: default): the release receiver must do no span work at all.
+#: default) and Celery's task_send_sent_event off: the park span, the release
+#: receiver and the events receiver must do no span or event work at all
+#: (what benchmarks.monitoring's off_path times is this code).
 _NO_SDK = """
 import opentelemetry.propagate
 import opentelemetry.trace
@@ -294,13 +303,27 @@ tracing.release_spans(
     None, shard=0, path="publish", lateness_ms=[1], task_ids=["x"], headers=headers
 )
 tracing.release_spans(None, shard=0, path="handoff", lateness_ms=[1])
+with tracing.park_span(["x"], due_ms=1):
+    pass
+
+from celery import Celery
+from celery_zdelay import events
+
+app = Celery("off", set_as_current=False)
+events.announce_parked(app, messages=[None], due_ms=[1])
+events.announce_cancelled(app, task_ids=["x"])
+events.announce_rescheduled(app, task_ids=["x"], due_ms=[1])
+assert not hasattr(app, "_zdelay_event_sender"), "event work with task_send_sent_event off"
 print("no span work")
 """
 
 
-def test_with_no_sdk_configured_releases_do_no_span_work() -> None:
+def test_with_monitoring_off_parks_and_releases_do_no_span_or_event_work() -> None:
     # Breaks if: _tracer handed out the API's no-op tracer (each published
-    # task's trace context would be read for nothing: benchmarks.monitoring).
+    # task's trace context would be read for nothing: benchmarks.monitoring),
+    # park_span started a span without an SDK, or an events receiver lost
+    # its task_send_sent_event check (a sender thread per process, or an
+    # error on the message).
     done = subprocess.run(
         [sys.executable, "-c", _NO_SDK],
         cwd=ROOT,

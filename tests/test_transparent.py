@@ -37,10 +37,11 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.transparent import is_transparent
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import Runs, wait_for
+from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(90)
 
-DUE = "{zdelay:0}:due"
+DUE = SHARD0.due
 HOUR_MS = 3_600_000
 
 

@@ -15,7 +15,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pytest
@@ -30,17 +29,12 @@ from celery_zdelay.web.security import BasicAuth, ProxyHeaderAuth
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess
 from tests.servers import LocalCluster
-from tests.test_admin import stock
-from tests.web_support import make_dead_letter, open_store
+from tests.support.cli import run
+from tests.support.deadletters import make_dead_letter
+from tests.support.store import stock
+from tests.web_support import open_store
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
 
 
 def _form_token(client: Client, path: str) -> str:
@@ -362,17 +356,8 @@ def test_basic_auth_and_proxy_header_keep_strangers_out(app: Celery) -> None:
 @pytest.mark.parametrize("auth", ["ops:", ":s3cret"])
 def test_basic_auth_with_an_empty_user_or_password_is_refused(app: Celery, auth: str) -> None:
     # Regression: --auth ops: served the dashboard to anyone who typed "ops".
-    from celery.bin.base import CLIContext
-    from click.testing import CliRunner
 
-    from celery_zdelay.cli import zdelay
-
-    result = CliRunner().invoke(
-        zdelay,
-        ["web", "--port", "0", "--auth", auth],
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        catch_exceptions=False,
-    )
+    result = run(app, "web", "--port", "0", "--auth", auth)
     assert result.exit_code == 2
     assert "USER:PASSWORD" in result.output
 

@@ -9,7 +9,7 @@ action without a valid CSRF token changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -22,50 +22,13 @@ from celery_zdelay import periodic
 from celery_zdelay.store import Store
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs
-from tests.web_support import (
-    CHROMIUM_ARGS,
-    chromium_path,
-    make_dead_letter,
-    open_store,
-    screenshot,
-    serve,
-)
+from tests.support.browser import screenshot
+from tests.support.deadletters import make_dead_letter
+from tests.web_support import serve
 
 pytestmark = pytest.mark.timeout(180)
 
 HOUR_S = 3600
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS
-        )
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(
-        viewport={"width": 1280, "height": 900}, timezone_id="Europe/Paris"
-    )
-    opened = context.new_page()
-    opened.set_default_timeout(20_000)
-    # Confirmation dialogs of the action buttons: the operator says yes.
-    opened.on("dialog", lambda dialog: dialog.accept())
-    yield opened
-    context.close()
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
 
 
 def test_an_operator_sees_filters_cancels_reschedules_and_requeues(

@@ -13,7 +13,7 @@ in one click, leaving the others parked. Screenshots are kept for the docs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,29 +24,17 @@ import celery_zdelay
 from celery_zdelay.limits import controls
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs, wait_for
-from tests.web_support import chromium, screenshot, serve
+from tests.support.browser import screenshot
+from tests.web_support import serve
 
 pytestmark = pytest.mark.timeout(240)
 
 WIDTH, HEIGHT = 1400, 1000
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as launched:
-        yield launched
-
-
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(
-        viewport={"width": WIDTH, "height": HEIGHT}, timezone_id="Europe/Paris"
-    )
-    opened = context.new_page()
-    opened.set_default_timeout(20_000)
-    opened.on("dialog", lambda dialog: dialog.accept())  # the operator confirms
-    yield opened
-    context.close()
+def viewport() -> dict[str, int]:
+    return {"width": WIDTH, "height": HEIGHT}
 
 
 def _waiting(app: Celery, name: str) -> int:

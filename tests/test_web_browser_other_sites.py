@@ -18,7 +18,9 @@ import pytest
 from celery import Celery
 
 from celery_zdelay.store import Store
-from tests.web_support import chromium, open_store, serve
+from tests.support.browser import chromium, operator_page
+from tests.support.store import is_parked
+from tests.web_support import serve
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,33 +33,19 @@ def browser() -> Iterator[Any]:
         yield launched
 
 
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
-
-
-def _parked(store: Store, task_id: str) -> bool:
-    return store.client.zscore(store.keys(store.shard_of(task_id)).due, task_id) is not None
-
-
 def test_a_rebound_page_reads_nothing_and_cancels_nothing(
     app: Celery, store: Store, browser: Any
 ) -> None:
     parked = app.tasks["tests.record"].apply_delayed(("keep me",), countdown=3600)
     with serve(app) as served:
         port = served.server.server_port
-        context = browser.new_context()
-        try:
-            page = context.new_page()
-            page.set_default_timeout(20_000)
+        with operator_page(browser) as page:
             # The attacker's page, now served from 127.0.0.1 under its own name.
             reply = page.goto(f"http://{ATTACKER}:{port}/entry?id={parked.id}")
             assert reply is not None
             assert reply.status == 400
             assert parked.id not in page.content()
-            assert context.cookies() == []
+            assert page.context.cookies() == []
             # Its script tries what it would with a page it could read.
             outcome = page.evaluate(
                 """async (id) => {
@@ -73,50 +61,44 @@ def test_a_rebound_page_reads_nothing_and_cancels_nothing(
                 parked.id,
             )
             assert outcome == {"listing": 400, "read": False, "token": False, "post": 400}
-            assert _parked(store, parked.id)
+            assert is_parked(store, parked.id)
             # The same browser at the dashboard's own address: served as usual.
             page.goto(f"{served.url}/entry?id={parked.id}")
             assert page.text_content("#entry-id") == parked.id
-        finally:
-            context.close()
 
 
 def test_a_token_from_another_browser_is_refused_with_this_browsers_cookie(
     app: Celery, store: Store, browser: Any
 ) -> None:
     parked = app.tasks["tests.record"].apply_delayed(("keep me",), countdown=3600)
-    with serve(app) as served:
-        first, second = browser.new_context(), browser.new_context()
-        try:
-            tokens = []
-            for context in (first, second):
-                page = context.new_page()
-                page.set_default_timeout(20_000)
-                # The confirmation dialog of Cancel: the operator says yes.
-                page.on("dialog", lambda dialog: dialog.accept())
-                page.goto(f"{served.url}/entry?id={parked.id}")
-                tokens.append(page.get_attribute("#entry-actions input[name=csrf_token]", "value"))
-            # Both browsers hold a cookie of the dashboard's own, and different ones.
-            cookies = [c.cookies()[0]["value"] for c in (first, second)]
-            assert all(cookies)
-            assert cookies[0] != cookies[1]
-            assert tokens[0] != tokens[1]
-            page = second.pages[0]
-            # The second browser's form, with the first browser's token put in.
-            page.evaluate(
-                "t => document.querySelector('#entry-actions input[name=csrf_token]').value = t",
-                tokens[0],
-            )
-            page.click("#entry-actions button[value=cancel]")
-            page.wait_for_selector("#error")
-            assert "CSRF" in page.text_content("#error")
-            assert _parked(store, parked.id)
-            # Its own token, unchanged, works.
+    # Two browsers (each a context of its own); operator_page accepts Cancel's confirmation.
+    with (
+        serve(app) as served,
+        operator_page(browser) as first,
+        operator_page(browser) as second,
+    ):
+        tokens = []
+        for page in (first, second):
             page.goto(f"{served.url}/entry?id={parked.id}")
-            page.click("#entry-actions button[value=cancel]")
-            page.wait_for_selector("p.message")
-            assert "cancelled 1 of 1" in page.text_content("p.message")
-            assert not _parked(store, parked.id)
-        finally:
-            first.close()
-            second.close()
+            tokens.append(page.get_attribute("#entry-actions input[name=csrf_token]", "value"))
+        # Both browsers hold a cookie of the dashboard's own, and different ones.
+        cookies = [p.context.cookies()[0]["value"] for p in (first, second)]
+        assert all(cookies)
+        assert cookies[0] != cookies[1]
+        assert tokens[0] != tokens[1]
+        page = second
+        # The second browser's form, with the first browser's token put in.
+        page.evaluate(
+            "t => document.querySelector('#entry-actions input[name=csrf_token]').value = t",
+            tokens[0],
+        )
+        page.click("#entry-actions button[value=cancel]")
+        page.wait_for_selector("#error")
+        assert "CSRF" in page.text_content("#error")
+        assert is_parked(store, parked.id)
+        # Its own token, unchanged, works.
+        page.goto(f"{served.url}/entry?id={parked.id}")
+        page.click("#entry-actions button[value=cancel]")
+        page.wait_for_selector("p.message")
+        assert "cancelled 1 of 1" in page.text_content("p.message")
+        assert not is_parked(store, parked.id)

@@ -14,7 +14,7 @@ path, not as something "off". Each page is kept as a screenshot
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,9 @@ from celery_zdelay.store import Store
 from celery_zdelay.web import create_app
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import CeleryProcess
-from tests.web_support import chromium, make_dead_letter, open_store, screenshot, serve
+from tests.support.browser import screenshot
+from tests.support.deadletters import make_dead_letter
+from tests.web_support import serve
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -56,29 +58,9 @@ BROKEN_WORDS = """() => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as launched:
-        yield launched
-
-
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(
-        viewport={"width": WIDTH, "height": HEIGHT}, timezone_id="Europe/Paris"
-    )
-    opened = context.new_page()
-    opened.set_default_timeout(20_000)
-    opened.on("dialog", lambda dialog: dialog.accept())
-    yield opened
-    context.close()
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
+def viewport() -> dict[str, int]:
+    return {"width": WIDTH, "height": HEIGHT}
 
 
 def _wait_for_a_last_run(app: Celery, names: set[str], timeout_s: float = 60) -> None:

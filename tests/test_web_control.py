@@ -18,7 +18,6 @@ import base64
 import json
 import logging
 import re
-from collections.abc import Iterator
 from html import unescape
 from typing import Any
 from urllib.parse import unquote_plus
@@ -35,7 +34,7 @@ from celery_zdelay.web import create_app
 from celery_zdelay.web.security import BasicAuth
 from tests.conftest import AppFactory
 from tests.support.cli import run
-from tests.web_support import open_store, token_in
+from tests.web_support import token_in
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -53,13 +52,6 @@ def app(make_test_app: AppFactory) -> Celery:
         },
         queues=QUEUES,
     )
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
 
 
 @pytest.fixture

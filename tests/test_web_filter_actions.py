@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from urllib.parse import unquote_plus
 
@@ -25,18 +24,10 @@ import celery_zdelay
 from celery_zdelay.store import Store
 from celery_zdelay.web import app as web_app
 from celery_zdelay.web import create_app
-from tests.web_support import open_store
 
 pytestmark = pytest.mark.timeout(300)
 
 MINUTE_MS = 60_000
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
 
 
 def _park(app: Celery, n: int, countdown: float) -> list[str]:

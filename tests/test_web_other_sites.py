@@ -26,22 +26,21 @@ from werkzeug.test import Client
 from celery_zdelay.store import Store
 from celery_zdelay.web import create_app
 from tests.helpers import CeleryProcess
-from tests.web_support import cookie_of, open_store, raw_request, serve, token_in
+from tests.support.cli import run
+from tests.support.store import is_parked
+from tests.web_support import cookie_of, raw_request, serve, token_in
 
 pytestmark = pytest.mark.timeout(90)
 
 ATTACKER = "attacker.example"
 
 
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
-
-
-def _parked(store: Store, task_id: str) -> bool:
-    return store.client.zscore(store.keys(store.shard_of(task_id)).due, task_id) is not None
+def _cancel(
+    url: str, task_id: str, *, token: str, headers: dict[str, str]
+) -> tuple[int, dict[str, str], str]:
+    """POST the dashboard's cancel of *task_id* with this CSRF token and these headers."""
+    form = {"csrf_token": token, "op": "cancel", "ids": task_id}
+    return raw_request(url, "POST", "/actions/parked", headers=headers, form=form)
 
 
 def test_a_rebound_host_gets_no_page_no_cookie_no_token_and_cannot_cancel(
@@ -63,15 +62,11 @@ def test_a_rebound_host_gets_no_page_no_cookie_no_token_and_cannot_cancel(
         status, headers, body = raw_request(served.url, "GET", "/parked")
         assert status == 200
         cookie, token = cookie_of(headers), token_in(body)
-        status, _, _ = raw_request(
-            served.url,
-            "POST",
-            "/actions/parked",
-            headers={**rebound, "Cookie": cookie},
-            form={"csrf_token": token, "op": "cancel", "ids": parked.id},
+        status, _, _ = _cancel(
+            served.url, parked.id, token=token, headers={**rebound, "Cookie": cookie}
         )
         assert status == 400
-        assert _parked(store, parked.id)
+        assert is_parked(store, parked.id)
         # Names the dashboard serves by default: loopback, any port, any case.
         for host in (f"127.0.0.1:{port}", f"LOCALHOST:{port}", f"[::1]:{port}", "localhost."):
             status, _, _ = raw_request(served.url, "GET", "/", headers={"Host": host})
@@ -84,8 +79,7 @@ def test_an_action_from_a_foreign_origin_or_referer_is_refused_and_changes_nothi
     parked = app.tasks["tests.record"].apply_delayed(("keep me",), countdown=600)
     with serve(app) as served:
         status, headers, body = raw_request(served.url, "GET", "/parked")
-        session = {"Cookie": cookie_of(headers)}
-        form = {"csrf_token": token_in(body), "op": "cancel", "ids": parked.id}
+        session, token = {"Cookie": cookie_of(headers)}, token_in(body)
         own = served.url  # http://127.0.0.1:<port>
         for foreign in (
             {"Origin": f"http://{ATTACKER}"},
@@ -94,23 +88,22 @@ def test_an_action_from_a_foreign_origin_or_referer_is_refused_and_changes_nothi
             {"Referer": f"http://{ATTACKER}/page"},
             {"Origin": f"http://{ATTACKER}", "Referer": own + "/parked"},
         ):
-            status, _, body = raw_request(
-                served.url, "POST", "/actions/parked", headers={**session, **foreign}, form=form
+            status, _, body = _cancel(
+                served.url, parked.id, token=token, headers={**session, **foreign}
             )
             assert status == 403, foreign
             assert "nothing was changed" in body
-            assert _parked(store, parked.id)
+            assert is_parked(store, parked.id)
         # From the dashboard's own page, the same action works.
-        status, headers, _ = raw_request(
+        status, headers, _ = _cancel(
             served.url,
-            "POST",
-            "/actions/parked",
+            parked.id,
+            token=token,
             headers={**session, "Origin": own, "Referer": own + "/parked"},
-            form=form,
         )
         assert status == 303
         assert "cancelled+1+of+1" in headers["location"]
-        assert not _parked(store, parked.id)
+        assert not is_parked(store, parked.id)
 
 
 def test_a_valid_token_sent_with_another_browsers_cookie_is_refused(
@@ -124,26 +117,17 @@ def test_a_valid_token_sent_with_another_browsers_cookie_is_refused(
         _, second_headers, second_page = raw_request(served.url, "GET", "/parked")
         first, second = cookie_of(first_headers), cookie_of(second_headers)
         assert first != second
-        form = {"op": "cancel", "ids": parked.id}
-        status, _, body = raw_request(
-            served.url,
-            "POST",
-            "/actions/parked",
-            headers={"Cookie": second},
-            form={**form, "csrf_token": token_in(first_page)},
+        status, _, body = _cancel(
+            served.url, parked.id, token=token_in(first_page), headers={"Cookie": second}
         )
         assert status == 403
         assert "CSRF" in body
-        assert _parked(store, parked.id)
-        status, _, _ = raw_request(
-            served.url,
-            "POST",
-            "/actions/parked",
-            headers={"Cookie": second},
-            form={**form, "csrf_token": token_in(second_page)},
+        assert is_parked(store, parked.id)
+        status, _, _ = _cancel(
+            served.url, parked.id, token=token_in(second_page), headers={"Cookie": second}
         )
         assert status == 303
-        assert not _parked(store, parked.id)
+        assert not is_parked(store, parked.id)
 
 
 def test_hosts_named_on_purpose_are_served_and_subdomains_only_when_asked(app: Celery) -> None:
@@ -177,12 +161,12 @@ def test_a_flask_mount_refuses_foreign_hosts_and_origins(app: Celery, store: Sto
             "/zdelay/actions/parked", data=form, headers={"Origin": f"http://{ATTACKER}"}
         )
         assert reply.status_code == 403
-        assert _parked(store, parked.id)
+        assert is_parked(store, parked.id)
         reply = client.post(
             "/zdelay/actions/parked", data=form, headers={"Origin": "http://localhost"}
         )
         assert reply.status_code == 303
-        assert not _parked(store, parked.id)
+        assert not is_parked(store, parked.id)
     finally:
         dashboard.close()
     # Flask's own TRUSTED_HOSTS, when set, are the hosts the mount serves.
@@ -212,17 +196,8 @@ def test_a_flask_mount_with_actions_and_no_wrap_warns(
 def test_actions_without_authentication_need_no_auth_and_then_warn(
     app: Celery, processes: list[CeleryProcess]
 ) -> None:
-    from celery.bin.base import CLIContext
-    from click.testing import CliRunner
 
-    from celery_zdelay.cli import zdelay
-
-    result = CliRunner().invoke(
-        zdelay,
-        ["web", "--port", "0", "--actions"],
-        obj=CLIContext(app=app, no_color=True, workdir=None),
-        catch_exceptions=False,
-    )
+    result = run(app, "web", "--port", "0", "--actions")
     assert result.exit_code == 2
     assert "--no-auth" in result.output
     # Said knowingly: it serves, warns, and still serves only its own hosts.
@@ -298,11 +273,11 @@ def test_a_django_mount_follows_allowed_hosts_and_djangos_csrf(
     without = {k: v for k, v in form.items() if k != "csrfmiddlewaretoken"}
     reply = client.post("/ops/actions/parked", without, HTTP_ORIGIN="http://shop.example")
     assert reply.status_code == 403
-    assert _parked(store, parked.id)
+    assert is_parked(store, parked.id)
     # The project's own origin, and one of its CSRF_TRUSTED_ORIGINS, may act.
     reply = client.post("/ops/actions/parked", form, HTTP_ORIGIN="http://shop.example")
     assert reply.status_code == 303, reply.content[:300]
-    assert not _parked(store, parked.id)
+    assert not is_parked(store, parked.id)
     second = app.tasks["tests.record"].apply_delayed((2,), countdown=600)
     reply = client.post(
         "/ops/actions/parked",
@@ -311,4 +286,4 @@ def test_a_django_mount_follows_allowed_hosts_and_djangos_csrf(
         secure=True,
     )
     assert reply.status_code == 303, reply.content[:300]
-    assert not _parked(store, second.id)
+    assert not is_parked(store, second.id)

@@ -12,7 +12,6 @@ tags. A malformed tag says what to write, and an action on it changes nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -27,8 +26,9 @@ from celery_zdelay.web import app as web_app
 from celery_zdelay.web import create_app, queries
 from tests.conftest import AppFactory
 from tests.servers import LocalCluster
+from tests.support.keys import SHARD0
 from tests.support.store import due_ms
-from tests.web_support import open_store, token_in
+from tests.web_support import token_in
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,13 +38,6 @@ MINUTE_MS = 60_000
 @pytest.fixture
 def app(make_test_app: AppFactory) -> Celery:
     return make_test_app(conf={"zdelay_shards": 4})
-
-
-@pytest.fixture
-def store(app: Celery) -> Iterator[Store]:
-    opened = open_store(app)
-    yield opened
-    opened.close()
 
 
 @pytest.fixture
@@ -208,7 +201,7 @@ def test_a_forged_index_entry_cannot_put_a_signed_entry_under_a_tags_bulk_action
     record = app.tasks["tests.record"]
     signed = record.apply_delayed((1,), countdown=3600, tags=["order:1"])
     honest = record.apply_delayed((2,), countdown=3600, tags=["order:9"])
-    redis_client.zadd("{zdelay:0}:tagged", {f"order:9\n{signed.id}": 0})
+    redis_client.zadd(SHARD0.tagged, {f"order:9\n{signed.id}": 0})
     client = Client(create_app(app, actions=True))
 
     # Then the tag's listing shows the honest entry only

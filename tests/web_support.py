@@ -1,21 +1,15 @@
-"""Helpers of the dashboard tests: a served dashboard and a headless Chromium.
+"""Helpers of the dashboard tests: a served dashboard, raw requests, CSRF tokens.
 
-The browser is Debian's ``chromium`` (``make install`` installs it), driven by
-Playwright's Python package through ``executable_path``: Playwright never
-downloads a browser of its own here.
+The headless Chromium they drive is in ``tests/support/browser.py``.
 """
 
 from __future__ import annotations
 
 import http.client
-import json
-import os
 import re
-import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -25,19 +19,6 @@ from werkzeug.serving import make_server
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
 from celery_zdelay.web import Dashboard, create_app
-
-CHROMIUM = os.environ.get("ZDELAY_TEST_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-#: Set to a directory (e.g. docs/_static) to keep the screenshots the tests take.
-SCREENSHOTS = os.environ.get("ZDELAY_WEB_SCREENSHOTS")
 
 
 class Served:
@@ -65,21 +46,6 @@ def serve(celery_app: Celery, *, actions: bool = True, wrap: Any = None) -> Iter
     dashboard = create_app(celery_app, actions=actions)
     with Served(wrap(dashboard) if wrap else dashboard, dashboard) as served:
         yield served
-
-
-@contextmanager
-def chromium(*args: str) -> Iterator[Any]:
-    """A headless Chromium launched by Playwright with CHROMIUM_ARGS and *args*."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=chromium_path(), headless=True, args=[*CHROMIUM_ARGS, *args]
-        )
-        try:
-            yield launched
-        finally:
-            launched.close()
 
 
 def raw_request(
@@ -128,44 +94,5 @@ def token_in(html: str) -> str:
     return found.group(1)
 
 
-def chromium_path() -> str:
-    """Return the system Chromium, failing (never skipping) when it is missing."""
-    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
-        raise AssertionError(
-            f"{CHROMIUM} is missing: run make install (it runs apt-get install -y chromium)."
-        )
-    return CHROMIUM if Path(CHROMIUM).exists() else str(shutil.which("chromium"))
-
-
 def open_store(app: Celery) -> Store:
     return Store(get_config(app))
-
-
-def make_dead_letter(store: Store, task_id: str, reason: str) -> None:
-    """Move a parked entry to the dead-letter set, as the companion does when it refuses one."""
-    keys = store.keys(store.shard_of(task_id))
-    payload = store.client.hget(keys.msg, task_id)
-    assert payload is not None, task_id
-    died_ms = store.time_ms()
-    store.client.zrem(keys.due, task_id)
-    store.client.hdel(keys.msg, task_id)
-    record = json.dumps({"reason": reason, "due_ms": died_ms, "companion": "test"})
-    store.client.hset(keys.dead_msg, task_id, record.encode() + b"\n" + payload)
-    store.client.zadd(keys.dead, {task_id: died_ms})
-
-
-def screenshot(page: Any, name: str, tmp_path: Path) -> Path:
-    """Take a screenshot of the viewport; keep it in SCREENSHOTS when that is set."""
-    target = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
-    target.mkdir(parents=True, exist_ok=True)
-    path = target / name
-    for attempt in range(3):
-        try:
-            page.screenshot(path=str(path))
-            break
-        except Exception as exc:  # Chromium under load: "Unable to capture screenshot"
-            if attempt == 2 or "Unable to capture screenshot" not in str(exc):
-                raise
-            page.wait_for_timeout(500)
-    assert path.stat().st_size > 1000
-    return path

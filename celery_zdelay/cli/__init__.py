@@ -3,19 +3,22 @@
 The commands only parse options and wire the pieces together; the work is
 done by :mod:`celery_zdelay.companion`, :mod:`celery_zdelay.control`,
 :mod:`celery_zdelay.store.admin` and :mod:`celery_zdelay.metrics`, and the
-printing by :mod:`celery_zdelay._views`. One module per group of commands:
+printing by :mod:`.views`. One module per group of commands:
 :mod:`.companion` (the ``zdelay`` group itself), :mod:`.inspect` (status,
 list), :mod:`.steer` (cancel, reschedule), :mod:`.dead`, :mod:`.limit` (limit,
-pause, resume); what they share is in :mod:`._base`. Another package adds
-its group at the end of this file: one import and one ``zdelay.add_command``
-line.
+pause, resume), and the ``periodic`` and ``web`` groups of their packages;
+what they share is in :mod:`._base`. Every one registers its commands the
+same way, with ``@zdelay.command`` or ``@zdelay.group``: a new one is a module
+with those decorators and one import line below.
 """
 
 from __future__ import annotations
 
-from . import dead, inspect, limit, steer  # noqa: F401  (each registers its commands)
+# Each module hangs its commands on the zdelay group when imported.
+from ..periodic import cli as periodic_cli  # noqa: F401
+from ..web import cli as web_cli  # noqa: F401
+from . import dead, inspect, limit, steer  # noqa: F401
 from ._base import (
-    _CONTEXT,
     EXIT_CHECK_FAILED,
     EXIT_CONFIG,
     EXIT_NOT_FOUND,
@@ -24,9 +27,6 @@ from ._base import (
     EXIT_USAGE,
     ZDelayCommand,
     ZDelayGroup,
-    _echo_json,
-    _exit_codes,
-    _json_option,
 )
 from .companion import zdelay
 
@@ -37,24 +37,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
-    "_CONTEXT",
     "ZDelayCommand",
     "ZDelayGroup",
-    "_echo_json",
-    "_exit_codes",
-    "_json_option",
     "zdelay",
 ]
-
-
-def _add_subcommand_groups() -> None:
-    # Imported here: the group modules build on the helpers above.
-    from ..periodic.cli import periodic
-    from ..web.cli import web
-
-    zdelay.add_command(periodic)
-    # The dashboard (celery_zdelay.web); its extra is imported only when it runs.
-    zdelay.add_command(web)
-
-
-_add_subcommand_groups()

@@ -1,10 +1,13 @@
 """What every ``zdelay`` subcommand shares: exit codes, layout, option parsing, errors.
 
-Subcommand groups of other modules (``periodic``, ``web``) build on these too.
+Subcommand groups of other packages (``periodic``, ``web``) build on these
+too: this is a private module of public names, imported as
+``celery_zdelay.cli._base``.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +23,7 @@ from ..schedule import Due, due_from
 from ..store import Store, admin
 
 __all__ = [
+    "CONTEXT_SETTINGS",
     "EXIT_CHECK_FAILED",
     "EXIT_CONFIG",
     "EXIT_NOT_FOUND",
@@ -28,6 +32,16 @@ __all__ = [
     "EXIT_USAGE",
     "ZDelayCommand",
     "ZDelayGroup",
+    "any_relative",
+    "cli_user",
+    "echo_json",
+    "exit_codes",
+    "json_option",
+    "limit_option",
+    "open_store",
+    "parse_shards",
+    "resolve_due",
+    "when_option",
 ]
 
 #: Clean exit, including after SIGTERM/SIGINT.
@@ -43,7 +57,7 @@ EXIT_UNAVAILABLE = 69
 #: A setting or option is invalid (sysexits EX_CONFIG).
 EXIT_CONFIG = 78
 
-_CONTEXT = {"max_content_width": 100}
+CONTEXT_SETTINGS = {"max_content_width": 100}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,7 +118,7 @@ def _parse_when(ctx: click.Context, param: click.Parameter, value: str | None) -
         ) from None
 
 
-def _parse_shards(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+def parse_shards(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     if value is None:
         return None
     try:
@@ -113,7 +127,7 @@ def _parse_shards(ctx: click.Context, param: click.Parameter, value: str | None)
         raise click.BadParameter("use shard numbers separated by commas, e.g. 0,1,2") from None
 
 
-def _json_option(what: str) -> Callable[[F], F]:
+def json_option(what: str) -> Callable[[F], F]:
     return click.option(
         "--json",
         "as_json",
@@ -124,7 +138,7 @@ def _json_option(what: str) -> Callable[[F], F]:
     )
 
 
-def _when_option(flag: str, help: str) -> Callable[[F], F]:
+def when_option(flag: str, help: str) -> Callable[[F], F]:
     """A due-time filter option (``--due-before``/``--due-after``), read by :func:`_parse_when`."""
     return click.option(
         flag,
@@ -136,7 +150,7 @@ def _when_option(flag: str, help: str) -> Callable[[F], F]:
     )
 
 
-def _limit_option() -> Callable[[F], F]:
+def limit_option() -> Callable[[F], F]:
     return click.option(
         "--limit",
         type=click.IntRange(1, admin.MAX_LIST_LIMIT),
@@ -149,9 +163,9 @@ def _limit_option() -> Callable[[F], F]:
 
 
 @contextmanager
-def _store(ctx: click.Context) -> Iterator[Store]:
+def open_store(ctx: click.Context) -> Iterator[Store]:
     """Open the app's store for one command and close it after."""
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         store = Store(get_config(ctx.obj.app))
         try:
             yield store
@@ -159,21 +173,29 @@ def _store(ctx: click.Context) -> Iterator[Store]:
             store.close()
 
 
-def _relative(*whens: Due | None) -> bool:
+def any_relative(*whens: Due | None) -> bool:
     return any(w is not None and w.mode == "r" for w in whens)
 
 
-def _resolve(when: Due | None, now_ms: int) -> int | None:
+def resolve_due(when: Due | None, now_ms: int) -> int | None:
     if when is None:
         return None
     return now_ms + when.ms if when.mode == "r" else when.ms
 
 
-def _echo_json(document: Any) -> None:
+def cli_user() -> str:
+    """Who steers from the command line (cancel, limit, ...), for the audit line and signal."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no user name in a bare container
+        return "cli"
+
+
+def echo_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, sort_keys=False))
 
 
-class _exit_codes:
+class exit_codes:
     """Turn celery-zdelay errors into a message and a named exit code."""
 
     def __init__(self, ctx: click.Context) -> None:

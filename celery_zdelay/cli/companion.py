@@ -16,7 +16,7 @@ from celery.bin.base import LOG_LEVEL, CeleryOption, handle_preload_options
 from .._logjson import JsonFormatter
 from ..errors import ConfigurationError, StoreUnavailableError
 from ..metrics import DEFAULT_METRICS_ADDR
-from ._base import _CONTEXT, EXIT_OK, ZDelayGroup, _exit_codes, _parse_shards
+from ._base import CONTEXT_SETTINGS, EXIT_OK, ZDelayGroup, exit_codes, parse_shards
 
 __all__ = ["zdelay"]
 
@@ -45,12 +45,12 @@ Examples:
     cls=ZDelayGroup,
     invoke_without_command=True,
     epilog=_EPILOG,
-    context_settings=_CONTEXT,
+    context_settings=CONTEXT_SETTINGS,
 )
 @click.option(
     "--shards",
     cls=CeleryOption,
-    callback=_parse_shards,
+    callback=parse_shards,
     help_group="Companion Options",
     help="Shard numbers to release, separated by commas (default: all).",
 )
@@ -183,7 +183,7 @@ def zdelay(
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         created = _companion_once_the_store_answers(
             lambda: Companion(app, shards=shards, beat=beat or None), stopping
         )

@@ -5,20 +5,20 @@ from __future__ import annotations
 import click
 from celery.bin.base import CeleryOption
 
-from .. import _views
 from .._format import count, counted
 from ..store import admin
+from . import views
 from ._base import (
-    _CONTEXT,
+    CONTEXT_SETTINGS,
     EXIT_CHECK_FAILED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     ZDelayCommand,
     ZDelayGroup,
-    _echo_json,
-    _json_option,
-    _limit_option,
-    _store,
+    echo_json,
+    json_option,
+    limit_option,
+    open_store,
 )
 from .companion import zdelay
 
@@ -64,27 +64,31 @@ Exit codes: 0 purged; 1 you answered no; 3 some id was not dead-lettered.
 # -- dead letters -------------------------------------------------------------------
 
 
-@zdelay.group(cls=ZDelayGroup, epilog=_DEAD_EPILOG, context_settings=_CONTEXT)
+@zdelay.group(cls=ZDelayGroup, epilog=_DEAD_EPILOG, context_settings=CONTEXT_SETTINGS)
 def dead() -> None:
     """Entries that could not be published: list, requeue or purge them."""
 
 
-@dead.command("list", cls=ZDelayCommand, epilog=_DEAD_LIST_EPILOG, context_settings=_CONTEXT)
-@_limit_option()
-@_json_option("the entries")
+@dead.command(
+    "list", cls=ZDelayCommand, epilog=_DEAD_LIST_EPILOG, context_settings=CONTEXT_SETTINGS
+)
+@limit_option()
+@json_option("the entries")
 @click.pass_context
 def dead_list(ctx: click.Context, limit: int, as_json: bool) -> None:
     """List dead-lettered entries, most recent first, with the reason."""
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         listing = admin.list_dead(store, limit=limit)
         show_shard = store.config.shards > 1
     if as_json:
-        _echo_json(_views.dead_json(listing))
+        echo_json(views.dead_json(listing))
     else:
-        click.echo(_views.dead_text(listing, show_shard=show_shard))
+        click.echo(views.dead_text(listing, show_shard=show_shard))
 
 
-@dead.command("requeue", cls=ZDelayCommand, epilog=_DEAD_REQUEUE_EPILOG, context_settings=_CONTEXT)
+@dead.command(
+    "requeue", cls=ZDelayCommand, epilog=_DEAD_REQUEUE_EPILOG, context_settings=CONTEXT_SETTINGS
+)
 @click.argument("task_ids", nargs=-1, metavar="[ID...]")
 @click.option(
     "--all",
@@ -99,7 +103,7 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
     """Park dead-lettered entries again, due now, with their original message."""
     if bool(task_ids) == requeue_all:
         raise click.UsageError("Give the ids to requeue, or --all.")
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         if requeue_all:
             requeued, left = admin.requeue_all_dead(store)
             click.echo(f"requeued {counted(requeued, 'entry', 'entries')}, due now")
@@ -118,7 +122,9 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
     ctx.exit(EXIT_OK if all(flags) else EXIT_NOT_FOUND)
 
 
-@dead.command("purge", cls=ZDelayCommand, epilog=_DEAD_PURGE_EPILOG, context_settings=_CONTEXT)
+@dead.command(
+    "purge", cls=ZDelayCommand, epilog=_DEAD_PURGE_EPILOG, context_settings=CONTEXT_SETTINGS
+)
 @click.argument("task_ids", nargs=-1, metavar="[ID...]")
 @click.option(
     "-y",
@@ -131,7 +137,7 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
 @click.pass_context
 def dead_purge(ctx: click.Context, task_ids: tuple[str, ...], yes: bool) -> None:
     """Delete dead-lettered entries for good: the given ids, or all of them."""
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         if task_ids:
             purged = admin.purge_dead(store, task_ids)
             click.echo(f"purged {count(purged)} of {counted(len(task_ids), 'entry', 'entries')}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 from celery.bin.base import CeleryOption
 
-from .. import _views
 from ..limits import controls
 from ..periodic.views import (
     schedule_json,
@@ -16,18 +15,19 @@ from ..periodic.views import (
 from ..schedule import Due
 from ..store import admin
 from ..store.marks import check_marks, repair_marks
+from . import views
 from ._base import (
-    _CONTEXT,
+    CONTEXT_SETTINGS,
     EXIT_CHECK_FAILED,
     EXIT_OK,
     ZDelayCommand,
-    _echo_json,
-    _json_option,
-    _limit_option,
-    _relative,
-    _resolve,
-    _store,
-    _when_option,
+    any_relative,
+    echo_json,
+    json_option,
+    limit_option,
+    open_store,
+    resolve_due,
+    when_option,
 )
 from .companion import zdelay
 from .limit import control_lines
@@ -67,8 +67,8 @@ time (naive times are UTC). Entries due in [--due-after, --due-before) match.
 # -- status ---------------------------------------------------------------------
 
 
-@zdelay.command(cls=ZDelayCommand, epilog=_STATUS_EPILOG, context_settings=_CONTEXT)
-@_json_option("the status")
+@zdelay.command(cls=ZDelayCommand, epilog=_STATUS_EPILOG, context_settings=CONTEXT_SETTINGS)
+@json_option("the status")
 @click.option(
     "--per-shard",
     "--shards",
@@ -104,7 +104,7 @@ def status(
 ) -> None:
     """Show what is parked, overdue, in flight and dead; live companions; Redis safety."""
     max_overdue_ms = round(max_overdue * 1000)
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         current = admin.status(store)
         _, schedules = store_schedules(store)
         held = controls(app=ctx.obj.app)
@@ -123,16 +123,16 @@ def status(
             problems += unserved_problems(store)
     shards = len(current.counts.shards)
     if as_json:
-        document = _views.status_json(
+        document = views.status_json(
             current, shards=shards, problems=problems, max_overdue_ms=max_overdue_ms
         )
         document["periodic"] = [schedule_json(info) for info in schedules]
         document["controls"] = [info.as_json() for info in held]
-        _echo_json(document)
+        echo_json(document)
     elif problems is not None:
-        click.echo(_views.check_text(problems, current))
+        click.echo(views.check_text(problems, current))
     else:
-        click.echo(_views.status_text(current, shards=shards, per_shard=per_shard))
+        click.echo(views.status_text(current, shards=shards, per_shard=per_shard))
         if schedules:
             click.echo("\nPeriodic schedules:\n" + "\n".join(schedule_lines(schedules)))
         if held:
@@ -143,7 +143,7 @@ def status(
 # -- list -----------------------------------------------------------------------
 
 
-@zdelay.command("list", cls=ZDelayCommand, epilog=_LIST_EPILOG, context_settings=_CONTEXT)
+@zdelay.command("list", cls=ZDelayCommand, epilog=_LIST_EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.option(
     "--task",
     metavar="NAME",
@@ -165,10 +165,10 @@ def status(
     help_group="Filter Options",
     help="Only entries tagged TAG (apply_delayed(tags=[...])), read through the tag index.",
 )
-@_when_option("--due-before", "Only entries due before WHEN.")
-@_when_option("--due-after", "Only entries due at or after WHEN.")
-@_limit_option()
-@_json_option("the entries")
+@when_option("--due-before", "Only entries due before WHEN.")
+@when_option("--due-after", "Only entries due at or after WHEN.")
+@limit_option()
+@json_option("the entries")
 @click.pass_context
 def list_(
     ctx: click.Context,
@@ -185,22 +185,22 @@ def list_(
     Arguments are Celery's argsrepr/kwargsrepr headers; message bodies are
     never decoded.
     """
-    with _store(ctx) as store:
-        now_ms = store.time_ms() if _relative(due_before, due_after) else 0
+    with open_store(ctx) as store:
+        now_ms = store.time_ms() if any_relative(due_before, due_after) else 0
         listing = admin.list_parked(
             store,
             task=task,
             queue=queue,
-            due_after_ms=_resolve(due_after, now_ms),
-            due_before_ms=_resolve(due_before, now_ms),
+            due_after_ms=resolve_due(due_after, now_ms),
+            due_before_ms=resolve_due(due_before, now_ms),
             limit=limit,
             tag=tag,
         )
         show_shard = store.config.shards > 1
     if as_json:
-        _echo_json(_views.listing_json(listing))
+        echo_json(views.listing_json(listing))
     else:
-        click.echo(_views.listing_text(listing, show_shard=show_shard))
+        click.echo(views.listing_text(listing, show_shard=show_shard))
 
 
 # -- repair -----------------------------------------------------------------
@@ -216,7 +216,9 @@ disagreement is left (run it again: producers and companions were busy).
 """
 
 
-@zdelay.command("repair", cls=ZDelayCommand, epilog=_REPAIR_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(
+    "repair", cls=ZDelayCommand, epilog=_REPAIR_EPILOG, context_settings=CONTEXT_SETTINGS
+)
 @click.pass_context
 def repair(ctx: click.Context) -> None:
     """Make the key and tag index agree with the parked entries again.
@@ -225,7 +227,7 @@ def repair(ctx: click.Context) -> None:
     changed the keys (a hand edit, an eviction, a restore of an old dump).
     Stale keys, tags and records are removed; missing tags are added.
     """
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         fixed = repair_marks(store)
         left = check_marks(store)
     click.echo(f"repaired {fixed} index entr{'y' if fixed == 1 else 'ies'}")

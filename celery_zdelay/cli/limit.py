@@ -9,9 +9,17 @@ from celery.bin.base import CeleryOption
 
 from .. import limits
 from .._format import utc
-from ._base import _CONTEXT, EXIT_OK, F, ZDelayCommand, _echo_json, _exit_codes, _json_option
+from ._base import (
+    CONTEXT_SETTINGS,
+    EXIT_OK,
+    F,
+    ZDelayCommand,
+    cli_user,
+    echo_json,
+    exit_codes,
+    json_option,
+)
 from .companion import zdelay
-from .steer import _by
 
 __all__ = ["control_lines", "limit", "pause", "resume"]
 
@@ -68,7 +76,7 @@ def _control_options(command: F) -> F:
     return click.argument("name", required=False, metavar="[NAME]")(command)
 
 
-@zdelay.command(cls=ZDelayCommand, epilog=_LIMIT_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(cls=ZDelayCommand, epilog=_LIMIT_EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.argument("name", required=False, metavar="[NAME]")
 @click.argument("rate", required=False, metavar="[RATE]")
 @click.option(
@@ -78,7 +86,7 @@ def _control_options(command: F) -> F:
     help_group="Limit Options",
     help="Most tasks released at once (default: one second's worth of RATE).",
 )
-@_json_option("the limits and pauses")
+@json_option("the limits and pauses")
 @click.pass_context
 def limit(
     ctx: click.Context, name: str | None, rate: str | None, burst: int | None, as_json: bool
@@ -92,24 +100,24 @@ def limit(
     if name is not None and rate is None:
         raise click.UsageError("Give a RATE (such as 50/s, or off) after the NAME.")
     if name is None:
-        with _exit_codes(ctx):
+        with exit_codes(ctx):
             found = limits.controls(app=app)
         if as_json:
-            _echo_json([info.as_json() for info in found])
+            echo_json([info.as_json() for info in found])
         elif not found:
             click.echo("no rate limits or pauses")
         else:
             click.echo("\n".join(control_lines(found)))
         ctx.exit(EXIT_OK)
     assert rate is not None
-    with _exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
+    with exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", limits.UnknownControlWarning)
         new = limits.set_rate_limit(
             name,
             None if rate.lower() in ("off", "none") else rate,
             burst=burst,
             app=app,
-            by=_by(),
+            by=cli_user(),
         )
     for warning in caught:
         click.echo(f"Warning: {warning.message}", err=True)
@@ -119,28 +127,28 @@ def limit(
         click.echo(f"{name}: {new.text} (burst {new.burst})")
 
 
-@zdelay.command(cls=ZDelayCommand, epilog=_PAUSE_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(cls=ZDelayCommand, epilog=_PAUSE_EPILOG, context_settings=CONTEXT_SETTINGS)
 @_control_options
 @click.pass_context
 def pause(ctx: click.Context, name: str | None, queue: str | None, task: str | None) -> None:
     """Hold back the releases of a queue or task until resume."""
     control = _name(name, queue, task)
-    with _exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
+    with exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", limits.UnknownControlWarning)
-        since = limits.pause(control, app=ctx.obj.app, by=_by())
+        since = limits.pause(control, app=ctx.obj.app, by=cli_user())
     for warning in caught:
         click.echo(f"Warning: {warning.message}", err=True)
     click.echo(f"paused {control} (since {utc(since)})")
 
 
-@zdelay.command(cls=ZDelayCommand, epilog=_PAUSE_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(cls=ZDelayCommand, epilog=_PAUSE_EPILOG, context_settings=CONTEXT_SETTINGS)
 @_control_options
 @click.pass_context
 def resume(ctx: click.Context, name: str | None, queue: str | None, task: str | None) -> None:
     """Release a paused queue or task again, overdue tasks first."""
     control = _name(name, queue, task)
-    with _exit_codes(ctx):
-        was = limits.resume(control, app=ctx.obj.app, by=_by())
+    with exit_codes(ctx):
+        was = limits.resume(control, app=ctx.obj.app, by=cli_user())
     click.echo(f"resumed {control}" if was else f"{control} was not paused")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -12,29 +11,22 @@ from celery.bin.base import CeleryOption
 
 from .. import control
 from .._format import counted, duration, parse_duration_ms, relative_due, utc
+from ..app_state import store_for
 from ..errors import ConfigurationError
-from ..parking import store_for
 from ..schedule import Due, due_from
 from ._base import (
-    _CONTEXT,
+    CONTEXT_SETTINGS,
     EXIT_NOT_FOUND,
     EXIT_OK,
     F,
     ZDelayCommand,
-    _exit_codes,
-    _when_option,
+    cli_user,
+    exit_codes,
+    when_option,
 )
 from .companion import zdelay
 
 __all__ = ["cancel", "reschedule"]
-
-
-def _by() -> str:
-    """Who cancels or reschedules from the command line, for the audit line and the signal."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):  # no user name in a bare container
-        return "cli"
 
 
 _CANCEL_EPILOG = """\b
@@ -95,8 +87,8 @@ def _filter_options(what: str) -> Callable[[F], F]:
                 help_group="Filter Options",
                 help=f"{what} every parked task tagged TAG (apply_delayed(tags=[...])).",
             ),
-            _when_option("--due-before", "Only tasks due before WHEN (as for list)."),
-            _when_option("--due-after", "Only tasks due at or after WHEN (as for list)."),
+            when_option("--due-before", "Only tasks due before WHEN (as for list)."),
+            when_option("--due-after", "Only tasks due at or after WHEN (as for list)."),
             click.option(
                 "--dry-run",
                 is_flag=True,
@@ -139,7 +131,7 @@ def _as_when(due: Due | None) -> Any:
     return datetime.fromtimestamp(due.ms / 1000, tz=timezone.utc)
 
 
-@zdelay.command(cls=ZDelayCommand, epilog=_CANCEL_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(cls=ZDelayCommand, epilog=_CANCEL_EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.argument("task_ids", nargs=-1, metavar="[ID...]")
 @_filter_options("Cancel")
 @click.pass_context
@@ -168,13 +160,13 @@ def cancel(
             "--dry-run goes with filters; to see an id, run: celery -A proj zdelay list"
         )
     app = ctx.obj.app
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         if filters is not None:
-            n = control.cancel_matching(dry_run=dry_run, app=app, by=_by(), **filters)
+            n = control.cancel_matching(dry_run=dry_run, app=app, by=cli_user(), **filters)
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would cancel {tasks} (dry run)" if dry_run else f"cancelled {tasks}")
             ctx.exit(EXIT_OK)
-        found = control.cancel_ids(task_ids, app=app, by=_by())
+        found = control.cancel_ids(task_ids, app=app, by=cli_user())
     for task_id, was_parked in zip(task_ids, found, strict=True):
         if was_parked:
             click.echo(f"cancelled   {task_id}")
@@ -199,7 +191,7 @@ def _parse_countdown(ctx: click.Context, param: click.Parameter, value: str | No
         ) from None
 
 
-@zdelay.command(cls=ZDelayCommand, epilog=_RESCHEDULE_EPILOG, context_settings=_CONTEXT)
+@zdelay.command(cls=ZDelayCommand, epilog=_RESCHEDULE_EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.argument("task_id", metavar="[ID]", required=False)
 @click.option(
     "--countdown",
@@ -247,16 +239,16 @@ def reschedule(
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint="--countdown/--eta") from None
     app = ctx.obj.app
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         if filters is not None:
             n = control.reschedule_matching(
-                countdown=countdown, eta=eta, dry_run=dry_run, app=app, by=_by(), **filters
+                countdown=countdown, eta=eta, dry_run=dry_run, app=app, by=cli_user(), **filters
             )
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would reschedule {tasks} (dry run)" if dry_run else f"rescheduled {tasks}")
             ctx.exit(EXIT_OK)
         assert task_id is not None
-        moved = control.reschedule(task_id, countdown=countdown, eta=eta, app=app, by=_by())
+        moved = control.reschedule(task_id, countdown=countdown, eta=eta, app=app, by=cli_user())
         found = control.lookup(task_id, app=app) if moved else None
         now_ms = store_for(app).time_ms()
     if not moved:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from .. import __version__, signals
+from .._format import shard_ranges as _shard_ranges
 from ..bulk_limit import too_large
 from ..config import get_config
 from ..entry import TaskMessage, decode_entry
@@ -865,11 +866,3 @@ class Companion:
             self.store.client.hdel(companions_key(self.config.key_prefix), self.id)
         except Exception:
             logger.debug("Could not remove the heartbeat of %s", self.id, exc_info=True)
-
-
-def _shard_ranges(shards: Sequence[int]) -> str:
-    if not shards:
-        return "none"
-    if list(shards) == list(range(shards[0], shards[-1] + 1)):
-        return f"{shards[0]}-{shards[-1]}" if len(shards) > 1 else str(shards[0])
-    return ",".join(map(str, shards))

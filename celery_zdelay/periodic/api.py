@@ -10,8 +10,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..app_state import cached, store_for
 from ..errors import ConfigurationError
-from ..parking import send_delayed, store_for
+from ..parking import send_delayed
 from .definition import SOURCE_API, from_beat_entry, validate_spec
 from .store import COUNTERS, PeriodicStore, Pointer
 
@@ -279,9 +280,8 @@ def _last_run(run: tuple[int, int] | None, past: list[int]) -> int | None:
 
 
 def _periodic(app: Celery) -> PeriodicStore:
-    cached: PeriodicStore | None = getattr(app, "_zdelay_periodic", None)
     store = store_for(app)
-    if cached is None or cached.store is not store:
-        cached = PeriodicStore(store)
-        app._zdelay_periodic = cached
-    return cached
+    periodic: PeriodicStore = cached(
+        app, "periodic", lambda: PeriodicStore(store), valid=lambda known: known.store is store
+    )
+    return periodic

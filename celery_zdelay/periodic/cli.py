@@ -12,16 +12,17 @@ import click
 from celery.bin.base import CeleryOption
 from celery.schedules import crontab
 
-from ..cli import (
-    _CONTEXT,
+from ..cli._base import (
+    CONTEXT_SETTINGS,
     EXIT_NOT_FOUND,
     EXIT_OK,
     ZDelayCommand,
     ZDelayGroup,
-    _echo_json,
-    _exit_codes,
-    _json_option,
+    echo_json,
+    exit_codes,
+    json_option,
 )
+from ..cli.companion import zdelay
 from . import api
 from .definition import MAX_OVERLAP_TIMEOUT_SECONDS, MISSED_POLICIES, OVERLAP_POLICIES
 from .views import schedule_json, schedule_lines, unserved_lines
@@ -46,7 +47,7 @@ Exit codes: 0 done; 3 no schedule has that name; 69 Redis unreachable;
 """
 
 
-@click.group(cls=ZDelayGroup, epilog=_EPILOG, context_settings=_CONTEXT)
+@zdelay.group(cls=ZDelayGroup, epilog=_EPILOG, context_settings=CONTEXT_SETTINGS)
 def periodic() -> None:
     """Periodic tasks the companions serve (zdelay_beat / --beat): list and steer them."""
 
@@ -60,10 +61,10 @@ def _examples(*lines: str) -> str:
 @periodic.command(
     "list",
     cls=ZDelayCommand,
-    context_settings=_CONTEXT,
+    context_settings=CONTEXT_SETTINGS,
     epilog=_examples("list", "list --json | jq '.schedules[] | {name, next_run_ms}'"),
 )
-@_json_option("the schedules")
+@json_option("the schedules")
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
     """List the stored schedules with their next and last run, and whether paused.
@@ -71,11 +72,11 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     Then the entries no companion serves (a django-celery-beat row with an
     unknown task, an invalid crontab...), each with why.
     """
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         now_ms, infos = api.schedules(ctx.obj.app)
         unserved = api.unserved(ctx.obj.app)
     if as_json:
-        _echo_json(
+        echo_json(
             {
                 "now_ms": now_ms,
                 "schedules": [schedule_json(i) for i in infos],
@@ -93,7 +94,7 @@ def _named(verb: str, action: Any) -> Any:
     @click.argument("name")
     @click.pass_context
     def command(ctx: click.Context, name: str) -> None:
-        with _exit_codes(ctx):
+        with exit_codes(ctx):
             done = action(name, app=ctx.obj.app)
         if not done:
             click.echo(
@@ -109,34 +110,37 @@ def _named(verb: str, action: Any) -> Any:
 periodic.command(
     "pause",
     cls=ZDelayCommand,
-    context_settings=_CONTEXT,
+    context_settings=CONTEXT_SETTINGS,
     help="Pause a schedule until resumed; what it parked is cancelled.",
     epilog=_examples("pause nightly-report"),
 )(_named("paused", api.pause))
 periodic.command(
     "resume",
     cls=ZDelayCommand,
-    context_settings=_CONTEXT,
+    context_settings=CONTEXT_SETTINGS,
     help="Resume a paused schedule from now; occurrences while paused do not run.",
     epilog=_examples("resume nightly-report"),
 )(_named("resumed", api.resume))
 periodic.command(
     "remove",
     cls=ZDelayCommand,
-    context_settings=_CONTEXT,
+    context_settings=CONTEXT_SETTINGS,
     help="Remove a schedule and cancel what it parked.",
     epilog=_examples("remove clean-up"),
 )(_named("removed", api.remove))
 
 
 @periodic.command(
-    "run", cls=ZDelayCommand, context_settings=_CONTEXT, epilog=_examples("run nightly-report")
+    "run",
+    cls=ZDelayCommand,
+    context_settings=CONTEXT_SETTINGS,
+    epilog=_examples("run nightly-report"),
 )
 @click.argument("name")
 @click.pass_context
 def run(ctx: click.Context, name: str) -> None:
     """Run a schedule's task once now, outside its schedule."""
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         _require_schedule(ctx, name)
         task_id = api.run_now(name, app=ctx.obj.app)
     click.echo(f"sent {task_id}")
@@ -161,7 +165,7 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @periodic.command(
     "add",
     cls=ZDelayCommand,
-    context_settings=_CONTEXT,
+    context_settings=CONTEXT_SETTINGS,
     epilog=_examples(
         "add clean-up --task proj.tasks.clean_up --every 3600",
         "add report --task proj.tasks.report --crontab '0 3 * * *' --args '[\"sales\"]'",
@@ -319,7 +323,7 @@ def add(
             )
         except Exception as exc:
             raise click.BadParameter(f"{cron!r}: {exc}") from None
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         changed = api.add(
             name,
             app=ctx.obj.app,
@@ -344,7 +348,7 @@ def add(
 @periodic.command(
     "backfill",
     cls=ZDelayCommand,
-    context_settings=_CONTEXT,
+    context_settings=CONTEXT_SETTINGS,
     epilog=_examples(
         "backfill nightly-report --since 2026-07-01T00:00:00Z",
         "backfill poll --since 2026-07-01T08:00:00Z --until 2026-07-01T09:00:00Z",
@@ -375,7 +379,7 @@ def backfill(ctx: click.Context, name: str, since: str, until: str | None) -> No
     under its own occurrence id, once: running the same backfill again runs
     nothing more.
     """
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         _require_schedule(ctx, name)
         parked = api.backfill(name, app=ctx.obj.app, since=since, until=until)
     for task_id in parked:
@@ -386,7 +390,7 @@ def backfill(ctx: click.Context, name: str, since: str, until: str | None) -> No
 @periodic.command(
     "sync",
     cls=ZDelayCommand,
-    context_settings=_CONTEXT,
+    context_settings=CONTEXT_SETTINGS,
     epilog=_examples("sync", "sync --force     # roll back to this beat_schedule"),
 )
 @click.option(
@@ -399,7 +403,7 @@ def backfill(ctx: click.Context, name: str, since: str, until: str | None) -> No
 @click.pass_context
 def sync(ctx: click.Context, force: bool) -> None:
     """Store this app's beat_schedule in Redis now, as a starting companion does."""
-    with _exit_codes(ctx):
+    with exit_codes(ctx):
         status = api.sync(ctx.obj.app, force=force)
     messages = {
         "same": "beat_schedule already stored",

@@ -103,8 +103,8 @@ def start_run(task: Any) -> None:
     key = held_key(request)
     if key is None or request.is_eager or not request.id:
         return
+    from ..app_state import store_for
     from ..keys import hold_ms
-    from ..parking import store_for
     from ..store.marks import start_run as take_key
     from .store import PeriodicStore
 

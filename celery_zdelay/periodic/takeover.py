@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from ..app_state import set_value, value
+
 if TYPE_CHECKING:
     from celery import Celery
 
@@ -31,12 +33,10 @@ __all__ = ["beat_last_runs", "set_since", "since_for"]
 
 logger = logging.getLogger(__name__)
 
-_SINCE_ATTR = "_zdelay_beat_since"
-
 
 def set_since(app: Celery, since_ms: int | None) -> None:
     """Make entries stored for the first time by *app*'s companions go on from *since_ms*."""
-    setattr(app, _SINCE_ATTR, since_ms)
+    set_value(app, "since", since_ms)
 
 
 def since_for(app: Celery, names: list[str]) -> dict[str, int]:
@@ -46,7 +46,7 @@ def since_for(app: Celery, names: list[str]) -> dict[str, int]:
     else the ``--since`` time for every name, else nothing (new entries
     start from now). Only entries stored for the first time use it.
     """
-    since: int | None = getattr(app, _SINCE_ATTR, None)
+    since: int | None = value(app, "since")
     path = str(app.conf.beat_schedule_filename or "")
     runs = beat_last_runs(path) if path else {}
     result = {name: since for name in names if since is not None}

@@ -17,7 +17,6 @@ decoded.
 
 from __future__ import annotations
 
-from ._shared import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 from .counts import Counts, ShardCounts, counts
 from .deadletters import DeadEntry, list_dead, purge_dead, requeue_all_dead, requeue_dead
 from .health import (
@@ -36,6 +35,7 @@ from .health import (
     wake_problem,
 )
 from .listing import MAX_SCAN, Listing, ParkedEntry, list_parked
+from .reading import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 
 __all__ = [
     "COMPANION_ALIVE_MS",

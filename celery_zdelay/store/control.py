@@ -27,7 +27,7 @@ from ..rates import RateLimit, parse_limit
 from .client import unavailable_as_error
 from .keys import control_keys, held_key, lanes_key
 from .scripts import guarded
-from .store import ClaimResult, Store, _claim_result
+from .store import ClaimResult, Store, claim_result
 
 __all__ = ["REMOVED", "ControlState", "ControlStore"]
 
@@ -206,7 +206,7 @@ class ControlStore:
                 args=[lease_ms, limit, 0],
                 client=self.store.client,
             )
-        return _claim_result(reply, offset=4)
+        return claim_result(reply, offset=4)
 
     def forget_lane(self, shard: int, name: str) -> bool:
         """Forget *name*'s held set on *shard* if it is empty; return whether it was."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ._shared import SEQ as _SEQ
-from ._shared import _shards
+from ..due_score import due_ms_of, last_score_of
 from .client import unavailable_as_error
+from .reading import leased_due_ms, selected_shards
 from .store import Store
 
 __all__ = ["Counts", "ShardCounts", "counts"]
@@ -87,10 +87,10 @@ def counts(store: Store, shards: Iterable[int] | None = None) -> Counts:
     back to back but not in one transaction: under load they can be a few
     entries apart, never more than what moved meanwhile.
     """
-    numbers = _shards(store, shards)
+    numbers = selected_shards(store, shards)
     now_ms = store.time_ms()
     # An entry is overdue when claim.lua would take it now: score below (now + 1 ms) * 1024.
-    due_now = now_ms * _SEQ + _SEQ - 1
+    due_now = last_score_of(now_ms)
     with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
         for shard in numbers:
             keys = store.keys(shard)
@@ -110,8 +110,8 @@ def counts(store: Store, shards: Iterable[int] | None = None) -> Counts:
         ]
         # Read a moment after ZCARD: never report more overdue than parked.
         waiting_late = min(int(overdue), int(parked))
-        ages = [now_ms - int(head[0][1]) // _SEQ] if waiting_late and head else []
-        flying_late = [now_ms - due for due in map(_leased_due_ms, leased) if due <= now_ms]
+        ages = [now_ms - due_ms_of(head[0][1])] if waiting_late and head else []
+        flying_late = [now_ms - due for due in map(leased_due_ms, leased) if due <= now_ms]
         ages += flying_late
         result.append(
             ShardCounts(
@@ -121,13 +121,8 @@ def counts(store: Store, shards: Iterable[int] | None = None) -> Counts:
                 oldest_overdue_age_ms=max(*ages, 0) if ages else None,
                 in_flight=int(in_flight),
                 dead=int(dead),
-                next_due_ms=int(upcoming[0][1]) // _SEQ if upcoming else None,
+                next_due_ms=due_ms_of(upcoming[0][1]) if upcoming else None,
                 overdue_in_flight=len(flying_late),
             )
         )
     return Counts(now_ms=now_ms, shards=result)
-
-
-def _leased_due_ms(record: bytes) -> int:
-    """Return the due ms of an in-flight entry from its leased record ("<score> <token>")."""
-    return int(bytes(record).split()[0]) // _SEQ

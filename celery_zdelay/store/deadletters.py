@@ -8,20 +8,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ._shared import (
-    ADMIN_BATCH,
-    DEFAULT_LIST_LIMIT,
-    _check_limit,
-    _describe,
-    _optional,
-    _shards,
-    _text,
-)
 from .client import unavailable_as_error
 from .listing import Listing
+from .reading import (
+    ADMIN_BATCH,
+    DEFAULT_LIST_LIMIT,
+    as_text,
+    check_limit,
+    describe,
+    optional_str,
+    selected_shards,
+)
 from .store import Store
 
-__all__ = ["DeadEntry", "list_dead", "purge_dead", "requeue_all_dead", "requeue_dead"]
+__all__ = ["DeadEntry", "dead_entry", "list_dead", "purge_dead", "requeue_all_dead", "requeue_dead"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ def list_dead(
     store: Store, *, limit: int = DEFAULT_LIST_LIMIT, shards: Iterable[int] | None = None
 ) -> Listing:
     """Return dead-lettered entries, most recent first, at most *limit* of them."""
-    _check_limit(limit)
-    numbers = _shards(store, shards)
+    check_limit(limit)
+    numbers = selected_shards(store, shards)
     now_ms = store.time_ms()
     found: list[DeadEntry] = []
     more = False
@@ -73,16 +73,17 @@ def list_dead(
             )
         more = more or len(members) > limit
         for (member, died), record in zip(members, stored, strict=True):
-            found.append(_dead_entry(store, _text(member), shard, int(died), record))
+            found.append(dead_entry(store, as_text(member), shard, int(died), record))
     found.sort(key=lambda e: (-e.died_ms, e.shard, e.task_id))
     if len(found) > limit:
         more = True
     return Listing(now_ms=now_ms, entries=found[:limit], more=more)
 
 
-def _dead_entry(
+def dead_entry(
     store: Store, task_id: str, shard: int, died_ms: int, record: bytes | None
 ) -> DeadEntry:
+    """Return the dead letter of *task_id* from its stored record (reason line, entry)."""
     reason: dict[str, Any] = {}
     payload: bytes | None = None
     if record is not None:
@@ -92,20 +93,20 @@ def _dead_entry(
             reason = parsed if isinstance(parsed, dict) else {}
         except ValueError:
             reason = {"reason": reason_line.decode(errors="replace")}
-    headers, queue, error = _describe(payload or None, store.templates(shard))
+    headers, queue, error = describe(payload or None, store.templates(shard))
     due_ms = reason.get("due_ms")
     return DeadEntry(
         task_id=task_id,
         shard=shard,
         died_ms=died_ms,
         due_ms=int(due_ms) if isinstance(due_ms, (int, float)) else None,
-        reason=_optional(reason.get("reason")),
-        companion=_optional(reason.get("companion")),
-        task=_optional(headers.get("task")),
+        reason=optional_str(reason.get("reason")),
+        companion=optional_str(reason.get("companion")),
+        task=optional_str(headers.get("task")),
         queue=queue,
-        argsrepr=_optional(headers.get("argsrepr")),
-        kwargsrepr=_optional(headers.get("kwargsrepr")),
-        expires=_optional(headers.get("expires")),
+        argsrepr=optional_str(headers.get("argsrepr")),
+        kwargsrepr=optional_str(headers.get("kwargsrepr")),
+        expires=optional_str(headers.get("expires")),
         error=error,
     )
 
@@ -137,7 +138,7 @@ def requeue_all_dead(store: Store, shards: Iterable[int] | None = None) -> tuple
     running companion dead-letters again is left for the next call, so this
     always ends.
     """
-    numbers = _shards(store, shards)
+    numbers = selected_shards(store, shards)
     until_ms = store.time_ms()
     requeued = left = 0
     for shard in numbers:
@@ -151,7 +152,7 @@ def requeue_all_dead(store: Store, shards: Iterable[int] | None = None) -> tuple
                 )
             if not members:
                 break
-            flags = _requeue_call(store, shard, [_text(m) for m in members])
+            flags = _requeue_call(store, shard, [as_text(m) for m in members])
             requeued += sum(flags)
             offset += len(flags) - sum(flags)
         left += offset
@@ -196,7 +197,7 @@ def purge_dead(
         for task_id in task_ids:
             by_shard.setdefault(store.shard_of(task_id), []).append(task_id)
         return sum(_purge_call(store, shard, ids) for shard, ids in by_shard.items())
-    numbers = _shards(store, shards)
+    numbers = selected_shards(store, shards)
     # Only what died before the call, so a companion dead-lettering as fast
     # as we delete cannot keep this running.
     until_ms = store.time_ms()
@@ -209,7 +210,7 @@ def purge_dead(
                 )
             if not members:
                 break
-            purged += _purge_call(store, shard, [_text(m) for m in members])
+            purged += _purge_call(store, shard, [as_text(m) for m in members])
     return purged
 
 

@@ -16,10 +16,10 @@ import redis
 
 from .._format import duration
 from ..config import MAX_SHARDS
-from ._shared import _text
 from .client import sanitize_url, unavailable_as_error
 from .counts import Counts, counts
 from .keys import companions_key, shard_keys
+from .reading import as_text as _text
 from .store import Store
 
 __all__ = [

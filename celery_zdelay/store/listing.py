@@ -11,21 +11,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..due_score import due_ms_of
 from ..entry import parked_ms
-from ._shared import (
+from .client import unavailable_as_error
+from .marks import mark_records, parse_record, tagged_ids
+from .reading import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
-    _check_limit,
-    _describe,
-    _matches,
-    _optional,
-    _shards,
-    _still_in,
-    _text,
+    SCAN_PAGE,
+    as_text,
+    check_limit,
+    describe,
+    leased_score,
+    matches_patterns,
+    optional_str,
+    scan_parked,
+    selected_shards,
 )
-from ._shared import SEQ as _SEQ
-from .client import unavailable_as_error
-from .marks import parse_record, tagged_ids
 from .store import Store
 
 __all__ = [
@@ -34,13 +36,13 @@ __all__ = [
     "MAX_SCAN",
     "Listing",
     "ParkedEntry",
+    "describe_entry",
+    "in_flight_in_shard",
     "list_parked",
 ]
 
 #: Most entries per shard a filtered listing (``task=``) reads before it stops.
 MAX_SCAN = 10_000
-#: Entries read per round trip when a listing filters by task name.
-_PAGE = 500
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,9 @@ def list_parked(
     read; with them, each shard reads at most *scan_limit* entries, in pages.
     With *tag*, only the entries of that tag are read, through its index.
     """
-    _check_limit(limit)
-    numbers = _shards(store, shards)
+    check_limit(limit)
+    numbers = selected_shards(store, shards)
     now_ms = store.time_ms()
-    low = "-inf" if due_after_ms is None else str(due_after_ms * _SEQ)
-    high = "+inf" if due_before_ms is None else f"({due_before_ms * _SEQ}"
     found: list[tuple[int, int, ParkedEntry]] = []
     more = False
     wanted = _matcher(task, queue)
@@ -115,9 +115,11 @@ def list_parked(
         if tag is not None:
             found += _tagged_in_shard(store, shard, tag, due_after_ms, due_before_ms, wanted)
             continue
-        entries, shard_more = _parked_in_shard(store, shard, low, high, wanted, limit, scan_limit)
+        entries, shard_more = _parked_in_shard(
+            store, shard, due_after_ms, due_before_ms, wanted, limit, scan_limit
+        )
         found += entries
-        found += _in_flight_in_shard(store, shard, due_after_ms, due_before_ms, wanted)
+        found += in_flight_in_shard(store, shard, due_after_ms, due_before_ms, wanted)
         more = more or shard_more
     found.sort(key=lambda item: (item[0], item[1]))
     if len(found) > limit:
@@ -131,7 +133,7 @@ def _matcher(task: str | None, queue: str | None) -> Callable[[ParkedEntry], boo
         return None
 
     def wanted(entry: ParkedEntry) -> bool:
-        return _matches(entry.task, entry.queue, task, queue)
+        return matches_patterns(entry.task, entry.queue, task, queue)
 
     return wanted
 
@@ -139,56 +141,44 @@ def _matcher(task: str | None, queue: str | None) -> Callable[[ParkedEntry], boo
 def _parked_in_shard(
     store: Store,
     shard: int,
-    low: str,
-    high: str,
+    due_after_ms: int | None,
+    due_before_ms: int | None,
     wanted: Callable[[ParkedEntry], bool] | None,
     limit: int,
     scan_limit: int,
 ) -> tuple[list[tuple[int, int, ParkedEntry]], bool]:
     """Return up to limit + 1 matching entries of *shard*, and whether the scan was cut short."""
-    keys = store.keys(shard)
     matches: list[tuple[int, int, ParkedEntry]] = []
-    offset = 0
-    while True:
-        page = limit + 1 if wanted is None else min(_PAGE, scan_limit - offset)
-        with unavailable_as_error(store.url):
-            # The store's client returns bytes (decode_responses=False).
-            members = cast(
-                "list[tuple[bytes, float]]",
-                store.client.zrangebyscore(
-                    keys.due, low, high, start=offset, num=page, withscores=True
-                ),
-            )
-            payloads = cast(
-                "list[bytes | None]",
-                store.client.hmget(keys.msg, [m for m, _ in members]) if members else [],
-            )
-            missing = [m for (m, _), p in zip(members, payloads, strict=True) if p is None]
-            still_parked = _still_in(store, keys.due, missing)
-            records = _records(store, shard, [m for m, _ in members])
-        for (member, score), payload, record in zip(members, payloads, records, strict=True):
-            task_id = _text(member)
-            if payload is None and member not in still_parked:
-                continue  # released between the two reads
-            entry = _parked_entry(store, task_id, shard, int(score), payload, record=record)
-            if wanted is not None and not wanted(entry):
-                continue
-            matches.append((int(score), shard, entry))
-        offset += len(members)
-        if wanted is None or len(matches) > limit or len(members) < page:
+    read = 0
+    for scanned in scan_parked(
+        store,
+        shards=[shard],
+        due_after_ms=due_after_ms,
+        due_before_ms=due_before_ms,
+        # Unfiltered, the first limit + 1 entries are the answer: one read.
+        first_page=limit + 1 if wanted is None else SCAN_PAGE,
+        per_shard=None if wanted is None else scan_limit,
+        records=True,
+    ):
+        read += 1
+        entry = describe_entry(
+            store, scanned.task_id, shard, scanned.score, scanned.payload, record=scanned.record
+        )
+        if wanted is None or wanted(entry):
+            matches.append((scanned.score, shard, entry))
+        if len(matches) > limit:
             return matches, False
-        if offset >= scan_limit:
-            return matches, True
+    return matches, wanted is not None and read >= scan_limit
 
 
-def _in_flight_in_shard(
+def in_flight_in_shard(
     store: Store,
     shard: int,
     due_after_ms: int | None,
     due_before_ms: int | None,
     wanted: Callable[[ParkedEntry], bool] | None,
 ) -> list[tuple[int, int, ParkedEntry]]:
-    """Return the in-flight entries of *shard* that match, as :func:`_parked_in_shard` does.
+    """Return the in-flight entries of *shard* that match, with their scores, in no order.
 
     They are listed too: an entry a companion holds while the broker is down
     is still waiting to run, and late if its due time passed. The set is
@@ -201,17 +191,17 @@ def _in_flight_in_shard(
         payloads = cast(
             "list[bytes | None]", store.client.hmget(keys.msg, members) if members else []
         )
-        records = _records(store, shard, members)
+        records = mark_records(store, shard, members)
     found = []
     for member, payload, record in zip(members, payloads, records, strict=True):
-        score = int(bytes(leased[member]).split()[0])
-        due_ms = score // _SEQ
+        score = leased_score(leased[member])
+        due_ms = due_ms_of(score)
         if due_after_ms is not None and due_ms < due_after_ms:
             continue
         if due_before_ms is not None and due_ms >= due_before_ms:
             continue
-        entry = _parked_entry(
-            store, _text(member), shard, score, payload, in_flight=True, record=record
+        entry = describe_entry(
+            store, as_text(member), shard, score, payload, in_flight=True, record=record
         )
         if wanted is not None and not wanted(entry):
             continue
@@ -219,7 +209,7 @@ def _in_flight_in_shard(
     return found
 
 
-def _parked_entry(
+def describe_entry(
     store: Store,
     task_id: str,
     shard: int,
@@ -229,31 +219,24 @@ def _parked_entry(
     in_flight: bool = False,
     record: bytes | None = None,
 ) -> ParkedEntry:
-    headers, queue, error = _describe(payload, store.templates(shard))
-    marks = parse_record(_text(record)) if record is not None else None
+    """Return the entry parked (or *in_flight*) under *task_id*, as a listing shows it."""
+    headers, queue, error = describe(payload, store.templates(shard))
+    marks = parse_record(as_text(record)) if record is not None else None
     return ParkedEntry(
         task_id=task_id,
         shard=shard,
-        due_ms=score // _SEQ,
-        task=_optional(headers.get("task")),
+        due_ms=due_ms_of(score),
+        task=optional_str(headers.get("task")),
         queue=queue,
-        argsrepr=_optional(headers.get("argsrepr")),
-        kwargsrepr=_optional(headers.get("kwargsrepr")),
-        expires=_optional(headers.get("expires")),
+        argsrepr=optional_str(headers.get("argsrepr")),
+        kwargsrepr=optional_str(headers.get("kwargsrepr")),
+        expires=optional_str(headers.get("expires")),
         error=error,
         in_flight=in_flight,
         parked_ms=parked_ms(payload),
         key=marks.key if marks else None,
         tags=marks.tags if marks else (),
     )
-
-
-def _records(store: Store, shard: int, members: list[bytes]) -> list[bytes | None]:
-    """The key and tag records (``store/marks.py``) of *members*; one read, none without marks."""
-    if not members:
-        return []
-    fields = [b"i:" + member for member in members]
-    return cast("list[bytes | None]", store.client.hmget(store.keys(shard).marks, fields))
 
 
 def _tagged_in_shard(
@@ -275,7 +258,7 @@ def _tagged_in_shard(
         pipe.hmget(keys.leased, members)
         pipe.hmget(keys.msg, members)
         scores, leased, payloads = pipe.execute()
-    records = _records(store, shard, members)
+    records = mark_records(store, shard, members)
     found = []
     for member, score, lease, payload, record in zip(
         members, scores, leased, payloads, records, strict=True
@@ -283,14 +266,14 @@ def _tagged_in_shard(
         if score is None and lease is None:
             continue
         in_flight = score is None
-        due_score = int(score) if score is not None else int(bytes(lease).split()[0])
-        due_ms = due_score // _SEQ
+        due_score = int(score) if score is not None else leased_score(lease)
+        due_ms = due_ms_of(due_score)
         if due_after_ms is not None and due_ms < due_after_ms:
             continue
         if due_before_ms is not None and due_ms >= due_before_ms:
             continue
-        entry = _parked_entry(
-            store, _text(member), shard, due_score, payload, in_flight=in_flight, record=record
+        entry = describe_entry(
+            store, as_text(member), shard, due_score, payload, in_flight=in_flight, record=record
         )
         if wanted is None or wanted(entry):
             found.append((due_score, shard, entry))

@@ -12,19 +12,27 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
+from ..due_score import due_ms_of
 from ..entry import decode_entry, parked_ms
 from ..errors import EntryError
 from ..keys import TAGS_HEADER
-from ._shared import SEQ as _SEQ
-from ._shared import _describe, _matches, _optional, _shards, _text
 from .client import unavailable_as_error
-from .deadletters import _dead_entry
+from .deadletters import dead_entry
 from .marks import parse_record, tagged_ids
+from .reading import (
+    as_text,
+    describe,
+    leased_score,
+    matches_patterns,
+    optional_str,
+    scan_parked,
+    selected_shards,
+)
 from .store import Store
 
-__all__ = ["EntryState", "ParkedTask", "find", "select"]
+__all__ = ["EntryState", "ParkedTask", "find", "select", "signed_with_tag"]
 
 EntryState = Literal["parked", "in_flight", "dead"]
 
@@ -90,14 +98,14 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
         score, leased, payload, died, record, (marked, dead_marked) = pipe.execute()
     if score is not None or leased is not None:
         state: EntryState = "parked" if score is not None else "in_flight"
-        headers, queue, error = _describe(payload, store.templates(shard))
+        headers, queue, error = describe(payload, store.templates(shard))
         # The leased record starts with the due score (then the claim token).
-        due_score = int(score) if score is not None else int(bytes(leased).split()[0])
+        due_score = int(score) if score is not None else leased_score(leased)
         return ParkedTask(
             task_id=task_id,
             state=state,
-            due_ms=due_score // _SEQ,
-            task=_optional(headers.get("task")),
+            due_ms=due_ms_of(due_score),
+            task=optional_str(headers.get("task")),
             queue=queue,
             shard=shard,
             reason=error,
@@ -105,7 +113,7 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
             **_marks(marked),
         )
     if died is not None:
-        dead = _dead_entry(store, task_id, shard, int(died), record)
+        dead = dead_entry(store, task_id, shard, int(died), record)
         return ParkedTask(
             task_id=task_id,
             state="dead",
@@ -124,7 +132,7 @@ def _marks(record: bytes | None) -> dict[str, Any]:
     """The key, on_key and tags fields of a :class:`ParkedTask`, from the index record."""
     if record is None:
         return {}
-    marks = parse_record(_text(record))
+    marks = parse_record(as_text(record))
     return {"key": marks.key, "on_key": marks.on_key, "tags": marks.tags}
 
 
@@ -148,33 +156,21 @@ def select(
     """
     if tag is not None:
         return _select_tagged(store, tag, task, queue, due_after_ms, due_before_ms, shards)
-    low = "-inf" if due_after_ms is None else str(due_after_ms * _SEQ)
-    high = "+inf" if due_before_ms is None else f"({due_before_ms * _SEQ}"
+    filtered = task is not None or queue is not None
     found: list[str] = []
-    for shard in _shards(store, shards):
-        keys = store.keys(shard)
-        offset = 0
-        while True:
-            with unavailable_as_error(store.url):
-                members = cast(
-                    "list[bytes]",
-                    store.client.zrangebyscore(keys.due, low, high, start=offset, num=_PAGE),
-                )
-                payloads = cast(
-                    "list[bytes | None]",
-                    store.client.hmget(keys.msg, members)
-                    if members and (task is not None or queue is not None)
-                    else [None] * len(members),
-                )
-            for member, payload in zip(members, payloads, strict=True):
-                if task is not None or queue is not None:
-                    headers, routing_key, _ = _describe(payload, store.templates(shard))
-                    if not _matches(headers.get("task"), routing_key, task, queue):
-                        continue
-                found.append(_text(member))
-            offset += len(members)
-            if len(members) < _PAGE:
-                break
+    for scanned in scan_parked(
+        store,
+        shards=shards,
+        due_after_ms=due_after_ms,
+        due_before_ms=due_before_ms,
+        first_page=_PAGE,
+        payloads=filtered,
+    ):
+        if filtered:
+            headers, routing_key, _ = describe(scanned.payload, store.templates(scanned.shard))
+            if not matches_patterns(headers.get("task"), routing_key, task, queue):
+                continue
+        found.append(scanned.task_id)
     return found
 
 
@@ -195,7 +191,7 @@ def _select_tagged(
     """
     signing_keys = store.config.signing_keys
     found: list[tuple[int, str]] = []
-    for shard in _shards(store, shards):
+    for shard in selected_shards(store, shards):
         keys = store.keys(shard)
         ids = tagged_ids(store, tag, shards=[shard])
         read_payloads = task is not None or queue is not None or bool(signing_keys)
@@ -209,22 +205,22 @@ def _select_tagged(
             for task_id, score, payload in zip(chunk, scores, payloads, strict=True):
                 if score is None:
                     continue  # in flight: it cannot be cancelled or moved any more
-                due_ms = int(score) // _SEQ
+                due_ms = due_ms_of(score)
                 if due_after_ms is not None and due_ms < due_after_ms:
                     continue
                 if due_before_ms is not None and due_ms >= due_before_ms:
                     continue
                 if read_payloads:
-                    headers, routing_key, _ = _describe(payload, store.templates(shard))
-                    if not _matches(headers.get("task"), routing_key, task, queue):
+                    headers, routing_key, _ = describe(payload, store.templates(shard))
+                    if not matches_patterns(headers.get("task"), routing_key, task, queue):
                         continue
-                    if signing_keys and not _signed_with_tag(store, shard, task_id, payload, tag):
+                    if signing_keys and not signed_with_tag(store, shard, task_id, payload, tag):
                         continue
                 found.append((int(score), task_id))
     return [task_id for _, task_id in sorted(found)]
 
 
-def _signed_with_tag(store: Store, shard: int, task_id: str, payload: Any, tag: str) -> bool:
+def signed_with_tag(store: Store, shard: int, task_id: str, payload: Any, tag: str) -> bool:
     """Whether the entry's message is signed with a current key and carries *tag*."""
     try:
         message = decode_entry(

@@ -37,6 +37,7 @@ __all__ = [
     "check_marks",
     "finish_key",
     "key_holder",
+    "mark_records",
     "marks_of",
     "park_marked",
     "repair_marks",
@@ -274,6 +275,14 @@ def tagged_ids(store: Store, tag: str, *, shards: Iterable[int] | None = None) -
             if len(members) < _PAGE:
                 break
     return found
+
+
+def mark_records(store: Store, shard: int, members: list[bytes]) -> list[bytes | None]:
+    """The key and tag records of parked *members*; one read, none without marks."""
+    if not members:
+        return []
+    fields = [b"i:" + member for member in members]
+    return cast("list[bytes | None]", store.client.hmget(store.keys(shard).marks, fields))
 
 
 def marks_of(store: Store, task_id: str, shard: int, *, dead: bool = False) -> EntryMarks | None:

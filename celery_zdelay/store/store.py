@@ -19,6 +19,7 @@ from redis.exceptions import NoScriptError
 
 from ..bulk_limit import bulk_limit
 from ..config import ZDelayConfig
+from ..due_score import due_ms_of
 from ..entry import TaskMessage, Template, TemplateLookup
 from ..entry import template_id as entry_template_id
 from ..errors import StoreRefusedError
@@ -77,7 +78,7 @@ class Claimed:
 
     @property
     def due_ms(self) -> int:
-        return self.score // 1024
+        return due_ms_of(self.score)
 
 
 @dataclass
@@ -364,7 +365,7 @@ class Store:
             [keys.due, keys.msg, keys.lease, keys.leased, keys.tags],
             [lease_ms, limit, advance_ms],
         )
-        return _claim_result(reply, offset=4)
+        return claim_result(reply, offset=4)
 
     def handoff(
         self,
@@ -423,7 +424,7 @@ class Store:
         )
         n_leased, n_dead = int(reply[5]), int(reply[6])
         end = 7 + 3 * n_leased
-        result = _claim_result(reply[:end], offset=7)
+        result = claim_result(reply[:end], offset=7)
         result.dead = [
             (reply[i].decode(), json.loads(reply[i + 1])) for i in range(end, end + 2 * n_dead, 2)
         ]
@@ -432,7 +433,7 @@ class Store:
             result.handed_ids = [task_id.decode() for task_id in reply[end:-1]]
         # Scores as Redis prints them ("1.8393728123812342e+18"): due_ms * 1024 + sequence.
         scores = reply[-1].split(b",") if reply[-1] else []
-        result.handed_due_ms = [int(float(score)) // 1024 for score in scores]
+        result.handed_due_ms = [due_ms_of(float(score)) for score in scores]
         result.needs_dests = bool(int(reply[4]))
         return result
 
@@ -647,7 +648,7 @@ class Store:
         return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _claim_result(reply: Sequence[Any], *, offset: int) -> ClaimResult:
+def claim_result(reply: Sequence[Any], *, offset: int) -> ClaimResult:
     entries = [
         Claimed(
             task_id=reply[i].decode(),

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from celery import states
 
+from ..app_state import PARK_WHEN_EAGER, RELEASED_BY_TEST, store_for
 from ..companion import Companion
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
-from ..parking import RELEASED_BY_TEST, store_for
 from ..store.admin import MAX_LIST_LIMIT, ParkedEntry, list_parked
+from ..store.reading import scan_parked
 from .worker import InProcessWorker
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ logger = logging.getLogger(__name__)
 MAX_STEPS = 10_000
 #: Keys SCAN looks at per call when clearing the test prefix.
 CLEAR_BATCH = 500
-#: App attribute parking reads: park delayed calls even under task_always_eager.
-PARK_WHEN_EAGER = "_zdelay_park_when_eager"
 
 
 @dataclass(frozen=True)
@@ -290,10 +289,9 @@ class FastForward:
         now_ms = store.time_ms()
         earliest: int | None = None
         for shard in store.shards:
-            head = store.client.zrange(store.keys(shard).due, 0, 0, withscores=True)
-            if head:
-                due_ms = int(head[0][1]) // 1024
-                earliest = due_ms if earliest is None else min(earliest, due_ms)
+            head = next(scan_parked(store, shards=[shard], first_page=1, payloads=False), None)
+            if head is not None:
+                earliest = head.due_ms if earliest is None else min(earliest, head.due_ms)
         return now_ms, earliest
 
     def _shift(self, store: Store, step_ms: int) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
+from ..cli.companion import zdelay
+
 __all__ = ["web"]
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ key per start, which logs browsers' open forms out of their actions).
 """
 
 
-@click.command(cls=CeleryCommand, epilog=_EPILOG, context_settings={"max_content_width": 100})
+@zdelay.command(cls=CeleryCommand, epilog=_EPILOG, context_settings={"max_content_width": 100})
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),

@@ -19,10 +19,11 @@ With ``"celery_zdelay.contrib.django"`` in ``INSTALLED_APPS`` before
 ``"django.contrib.admin"``, the admin index links to the dashboard; the
 dashboard's header links back to the admin index.
 
-A cancel made through the mount is written to the admin's history
-(``LogEntry``, by the user who made it, when ``django.contrib.admin`` is
-installed) and names that user in the audit line and in
-:data:`~celery_zdelay.signals.tasks_cancelled` (``by="dashboard:<username>"``).
+A cancel, and a change of a rate limit or a pause, made through the mount
+is written to the admin's history (``LogEntry``, by the user who made it,
+when ``django.contrib.admin`` is installed) and names that user in the
+audit line and in :data:`~celery_zdelay.signals.tasks_cancelled` and
+:data:`~celery_zdelay.signals.control_changed` (``by="dashboard:<username>"``).
 
 Hosts and origins follow Django's own rules: a request whose host is not in
 ``ALLOWED_HOSTS`` is refused by ``request.get_host()`` (a 400), and every
@@ -162,6 +163,32 @@ def _log_cancellations(sender: Any, task_ids: list[str], **_: Any) -> None:
 
 signals.tasks_cancelled.connect(
     _log_cancellations, weak=False, dispatch_uid="celery_zdelay.web.django.log_cancellations"
+)
+
+
+def _log_control_change(sender: Any, name: str, change: str, **_: Any) -> None:
+    """Write the admin's history of a limit or pause changed through the mount."""
+    user = _acting_user.get()
+    if user is None:
+        return
+    from django.apps import apps
+
+    if not apps.is_installed("django.contrib.admin"):
+        return
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    LogEntry.objects.create(
+        user_id=user.pk,
+        content_type=None,
+        object_id=name,
+        object_repr=f"release control {name}"[:200],
+        action_flag=CHANGE,
+        change_message=f"{change}, from the celery-zdelay dashboard.",
+    )
+
+
+signals.control_changed.connect(
+    _log_control_change, weak=False, dispatch_uid="celery_zdelay.web.django.log_control_change"
 )
 
 

@@ -23,16 +23,14 @@ from fnmatch import fnmatchcase
 from itertools import pairwise
 from typing import Any, cast
 
-from ..entry import entry_headers, expand_entry, parked_ms
-from ..errors import EntryError
+from ..due_score import due_ms_of, score_range
+from ..entry import parked_ms, template_ref
 from ..store import Store, admin
-from ..store._shared import SEQ as _SEQ
-from ..store._shared import _routing_key
 from ..store.admin import ParkedEntry
-from ..store.counts import _leased_due_ms
-from ..store.listing import _in_flight_in_shard, _parked_entry, _records
-from ..store.lookup import _signed_with_tag
-from ..store.marks import EntryMarks, parse_record, tagged_ids
+from ..store.listing import describe_entry, in_flight_in_shard
+from ..store.lookup import signed_with_tag
+from ..store.marks import EntryMarks, mark_records, parse_record, tagged_ids
+from ..store.reading import SCAN_PAGE, Position, describe, leased_due_ms, scan_parked
 
 __all__ = [
     "SCAN_BOUND",
@@ -52,8 +50,6 @@ __all__ = [
 #: Most entries one filtered page reads, shared by the shards (each reads at
 #: least one page's worth), before it stops and says where.
 SCAN_BOUND = 5_000
-#: Entries read per round trip while a filter scans.
-_SCAN_PAGE = 500
 
 _MINUTE = 60_000
 _HOUR = 60 * _MINUTE
@@ -108,9 +104,9 @@ def timeline(store: Store, span: str = "day") -> Timeline:
         total, width = TIMELINE_SPANS[span]
         edges = [now_ms + width * i for i in range(total // width + 1)]
     # Each bar is [edge, next edge) in due ms: scores [edge*1024, next*1024).
-    bounds = [("-inf", f"({edges[0] * _SEQ}")]
-    bounds += [(str(a * _SEQ), f"({b * _SEQ}") for a, b in pairwise(edges)]
-    bounds.append((str(edges[-1] * _SEQ), "+inf"))
+    bounds = [score_range(None, edges[0])]
+    bounds += [score_range(a, b) for a, b in pairwise(edges)]
+    bounds.append(score_range(edges[-1], None))
     with store.client.pipeline(transaction=False) as pipe:
         for shard in shards:
             keys = store.keys(shard)
@@ -124,7 +120,7 @@ def timeline(store: Store, span: str = "day") -> Timeline:
     per_shard = len(bounds) + 1
     for index, reply in enumerate(replies):
         if index % per_shard == len(bounds):
-            sums[0] += sum(_leased_due_ms(record) <= now_ms for record in reply)
+            sums[0] += sum(leased_due_ms(record) <= now_ms for record in reply)
         else:
             sums[index % per_shard] += int(reply)
     bars = [Bar(None, edges[0], sums[0])]
@@ -137,7 +133,7 @@ def _last_due_ms(store: Store, shards: list[int]) -> int | None:
         for shard in shards:
             pipe.zrange(store.keys(shard).due, -1, -1, withscores=True)
         replies = pipe.execute()
-    dues = [int(reply[0][1]) // _SEQ for reply in replies if reply]
+    dues = [due_ms_of(reply[0][1]) for reply in replies if reply]
     return max(dues) if dues else None
 
 
@@ -261,7 +257,7 @@ def in_flight(store: Store, filters: Filters) -> list[ParkedEntry]:
     """
     found = []
     for shard in store.shards:
-        for score, _, entry in _in_flight_in_shard(
+        for score, _, entry in in_flight_in_shard(
             store, shard, filters.due_after_ms, filters.due_before_ms, None
         ):
             if filters.id_prefix and not entry.task_id.startswith(filters.id_prefix):
@@ -278,73 +274,37 @@ def _scan_shard(
     store: Store, shard: int, filters: Filters, after: Cursor | None, limit: int, bound: int
 ) -> tuple[list[tuple[int, int, str, ParkedEntry | None]], Cursor | None, int, bool]:
     """Return (matches, last entry read, entries read, reached the end) of one shard."""
-    keys = store.keys(shard)
-    low_ms = filters.due_after_ms
-    low = "-inf" if low_ms is None else str(low_ms * _SEQ)
-    if after is not None and (low_ms is None or after.score >= low_ms * _SEQ):
-        # Entries with the cursor's score come after it only on a later shard,
-        # or on its shard with a larger id (Redis orders equal scores by member).
-        low = str(after.score) if shard >= after.shard else f"({after.score}"
-    high = "+inf" if filters.due_before_ms is None else f"({filters.due_before_ms * _SEQ}"
     matches: list[tuple[int, int, str, ParkedEntry | None]] = []
-    offset = 0
-    if after is not None and shard == after.shard and low == str(after.score):
-        # Entries of the cursor's score up to its id were shown already: start
-        # near the cursor rather than at the start of its score slot, which
-        # may hold thousands (a bulk park of more than 1,024 in one millisecond).
-        offset = max(_rank_in_slot(store, keys.due, after) - (limit + 1), 0)
     # Entries read past the cursor: what the bound counts.
     read = 0
     last: Cursor | None = None
-    page_size = limit + 1
-    while True:
-        page = min(page_size, bound - read)
-        members = cast(
-            "list[tuple[bytes, float]]",
-            store.client.zrangebyscore(
-                keys.due, low, high, start=offset, num=page, withscores=True
-            ),
-        )
-        offset += len(members)
-        # Dense matches fill a page from a short read; sparse ones read more per trip.
-        page_size = min(page_size * 4, _SCAN_PAGE)
-        candidates = []
-        for member, raw_score in members:
-            task_id = member.decode(errors="replace")
-            score = int(raw_score)
-            at_cursor = after is not None and (score, shard) == (after.score, after.shard)
-            if at_cursor and after is not None and task_id <= after.task_id:
-                # Shown already. Not counted, and not where the page stopped:
-                # that would send the next page back to before the cursor.
-                continue
-            read += 1
-            last = Cursor(score, shard, task_id)
-            if filters.id_prefix and not task_id.startswith(filters.id_prefix):
-                continue
-            candidates.append((member, task_id, score))
-        payloads = cast(
-            "list[bytes | None]",
-            store.client.hmget(keys.msg, [m for m, _, _ in candidates]) if candidates else [],
-        )
-        for (_, task_id, score), payload in zip(candidates, payloads, strict=True):
-            if payload is None:
-                continue  # released between the two reads
-            template = _template_of(payload)
-            known = _TEMPLATE_TASKS.get(template) if template else None
-            if known is not None and filters.task and not fnmatchcase(known, filters.task):
-                continue  # ruled out by its template alone, without decoding it
-            entry = _parked_entry(store, task_id, shard, score, payload)
-            if template and entry.error is None and entry.task is not None:
-                _remember(template, entry.task)
-            if not _selects(filters, entry.task, entry.queue):
-                continue
-            matches.append((score, shard, task_id, entry))
-        if len(members) < page:
-            return matches, last, read, True
+    for scanned in scan_parked(
+        store,
+        shards=[shard],
+        due_after_ms=filters.due_after_ms,
+        due_before_ms=filters.due_before_ms,
+        after=None if after is None else Position(after.score, after.shard, after.task_id),
+        first_page=limit + 1,
+        per_shard=bound,
+    ):
+        read += 1
+        task_id, score, payload = scanned.task_id, scanned.score, scanned.payload
+        last = Cursor(score, shard, task_id)
+        if filters.id_prefix and not task_id.startswith(filters.id_prefix):
+            continue
+        template = template_ref(payload) if payload is not None else None
+        known = _TEMPLATE_TASKS.get(template) if template else None
+        if known is not None and filters.task and not fnmatchcase(known, filters.task):
+            continue  # ruled out by its template alone, without decoding it
+        entry = describe_entry(store, task_id, shard, score, payload)
+        if template and entry.error is None and entry.task is not None:
+            _remember(template, entry.task)
+        if not _selects(filters, entry.task, entry.queue):
+            continue
+        matches.append((score, shard, task_id, entry))
         if len(matches) > limit:
             return matches, last, read, False
-        if read >= bound:
-            return matches, last, read, False
+    return matches, last, read, read < bound
 
 
 def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: int) -> Page:
@@ -373,7 +333,7 @@ def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: in
             if score is None:
                 continue  # in flight (listed above the page) or gone
             place = Cursor(int(score), shard, task_id)
-            due_ms = place.score // _SEQ
+            due_ms = due_ms_of(place.score)
             if (low is not None and due_ms < low) or (high is not None and due_ms >= high):
                 continue
             if after is None or place > after:
@@ -387,15 +347,15 @@ def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: in
         chunk = candidates[read : read + min(page_size, SCAN_BOUND - read)]
         read += len(chunk)
         # Dense matches fill a page from a short read; sparse ones read more per trip.
-        page_size = min(page_size * 4, _SCAN_PAGE)
+        page_size = min(page_size * 4, SCAN_PAGE)
         for place, payload, record in zip(chunk, *_read_entries(store, chunk), strict=True):
             if payload is None:
                 continue  # released or cancelled between the reads
-            if signed and not _signed_with_tag(
+            if signed and not signed_with_tag(
                 store, place.shard, place.task_id, payload, filters.tag
             ):
                 continue
-            entry = _parked_entry(
+            entry = describe_entry(
                 store, place.task_id, place.shard, place.score, payload, record=record
             )
             if _selects(filters, entry.task, entry.queue):
@@ -430,7 +390,7 @@ def _read_entries(
             "list[bytes | None]", store.client.hmget(store.keys(shard).msg, members)
         )
         for i, payload, record in zip(
-            indexes, shard_payloads, _records(store, shard, members), strict=True
+            indexes, shard_payloads, mark_records(store, shard, members), strict=True
         ):
             payloads[i], records[i] = payload, record
     return payloads, records
@@ -444,28 +404,11 @@ def _with_marks(store: Store, entries: list[ParkedEntry]) -> list[ParkedEntry]:
     marked = list(entries)
     for shard, indexes in by_shard.items():
         members = [entries[i].task_id.encode() for i in indexes]
-        for i, record in zip(indexes, _records(store, shard, members), strict=True):
+        for i, record in zip(indexes, mark_records(store, shard, members), strict=True):
             if record is not None:
                 marks = parse_record(record.decode(errors="replace"))
                 marked[i] = replace(entries[i], key=marks.key, tags=marks.tags)
     return marked
-
-
-def _rank_in_slot(store: Store, due: str, cursor: Cursor) -> int:
-    """Return how many entries of the cursor's score slot come up to its id, or 0 if it left.
-
-    Two O(log n) reads; entries of the slot removed meanwhile would make it
-    too large, so the caller starts a page's worth before it (the entries
-    read again are skipped by id).
-    """
-    with store.client.pipeline(transaction=False) as pipe:
-        pipe.zscore(due, cursor.task_id)
-        pipe.zrank(due, cursor.task_id)
-        pipe.zcount(due, "-inf", f"({cursor.score}")
-        score, rank, before = pipe.execute()
-    if score is None or rank is None or int(score) != cursor.score:
-        return 0
-    return int(rank) + 1 - int(before)
 
 
 #: Task name by template id. The task name is a template field (the same for
@@ -475,17 +418,6 @@ def _rank_in_slot(store: Store, due: str, cursor: Cursor) -> int:
 #: one on every call), so a queue filter reads each entry.
 _TEMPLATE_TASKS: dict[str, str] = {}
 _TEMPLATE_TASKS_SIZE = 10_000
-_TEMPLATE_REF = re.compile(rb'"t":"([0-9a-f]{1,64})"')
-
-
-def _template_of(payload: bytes) -> str | None:
-    end = payload.find(b"\n")
-    if end < 0:
-        # No metadata line (a message stored whole): the message's own
-        # headers may hold anything, '"t":"..."' included.
-        return None
-    found = _TEMPLATE_REF.search(payload, 0, end)
-    return found.group(1).decode() if found else None
 
 
 def _remember(template: str, task: str) -> None:
@@ -544,10 +476,10 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
     reason: dict[str, Any] = {}
     due_ms: int | None
     if due is not None:
-        state, due_ms = "parked", int(due) // _SEQ
+        state, due_ms = "parked", due_ms_of(due)
     elif lease is not None:
         # The leased record starts with the due score the entry was claimed at.
-        due_ms = _leased_due_ms(leased) if leased else None
+        due_ms = leased_due_ms(leased) if leased else None
         state = "in flight"
     elif died is not None:
         state, due_ms = "dead", None
@@ -562,7 +494,7 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         payload = payload or None
     else:
         return EntryDetail(task_id=task_id, shard=shard, state=None)
-    headers, queue, error = _headers(store, shard, payload)
+    headers, queue, error = describe(payload, store.templates(shard))
     record = dead_marked if state == "dead" else marked
     return EntryDetail(
         task_id=task_id,
@@ -578,18 +510,6 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         parked_ms=parked_ms(payload),
         marks=parse_record(record.decode(errors="replace")) if record is not None else None,
     )
-
-
-def _headers(
-    store: Store, shard: int, payload: bytes | None
-) -> tuple[dict[str, Any], str | None, str | None]:
-    if payload is None:
-        return {}, None, "payload missing: the id was parked without a message"
-    try:
-        expanded = expand_entry(payload, store.templates(shard))
-        return entry_headers(expanded), _routing_key(expanded), None
-    except EntryError as exc:
-        return {}, None, exc.reason
 
 
 def dead_page(store: Store, *, limit: int = 100) -> admin.Listing:

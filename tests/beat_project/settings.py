@@ -22,4 +22,12 @@ if _kind == "postgres":
         }
     }
 else:
-    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": _name}}
+    # The test and the companion both write (a row edit, last_run_at): on a
+    # loaded machine SQLite's default 5 s lock wait was seen to run out.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _name,
+            "OPTIONS": {"timeout": 30},
+        }
+    }

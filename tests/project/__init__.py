@@ -18,6 +18,8 @@ from celery import Celery
 from celery.exceptions import Reject
 from kombu import Exchange, Queue
 
+from tests.support.clock import redis_ms
+
 #: Redis list each run of a recording task is appended to, as JSON.
 RUNS_KEY = "zdelay-test:runs"
 #: Redis list a worker started with :data:`RECORD_RECEIVED_ENV` appends each
@@ -109,7 +111,7 @@ def _register_tasks(app: Celery, record_url: str) -> None:
 
     def record_run(task: Any, result: Any = None) -> None:
         request = task.request
-        seconds, micros = recorder.time()
+        ran_ms = redis_ms(recorder)
         recorder.rpush(
             RUNS_KEY,
             json.dumps(
@@ -137,7 +139,7 @@ def _register_tasks(app: Celery, record_url: str) -> None:
                         if isinstance(v, (str, int, float, bool, type(None)))
                     },
                     "custom": getattr(request, "x_custom", None),
-                    "redis_ms": int(seconds) * 1000 + int(micros) // 1000,
+                    "redis_ms": ran_ms,
                     "wall": time.time(),
                     "result": result,
                 }

@@ -18,6 +18,10 @@ OTEL_FILE_ENV = "ZDELAY_TEST_OTEL_FILE"
 #: whose exporter and span processor raise at every span's end, after
 #: writing the span's name to that file (so a test knows they were called).
 OTEL_BROKEN_ENV = "ZDELAY_TEST_OTEL_BROKEN"
+#: Environment variable naming a file: the process gets a tracing backend
+#: whose exporter (behind the SDK's BatchSpanProcessor) writes the names of
+#: the spans it got to that file, then never returns: a collector that hangs.
+OTEL_BLOCKING_ENV = "ZDELAY_TEST_OTEL_BLOCKING"
 
 
 def span_record(span: Any) -> dict[str, Any]:
@@ -83,9 +87,60 @@ def broken_provider(path: str) -> Any:
     return provider
 
 
+def trace_api_with(provider: Any) -> Any:
+    """``opentelemetry.trace`` as :mod:`celery_zdelay.tracing` uses it, handing out *provider*.
+
+    For ``monkeypatch.setattr(tracing, "_trace_api", ...)``: the global
+    provider of a process can be set once, and the tests' is in-memory.
+    """
+    from opentelemetry import trace
+
+    class WithProvider:
+        use_span = staticmethod(trace.use_span)
+        ProxyTracerProvider = trace.ProxyTracerProvider
+        NoOpTracerProvider = trace.NoOpTracerProvider
+
+        @staticmethod
+        def get_tracer_provider() -> Any:
+            return provider
+
+    return WithProvider
+
+
+def blocking_provider(path: str) -> Any:
+    """A tracer provider whose exporter blocks for good, behind a BatchSpanProcessor.
+
+    The processor exports each span at once (batches of one, no delay), so
+    the exporter is blocked from the first span on and every later span
+    meets a full pipeline.
+    """
+    import threading
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+    never = threading.Event()
+
+    class BlockingExporter(SpanExporter):  # type: ignore[misc]
+        def export(self, spans: Sequence[Any]) -> Any:
+            with open(path, "a", encoding="utf-8") as out:
+                out.write("export " + " ".join(s.name for s in spans) + "\n")
+            never.wait()  # the collector never answers
+
+    provider = TracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(BlockingExporter(), max_export_batch_size=1, schedule_delay_millis=1)
+    )
+    return provider
+
+
 if os.environ.get(OTEL_BROKEN_ENV):
     from opentelemetry import trace
 
     trace.set_tracer_provider(broken_provider(os.environ[OTEL_BROKEN_ENV]))
+elif os.environ.get(OTEL_BLOCKING_ENV):
+    from opentelemetry import trace
+
+    trace.set_tracer_provider(blocking_provider(os.environ[OTEL_BLOCKING_ENV]))
 elif os.environ.get(OTEL_FILE_ENV):
     instrument_worker(os.environ[OTEL_FILE_ENV])

@@ -10,6 +10,7 @@ import redis
 from celery.signals import task_received
 
 from tests.project import RECEIVED_KEY, RECORD_RECEIVED_ENV, app_from_env
+from tests.support.clock import redis_ms
 
 app = app_from_env()
 
@@ -20,14 +21,13 @@ if os.environ.get(RECORD_RECEIVED_ENV) == "1":
 
     @task_received.connect(weak=False)
     def _record_received(request: Any, **_: Any) -> None:
-        seconds, micros = _recorder.time()
-        redis_ms = int(seconds) * 1000 + int(micros) // 1000
-        _recorder.rpush(RECEIVED_KEY, json.dumps({"id": request.id, "redis_ms": redis_ms}))
+        received_ms = redis_ms(_recorder)
+        _recorder.rpush(RECEIVED_KEY, json.dumps({"id": request.id, "redis_ms": received_ms}))
 
 
-if os.environ.get("ZDELAY_TEST_OTEL_FILE") or os.environ.get("ZDELAY_TEST_OTEL_BROKEN"):
-    # Spans of the worker (and of a companion), or a broken tracing backend,
-    # for the tracing tests.
+if any(os.environ.get(f"ZDELAY_TEST_OTEL_{kind}") for kind in ("FILE", "BROKEN", "BLOCKING")):
+    # Spans of the worker (and of a companion), or a broken or hanging
+    # tracing backend, for the tracing tests.
     import tests.project.otel  # noqa: F401
 
 if os.environ.get("DJANGO_SETTINGS_MODULE") == "tests.beat_project.settings":

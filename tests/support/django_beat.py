@@ -68,7 +68,9 @@ def _psql(sql: str) -> None:
         pytest.skip(f"PostgreSQL on 127.0.0.1:5432 not usable: {exc}")
 
 
-def django_run(database: str, code: str) -> Any:
+def django_run(
+    database: str, code: str, *, settings: str = SETTINGS, env: dict[str, str] | None = None
+) -> Any:
     """Run *code* in a Django process on *database*; return what it prints, as JSON."""
     program = "import django, json\ndjango.setup()\n" + textwrap.dedent(code)
     done = subprocess.run(
@@ -77,8 +79,9 @@ def django_run(database: str, code: str) -> Any:
         env={
             **os.environ,
             "PYTHONPATH": str(ROOT),
-            "DJANGO_SETTINGS_MODULE": SETTINGS,
+            "DJANGO_SETTINGS_MODULE": settings,
             "ZDELAY_TEST_BEAT_DB": database,
+            **(env or {}),
         },
         capture_output=True,
         text=True,

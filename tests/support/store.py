@@ -19,7 +19,15 @@ from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
 from celery_zdelay.store.keys import companions_key
 
-__all__ = ["Stock", "due_ms", "ids_on_shard", "put_raw", "stock", "write_heartbeat"]
+__all__ = [
+    "Stock",
+    "due_ms",
+    "ids_on_shard",
+    "is_parked",
+    "put_raw",
+    "stock",
+    "write_heartbeat",
+]
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,11 @@ def put_raw(store: Store, task_id: str, payload: bytes | None, *, due_in_ms: int
         store.client.hset(keys.msg, task_id, payload)
     store.client.zadd(keys.due, {task_id: (store.time_ms() + due_in_ms) * 1024})
     return task_id
+
+
+def is_parked(store: Store, task_id: str) -> bool:
+    """Return whether *task_id* is in its shard's due set (parked, not leased or gone)."""
+    return store.client.zscore(store.keys(store.shard_of(task_id)).due, task_id) is not None
 
 
 def due_ms(store: Store, task_id: str) -> int:

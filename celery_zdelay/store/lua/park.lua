@@ -57,6 +57,8 @@ end
 
 -- Same-millisecond entries keep parking order: each takes the next of the
 -- 1024 sequence slots of its millisecond (the last slot is shared once full).
+-- The score is due_ms * 1024 + seq in every script; celery_zdelay/due_score.py
+-- is where Python reads and writes the same encoding (change both together).
 -- One read per millisecond answers two questions: the highest score up to
 -- the millisecond's last slot is the last entry parked in it (when it is in
 -- the millisecond), and whether anything at all is due earlier (the wake-up

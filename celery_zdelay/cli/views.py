@@ -11,8 +11,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._format import ago, clip, count, counted, duration, relative_due, table, utc
-from .store.admin import (
+from .._format import (
+    ago,
+    clip,
+    count,
+    counted,
+    duration,
+    relative_due,
+    shard_ranges,
+    table,
+    utc,
+)
+from ..store.admin import (
     CompanionInfo,
     Counts,
     DeadEntry,
@@ -200,7 +210,7 @@ def _companions_text(companions: Sequence[CompanionInfo], now_ms: int) -> str:
             "alive" if c.alive else "stale",
             c.host,
             str(c.pid),
-            _shard_ranges(c.shards),
+            shard_ranges(c.shards),
             c.handoff,
             count(c.released),
             count(c.dead_lettered),
@@ -371,12 +381,3 @@ def _arguments(argsrepr: str | None, kwargsrepr: str | None, error: str | None) 
     if kwargsrepr and kwargsrepr != "{}":
         parts.append(kwargsrepr)
     return " ".join(parts)
-
-
-def _shard_ranges(shards: Sequence[int]) -> str:
-    if not shards:
-        return "-"
-    numbers = sorted(shards)
-    if numbers == list(range(numbers[0], numbers[-1] + 1)) and len(numbers) > 2:
-        return f"{numbers[0]}-{numbers[-1]}"
-    return ",".join(map(str, numbers))

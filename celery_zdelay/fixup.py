@@ -1,4 +1,4 @@
-"""What importing ``celery_zdelay`` does to Celery apps, existing and future.
+"""The Celery fix-up of celery-zdelay: what importing it does to Celery apps, existing and future.
 
 Every app gets a transparent task sender (:mod:`celery_zdelay.transparent`)
 and the worker bootstep (:mod:`celery_zdelay.worker`), so that setting
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["fixup", "install_everywhere"]
 
 #: The fix-up Celery applies to every app created after celery_zdelay is imported.
-_FIXUP = "celery_zdelay.hooks:fixup"
+_FIXUP = "celery_zdelay.fixup:fixup"
 
 
 def fixup(app: Celery) -> None:
