@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.django_beat import (
     EDIT_BOUND_S,
+    MIGRATE,
     PERIOD_S,
     SETTINGS,
     add_interval_row,
@@ -30,6 +32,7 @@ from tests.support.django_beat import (
     django_run,
     migrated_database,
     occurrence_s,
+    psql,
     row_of,
     runs_with,
 )
@@ -403,3 +406,98 @@ def test_a_rows_routing_priority_headers_and_expiry_reach_the_message(
     assert run["headers"]["x_from"] == "the admin"
     expires = datetime.fromisoformat(run["expires"]).timestamp()
     assert abs(expires - (occurrence_s(run["id"]) + 300)) < 1
+
+
+def test_a_database_outage_stops_no_tick_and_edits_apply_once_it_answers(
+    make_test_app: AppFactory,
+    processes: list[CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    # Given a row served from PostgreSQL (the outage: the database refuses
+    # connections and the open ones are cut, as a restart or failover does)
+    name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
+    psql(f"CREATE DATABASE {name}")
+    try:
+        database = f"postgres:{name}"
+        django_run(database, MIGRATE)
+        add_interval_row(database, "ticker", 1, ["before"], task="tests.record")
+        app = make_test_app(conf={"zdelay_beat": True})
+        worker(app)
+        serving = companion(app, processes, database, "--beat", "-S", "django")
+        wait_for(lambda: runs_with(runs, "before"), timeout=60, message="a run of the row")
+
+        # When the database goes away for longer than the 5 s parked ahead
+        psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+        serving.wait_for_log("periodic tasks go on as last read from the database")
+        down_at = time.time()
+        # Then the row goes on ticking, each occurrence once
+        wait_for(
+            lambda: len([r for r in runs_with(runs, "before") if r["wall"] > down_at + 6]) >= 3,
+            timeout=60,
+            message="3 runs more than 6 s into the outage",
+        )
+        last_in_outage = max(r["wall"] for r in runs_with(runs, "before"))
+
+        # And once it answers, an edit applies and last_run_at catches up
+        psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        serving.wait_for_log("The django-celery-beat database answers again")
+        django_run(
+            database,
+            """
+            from django_celery_beat.models import PeriodicTask
+            row = PeriodicTask.objects.get(name="ticker")
+            row.args = json.dumps(["after"])
+            row.save()
+            """,
+        )
+        wait_for(lambda: runs_with(runs, "after"), timeout=EDIT_BOUND_S + 10, message="the edit")
+        wait_for(
+            lambda: (row_of(database, "ticker")["last_run_at"] or 0) >= last_in_outage - 2,
+            timeout=30,
+            interval=0.5,
+            message="last_run_at written after the outage",
+        )
+        assert runs.duplicates() == {}
+    finally:
+        psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_rows_that_fail_to_load_are_read_again_at_the_next_check(tmp_path: Path) -> None:
+    # A change seen, then the read of the rows failing (the database went
+    # away in between), must not count as read: the next check reads again.
+    database = f"sqlite:{tmp_path / 'beat.sqlite3'}"
+    django_run(database, MIGRATE)
+    add_interval_row(database, "ticker", 1, ["x"], task="celery.backend_cleanup")
+    checks = django_run(
+        database,
+        """
+        from celery import Celery
+        from django.db import connection
+        from django_celery_beat.models import PeriodicTasks
+        from celery_zdelay.periodic.django_beat import DjangoBeatSource, SourceUnavailableError
+        source = DjangoBeatSource(Celery("beat_rows", set_as_current=False))
+        source.changed()
+        source.definitions()
+        PeriodicTasks.update_changed()  # as an edit in the admin does
+        seen = [source.changed()]
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE django_celery_beat_periodictask RENAME TO hidden")
+        try:
+            source.definitions()
+            failed = None
+        except SourceUnavailableError as exc:
+            failed = str(exc)
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE hidden RENAME TO django_celery_beat_periodictask")
+        seen.append(source.changed())
+        names = [d.name for d in source.definitions()[0]]
+        seen.append(source.changed())
+        print(json.dumps({"seen": seen, "failed": failed, "names": names}))
+        """,
+    )
+    assert checks["failed"].startswith("Reading the django-celery-beat rows failed")
+    assert checks["seen"] == [True, True, False]
+    assert checks["names"] == ["ticker"]

@@ -27,6 +27,12 @@ Rows have no field for the overlap policy: it is read from the row's
 600}``, which the admin's "Execution Options" edit and keep (see
 ``docs/beat.rst``); those two keys are not sent as message headers.
 
+A database that is down or restarting stops nothing: every read and write
+here raises :class:`SourceUnavailableError`, and the periodic server goes on
+serving the rows as last read (they are stored in Redis) and writes the runs
+back once the database answers (django-celery-beat's own scheduler likewise
+keeps its schedule when the database errors).
+
 Only imported when that scheduler is configured: django-celery-beat and
 Django are optional.
 """
@@ -36,7 +42,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +54,13 @@ from .definition import SOURCE_CONFIG, Definition, from_beat_entry
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["DATABASE_SCHEDULER", "OVERLAP_KEYS", "DjangoBeatSource", "uses_django_beat"]
+__all__ = [
+    "DATABASE_SCHEDULER",
+    "OVERLAP_KEYS",
+    "DjangoBeatSource",
+    "SourceUnavailableError",
+    "uses_django_beat",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +97,33 @@ def definition_name(row_name: str) -> str:
     return re.sub(r"\s+", "_", row_name.strip())
 
 
+class SourceUnavailableError(Exception):
+    """The Django database could not be read or written: down, restarting, refusing."""
+
+
+@contextmanager
+def _database(doing: str) -> Iterator[None]:
+    """Turn Django's database errors while *doing* into :class:`SourceUnavailableError`."""
+    from django.db import DatabaseError, close_old_connections
+
+    # A long-lived process: connections the database closed (or that failed
+    # in an outage) are replaced rather than used again.
+    close_old_connections()
+    try:
+        yield
+    except DatabaseError as exc:
+        raise SourceUnavailableError(f"{doing} failed: {exc}") from exc
+
+
 class DjangoBeatSource:
     """Reads the enabled rows; writes back their runs."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        #: The change marker of the rows as last read successfully.
         self._last_change: datetime | None = None
+        #: The change marker read by changed(), kept once the rows are read.
+        self._seen_change: datetime | None = None
         self._read_once = False
         #: Definition name -> the row's primary key.
         self._rows: dict[str, int] = {}
@@ -104,19 +138,18 @@ class DjangoBeatSource:
         """Whether the rows changed since they were last read (always true at first)."""
         from django_celery_beat.models import PeriodicTasks
 
-        last = PeriodicTasks.last_change()
+        with _database("Reading django-celery-beat's change marker"):
+            last = PeriodicTasks.last_change()
         if self._read_once and last == self._last_change:
             return False
-        self._last_change = last
+        # Not kept until the rows are read: a read that fails is tried again.
+        self._seen_change = last
         return True
 
     def definitions(self) -> tuple[list[Definition], dict[str, str]]:
         """Return the definitions of the enabled rows, and the errors by name."""
-        from django.db import close_old_connections
         from django_celery_beat.models import PeriodicTask
 
-        # A long-lived process: connections the database closed are replaced.
-        close_old_connections()
         known = set(self.app.tasks.keys())
         definitions: list[Definition] = []
         errors: dict[str, str] = {}
@@ -129,7 +162,9 @@ class DjangoBeatSource:
         query = PeriodicTask.objects.filter(enabled=True).select_related(
             "interval", "solar", "clocked"
         )
-        for row in query:
+        with _database("Reading the django-celery-beat rows"):
+            loaded = list(query)
+        for row in loaded:
             name = definition_name(row.name)
             if name in rows:
                 errors[name] = (
@@ -160,6 +195,7 @@ class DjangoBeatSource:
         self._rows = rows
         self._one_off = one_off
         self._last_runs = last_runs
+        self._last_change = self._seen_change
         self._pinned = pinned
         self._read_once = True
         return definitions, errors
@@ -181,7 +217,7 @@ class DjangoBeatSource:
         """
         return dict(self._pinned)
 
-    def note_runs(self, runs: Mapping[str, int]) -> None:
+    def note_runs(self, runs: dict[str, int]) -> None:
         """Record released occurrences (definition name -> occurrence ms) on their rows.
 
         As django-celery-beat does after it sends a task: ``last_run_at`` and
@@ -189,24 +225,27 @@ class DjangoBeatSource:
         ``QuerySet.update``, which sends no ``post_save``: the change marker
         does not move, so the schedule is not read again for a run (a
         disabled one-off row is dropped at the next edit or restart; it has
-        run its one run already).
+        run its one run already). Each run written is removed from *runs*:
+        when the database fails midway, what is left is what to write later
+        (none counted twice).
         """
-        from django.db import close_old_connections
         from django.db.models import F
         from django_celery_beat.models import PeriodicTask
 
-        close_old_connections()
-        for name, occurrence_ms in runs.items():
-            pk = self._rows.get(name)
-            if pk is None:
-                continue
-            changes: dict[str, Any] = {
-                "last_run_at": datetime.fromtimestamp(occurrence_ms / 1000, tz=timezone.utc),
-                "total_run_count": F("total_run_count") + 1,
-            }
-            if name in self._one_off:
-                changes["enabled"] = False
-            PeriodicTask.objects.filter(pk=pk).update(**changes)
+        with _database("Writing last_run_at to the django-celery-beat rows"):
+            for name, occurrence_ms in list(runs.items()):
+                pk = self._rows.get(name)
+                if pk is not None:
+                    changes: dict[str, Any] = {
+                        "last_run_at": datetime.fromtimestamp(
+                            occurrence_ms / 1000, tz=timezone.utc
+                        ),
+                        "total_run_count": F("total_run_count") + 1,
+                    }
+                    if name in self._one_off:
+                        changes["enabled"] = False
+                    PeriodicTask.objects.filter(pk=pk).update(**changes)
+                del runs[name]
 
     def _definition(self, row: Any, name: str, known: set[str]) -> Definition:
         where = f"django-celery-beat row {row.name!r}"

@@ -32,7 +32,7 @@ from ..parking import park_requests
 from ..schedule import Due
 from ..store import ParkRequest, Store
 from .definition import Definition, config_hash, definitions_from_config
-from .django_beat import DjangoBeatSource, uses_django_beat
+from .django_beat import DjangoBeatSource, SourceUnavailableError, uses_django_beat
 from .occurrences import plan
 from .overlap import overlap_headers
 from .store import LATE_MS, PeriodicStore, Snapshot
@@ -106,6 +106,8 @@ class PeriodicServer:
         self._source = DjangoBeatSource(app) if uses_django_beat(app) else None
         #: Runs to write back to those rows (name -> occurrence ms), by tend().
         self._rows_ran: dict[str, int] = {}
+        #: Whether the rows' database failed last time it was asked (logged once).
+        self._source_down = False
 
     # -- configuration --------------------------------------------------------
 
@@ -122,9 +124,16 @@ class PeriodicServer:
             self.app.loader.import_default_modules()
             self._imported = True
         if self._source is not None:
-            if not self._source.changed() and not force:
+            try:
+                if not self._source.changed() and not force:
+                    self._source_answers()
+                    return "same"
+                definitions, errors = self._source.definitions()
+            except SourceUnavailableError as exc:
+                # Serve the rows as last read: they are stored in Redis.
+                self._source_fails(exc)
                 return "same"
-            definitions, errors = self._source.definitions()
+            self._source_answers()
         else:
             definitions, errors = definitions_from_config(self.app)
         digest = config_hash(definitions, errors)
@@ -205,12 +214,32 @@ class PeriodicServer:
         finally:
             self.first_pass.set()
 
+    def _source_fails(self, exc: SourceUnavailableError) -> None:
+        if not self._source_down:
+            logger.warning(
+                "%s; periodic tasks go on as last read from the database, and "
+                "edits and last_run_at wait until it answers",
+                exc,
+            )
+        self._source_down = True
+
+    def _source_answers(self) -> None:
+        if self._source_down:
+            logger.warning("The django-celery-beat database answers again")
+        self._source_down = False
+
     def _tend(self) -> int:
         now = time.monotonic()
         # Runs first: rows read after this one know they ran.
         if self._rows_ran and self._source is not None:
             ran, self._rows_ran = self._rows_ran, {}
-            self._source.note_runs(ran)
+            try:
+                self._source.note_runs(ran)
+            except SourceUnavailableError as exc:
+                # What was not written waits for the database, newest run kept.
+                for name, ms in ran.items():
+                    self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
+                self._source_fails(exc)
         if now - self._last_check >= RECONCILE_CHECK_SECONDS:
             self.reconcile()
         snap = self.periodic.snapshot()

@@ -45,16 +45,16 @@ def migrated_database(kind: str, tmp_path: Path) -> Iterator[str]:
         yield spec
         return
     name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
-    _psql(f"CREATE DATABASE {name}")
+    psql(f"CREATE DATABASE {name}")
     try:
         spec = f"postgres:{name}"
         django_run(spec, MIGRATE)
         yield spec
     finally:
-        _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def _psql(sql: str) -> None:
+def psql(sql: str) -> None:
     try:
         subprocess.run(
             ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c", sql],
