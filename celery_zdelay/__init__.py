@@ -6,7 +6,13 @@ Workers only ever receive tasks that are due now; see the documentation at
 
 from __future__ import annotations
 
-from .control import (
+from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
+from .events import connect_receivers as _connect_events
+from .fixup import install_everywhere as _install_everywhere
+from .limits import pause, resume, set_rate_limit
+from .parking import apply_delayed, batch, send_delayed
+from .revocation import connect_receivers as _connect_revocation
+from .steering import (
     ParkedTask,
     cancel,
     cancel_matching,
@@ -14,12 +20,6 @@ from .control import (
     reschedule,
     reschedule_matching,
 )
-from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
-from .events import connect_receivers as _connect_events
-from .fixup import install_everywhere as _install_everywhere
-from .limits import pause, resume, set_rate_limit
-from .parking import apply_delayed, batch, send_delayed
-from .revocation import connect_receivers as _connect_revocation
 from .task import DelayedTaskMixin, Task
 from .tracing import connect_receivers as _connect_tracing
 from .transparent import TransparentAMQP

@@ -6,7 +6,7 @@
 Held entries are overdue by definition, and count as such in the lateness
 of their release; this gauge tells throttling and pauses apart from a slow
 companion. The counter ``zdelay_held_total{control,reason}`` (in
-:mod:`celery_zdelay.metrics`) counts each time a companion held entries.
+:mod:`celery_zdelay.companion.metrics`) counts each time a companion held entries.
 """
 
 from __future__ import annotations

@@ -18,6 +18,12 @@ __all__ = [
 class ZDelayError(Exception):
     """Raised for every celery-zdelay failure; the base of the others."""
 
+    #: Whether the store's state, not the call, is at fault: the same call
+    #: succeeds once the store is back (reachable, loaded, done with a busy
+    #: script, promoted, given memory or rights). A caller that can wait,
+    #: such as the companion, waits; one that cannot reports the message.
+    transient = False
+
 
 class ConfigurationError(ZDelayError, ValueError):
     """Raised when a ``zdelay_*`` setting or an argument is invalid.
@@ -33,6 +39,8 @@ class StoreUnavailableError(ZDelayError, ConnectionError):
     names the store URL with its password hidden.
     """
 
+    transient = True
+
 
 class StoreRefusedError(ZDelayError):
     """Raised when the store answers but refuses to park.
@@ -40,8 +48,14 @@ class StoreRefusedError(ZDelayError):
     Out of memory, a read-only replica, an ACL user without the right, or a
     key under the prefix that another program made of another type. Nothing
     of the refused call was written (on a Redis Cluster: nothing of the
-    refused shard's part). The message says what to fix.
+    refused shard's part). The message says what to fix. :attr:`transient`
+    is set when the refusal is the server's state (out of memory, read-only,
+    busy, no permission), not the call's (a key of another type).
     """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class EntryError(ZDelayError):

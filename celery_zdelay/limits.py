@@ -20,8 +20,8 @@ from . import signals
 from ._format import utc
 from .app_state import store_for
 from .config import get_config
-from .control import _by_text, audit
 from .rates import RateLimit, control_name, parse_limit
+from .steering import audit_line
 from .store.control import ControlStore
 
 if TYPE_CHECKING:
@@ -210,8 +210,7 @@ def _warn_unknown(app: Celery, name: str) -> None:
 def _changed(app: Celery, name: str, by: str | None, message: str, *args: Any) -> None:
     """Tell of a control change: its audit line (``zdelay_audit_log``), as steering
     writes one, and :data:`~celery_zdelay.signals.control_changed`."""
-    if get_config(app).audit_log:
-        audit.info(message + _by_text(by), name, *args, extra={"control": name})
+    audit_line(app, message, name, *args, by=by, control=name)
     signals.control_changed.send(sender=app, name=name, change=message % (name, *args), by=by)
 
 

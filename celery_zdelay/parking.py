@@ -30,7 +30,7 @@ from .keys import KEY_HEADER, check_task_id, mark_from_headers, set_headers, tas
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
 from .store import ParkRequest, Store, admin
-from .store.client import unavailable_as_error
+from .store.client import store_errors
 from .store.keys import canvas_key
 from .store.marks import Parked, park_marked
 from .tracing import park_span
@@ -422,7 +422,7 @@ def remember_canvas(app: Celery, held: Iterable[str], parked: list[str], due: Du
     store = store_for(app)
     ahead_ms = due.ms if due.mode == "r" else due.ms - round(time.time() * 1000)
     ttl_ms = max(ahead_ms, 0) + CANVAS_GRACE_MS
-    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         for result_id in sorted(aliases):
             key = canvas_key(store.config.key_prefix, result_id)
             pipe.sadd(key, *parked)

@@ -11,7 +11,7 @@ import celery_zdelay
 
 project = "celery-zdelay"
 author = "celery-zdelay developers"
-copyright = "celery-zdelay developers"  # noqa: A001 (Sphinx's name)
+copyright = "celery-zdelay developers"
 release = celery_zdelay.__version__
 version = ".".join(release.split(".")[:2])
 

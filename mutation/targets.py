@@ -49,6 +49,10 @@ _WEB_SECURITY = (
 )
 _ACK = ("tests/test_mutation_kills_ack_lua.py", "tests/test_mutation_kills_ack_lua_marks.py")
 _OWN = ("tests/test_mutation_kills_own_lua.py",)
+_CLAIM = "tests/test_mutation_kills_claim_lua.py"
+_ADVANCE = "tests/test_mutation_kills_advance_lua.py"
+_DEFINE = "tests/test_mutation_kills_define_lua.py"
+_PARK = "tests/test_mutation_kills_park_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -79,10 +83,26 @@ PYTHON = (
             "tests/test_periodic_hardening.py",
         ),
     ),
-    # The companion's publish and publisher confirms: forgotten only when accepted.
+    # Overlap policy: an occurrence starting while the previous run goes on is skipped or waits.
+    Target(
+        "periodic.overlap",
+        "celery_zdelay/periodic/overlap.py",
+        ("tests/test_mutation_kills_periodic_overlap.py", "tests/test_periodic_overlap.py"),
+    ),
+    # The companion's publishers and publisher confirms: forgotten only when accepted.
     Target(
         "companion.publish",
-        "celery_zdelay/companion/publish.py",
+        "celery_zdelay/companion/publish/generic.py",
+        ("tests/test_hardening_publish.py", *_RELEASE),
+    ),
+    Target(
+        "companion.publish.redis_broker",
+        "celery_zdelay/companion/publish/redis_broker.py",
+        ("tests/test_hardening_publish.py", *_RELEASE),
+    ),
+    Target(
+        "companion.publish.confirming",
+        "celery_zdelay/companion/publish/confirming.py",
         ("tests/test_hardening_publish.py", *_RELEASE),
     ),
     # The second-delivery guard.
@@ -113,6 +133,7 @@ _PERIODIC_TESTS = (
     "tests/test_periodic_hardening.py",
 )
 _ADMIN = ("tests/test_admin.py",)
+_WITHDRAW = "tests/test_mutation_kills_withdraw_lua.py"
 _STEERING = (
     "tests/test_mutation_kills_cancel_reschedule_lua.py",
     "tests/test_cancel_reschedule.py",
@@ -126,9 +147,15 @@ LUA = (
     ),
     Target("_expand.lua", _STORE + "_expand.lua", ("tests/test_entry_format.py", *_RELEASE)),
     Target(
-        "park.lua", _STORE + "park.lua", ("tests/test_parked_at.py", "tests/test_bulk_parking.py")
+        "park.lua",
+        _STORE + "park.lua",
+        (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py"),
     ),
-    Target("claim.lua", _STORE + "claim.lua", ("tests/test_crash_recovery.py", *_RELEASE)),
+    Target(
+        "claim.lua",
+        _STORE + "claim.lua",
+        (_CLAIM, "tests/test_crash_recovery.py", *_RELEASE),
+    ),
     Target("handoff.lua", _STORE + "handoff.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
     Target("push.lua", _STORE + "push.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
     Target(
@@ -155,10 +182,22 @@ LUA = (
         quick=_OWN,
     ),
     Target("_pointer.lua", _PERIODIC + "_pointer.lua", _PERIODIC_TESTS),
-    Target("_withdraw.lua", _PERIODIC + "_withdraw.lua", _PERIODIC_TESTS),
-    Target("define.lua", _PERIODIC + "define.lua", _PERIODIC_TESTS),
-    Target("advance.lua", _PERIODIC + "advance.lua", _PERIODIC_TESTS),
-    Target("pause.lua", _PERIODIC + "pause.lua", _PERIODIC_TESTS),
+    Target(
+        "_withdraw.lua",
+        _PERIODIC + "_withdraw.lua",
+        (_WITHDRAW, *_PERIODIC_TESTS),
+    ),
+    Target(
+        "define.lua",
+        _PERIODIC + "define.lua",
+        (_DEFINE, _WITHDRAW, *_PERIODIC_TESTS),
+    ),
+    Target(
+        "advance.lua",
+        _PERIODIC + "advance.lua",
+        (_ADVANCE, *_PERIODIC_TESTS),
+    ),
+    Target("pause.lua", _PERIODIC + "pause.lua", (_WITHDRAW, *_PERIODIC_TESTS)),
     Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
 )
 

@@ -11,7 +11,6 @@ broker that cannot take events delays and fails no park.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from datetime import datetime
@@ -25,69 +24,16 @@ from kombu.exceptions import EncodeError
 import celery_zdelay
 from celery_zdelay import events, signals
 from celery_zdelay.companion import Companion
-from celery_zdelay.control import reschedule_ids as _reschedule_ids
 from celery_zdelay.schedule import Due
+from celery_zdelay.steering import reschedule_ids as _reschedule_ids
 from tests.conftest import AppFactory
 from tests.support.cli import run as run_cli
+from tests.support.events import EventsSeen
 from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
 
 DUE, MSG = SHARD0.due, SHARD0.msg
-
-
-class _Events:
-    """Task events as Flower receives them: Celery's event Receiver, in a thread."""
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.seen: list[dict[str, Any]] = []
-        self._receiver: Any = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with self.app.connection_for_read() as connection:
-            self._receiver = self.app.events.Receiver(
-                connection, handlers={"*": self.seen.append}, node_id=uuid.uuid4().hex
-            )
-            # No timeout: the loop ends when __exit__ sets should_stop.
-            for _ in self._receiver.consume(limit=None, timeout=None, safety_interval=0.2):
-                pass
-
-    def __enter__(self) -> _Events:
-        self._thread.start()
-        # Subscribed once a marker sent now comes back: what is sent after it
-        # cannot be missed.
-        self.wait_for(self.marker_back, what="marker")
-        self.seen.clear()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._receiver is not None:
-            self._receiver.should_stop = True
-        self._thread.join(timeout=5)
-
-    def marker_back(self) -> bool:
-        """Send a marker event; return whether one came back."""
-        with self.app.events.default_dispatcher() as dispatcher:
-            dispatcher.send("task-marker", uuid="marker")
-        return bool(self.of_type("task-marker"))
-
-    def of_type(self, type_: str) -> list[dict[str, Any]]:
-        return [e for e in self.seen if e.get("type") == type_]
-
-    def wait_for(self, condition: Any, *, what: str, timeout_s: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} event within {timeout_s} s: {self.seen}")
-            time.sleep(0.05)
-
-    def settle(self) -> None:
-        """Wait until everything handed to the sender thread so far went out."""
-        assert events.flush(self.app)
-        self.seen.clear()
-        self.wait_for(self.marker_back, what="marker")
 
 
 @pytest.fixture
@@ -97,7 +43,7 @@ def evented(make_test_app: AppFactory) -> Celery:
 
 def test_a_parked_task_is_sent_with_its_due_time_as_eta(evented: Celery) -> None:
     # Breaks if: announce_parked is not connected, or eta is not the due time.
-    with _Events(evented) as seen:
+    with EventsSeen(evented) as seen:
         result = evented.tasks["tests.record"].apply_delayed((1,), countdown=600)
         seen.wait_for(lambda: seen.of_type("task-sent"), what="task-sent")
     (sent,) = seen.of_type("task-sent")
@@ -111,7 +57,7 @@ def test_a_parked_task_is_sent_with_its_due_time_as_eta(evented: Celery) -> None
 
 def test_bulk_batch_and_canvas_parks_are_each_announced(evented: Celery) -> None:
     record = evented.tasks["tests.record"]
-    with _Events(evented) as seen:
+    with EventsSeen(evented) as seen:
         many = record.apply_delayed_many([(n,) for n in range(5)], countdown=600)
         with celery_zdelay.batch(evented):
             batched = [record.apply_delayed((n,), countdown=600) for n in range(3)]
@@ -126,7 +72,7 @@ def test_bulk_batch_and_canvas_parks_are_each_announced(evented: Celery) -> None
 def test_a_call_that_was_not_parked_is_not_announced(evented: Celery) -> None:
     # Breaks if: the event is sent from the capture instead of after the park.
     record = evented.tasks["tests.record"]
-    with _Events(evented) as seen:
+    with EventsSeen(evented) as seen:
         with pytest.raises(EncodeError):
             record.apply_delayed((object(),), countdown=600, serializer="json")
         with pytest.raises(RuntimeError):
@@ -143,7 +89,7 @@ def _batch_that_fails(app: Celery) -> None:
 
 def test_a_cancelled_task_is_revoked(evented: Celery) -> None:
     parked = evented.tasks["tests.record"].apply_delayed((1,), countdown=600)
-    with _Events(evented) as seen:
+    with EventsSeen(evented) as seen:
         assert celery_zdelay.cancel(parked.id, app=evented) is True
         seen.wait_for(lambda: seen.of_type("task-revoked"), what="task-revoked")
     (revoked,) = seen.of_type("task-revoked")
@@ -157,7 +103,7 @@ def test_a_rescheduled_task_is_sent_again_with_its_new_eta(evented: Celery) -> N
     record = evented.tasks["tests.record"]
     by_id, by_ids = (record.apply_delayed((n,), countdown=600) for n in range(2))
     tagged = record.apply_delayed((3,), countdown=600, tags=["ev:1"])
-    with _Events(evented) as seen:
+    with EventsSeen(evented) as seen:
         assert celery_zdelay.reschedule(by_id.id, countdown=900, app=evented) is True
         assert _reschedule_ids([by_ids.id], Due("r", 1_200_000), app=evented) == [True]
         assert celery_zdelay.reschedule_matching(tag="ev:1", countdown=1500, app=evented) == 1
@@ -210,7 +156,7 @@ def test_a_dead_lettered_task_is_rejected_with_its_reason(
     good = evented.tasks["tests.record"].apply_delayed((1,), countdown=0)
     redis_client.hset(MSG, "forged", b"\x80 not ours at all")
     redis_client.zadd(DUE, {"forged": redis_client.zscore(DUE, good.id) or 0})
-    with _Events(evented) as seen:
+    with EventsSeen(evented) as seen:
         with Companion(evented) as companion:
             assert companion.release_due().dead_lettered == 1
         seen.wait_for(lambda: seen.of_type("task-rejected"), what="task-rejected")
@@ -223,7 +169,7 @@ def test_a_dead_lettered_task_is_rejected_with_its_reason(
 def test_nothing_is_announced_without_task_events(app: Celery) -> None:
     # Breaks if: a receiver ignores task_send_sent_event.
     assert not app.conf.task_send_sent_event
-    with _Events(app) as seen:
+    with EventsSeen(app) as seen:
         parked = app.tasks["tests.record"].apply_delayed((1,), countdown=600)
         celery_zdelay.cancel(parked.id, app=app)
         seen.settle()

@@ -19,6 +19,7 @@ from celery_zdelay.store import admin
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
+from tests.support.logs import error_lines
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,10 +36,6 @@ def running(app: Celery) -> Iterator[tuple[Companion, threading.Thread]]:
         companion.stop()
         thread.join(timeout=30)
         companion.store.close()
-
-
-def _errors(caplog: pytest.LogCaptureFixture, text: str) -> int:
-    return sum(text in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
 
 
 def test_a_store_out_of_memory_pauses_releases_until_memory_is_freed(
@@ -61,7 +58,7 @@ def test_a_store_out_of_memory_pauses_releases_until_memory_is_freed(
         server.config_set("maxmemory", used // 2)
 
         with running(app) as (companion, thread):
-            wait_for(lambda: _errors(caplog, "out of memory") >= 3, timeout=60)
+            wait_for(lambda: error_lines(caplog, "out of memory") >= 3, timeout=60)
             assert thread.is_alive()
             assert broker_server.client(0).llen("celery") == 0
             health = admin.server_health(companion.store)
@@ -102,7 +99,7 @@ def test_a_companion_pointed_at_a_replica_waits_and_releases_once_it_is_promoted
             broker=f"{broker_server.url}/0", conf={"zdelay_redis_url": f"{replica.url}/0"}
         )
         with running(app) as (companion, thread):
-            wait_for(lambda: _errors(caplog, "read-only replica") >= 3, timeout=60)
+            wait_for(lambda: error_lines(caplog, "read-only replica") >= 3, timeout=60)
             assert thread.is_alive()
             health = admin.server_health(companion.store)
             assert any("read-only replica" in w for w in health.warnings)
@@ -149,7 +146,7 @@ def test_an_unforeseen_store_error_is_logged_and_the_companion_carries_on(
     redis_client.set(lease, "clobbered by someone else")  # every claim now fails
 
     with running(app) as (_, thread):
-        wait_for(lambda: _errors(caplog, "release pass failed unexpectedly") >= 2, timeout=60)
+        wait_for(lambda: error_lines(caplog, "release pass failed unexpectedly") >= 2, timeout=60)
         assert thread.is_alive()
         redis_client.delete(lease)
         wait_for(lambda: broker_server.client(0).llen("celery") == len(ids), timeout=60)

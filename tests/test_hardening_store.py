@@ -11,9 +11,11 @@ import redis
 from celery import Celery
 
 from celery_zdelay.companion import Companion
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.admin import requeue_dead
+from celery_zdelay.store.dead_reason import DeadReason
 from tests.conftest import AppFactory
 from tests.support.deadletters import dead_reasons
 from tests.support.keys import SHARD0
@@ -89,7 +91,7 @@ def test_a_shard_key_of_another_type_fails_the_claim_before_anything_moves(
     store = store_for(app)
 
     # when a claim runs, it refuses with a message saying what to do,
-    with pytest.raises(redis.ResponseError, match=r"holds a string, not a hash"):
+    with pytest.raises(StoreRefusedError, match=r"holds a string, not a hash"):
         store.claim(0, limit=10, lease_ms=60_000)
 
     # and every entry is still parked with its payload: nothing stranded.
@@ -110,7 +112,7 @@ def test_a_corrupt_delivery_tag_counter_fails_the_handoff_before_anything_moves(
     app = make_test_app()
     ids = {app.tasks["tests.record"].apply_delayed((i,), countdown=0).id for i in range(3)}
     redis_client.set(SHARD0.tags, "not a number")
-    with Companion(app) as companion, pytest.raises(redis.ResponseError, match="not a count"):
+    with Companion(app) as companion, pytest.raises(StoreRefusedError, match="not a count"):
         companion.release_due()
     assert {m.decode() for m in redis_client.zrange(DUE, 0, -1)} == ids
     assert redis_client.llen("celery") == 0
@@ -148,7 +150,7 @@ def test_requeue_refuses_an_id_parked_again_and_in_flight_so_neither_message_is_
     record = app.tasks["tests.record"]
     task_id = record.apply_delayed(("first",), countdown=0).id
     first = store.claim(0, limit=10, lease_ms=60_000)
-    store.dead_letter(0, first.token, [(task_id, {"reason": "test", "due_ms": 0})])
+    store.dead_letter(0, first.token, [(task_id, DeadReason("test", due_ms=0, companion="test"))])
     record.apply_delayed(("second",), countdown=0, task_id=task_id)
     in_flight = store.claim(0, limit=10, lease_ms=60_000)
     assert [e.task_id for e in in_flight.entries] == [task_id]

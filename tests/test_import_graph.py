@@ -32,11 +32,7 @@ PACKAGE = "celery_zdelay"
 
 #: (importing module, imported module, name): the underscore names still
 #: imported across modules. Keep it short; each entry says why it stays.
-ALLOWED_PRIVATE_IMPORTS = {
-    # control.py is being reshaped into the one steering module (issue 22,
-    # item 2): its audit wording becomes public there.
-    ("celery_zdelay.limits", "celery_zdelay.control", "_by_text"),
-}
+ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
 
 Modules = dict[str, tuple[Path, bool]]
 

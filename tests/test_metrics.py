@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_zdelay.cli import EXIT_CONFIG
 from celery_zdelay.companion import Companion
+from celery_zdelay.companion.metrics import Metrics, MetricsServer
 from celery_zdelay.config import get_config
-from celery_zdelay.metrics import Metrics, MetricsServer
 from celery_zdelay.store import Store, admin
 from celery_zdelay.store.keys import periodic_keys
 from celery_zdelay.testing import RedisServer, free_port

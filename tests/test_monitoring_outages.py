@@ -31,7 +31,7 @@ from tests.conftest import BROKER_DB, AppFactory
 from tests.helpers import Runs, wait_for
 from tests.project.otel import blocking_provider, trace_api_with
 from tests.proxy import PausableProxy
-from tests.test_events import _Events
+from tests.support.events import EventsSeen
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,7 +127,7 @@ def test_events_come_back_when_a_broker_that_hung_answers_again(
 ) -> None:
     # Breaks if: the sender thread stayed on the connection that hung, or
     # stopped after its first failure.
-    with PausableProxy("127.0.0.1", redis_server.port) as proxy, _Events(app) as seen:
+    with PausableProxy("127.0.0.1", redis_server.port) as proxy, EventsSeen(app) as seen:
         producer = make_test_app(
             broker=f"redis://127.0.0.1:{proxy.port}/{BROKER_DB}",
             conf={"task_send_sent_event": True},

@@ -14,6 +14,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.keys import shard_keys
 
@@ -79,7 +80,7 @@ def test_a_key_of_another_type_is_refused_with_the_fix_before_anything_is_forgot
     token = _park_and_claim(app, ["a"])
     redis_client.delete(KEYS.msg)
     redis_client.set(KEYS.msg, "something else wrote this")
-    with pytest.raises(redis.ResponseError, match=r"holds a string, not a hash"):
+    with pytest.raises(StoreRefusedError, match=r"holds a string, not a hash"):
         store_for(app).ack(0, token, ["a"])
     assert redis_client.zscore(KEYS.lease, "a") is not None
     assert redis_client.hexists(KEYS.leased, "a")

@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import celery_zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.companion.gate import REFRESH_SECONDS
+from celery_zdelay.companion.metrics import Metrics
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import UnknownControlWarning, controls
-from celery_zdelay.metrics import Metrics
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, largest_overtake_s
 from tests.helpers import CeleryProcess

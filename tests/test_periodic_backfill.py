@@ -98,7 +98,7 @@ def test_missed_ticks_are_counted_once_and_shown_in_list_and_metrics(app: Celery
     assert f'"missed": {missed}' in document
     from prometheus_client import generate_latest
 
-    from celery_zdelay.metrics import Metrics
+    from celery_zdelay.companion.metrics import Metrics
 
     scraped = generate_latest(Metrics(store_for(app)).registry).decode()
     assert f'zdelay_periodic_ticks_total{{outcome="missed",schedule="poll"}} {missed}.0' in (

@@ -244,7 +244,7 @@ def test_status_list_and_metrics_show_next_run_last_run_lateness_and_pause(
 
     from prometheus_client import generate_latest
 
-    from celery_zdelay.metrics import Metrics
+    from celery_zdelay.companion.metrics import Metrics
 
     # Given a companion serving two schedules, one of them paused
     app.conf.beat_schedule = {

@@ -16,6 +16,7 @@ from celery import Celery
 
 from celery_zdelay import periodic
 from celery_zdelay.companion import Companion
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
 from celery_zdelay.schedule import Due
 from celery_zdelay.testing import RedisServer, free_port
@@ -53,7 +54,7 @@ def test_define_with_a_corrupt_version_fails_and_changes_nothing(
     before = _everything(redis_client)
 
     # When it is changed, the call fails naming the counter
-    with pytest.raises(redis.ResponseError) as failure:
+    with pytest.raises(StoreRefusedError) as failure:
         periodic.add("a", app=app, task="tests.record", schedule=20)
 
     # Then nothing changed: no occurrence cancelled, the definition as it was
@@ -71,7 +72,7 @@ def test_define_with_a_key_of_the_wrong_type_fails_and_changes_nothing(
 
     # When a companion with another configuration stores it, the call fails
     other = server_for(app, {"b": {"task": "tests.record", "schedule": 10.0}}, "c2")
-    with pytest.raises(redis.ResponseError) as failure:
+    with pytest.raises(StoreRefusedError) as failure:
         other.reconcile(force=True)
 
     # Then "a" was neither removed nor its occurrences cancelled
@@ -88,7 +89,7 @@ def test_pause_with_a_cancel_set_of_the_wrong_type_fails_and_changes_nothing(
     before = _everything(redis_client)
 
     # When it is paused, the call fails
-    with pytest.raises(redis.ResponseError) as failure:
+    with pytest.raises(StoreRefusedError) as failure:
         periodic.pause("a", app=app)
 
     # Then it is not marked paused with its occurrences still parked
@@ -107,7 +108,7 @@ def test_resume_with_a_corrupt_version_fails_and_changes_nothing(
     before = _everything(redis_client)
 
     # When it is resumed, the call fails
-    with pytest.raises(redis.ResponseError) as failure:
+    with pytest.raises(StoreRefusedError) as failure:
         periodic.resume("a", app=app)
 
     # Then it is still paused, as it was
@@ -129,7 +130,7 @@ def test_park_once_with_an_invalid_due_time_fails_and_ticks_nothing(
     before = _everything(redis_client)
 
     # When it is parked once, the call fails
-    with pytest.raises(redis.ResponseError) as failure:
+    with pytest.raises(StoreRefusedError) as failure:
         store.park_once(broken)
 
     # Then it is not remembered as parked: parked properly, it is parked

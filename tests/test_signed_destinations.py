@@ -39,6 +39,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.entry import expand_entry, template_id
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.admin import requeue_dead
+from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.testing import RedisServer
 from tests.conftest import BROKER_DB, AppFactory
 from tests.support.deadletters import dead_reasons
@@ -179,7 +180,12 @@ def test_a_dead_letter_redirected_before_it_is_requeued_is_dead_lettered_again(
     task_id = _park_signed(app)
     store = store_for(app)
     claim = store.claim(0, limit=10, lease_ms=60_000)
-    assert store.dead_letter(0, claim.token, [(task_id, {"reason": "broker refused"})]) == 1
+    assert (
+        store.dead_letter(
+            0, claim.token, [(task_id, DeadReason("broker refused", due_ms=0, companion="test"))]
+        )
+        == 1
+    )
     # when an attacker rewrites it, in the dead-letter set, to go to "other"
     # (the payload is moved to where the attack reads it, and back),
     stored = redis_client.hget(SHARD0.dead_msg, task_id)

@@ -22,6 +22,7 @@ import celery_zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.parking import store_for
+from celery_zdelay.store.dead_reason import DeadReason
 from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,7 +127,12 @@ def test_lookup_tells_parked_in_flight_and_dead_apart(app: Celery) -> None:
     store.dead_letter(
         0,
         claim.token,
-        [(doomed.id, {"reason": "a reason of 60 characters, not cut" * 2, "due_ms": 1})],
+        [
+            (
+                doomed.id,
+                DeadReason("a reason of 60 characters, not cut" * 2, due_ms=1, companion="test"),
+            )
+        ],
     )
 
     parked = celery_zdelay.lookup(waiting.id, app=app)

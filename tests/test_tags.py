@@ -14,6 +14,7 @@ from celery_zdelay.cli import EXIT_OK
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import admin
+from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.marks import check_marks, repair_marks, tagged_ids
 from celery_zdelay.testing import RedisServer
 from tests.helpers import CeleryProcess, Runs, wait_for
@@ -93,7 +94,12 @@ def test_dead_letter_requeue_and_purge_keep_the_index_exact(
     assert [e.task_id for e in claim.entries] == [doomed.id]
 
     # Dead-lettered: neither its key nor its tag points at it any more
-    assert store.dead_letter(0, claim.token, [(doomed.id, {"reason": "test"})]) == 1
+    assert (
+        store.dead_letter(
+            0, claim.token, [(doomed.id, DeadReason("test", due_ms=0, companion="test"))]
+        )
+        == 1
+    )
     assert tagged_ids(store, "t") == []
     assert record.apply_delayed((2,), countdown=3600, key="k").id != doomed.id
     assert check_marks(store) == []
@@ -110,7 +116,12 @@ def test_dead_letter_requeue_and_purge_keep_the_index_exact(
 
     # Dead again and purged: nothing of it is left in the index
     claim = store.claim(0, limit=10, lease_ms=30_000)
-    assert store.dead_letter(0, claim.token, [(doomed.id, {"reason": "again"})]) == 1
+    assert (
+        store.dead_letter(
+            0, claim.token, [(doomed.id, DeadReason("again", due_ms=0, companion="test"))]
+        )
+        == 1
+    )
     found = celery_zdelay.lookup(doomed.id, app=app)
     assert found is not None
     assert found.state == "dead"

@@ -60,7 +60,7 @@ def test_the_claim_scripts_never_pick_an_entry_before_its_due_time_on_the_redis_
             assert time.monotonic() < deadline, f"released {released} of {len(dues)}"
             for shard in companion.shards:
                 before_ms = redis_ms(client)
-                result = companion._claim(shard, fresh=True)
+                result = companion.releaser.claim(shard, fresh=True)
                 after_ms = redis_ms(client)
                 assert before_ms <= result.now_ms <= after_ms
                 for due in result.handed_due_ms:

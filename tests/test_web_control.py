@@ -34,6 +34,7 @@ from celery_zdelay.web import create_app
 from celery_zdelay.web.security import BasicAuth
 from tests.conftest import AppFactory
 from tests.support.cli import run
+from tests.support.deadletters import make_dead_letter
 from tests.web_support import token_in
 
 pytestmark = pytest.mark.timeout(90)
@@ -282,3 +283,51 @@ def test_zdelay_status_shows_what_is_paused_since_when_and_what_waits(app: Celer
     document = json.loads(run(app, "status", "--json").stdout)
     (emails,) = [c for c in document["controls"] if c["name"] == "queue:emails"]
     assert (emails["paused_since_ms"], emails["waiting"]) == (since, 2)
+
+
+def _post_parked(client: Client, path: str, **fields: str) -> str:
+    token = token_in(client.get(path, headers=AUTH).get_data(as_text=True))
+    action = "/actions/dead" if path == "/dead" else "/actions/parked"
+    reply = client.post(action, headers=AUTH, data={"csrf_token": token, **fields})
+    assert reply.status_code == 303, reply.get_data(as_text=True)[-1500:]
+    return unquote_plus(reply.headers["Location"])
+
+
+def test_a_cancel_and_a_reschedule_from_the_dashboard_are_audited_with_the_user(
+    app: Celery, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    record = app.tasks["tests.record"]
+    doomed, moved = (record.apply_delayed((i,), countdown=600).id for i in range(2))
+    with caplog.at_level(logging.INFO, logger="celery_zdelay.audit"):
+        # When alice cancels one task and reschedules another from the dashboard
+        assert "cancelled 1 of 1" in _post_parked(client, "/parked", op="cancel", ids=doomed)
+        location = _post_parked(
+            client, "/parked", op="reschedule", ids=moved, eta="2100-01-01T00:00Z"
+        )
+        assert "rescheduled 1 of 1" in location
+
+    # Then each has its audit line naming her, as from the CLI
+    lines = [r.getMessage() for r in caplog.records if r.name == "celery_zdelay.audit"]
+    assert lines == [
+        f"Cancelled {doomed} by dashboard:alice",
+        f"Rescheduled {moved}: due 2100-01-01T00:00:00Z by dashboard:alice",
+    ]
+
+
+def test_dead_letters_requeued_and_purged_from_the_dashboard_are_audited_with_the_user(
+    app: Celery, store: Store, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = [app.tasks["tests.record"].apply_delayed((i,), countdown=600).id for i in range(3)]
+    for task_id in ids:
+        make_dead_letter(store, task_id, "refused")
+    with caplog.at_level(logging.INFO, logger="celery_zdelay.audit"):
+        assert "requeued 1 of 1" in _post_parked(client, "/dead", op="requeue", ids=ids[0])
+        assert "purged 1 of 1" in _post_parked(client, "/dead", op="purge", ids=ids[1])
+        assert "purged 1" in _post_parked(client, "/dead", op="purge", scope="all")
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "celery_zdelay.audit"]
+    assert lines == [
+        f"Requeued {ids[0]}, due now by dashboard:alice",
+        f"Purged 1 dead-lettered entries (asked: {ids[1]}) by dashboard:alice",
+        "Purged every dead-lettered entry (1) by dashboard:alice",
+    ]

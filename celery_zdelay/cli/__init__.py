@@ -1,8 +1,8 @@
 """``celery -A proj zdelay``: run the companion, and inspect or steer the store.
 
 The commands only parse options and wire the pieces together; the work is
-done by :mod:`celery_zdelay.companion`, :mod:`celery_zdelay.control`,
-:mod:`celery_zdelay.store.admin` and :mod:`celery_zdelay.metrics`, and the
+done by :mod:`celery_zdelay.companion`, :mod:`celery_zdelay.steering`,
+:mod:`celery_zdelay.store.admin` and :mod:`celery_zdelay.companion.metrics`, and the
 printing by :mod:`.views`. One module per group of commands:
 :mod:`.companion` (the ``zdelay`` group itself), :mod:`.inspect` (status,
 list), :mod:`.steer` (cancel, reschedule), :mod:`.dead`, :mod:`.limit` (limit,

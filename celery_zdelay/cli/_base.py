@@ -18,7 +18,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from .._format import parse_duration_ms
 from ..config import get_config
-from ..errors import ConfigurationError, StoreUnavailableError
+from ..errors import ConfigurationError, ZDelayError
 from ..schedule import Due, due_from
 from ..store import Store, admin
 
@@ -52,7 +52,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 #: An id given to ``cancel``, ``reschedule`` or ``dead requeue|purge`` was not found.
 EXIT_NOT_FOUND = 3
-#: The store (Redis) could not be reached (sysexits EX_UNAVAILABLE).
+#: The store (Redis) could not be reached, or refused for now (sysexits EX_UNAVAILABLE).
 EXIT_UNAVAILABLE = 69
 #: A setting or option is invalid (sysexits EX_CONFIG).
 EXIT_CONFIG = 78
@@ -208,6 +208,7 @@ class exit_codes:
         if isinstance(exc, ConfigurationError):
             click.echo(f"Error: {exc}", err=True)
             self.ctx.exit(EXIT_CONFIG)
-        if isinstance(exc, StoreUnavailableError):
+        if isinstance(exc, ZDelayError) and exc.transient:
+            # Unreachable, or refusing for now (out of memory, read-only, busy).
             click.echo(f"Error: {exc}", err=True)
             self.ctx.exit(EXIT_UNAVAILABLE)

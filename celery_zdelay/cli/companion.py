@@ -14,8 +14,8 @@ import click
 from celery.bin.base import LOG_LEVEL, CeleryOption, handle_preload_options
 
 from .._logjson import JsonFormatter
-from ..errors import ConfigurationError, StoreUnavailableError
-from ..metrics import DEFAULT_METRICS_ADDR
+from ..companion.metrics import DEFAULT_METRICS_ADDR
+from ..errors import ConfigurationError, ZDelayError
 from ._base import CONTEXT_SETTINGS, EXIT_OK, ZDelayGroup, exit_codes, parse_shards
 
 __all__ = ["zdelay"]
@@ -201,7 +201,7 @@ def zdelay(
             )
         metrics = None
         if metrics_port is not None:
-            from ..metrics import serve_metrics
+            from ..companion.metrics import serve_metrics
 
             metrics = serve_metrics(companion, port=metrics_port, addr=metrics_addr)
         try:
@@ -229,7 +229,9 @@ def _companion_once_the_store_answers(create: Callable[[], Any], stopping: threa
     while not stopping.is_set():
         try:
             companion = create()
-        except StoreUnavailableError as exc:
+        except ZDelayError as exc:
+            if not exc.transient:
+                raise  # a bad setting fails at once
             failed = True
             logger.error(
                 "%s The companion starts when the store answers; next try in %g s.", exc, pause

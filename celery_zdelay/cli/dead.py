@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from celery.bin.base import CeleryOption
 
+from .. import steering
 from .._format import count, counted
 from ..store import admin
 from . import views
@@ -15,7 +16,9 @@ from ._base import (
     EXIT_OK,
     ZDelayCommand,
     ZDelayGroup,
+    cli_user,
     echo_json,
+    exit_codes,
     json_option,
     limit_option,
     open_store,
@@ -103,9 +106,10 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
     """Park dead-lettered entries again, due now, with their original message."""
     if bool(task_ids) == requeue_all:
         raise click.UsageError("Give the ids to requeue, or --all.")
-    with open_store(ctx) as store:
+    app = ctx.obj.app
+    with exit_codes(ctx):
         if requeue_all:
-            requeued, left = admin.requeue_all_dead(store)
+            requeued, left = steering.requeue_all_dead(app=app, by=cli_user())
             click.echo(f"requeued {counted(requeued, 'entry', 'entries')}, due now")
             if left:
                 click.echo(
@@ -113,7 +117,7 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
                     "or the id was parked again (see: zdelay dead list)"
                 )
             ctx.exit(EXIT_OK)
-        flags = admin.requeue_dead(store, task_ids)
+        flags = steering.requeue_dead(task_ids, app=app, by=cli_user())
     for task_id, done in zip(task_ids, flags, strict=True):
         if done:
             click.echo(f"requeued      {task_id}, due now")
@@ -137,12 +141,14 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
 @click.pass_context
 def dead_purge(ctx: click.Context, task_ids: tuple[str, ...], yes: bool) -> None:
     """Delete dead-lettered entries for good: the given ids, or all of them."""
-    with open_store(ctx) as store:
+    app = ctx.obj.app
+    with exit_codes(ctx):
         if task_ids:
-            purged = admin.purge_dead(store, task_ids)
+            purged = steering.purge_dead(task_ids, app=app, by=cli_user())
             click.echo(f"purged {count(purged)} of {counted(len(task_ids), 'entry', 'entries')}")
             ctx.exit(EXIT_OK if purged == len(set(task_ids)) else EXIT_NOT_FOUND)
-        total = admin.counts(store).dead
+        with open_store(ctx) as store:
+            total = admin.counts(store).dead
         if total == 0:
             click.echo("No dead-lettered entries.")
             ctx.exit(EXIT_OK)
@@ -150,5 +156,5 @@ def dead_purge(ctx: click.Context, task_ids: tuple[str, ...], yes: bool) -> None
         if not yes and not click.confirm(question):
             click.echo("Nothing purged.")
             ctx.exit(EXIT_CHECK_FAILED)
-        purged = admin.purge_dead(store)
+        purged = steering.purge_dead(app=app, by=cli_user())
     click.echo(f"purged {counted(purged, 'entry', 'entries')}")

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryOption
 
-from .. import control
+from .. import steering
 from .._format import counted, duration, parse_duration_ms, relative_due, utc
 from ..app_state import store_for
 from ..errors import ConfigurationError
@@ -162,11 +162,11 @@ def cancel(
     app = ctx.obj.app
     with exit_codes(ctx):
         if filters is not None:
-            n = control.cancel_matching(dry_run=dry_run, app=app, by=cli_user(), **filters)
+            n = steering.cancel_matching(dry_run=dry_run, app=app, by=cli_user(), **filters)
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would cancel {tasks} (dry run)" if dry_run else f"cancelled {tasks}")
             ctx.exit(EXIT_OK)
-        found = control.cancel_ids(task_ids, app=app, by=cli_user())
+        found = steering.cancel_ids(task_ids, app=app, by=cli_user())
     for task_id, was_parked in zip(task_ids, found, strict=True):
         if was_parked:
             click.echo(f"cancelled   {task_id}")
@@ -241,15 +241,15 @@ def reschedule(
     app = ctx.obj.app
     with exit_codes(ctx):
         if filters is not None:
-            n = control.reschedule_matching(
+            n = steering.reschedule_matching(
                 countdown=countdown, eta=eta, dry_run=dry_run, app=app, by=cli_user(), **filters
             )
             tasks = counted(n, "parked task", "parked tasks")
             click.echo(f"would reschedule {tasks} (dry run)" if dry_run else f"rescheduled {tasks}")
             ctx.exit(EXIT_OK)
         assert task_id is not None
-        moved = control.reschedule(task_id, countdown=countdown, eta=eta, app=app, by=cli_user())
-        found = control.lookup(task_id, app=app) if moved else None
+        moved = steering.reschedule(task_id, countdown=countdown, eta=eta, app=app, by=cli_user())
+        found = steering.lookup(task_id, app=app) if moved else None
         now_ms = store_for(app).time_ms()
     if not moved:
         click.echo(f"not parked  {task_id} (unknown, released, or being released)")

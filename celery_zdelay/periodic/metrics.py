@@ -68,9 +68,9 @@ class PeriodicCollector:
 
         try:
             _, infos = schedules_in(self.periodic)
-        except ZDelayError:
-            return  # the store is down: the store collector says so (zdelay_store_up)
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, ZDelayError) and exc.transient:
+                return  # the store is down: the store collector says so (zdelay_store_up)
             # Anything else is a fault to fix (a damaged key, a bug), not an
             # outage: say so rather than let the gauges vanish unexplained.
             logger.exception("Metrics scrape could not read the periodic schedules")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from celery.schedules import BaseSchedule
 
 from ..capture import announce_parked, capture
-from ..errors import StoreUnavailableError
+from ..errors import ZDelayError
 from ..parking import park_requests
 from ..schedule import Due
 from ..store import ParkRequest, Store
@@ -270,9 +270,9 @@ class PeriodicServer:
             try:
                 gap_decided = self._sort_out_missed(definition, snap)
                 parked += self._tend_one(definition, snap, gap_decided=gap_decided)
-            except StoreUnavailableError:
-                raise
-            except Exception:
+            except Exception as exc:
+                if isinstance(exc, ZDelayError) and exc.transient:
+                    raise  # the store's state, not this schedule's: the caller waits
                 logger.exception("Periodic task %r: parking its next occurrences failed", name)
         self.parked += parked
         return parked

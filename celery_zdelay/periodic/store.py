@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any, cast
 
 from ..store import ParkRequest, Store
-from ..store.client import unavailable_as_error
+from ..store.client import store_errors
 from ..store.keys import periodic_keys
 from ..store.scripts import guarded, script_source
 from .definition import Definition
@@ -136,7 +136,7 @@ class PeriodicStore:
     def snapshot(self) -> Snapshot:
         """Read definitions, pointers, pause state and pending cancels at once."""
         k = self.keys
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             with self.store.client.pipeline(transaction=False) as pipe:
                 pipe.hgetall(k.defs)
                 pipe.hgetall(k.pointers)
@@ -214,7 +214,7 @@ class PeriodicStore:
 
     def unserved(self) -> dict[str, str]:
         """Name -> why, of the entries of the stored configuration that no companion serves."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             raw = self.store.client.hget(self.keys.meta, "unserved")
         return _unserved(raw)
 
@@ -232,7 +232,7 @@ class PeriodicStore:
 
     def _define_call(self, args: list[Any]) -> tuple[str, list[tuple[str, str]]]:
         k = self.keys
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             reply = self._define(
                 keys=[
                     k.defs,
@@ -255,7 +255,7 @@ class PeriodicStore:
     def set_paused(self, name: str, paused: bool) -> int:
         """Pause or resume *name*: 1 done, 0 no such schedule, 2 already so."""
         k = self.keys
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             done = int(
                 self._pause(
                     keys=[k.defs, k.pointers, k.paused, k.cancel, k.versions, *self._shard_keys()],
@@ -274,7 +274,7 @@ class PeriodicStore:
         """
         if not self.store.cluster:
             return []
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             ids = sorted(_text(i) for i in self.store.client.smembers(self.keys.cancel))
         if not ids:
             return []
@@ -293,7 +293,7 @@ class PeriodicStore:
         if not store.cluster:
             # Refused atomically once its version is replaced or paused.
             keys += [self.keys.pointers, self.keys.paused]
-        with unavailable_as_error(store.url):
+        with store_errors(store.url):
             reply = self._park_once(keys=keys, args=[*args, self.tick_memory_ms])
         return bool(reply)
 
@@ -301,7 +301,7 @@ class PeriodicStore:
         """Return which of *task_ids* are still parked (waiting in a due set)."""
         store = self.store
         found: set[str] = set()
-        with unavailable_as_error(store.url):
+        with store_errors(store.url):
             for task_id in task_ids:
                 due = store.keys(store.shard_of(task_id)).due
                 if store.client.zscore(due, task_id) is not None:
@@ -316,7 +316,7 @@ class PeriodicStore:
         released is left.
         """
         store = self.store
-        with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+        with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
             for name, task_id in occurrences:
                 keys = store.keys(store.shard_of(task_id))
                 for where in (keys.due, keys.lease, keys.dead, self.keys.missed_prefix + name):
@@ -351,7 +351,7 @@ class PeriodicStore:
         for ms, task_id in [*missed_ids, *parked]:
             args += [ms, task_id]
         keys = [k.pointers, k.paused, k.counts, k.missed_prefix + name]
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             reply = int(self._advance(keys=keys, args=args))
         return {1: "done", 0: "paused"}.get(reply, "changed")
 
@@ -364,27 +364,27 @@ class PeriodicStore:
         args: list[str] = []
         for name, record in runs.items():
             args += [name, record]
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             recorded = self._record_runs(keys=[self.keys.runs], args=args)
         return [_text(name) for name in recorded]
 
     def count(self, name: str, counter: str, ticks: int = 1) -> None:
         """Add *ticks* to *counter* (one of :data:`COUNTERS`) of schedule *name*."""
         if ticks > 0:
-            with unavailable_as_error(self.store.url):
+            with store_errors(self.store.url):
                 self.store.client.hincrby(self.keys.counts, f"{name}\n{counter}", ticks)
 
     def note_missed(self, name: str, missed_ids: Sequence[tuple[int, str]]) -> None:
         """Remember (ms, id) of occurrences of *name* that did not run, for :meth:`claim_missed`."""
         if missed_ids:
-            with unavailable_as_error(self.store.url):
+            with store_errors(self.store.url):
                 self.store.client.zadd(
                     self.keys.missed_prefix + name, {task_id: ms for ms, task_id in missed_ids}
                 )
 
     def missed_between(self, name: str, since_ms: int, until_ms: int) -> list[tuple[int, str]]:
         """Return (ms, id) of the remembered missed occurrences of *name* in the window."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             found = self.store.client.zrangebyscore(
                 self.keys.missed_prefix + name, since_ms, until_ms, withscores=True
             )
@@ -392,12 +392,12 @@ class PeriodicStore:
 
     def claim_missed(self, name: str, task_id: str) -> bool:
         """Take a missed occurrence to run it now; True for one caller only, ever."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             return bool(self.store.client.zrem(self.keys.missed_prefix + name, task_id))
 
     def forget_cancelled(self, task_ids: Sequence[str]) -> None:
         if task_ids:
-            with unavailable_as_error(self.store.url):
+            with store_errors(self.store.url):
                 self.store.client.srem(self.keys.cancel, *task_ids)
 
 

@@ -1,7 +1,7 @@
 """Inspect and administer the store: counts, listings, dead letters, health.
 
 One import for all of it; each concern lives in its own module:
-:mod:`.counts`, :mod:`.health` (companions, Redis settings, status),
+:mod:`.counts`, :mod:`.heartbeats` (companions), :mod:`.health` (Redis settings, status),
 :mod:`.listing` and :mod:`.deadletters`.
 
 This is what ``celery -A proj zdelay status|list|dead`` and the Prometheus
@@ -20,12 +20,9 @@ from __future__ import annotations
 from .counts import Counts, ShardCounts, counts
 from .deadletters import DeadEntry, list_dead, purge_dead, requeue_all_dead, requeue_dead
 from .health import (
-    COMPANION_ALIVE_MS,
-    CompanionInfo,
     ServerHealth,
     Status,
     check,
-    companions,
     log_store_warnings,
     no_companion_warning,
     server_health,
@@ -34,6 +31,7 @@ from .health import (
     stranded_warning,
     wake_problem,
 )
+from .heartbeats import COMPANION_ALIVE_MS, CompanionInfo, companions
 from .listing import MAX_SCAN, Listing, ParkedEntry, list_parked
 from .reading import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 

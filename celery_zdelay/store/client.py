@@ -25,14 +25,15 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..config import RetryPolicy, ZDelayConfig
-from ..errors import ConfigurationError, StoreRefusedError, StoreUnavailableError
+from ..errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
 
 __all__ = [
     "StoreClient",
     "make_client",
-    "refused_as_error",
     "sanitize_url",
-    "unavailable_as_error",
+    "server_state",
+    "store_errors",
+    "translate",
 ]
 
 #: Seconds to wait for a TCP connection to the store before retrying.
@@ -96,7 +97,7 @@ def make_client(config: ZDelayConfig) -> StoreClient:
         health_check_interval=30,
         **options,
     )
-    with unavailable_as_error(config.redis_url):
+    with store_errors(config.redis_url):
         cluster_enabled = client.info("cluster").get("cluster_enabled")
     if not cluster_enabled:
         return client
@@ -145,70 +146,123 @@ def sanitize_url(url: str) -> str:
 
 
 @contextmanager
-def unavailable_as_error(url: str) -> Iterator[None]:
-    """Turn redis-py's connection failures into :class:`StoreUnavailableError`.
+def store_errors(url: str) -> Iterator[None]:
+    """Raise redis-py's errors inside the block as celery-zdelay's own (:func:`translate`).
 
-    Each message says what to fix: a wrong or missing password is not "check
-    that Redis is running". A database number the server does not have is a
-    :class:`ConfigurationError`.
+    Every call to the store goes through this, so producers, the companion,
+    the periodic server, the CLI and the dashboard all get the same errors
+    with the same explanations. Errors that are not the store's to explain
+    (a WATCH that saw a change, a script's NOSCRIPT) pass unchanged.
     """
     try:
         yield
-    except redis.exceptions.AuthenticationError as exc:
-        raise StoreUnavailableError(_auth_message(url, exc)) from exc
-    except UNAVAILABLE as exc:
-        raise StoreUnavailableError(
+    except redis.exceptions.RedisError as exc:
+        error = translate(exc, url)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def translate(exc: BaseException, url: str) -> ZDelayError | None:
+    """Return celery-zdelay's error for redis-py's *exc* from the store at *url*.
+
+    Each message says what to fix: a wrong or missing password is not "check
+    that Redis is running". A database number the server does not have is a
+    :class:`ConfigurationError`. Returns None for errors that are no refusal
+    (WATCH, NOSCRIPT, a bad argument): their callers handle them.
+    """
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return StoreUnavailableError(_auth_message(url, exc))
+    if isinstance(exc, UNAVAILABLE):
+        return StoreUnavailableError(
             f"Cannot reach the celery-zdelay store at {sanitize_url(url)}: "
             f"{str(exc).rstrip('.')}. "
             "Check that Redis is running and that zdelay_redis_url points to it; "
             "the call did not complete, and repeating it is safe."
-        ) from exc
-    except redis.exceptions.ResponseError as exc:
-        if "DB index is out of range" not in str(exc):
-            raise
+        )
+    if not isinstance(exc, redis.exceptions.ResponseError) or isinstance(
+        exc, redis.exceptions.NoScriptError
+    ):
+        return None
+    if "DB index is out of range" in str(exc):
         database = urlsplit(url).path.strip("/") or "0"
-        raise ConfigurationError(
+        return ConfigurationError(
             f"The store URL {sanitize_url(url)} names database {database}, which that Redis "
             "does not have (16 by default, 0 to 15; a Redis Cluster has only 0). Fix the "
             "number in zdelay_redis_url (or the broker URL it defaults to), or raise "
             "`databases` in redis.conf."
-        ) from exc
+        )
+    return StoreRefusedError(_refusal_message(url, exc), transient=server_state(exc) is not None)
 
 
-@contextmanager
-def refused_as_error(url: str) -> Iterator[None]:
-    """Turn the store's refusal of a write into :class:`StoreRefusedError`.
+#: Redis error replies that describe the server's state, not the command:
+#: out of memory, a read-only replica, loading, failing over, busy with a
+#: script, no permission. The same command succeeds once the state passes.
+SERVER_STATES = (
+    "OOM",
+    "READONLY",
+    "LOADING",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "BUSY",
+    "MISCONF",
+    "NOAUTH",
+    "NOPERM",
+)
+#: redis-py's classes for some of them, whatever their text.
+_SERVER_STATE_CLASSES = {
+    "OutOfMemoryError": "OOM",
+    "ReadOnlyError": "READONLY",
+    "NoPermissionError": "NOPERM",
+}
 
-    Producers see celery-zdelay's own error with the fix, not redis-py's.
-    Only for calls whose scripts check before they write, so "nothing was
-    written" in the message is true. The companion keeps redis-py's classes:
-    its loop backs off on them.
+
+def server_state(exc: BaseException) -> str | None:
+    """The reply code (``OOM``, ``READONLY``...) when *exc* is a Redis reply about
+    the server's state rather than the command, else None.
+
+    For the store's replies and a Redis broker's alike: the message or the
+    call waits for the server instead of failing for good.
     """
-    try:
-        yield
-    except redis.exceptions.ResponseError as exc:
-        raise StoreRefusedError(_refusal_message(url, exc)) from exc
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        return None
+    known = _SERVER_STATE_CLASSES.get(type(exc).__name__)
+    if known is not None:
+        return known
+    text = str(exc.args[0]) if exc.args else ""
+    # redis-py prefixes pipeline errors with "Command # N (...) of pipeline caused error: ".
+    text = text.rpartition("caused error: ")[2]
+    return next((code for code in SERVER_STATES if text.startswith(code)), None)
 
 
 def _refusal_message(url: str, exc: Exception) -> str:
     where = f"The celery-zdelay store at {sanitize_url(url)}"
     text = str(exc).rstrip(".")
-    if isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
+    state = server_state(exc)
+    if state == "OOM":
         fix = (
             "is out of memory (maxmemory reached under noeviction) and refused the write. "
             "Raise maxmemory, free memory, or give celery-zdelay its own instance"
         )
-    elif isinstance(exc, redis.exceptions.ReadOnlyError) or text.startswith("READONLY"):
+    elif state == "READONLY":
         fix = (
             "is a read-only replica and refused the write. Point zdelay_redis_url at "
             "the primary (or use a sentinel:// URL, which follows failovers)"
         )
-    elif text.startswith("NOPERM"):
+    elif state == "NOPERM":
         fix = (
             "refused the write: its ACL user lacks a command or key it needs. Give the "
             "user the ACL rule of its role (producer, companion, dashboard) listed under "
             '"Redis ACL" in the deployment docs'
         )
+    elif state == "BUSY":
+        fix = (
+            "is busy running a script longer than busy-reply-threshold and refused the "
+            "call until it ends. Wait, or stop the script (SCRIPT KILL, FUNCTION KILL)"
+        )
+    elif state is not None:
+        fix = "refused the write for now; repeat the call once the server recovers"
     else:
         fix = "refused the write"
     return f"{where} {fix}; nothing was written. Redis said: {text}."

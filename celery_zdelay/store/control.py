@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 from ..rates import RateLimit, parse_limit
-from .client import unavailable_as_error
+from .client import store_errors
 from .keys import control_keys, held_key, lanes_key
 from .scripts import guarded
 from .store import ClaimResult, Store, claim_result
@@ -62,7 +62,7 @@ class ControlStore:
 
     def read(self) -> ControlState:
         """Return the limits set at run time and the pauses."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             if self.store.cluster:
                 raw_limits = self.store.client.hgetall(self.keys.limits)
                 raw_paused = self.store.client.hgetall(self.keys.paused)
@@ -79,7 +79,7 @@ class ControlStore:
 
     def set_limit(self, name: str, limit: RateLimit | None, *, tombstone: bool) -> None:
         """Store *limit* for *name*; None removes it (as :data:`REMOVED` if *tombstone*)."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             if limit is not None:
                 value = json.dumps(limit.as_json(), separators=(",", ":"))
                 self.store.client.hset(self.keys.limits, name, value)
@@ -92,21 +92,21 @@ class ControlStore:
     def pause(self, name: str) -> int:
         """Pause *name*; return since when (ms), the earlier time if it already was."""
         now_ms = self.store.time_ms()
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             self.store.client.hsetnx(self.keys.paused, name, now_ms)
             since = self.store.client.hget(self.keys.paused, name)
         return int(since) if since is not None else now_ms
 
     def resume(self, name: str) -> bool:
         """Resume *name*; return whether it was paused."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             removed = int(self.store.client.hdel(self.keys.paused, name))
         self.wake()
         return bool(removed)
 
     def wake(self) -> None:
         """Wake sleeping companions, so a resume or a new limit applies at once."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             for shard in self.store.shards:
                 self.store.client.publish(self.store.keys(shard).wake, "control")
 
@@ -114,7 +114,7 @@ class ControlStore:
 
     def take_tokens(self, name: str, limit: RateLimit, wanted: int) -> tuple[int, int]:
         """Take up to *wanted* tokens of *name*'s bucket: (granted, ms until the next one)."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             granted, wait_ms = self._take(
                 keys=[self.keys.bucket(self.prefix, name)],
                 args=[_per_ms(limit), limit.burst, wanted],
@@ -126,7 +126,7 @@ class ControlStore:
         """Return *unused* tokens to *name*'s bucket (capped at its burst)."""
         if unused <= 0:
             return
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             self._take(
                 keys=[self.keys.bucket(self.prefix, name)],
                 args=[_per_ms(limit), limit.burst, -unused],
@@ -140,7 +140,7 @@ class ControlStore:
         if not task_ids:
             return 0
         keys = self.store.keys(shard)
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             return int(
                 self._hold(
                     keys=[
@@ -157,7 +157,7 @@ class ControlStore:
     def lanes(self, shards: Iterable[int]) -> dict[int, set[str]]:
         """Return, per shard, the names of the controls with held entries there."""
         shard_list = list(shards)
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             if self.store.cluster:
                 replies = [
                     self.store.client.smembers(lanes_key(self.prefix, s)) for s in shard_list
@@ -175,7 +175,7 @@ class ControlStore:
 
     def peek(self, shard: int, name: str, count: int) -> list[int]:
         """Return the due scores of the first *count* entries held by *name* on *shard*."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             reply: Any = self.store.client.zrange(
                 held_key(self.prefix, shard, name), 0, count - 1, withscores=True
             )
@@ -183,7 +183,7 @@ class ControlStore:
 
     def held_count(self, shard: int, name: str) -> int:
         """Return how many entries *name* holds on *shard*."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             return int(self.store.client.zcard(held_key(self.prefix, shard, name)))
 
     def claim_held(self, shard: int, name: str, *, limit: int, lease_ms: int) -> ClaimResult:
@@ -194,7 +194,7 @@ class ControlStore:
         entries are due again (then held again if the control still holds).
         """
         keys = self.store.keys(shard)
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             reply = self.store.scripts.claim(
                 keys=[
                     held_key(self.prefix, shard, name),
@@ -210,7 +210,7 @@ class ControlStore:
 
     def forget_lane(self, shard: int, name: str) -> bool:
         """Forget *name*'s held set on *shard* if it is empty; return whether it was."""
-        with unavailable_as_error(self.store.url):
+        with store_errors(self.store.url):
             return bool(
                 self._forget(
                     keys=[held_key(self.prefix, shard, name), lanes_key(self.prefix, shard)],

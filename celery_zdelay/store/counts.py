@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..due_score import due_ms_of, last_score_of
-from .client import unavailable_as_error
+from .client import store_errors
 from .reading import leased_due_ms, selected_shards
 from .store import Store
 
@@ -91,7 +91,7 @@ def counts(store: Store, shards: Iterable[int] | None = None) -> Counts:
     now_ms = store.time_ms()
     # An entry is overdue when claim.lua would take it now: score below (now + 1 ms) * 1024.
     due_now = last_score_of(now_ms)
-    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         for shard in numbers:
             keys = store.keys(shard)
             pipe.zcard(keys.due)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .client import unavailable_as_error
+from .client import store_errors
 from .listing import Listing
 from .reading import (
     ADMIN_BATCH,
@@ -62,7 +62,7 @@ def list_dead(
     more = False
     for shard in numbers:
         keys = store.keys(shard)
-        with unavailable_as_error(store.url):
+        with store_errors(store.url):
             members = cast(
                 "list[tuple[bytes, float]]",
                 store.client.zrevrange(keys.dead, 0, limit, withscores=True),
@@ -146,7 +146,7 @@ def requeue_all_dead(store: Store, shards: Iterable[int] | None = None) -> tuple
         # Entries that cannot be requeued stay in the set: step over them.
         offset = 0
         while True:
-            with unavailable_as_error(store.url):
+            with store_errors(store.url):
                 members = store.client.zrangebyscore(
                     keys.dead, "-inf", until_ms, start=offset, num=ADMIN_BATCH
                 )
@@ -162,7 +162,7 @@ def requeue_all_dead(store: Store, shards: Iterable[int] | None = None) -> tuple
 def _requeue_call(store: Store, shard: int, task_ids: list[str]) -> list[bool]:
     keys = store.keys(shard)
     store.ensure_allowed(keys.due, "requeue")
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         reply = store.scripts.requeue(
             keys=[
                 keys.dead,
@@ -204,7 +204,7 @@ def purge_dead(
     purged = 0
     for shard in numbers:
         while True:
-            with unavailable_as_error(store.url):
+            with store_errors(store.url):
                 members = store.client.zrangebyscore(
                     store.keys(shard).dead, "-inf", until_ms, start=0, num=ADMIN_BATCH
                 )

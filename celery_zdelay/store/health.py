@@ -6,7 +6,6 @@ Prometheus collector read besides the counts.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Sequence
@@ -16,19 +15,17 @@ import redis
 
 from .._format import duration
 from ..config import MAX_SHARDS
-from .client import sanitize_url, unavailable_as_error
+from .client import sanitize_url, store_errors
 from .counts import Counts, counts
-from .keys import companions_key, shard_keys
+from .heartbeats import CompanionInfo, companions
+from .keys import shard_keys
 from .reading import as_text as _text
 from .store import Store
 
 __all__ = [
-    "COMPANION_ALIVE_MS",
-    "CompanionInfo",
     "ServerHealth",
     "Status",
     "check",
-    "companions",
     "log_store_warnings",
     "no_companion_warning",
     "server_health",
@@ -41,77 +38,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: A companion whose last heartbeat is older than this is shown as stale, not
-#: alive. Companions beat every 5 s; the margin covers a slow pass and clock
-#: differences between hosts.
-COMPANION_ALIVE_MS = 30_000
 
-
-# -- companions ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CompanionInfo:
-    """A companion as its last heartbeat describes it."""
-
-    id: str
-    host: str
-    pid: int
-    version: str
-    shards: list[int]
-    #: Whether the companion hands entries straight to a Redis broker, and why not.
-    handoff: str
-    started_ms: int
-    #: When the companion last wrote its heartbeat (the Redis clock).
-    seen_ms: int
-    #: Entries it released since it started.
-    released: int
-    #: Entries it dead-lettered since it started.
-    dead_lettered: int
-    #: The heartbeat is younger than :data:`COMPANION_ALIVE_MS`.
-    alive: bool
-    #: Why the companion gets no wake-ups (a permission Redis refused), or "".
-    wakeup: str = ""
-    #: It serves the periodic schedules (``--beat``/``zdelay_beat``).
-    beat: bool = False
-
-
-def companions(store: Store, *, now_ms: int | None = None) -> list[CompanionInfo]:
-    """Return the companions that wrote a heartbeat, alive ones first.
-
-    A companion removes its heartbeat when it stops; one that was killed
-    leaves it behind, shown as not alive, until a live companion prunes it
-    an hour later.
-    """
-    now = store.time_ms() if now_ms is None else now_ms
-    with unavailable_as_error(store.url):
-        beats = store.client.hgetall(companions_key(store.config.key_prefix))
-    found = []
-    for raw_id, raw in beats.items():
-        try:
-            beat = json.loads(raw)
-            seen_ms = int(beat.get("seen_ms", 0))
-            found.append(
-                CompanionInfo(
-                    id=str(beat.get("id") or _text(raw_id)),
-                    host=str(beat.get("host", "")),
-                    pid=int(beat.get("pid", 0)),
-                    version=str(beat.get("version", "")),
-                    shards=[int(s) for s in beat.get("shards", [])],
-                    handoff=str(beat.get("handoff", "")),
-                    started_ms=int(beat.get("started_ms", 0)),
-                    seen_ms=seen_ms,
-                    released=int(beat.get("released", 0)),
-                    dead_lettered=int(beat.get("dead_lettered", 0)),
-                    beat=bool(beat.get("beat", False)),
-                    alive=now - seen_ms <= COMPANION_ALIVE_MS,
-                    wakeup=str(beat.get("wakeup") or ""),
-                )
-            )
-        except (ValueError, TypeError, AttributeError):
-            logger.debug("Ignoring an unreadable heartbeat of %s: %r", _text(raw_id), raw)
-    found.sort(key=lambda c: (not c.alive, -c.seen_ms, c.id))
-    return found
+# -- companions (their heartbeats: see heartbeats.py) -------------------------
 
 
 def no_companion_warning(store: Store) -> str | None:
@@ -167,7 +95,7 @@ def wake_problem(store: Store) -> str | None:
         StoreUnavailableError: Redis cannot be reached.
     """
     channels = [store.keys(shard).wake for shard in store.shards]
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         if store.cluster:
             # PUBLISH reaches every node from any one: the first channel tells.
             replies: list[object] = []
@@ -219,7 +147,7 @@ def server_health(store: Store) -> ServerHealth:
     """
     config: dict[str, str] = {}
     unreadable: str | None = None
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         try:
             # One CONFIG GET per name: Redis before 7.0 takes one pattern only,
             # and a cluster client cannot pipeline CONFIG.
@@ -311,7 +239,7 @@ def stranded_shards(store: Store) -> list[int]:
     if not beyond:
         return []
     prefix = store.config.key_prefix
-    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         for shard in beyond:
             keys = shard_keys(prefix, shard)
             pipe.exists(keys.due, keys.lease, keys.dead)

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ..due_score import due_ms_of
 from ..entry import parked_ms
-from .client import unavailable_as_error
+from .client import store_errors
 from .marks import mark_records, parse_record, tagged_ids
 from .reading import (
     DEFAULT_LIST_LIMIT,
@@ -185,7 +185,7 @@ def in_flight_in_shard(
     bounded by the companions' batches, so it is read whole.
     """
     keys = store.keys(shard)
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         leased = cast("dict[bytes, bytes]", store.client.hgetall(keys.leased))
         members = list(leased)
         payloads = cast(
@@ -253,7 +253,7 @@ def _tagged_in_shard(
     if not ids:
         return []
     members = [task_id.encode() for task_id in ids]
-    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         pipe.zmscore(keys.due, ids)
         pipe.hmget(keys.leased, members)
         pipe.hmget(keys.msg, members)

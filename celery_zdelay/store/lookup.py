@@ -18,7 +18,7 @@ from ..due_score import due_ms_of
 from ..entry import decode_entry, parked_ms
 from ..errors import EntryError
 from ..keys import TAGS_HEADER
-from .client import unavailable_as_error
+from .client import store_errors
 from .deadletters import dead_entry
 from .marks import parse_record, tagged_ids
 from .reading import (
@@ -88,7 +88,7 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
     """Return the entry parked, in flight or dead-lettered under *task_id*, else None."""
     shard = store.shard_of(task_id)
     keys = store.keys(shard)
-    with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         pipe.zscore(keys.due, task_id)
         pipe.hget(keys.leased, task_id)
         pipe.hget(keys.msg, task_id)
@@ -197,7 +197,7 @@ def _select_tagged(
         read_payloads = task is not None or queue is not None or bool(signing_keys)
         for start in range(0, len(ids), _PAGE):
             chunk = ids[start : start + _PAGE]
-            with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+            with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
                 for task_id in chunk:
                     pipe.zscore(keys.due, task_id)
                 pipe.hmget(keys.msg, chunk)

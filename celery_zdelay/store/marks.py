@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from redis.commands.core import Script
 
-from .client import refused_as_error, unavailable_as_error
+from .client import store_errors
 from .scripts import guarded
 from .store import ParkRequest, Store
 
@@ -138,7 +138,7 @@ def park_marked(store: Store, requests: Sequence[ParkRequest]) -> list[Parked]:
     for index, request in enumerate(requests):
         by_shard[store.shard_of(request.task_id)].append(index)
     script = _scripts(store).park_keyed
-    with refused_as_error(store.url), unavailable_as_error(store.url):
+    with store_errors(store.url):
         store._check_sizes(requests)
         if len(by_shard) == 1 or store.cluster:
             replies = [
@@ -183,7 +183,7 @@ def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
             continue
         shard = store.shard_of(request.task_id)
         keys = store.keys(shard)
-        with unavailable_as_error(store.url):
+        with store_errors(store.url):
             value = store.client.hget(keys.marks, "k:" + key)
             if value is None:
                 continue
@@ -206,7 +206,7 @@ def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
                 holder,
                 extra={"task_id": holder},
             )
-            with unavailable_as_error(store.url):
+            with store_errors(store.url):
                 _scripts(store).drop_key(keys=[keys.marks], args=[key, value])
 
 
@@ -234,7 +234,7 @@ def _park_call(
 def finish_key(store: Store, key: str, task_id: str) -> bool:
     """Free *key* after task *task_id* (``until_finished``) ran; return whether it held it."""
     keys = store.keys(store.shard_of(key))
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         return bool(_scripts(store).finish_key(keys=[keys.marks, keys.due], args=[key, task_id]))
 
 
@@ -248,7 +248,7 @@ def start_run(
     ``until_finished`` key is (:func:`finish_key`), or when *hold_ms* passed.
     """
     keys = store.keys(store.shard_of(key))
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         reply = _scripts(store).start_run(keys=[keys.marks], args=[key, task_id, hold_ms, policy])
     verdict = _text(reply[0])
     return verdict, (_text(reply[1]) if len(reply) > 1 else None)
@@ -265,7 +265,7 @@ def tagged_ids(store: Store, tag: str, *, shards: Iterable[int] | None = None) -
         key = store.keys(shard).tagged
         offset = 0
         while True:
-            with unavailable_as_error(store.url):
+            with store_errors(store.url):
                 members = cast(
                     "list[bytes]",
                     store.client.zrangebylex(key, low, high, start=offset, num=_PAGE),
@@ -288,7 +288,7 @@ def mark_records(store: Store, shard: int, members: list[bytes]) -> list[bytes |
 def marks_of(store: Store, task_id: str, shard: int, *, dead: bool = False) -> EntryMarks | None:
     """Return the key and tags recorded for *task_id* on *shard*, or None."""
     field_name = ("d:" if dead else "i:") + task_id
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         record = store.client.hget(store.keys(shard).marks, field_name)
     if record is None:
         return None
@@ -310,7 +310,7 @@ def parse_record(record: str) -> EntryMarks:
 def key_holder(store: Store, key: str) -> tuple[str, int | None] | None:
     """Return (id, hold end ms or None while parked) of the entry holding *key*, if any."""
     keys = store.keys(store.shard_of(key))
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         value = store.client.hget(keys.marks, "k:" + key)
     if value is None:
         return None
@@ -335,7 +335,7 @@ def check_marks(store: Store, *, shards: Iterable[int] | None = None) -> list[Ma
 
 def _check_shard(store: Store, shard: int) -> list[MarkProblem]:
     keys = store.keys(shard)
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         fields = {
             _text(name): _text(value)
             for name, value in store.client.hscan_iter(keys.marks, count=_PAGE)
@@ -409,7 +409,7 @@ def _states(store: Store, shard: int, ids: list[str]) -> tuple[set[str], set[str
     dead: set[str] = set()
     for start in range(0, len(ids), _PAGE):
         chunk = ids[start : start + _PAGE]
-        with unavailable_as_error(store.url), store.client.pipeline(transaction=False) as pipe:
+        with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
             for task_id in chunk:
                 pipe.hexists(keys.msg, task_id)
                 pipe.zscore(keys.dead, task_id)
@@ -448,7 +448,7 @@ def _repair_shard(store: Store, shard: int) -> int:
     from redis.exceptions import WatchError
 
     keys = store.keys(shard)
-    with unavailable_as_error(store.url), store.client.pipeline(transaction=True) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=True) as pipe:
         try:
             pipe.watch(keys.marks, keys.tagged, keys.due, keys.msg, keys.dead)
             problems = _check_shard(store, shard)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, cast
 from ..due_score import due_ms_of, score_of, score_range
 from ..entry import TemplateLookup, entry_headers, entry_routing_key, expand_entry
 from ..errors import ConfigurationError, EntryError
-from .client import unavailable_as_error
+from .client import store_errors
 from .marks import mark_records
 from .store import Store
 
@@ -148,7 +148,7 @@ def _scan_shard(
     page = first_page
     while per_shard is None or yielded < per_shard:
         size = page if per_shard is None else min(page, per_shard - yielded)
-        with unavailable_as_error(store.url):
+        with store_errors(store.url):
             # The store's client returns bytes (decode_responses=False).
             members = cast(
                 "list[tuple[bytes, float]]",

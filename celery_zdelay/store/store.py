@@ -7,7 +7,6 @@ into values; it decides nothing about what to release.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,10 +27,10 @@ from .client import (
     StoreClient,
     is_cluster,
     make_client,
-    refused_as_error,
     sanitize_url,
-    unavailable_as_error,
+    store_errors,
 )
+from .dead_reason import DeadReason
 from .keys import ShardKeys, held_key, lanes_key, shard_keys, shard_of
 from .scripts import Scripts, script_commands
 
@@ -103,8 +102,8 @@ class ClaimResult:
     needs_dests: bool = False
     #: Entries leased for the generic path, in due order.
     entries: list[Claimed] = field(default_factory=list)
-    #: Entries the handoff dead-lettered itself: (id, reason dict).
-    dead: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: Entries the handoff dead-lettered itself, with why.
+    dead: list[tuple[str, DeadReason]] = field(default_factory=list)
 
 
 class Store:
@@ -159,7 +158,7 @@ class Store:
         by_shard: dict[int, list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             by_shard[self.shard_of(request.task_id)].append(index)
-        with refused_as_error(self.url), unavailable_as_error(self.url):
+        with store_errors(self.url):
             self._check_sizes(requests)
             for shard in by_shard:  # once per Store: the first shard's key will do
                 self.ensure_allowed(self._keys[shard].due, "park")
@@ -196,7 +195,7 @@ class Store:
         for name in names:
             if name in self._allowed:
                 continue
-            with unavailable_as_error(self.url):
+            with store_errors(self.url):
                 refused = self.scripts.allowed(
                     keys=[key], args=list(script_commands(name)), client=self.client
                 )
@@ -297,7 +296,7 @@ class Store:
             by_shard[self.shard_of(task_id)].append(index)
         found = [False] * len(ids)
         # cancel.lua checks before it writes: a refusal wrote nothing.
-        with refused_as_error(self.url), unavailable_as_error(self.url):
+        with store_errors(self.url):
             for shard, indexes in by_shard.items():
                 keys = self._keys[shard]
                 self.ensure_allowed(keys.due, "cancel")
@@ -341,7 +340,7 @@ class Store:
         keys = self._keys[self.shard_of(task_id)]
         # reschedule.lua checks before it writes, and its wake-up after the
         # move cannot fail it: a refusal wrote nothing.
-        with refused_as_error(self.url), unavailable_as_error(self.url):
+        with store_errors(self.url):
             self.ensure_allowed(keys.due, "reschedule")
             reply = self.scripts.reschedule(
                 keys=[keys.due], args=[keys.wake, task_id, due.mode, due.ms], client=self.client
@@ -426,7 +425,8 @@ class Store:
         end = 7 + 3 * n_leased
         result = claim_result(reply[:end], offset=7)
         result.dead = [
-            (reply[i].decode(), json.loads(reply[i + 1])) for i in range(end, end + 2 * n_dead, 2)
+            (reply[i].decode(), DeadReason.from_json(reply[i + 1]))
+            for i in range(end, end + 2 * n_dead, 2)
         ]
         end += 2 * n_dead
         if with_ids:
@@ -442,7 +442,7 @@ class Store:
     ) -> Any:
         """Recover the shard's expired leases, then run *script*: one round trip."""
         recover_keys = [keys.lease, keys.leased, keys.due]
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             if self.cluster:
                 self.scripts.recover(keys=recover_keys, args=[limit], client=self.client)
                 return script(keys=script_keys, args=args, client=self.client)
@@ -490,7 +490,7 @@ class Store:
         for task_id, dest, head in routes:
             args += [task_id, index[dest], head]
         self.ensure_allowed(keys.due, "push")
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             pushed, refused = self.scripts.push(
                 keys=[
                     keys.lease,
@@ -522,7 +522,7 @@ class Store:
         def lookup(template_id: str) -> bytes | None:
             record = self._templates.get(template_id)
             if record is None:
-                with unavailable_as_error(self.url):
+                with store_errors(self.url):
                     stored = self.client.hget(self._keys[shard].templates, template_id)
                 if not isinstance(stored, bytes) or entry_template_id(stored) != template_id:
                     return None
@@ -535,7 +535,7 @@ class Store:
 
     def dests(self, shard: int) -> list[str]:
         """Return the broker list keys parked entries of *shard* name."""
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             members = self.client.smembers(self._keys[shard].dests)
         return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
 
@@ -545,7 +545,7 @@ class Store:
             return 0
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "ack")
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             return int(
                 self.scripts.ack(
                     keys=[
@@ -567,7 +567,7 @@ class Store:
             return 0
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "unclaim")
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             return int(
                 self.scripts.unclaim(
                     keys=[keys.lease, keys.leased, keys.due],
@@ -576,18 +576,16 @@ class Store:
                 )
             )
 
-    def dead_letter(
-        self, shard: int, token: int, reasons: Sequence[tuple[str, dict[str, Any]]]
-    ) -> int:
+    def dead_letter(self, shard: int, token: int, reasons: Sequence[tuple[str, DeadReason]]) -> int:
         """Move claimed entries to the dead-letter set with their reasons."""
         if not reasons:
             return 0
         keys = self._keys[shard]
         args: list[Any] = [token]
         for task_id, reason in reasons:
-            args += [task_id, json.dumps(reason, separators=(",", ":"))]
+            args += [task_id, reason.to_json()]
         self.ensure_allowed(keys.due, "deadletter")
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             return int(
                 self.scripts.deadletter(
                     keys=[
@@ -613,7 +611,7 @@ class Store:
             return 0
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "purge")
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             return int(
                 self.scripts.purge(
                     keys=[keys.dead, keys.dead_msg, keys.templates, keys.marks],
@@ -629,7 +627,7 @@ class Store:
         """
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "own")
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             owned = self.scripts.own(
                 keys=[keys.owner], args=[companion_id, action, lease_ms], client=self.client
             )
@@ -637,13 +635,13 @@ class Store:
 
     def owner(self, shard: int) -> str | None:
         """Return the id of the companion owning *shard*, if any."""
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             owner = self.client.get(self._keys[shard].owner)
         return owner.decode() if isinstance(owner, bytes) else owner
 
     def time_ms(self) -> int:
         """Return the Redis server's clock in milliseconds."""
-        with unavailable_as_error(self.url):
+        with store_errors(self.url):
             seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 

@@ -26,14 +26,14 @@ from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
-from .. import control, limits
+from .. import limits, steering
 from .._format import ago, count, duration, parse_duration_ms, relative_due, utc
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
 from ..keys import validate_tag
 from ..schedule import Due, due_from
 from ..store import Store, admin
-from ..store.client import unavailable_as_error
+from ..store.client import store_errors
 from . import queries
 from .security import (
     CSRF_COOKIE,
@@ -412,9 +412,9 @@ class Dashboard:
             # audit line, tasks_cancelled (REVOKED, Celery events) and who acted.
             by = _who(ctx)
             if op == "cancel":
-                done = sum(control.cancel_ids(ids, app=self.celery_app, by=by))
+                done = sum(steering.cancel_ids(ids, app=self.celery_app, by=by))
             else:
-                done = sum(control.reschedule_ids(ids, due, app=self.celery_app, by=by))
+                done = sum(steering.reschedule_ids(ids, due, app=self.celery_app, by=by))
         message = f"{verb} {done} of {len(ids)}"
         if len(ids) > done:
             message += " (the others were no longer parked)"
@@ -427,17 +427,19 @@ class Dashboard:
             raise BadRequest(f"Unknown action {op!r}: use requeue or purge.")
         everything = form.get("scope") == "all"
         ids = queries.as_ids(form.getlist("ids"))
+        app, by = self.celery_app, _who(ctx)
+        # Through the steering module, as the CLI: the same audit line.
         with ctx.timer():
             if op == "requeue" and everything:
-                done, left = admin.requeue_all_dead(self.store)
+                done, left = steering.requeue_all_dead(app=app, by=by)
                 message = f"requeued {done}, due now" + (f"; {left} could not be" if left else "")
             elif op == "requeue":
-                done = sum(admin.requeue_dead(self.store, ids))
+                done = sum(steering.requeue_dead(ids, app=app, by=by))
                 message = f"requeued {done} of {len(ids)}, due now"
             elif everything:
-                message = f"purged {admin.purge_dead(self.store)}"
+                message = f"purged {steering.purge_dead(app=app, by=by)}"
             else:
-                message = f"purged {admin.purge_dead(self.store, ids)} of {len(ids)}"
+                message = f"purged {steering.purge_dead(ids, app=app, by=by)} of {len(ids)}"
         return self._back(ctx, form, message)
 
     def view_act_periodic(self, ctx: _Context) -> Response:
@@ -614,7 +616,7 @@ class _Timer:
         try:
             # Connection failures become StoreUnavailableError: a 503 page that
             # names the store (password hidden) and says what to check.
-            with unavailable_as_error(self._url()):
+            with store_errors(self._url()):
                 yield
         finally:
             self.ms += (time.perf_counter() - started) * 1000

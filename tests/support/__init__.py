@@ -5,6 +5,8 @@
 - ``store``: a stocked store, entries written by hand, ``is_parked``, ``due_ms``;
 - ``deadletters``: dead letters read and written as a companion writes them;
 - ``cli``: the ``celery zdelay`` commands run in the test's process;
+- ``wake``: the wake-ups a park or a reschedule publishes;
+- ``events``, ``logs``: Celery events as Flower receives them; error lines logged;
 - ``periodic``: companions serving a schedule, a tending pass, occurrences;
 - ``fidelity``: a released message compared with the one Celery sends;
 - ``browser``: a headless Chromium and an operator's page (pytest fixtures);

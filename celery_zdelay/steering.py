@@ -1,4 +1,11 @@
-"""Steer parked tasks from Python: cancel, reschedule and look up, by id or by filter.
+"""Steer parked tasks: cancel, reschedule, look up, requeue and purge dead letters.
+
+The one way every caller changes what is parked: the Python API
+(re-exported by :mod:`celery_zdelay`), the command line and the dashboard
+all call these functions, so each change is announced the same way (the
+signals, hence REVOKED results and Celery events) and written to the audit
+trail (``zdelay_audit_log``) naming who acted (*by*: ``"cli:alice"``,
+``"dashboard:alice"``).
 
 Each function takes the id the caller holds, whatever was parked: a task,
 or a canvas (a chain parks its first task, a group its members, and the
@@ -23,8 +30,8 @@ from .config import get_config
 from .errors import ConfigurationError
 from .keys import validate_tag
 from .schedule import Due, due_from
-from .store import Store
-from .store.client import unavailable_as_error
+from .store import Store, admin
+from .store.client import store_errors
 from .store.keys import canvas_key
 from .store.lookup import ParkedTask, find, select
 from .store.reading import ADMIN_BATCH
@@ -34,10 +41,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ParkedTask",
+    "audit_line",
     "cancel",
     "cancel_ids",
     "cancel_matching",
     "lookup",
+    "purge_dead",
+    "requeue_all_dead",
+    "requeue_dead",
     "reschedule",
     "reschedule_ids",
     "reschedule_matching",
@@ -234,13 +245,61 @@ def reschedule_matching(
     return len(moves)
 
 
+def requeue_dead(
+    task_ids: Sequence[str], *, app: Celery | None = None, by: str | None = None
+) -> list[bool]:
+    """Park dead-lettered entries again, due now; return, per id, whether it was.
+
+    An id is not requeued when it is not dead-lettered, has no message, or
+    was parked again since (see :func:`celery_zdelay.store.admin.requeue_dead`).
+    """
+    app = _app(app)
+    flags = admin.requeue_dead(store_for(app), task_ids)
+    for task_id, done in zip(task_ids, flags, strict=True):
+        if done:
+            audit_line(app, "Requeued %s, due now", task_id, by=by, task_id=task_id)
+    return flags
+
+
+def requeue_all_dead(*, app: Celery | None = None, by: str | None = None) -> tuple[int, int]:
+    """Requeue every entry dead-lettered so far; return (requeued, left dead-lettered)."""
+    app = _app(app)
+    requeued, left = admin.requeue_all_dead(store_for(app))
+    if requeued:
+        audit_line(app, "Requeued every dead-lettered entry (%d), due now", requeued, by=by)
+    return requeued, left
+
+
+def purge_dead(
+    task_ids: Sequence[str] | None = None, *, app: Celery | None = None, by: str | None = None
+) -> int:
+    """Delete dead-lettered entries (*task_ids*, or all) for good; return how many were."""
+    app = _app(app)
+    purged = admin.purge_dead(store_for(app), task_ids)
+    if purged and task_ids is None:
+        audit_line(app, "Purged every dead-lettered entry (%d)", purged, by=by)
+    elif purged and task_ids is not None:
+        asked = ", ".join(task_ids)
+        audit_line(app, "Purged %d dead-lettered entries (asked: %s)", purged, asked, by=by)
+    return purged
+
+
+def audit_line(app: Celery, message: str, *args: Any, by: str | None, **extra: Any) -> None:
+    """Write one line of the audit trail (``zdelay_audit_log``), naming who acted (*by*).
+
+    *extra* goes on the log record (``task_id``, ``control``) for structured logs.
+    """
+    if get_config(app).audit_log:
+        audit.info(message + _by_text(by), *args, extra=extra)
+
+
 def _app(app: Celery | None) -> Celery:
     return app if app is not None else celery.current_app._get_current_object()
 
 
 def _canvas_members(store: Store, result_id: str) -> list[str]:
     """Return the ids parked for the canvas whose result id is *result_id* (none: [])."""
-    with unavailable_as_error(store.url):
+    with store_errors(store.url):
         members = store.client.smembers(canvas_key(store.config.key_prefix, result_id))
     return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
@@ -289,7 +348,7 @@ def _cancelled(app: Celery, task_ids: list[str], by: str | None) -> None:
     if not task_ids:
         return
     for task_id in task_ids:
-        _audit(app, "Cancelled %s" + _by_text(by), task_id)
+        audit_line(app, "Cancelled %s", task_id, by=by, task_id=task_id)
     signals.tasks_cancelled.send(sender=app, task_ids=task_ids, by=by)
 
 
@@ -298,7 +357,7 @@ def _rescheduled(app: Celery, moves: list[tuple[str, int]], by: str | None) -> N
     if not moves:
         return
     for task_id, due_ms in moves:
-        _audit(app, "Rescheduled %s: due %s" + _by_text(by), task_id, utc(due_ms))
+        audit_line(app, "Rescheduled %s: due %s", task_id, utc(due_ms), by=by, task_id=task_id)
     signals.tasks_rescheduled.send(
         sender=app, task_ids=[m[0] for m in moves], due_ms=[m[1] for m in moves], by=by
     )
@@ -307,8 +366,3 @@ def _rescheduled(app: Celery, moves: list[tuple[str, int]], by: str | None) -> N
 def _by_text(by: str | None) -> str:
     """The audit line's " by <who>" (``%`` escaped: it joins a format string)."""
     return f" by {by.replace('%', '%%')}" if by else ""
-
-
-def _audit(app: Celery, message: str, *args: Any) -> None:
-    if get_config(app).audit_log:
-        audit.info(message, *args, extra={"task_id": args[0]})

@@ -51,14 +51,14 @@ from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from . import signals
-from .control_metrics import ControlCollector
-from .errors import ConfigurationError, ZDelayError
-from .periodic.metrics import PeriodicCollector
-from .store import Store, admin
+from .. import signals
+from ..control_metrics import ControlCollector
+from ..errors import ConfigurationError, ZDelayError
+from ..periodic.metrics import PeriodicCollector
+from ..store import Store, admin
 
 if TYPE_CHECKING:
-    from .companion import Companion
+    from .loop import Companion
 
 __all__ = [
     "CLAIM_BUCKETS",
@@ -154,6 +154,8 @@ class _StoreCollector:
             counted = admin.counts(self.store)
             live = [c for c in admin.companions(self.store, now_ms=counted.now_ms) if c.alive]
         except ZDelayError as exc:
+            if not exc.transient:
+                raise  # a damaged key or a bug, not an outage
             logger.warning("Metrics scrape could not read the store: %s", exc)
             up.add_metric([], 0)
             yield up

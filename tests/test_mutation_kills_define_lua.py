@@ -1,0 +1,162 @@
+"""Storing schedules: the newest configuration wins, each change gets a new version.
+
+Pins the lines of ``periodic/lua/define.lua`` (see docs/mutation.rst)
+through :class:`PeriodicStore` on a private Redis, no worker or companion:
+an entry added, replaced or removed is reported as such (and an identical
+one not at all), its version only grows, also across a removal; a new
+entry starts from now or from its last run elsewhere, never from the
+future; a configuration already stored is "same", one replaced before is
+"older" unless forced, and a new one removes the configured entries it no
+longer names while keeping those added at run time and those it cannot
+serve; the configuration's hash, writer and time are recorded. The
+withdrawal of the old version's occurrences is pinned in
+test_mutation_kills_withdraw_lua.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_zdelay import periodic
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.definition import SOURCE_API, Definition, from_beat_entry
+from celery_zdelay.periodic.store import PeriodicStore
+from tests.support.clock import redis_ms
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _entry(name: str, seconds: float = 10.0, source: str = "config") -> Definition:
+    return from_beat_entry(name, {"task": "tests.record", "schedule": seconds}, source=source)
+
+
+def _versions(periodic_store: PeriodicStore) -> dict[str, int]:
+    return {n: p.version for n, p in periodic_store.snapshot().pointers.items()}
+
+
+def test_an_entry_added_replaced_and_removed_is_reported_and_its_version_only_grows(
+    app: Celery,
+) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    before = redis_ms(periodic_store.store.client)
+
+    assert periodic_store.put(_entry("a"), writer="api") is True
+    pointer = periodic_store.snapshot().pointers["a"]
+    assert (pointer.version, pointer.parked, pointer.inclusive) == (1, [], False)
+    assert before <= pointer.ms <= redis_ms(periodic_store.store.client)
+
+    assert periodic_store.put(_entry("a"), writer="api") is False
+    assert _versions(periodic_store) == {"a": 1}
+    assert periodic_store.put(_entry("a", 20.0), writer="api") is True
+    assert _versions(periodic_store) == {"a": 2}
+    assert periodic_store.snapshot().definitions["a"] == _entry("a", 20.0)
+
+    assert periodic_store.drop(["a", "never-stored"]) == ["a"]
+    snap = periodic_store.snapshot()
+    assert (snap.definitions, snap.pointers) == ({}, {})
+    assert periodic_store.drop(["a"]) == []
+    # Added again: a version never given before, so no old id comes back
+    assert periodic_store.put(_entry("a"), writer="api") is True
+    assert _versions(periodic_store) == {"a": 3}
+
+
+def test_a_removed_entry_is_no_longer_paused(app: Celery) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    periodic_store.put(_entry("a"), writer="api")
+    assert periodic.pause("a", app=app)
+    periodic_store.drop(["a"])
+    periodic_store.put(_entry("a"), writer="api")
+    assert periodic_store.snapshot().paused == set()
+
+
+def test_a_new_entry_goes_on_from_its_last_run_elsewhere_never_from_the_future(
+    app: Celery,
+) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    now = redis_ms(periodic_store.store.client)
+    since = {"ran": now - 3_600_000, "ahead": now + 3_600_000, "changed": now - 3_600_000}
+    periodic_store.store_config([_entry("changed")], "h0", writer="c", force=False)
+
+    status, changed = periodic_store.store_config(
+        [_entry("ran"), _entry("ahead"), _entry("changed", 20.0)],
+        "h1",
+        writer="c",
+        force=False,
+        since=since,
+    )
+
+    assert (status, sorted(changed)) == (
+        "done",
+        [("changed", "changed"), ("new", "ahead"), ("new", "ran")],
+    )
+    pointers = periodic_store.snapshot().pointers
+    assert pointers["ran"].ms == now - 3_600_000
+    assert now <= pointers["ahead"].ms < now + 3_600_000
+    # Only a new entry takes the time it last ran elsewhere
+    assert now <= pointers["changed"].ms < now + 3_600_000
+
+
+def test_the_newest_configuration_wins_unless_an_older_one_is_forced_back(
+    app: Celery,
+) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    client, keys = periodic_store.store.client, periodic_store.keys
+    store = periodic_store.store_config
+    before = redis_ms(client)
+
+    assert store([_entry("a")], "h1", writer="c1", force=False) == ("done", [("new", "a")])
+    assert store([_entry("a")], "h1", writer="c1", force=False) == ("same", [])
+    meta = periodic_store.snapshot().meta
+    assert (meta["hash"], meta["written_by"]) == ("h1", "c1")
+    assert before <= int(meta["written_ms"]) <= redis_ms(client)
+
+    replaced = store([_entry("a", 20.0)], "h2", writer="c2", force=False)
+    assert replaced == ("done", [("changed", "a")])
+    assert client.smembers(keys.superseded) == {b"h1"}
+
+    # A companion of the previous deploy, restarted, does not write it back
+    assert store([_entry("a")], "h1", writer="c1", force=False) == ("older", [("", "h2")])
+    assert periodic_store.snapshot().meta["hash"] == "h2"
+    assert periodic_store.snapshot().definitions["a"] == _entry("a", 20.0)
+
+    # A deliberate rollback does
+    assert store([_entry("a")], "h1", writer="ops", force=True) == ("done", [("changed", "a")])
+    assert client.smembers(keys.superseded) == {b"h2"}
+    assert periodic_store.snapshot().meta["written_by"] == "ops"
+
+
+def test_a_new_configuration_removes_only_the_configured_entries_it_no_longer_names(
+    app: Celery,
+) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    store([_entry("gone"), _entry("kept"), _entry("unservable")], "h1", writer="c", force=False)
+    periodic_store.put(_entry("added", source=SOURCE_API), writer="api")
+
+    status, changed = store(
+        [_entry("kept"), _entry("new")], "h2", writer="c", force=False, keep=["unservable"]
+    )
+
+    assert (status, sorted(changed)) == ("done", [("new", "new"), ("removed", "gone")])
+    assert sorted(periodic_store.snapshot().definitions) == ["added", "kept", "new", "unservable"]
+    assert _versions(periodic_store) == {"added": 1, "kept": 1, "new": 1, "unservable": 1}
+
+
+def test_a_version_counter_that_cannot_count_refuses_the_whole_change_with_the_fix(
+    app: Celery,
+) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    store([_entry("a"), _entry("b")], "h1", writer="c", force=False)
+    periodic_store.store.client.hset(periodic_store.keys.versions, "a", "not a count")
+
+    # A deploy that changes "a" and removes "b"
+    with pytest.raises(redis.ResponseError, match="holds not a count, not a count: delete that"):
+        store([_entry("a", 20.0)], "h2", writer="c", force=False)
+
+    # Nothing of it was written: "b" is still there, "a" as it was
+    snap = periodic_store.snapshot()
+    assert snap.definitions == {"a": _entry("a"), "b": _entry("b")}
+    assert snap.meta["hash"] == "h1"

@@ -1,0 +1,184 @@
+"""An occurrence starting while its schedule's previous run goes on is skipped or waits.
+
+Pins the lines of ``celery_zdelay/periodic/overlap.py`` (see
+docs/mutation.rst): the headers an occurrence carries for its policy (none
+for ``allow``), read from the message's headers however Celery hands them
+to the task, and :func:`start_run` on a private Redis in this process, the
+task's request pushed as a worker pushes it: the first run holds the
+schedule's key for ``zdelay_overlap_timeout`` (by default
+``zdelay_key_hold_seconds``), an occurrence starting meanwhile is skipped
+and counted (``skip``) or waits for the run to end (``buffer_one``), an
+eager call or one without an id holds nothing, and a store out of reach
+lets the occurrence run. The stories through real workers are in
+test_periodic_overlap.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.exceptions import Ignore
+
+from celery_zdelay.keys import release_key
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.definition import Definition, from_beat_entry
+from celery_zdelay.periodic.overlap import (
+    OVERLAP_HEADER,
+    OVERLAP_TIMEOUT_HEADER,
+    SCHEDULE_HEADER,
+    held_key,
+    overlap_headers,
+    overlap_key,
+    start_run,
+)
+from celery_zdelay.periodic.store import PeriodicStore
+from celery_zdelay.store import Store
+from celery_zdelay.store.marks import key_holder
+from celery_zdelay.testing import free_port
+from tests.conftest import AppFactory
+from tests.support.clock import redis_ms
+
+pytestmark = pytest.mark.timeout(60)
+
+KEY = overlap_key("a")
+
+
+def _schedule(overlap: str, timeout_s: float | None = None) -> Definition:
+    entry: dict[str, Any] = {"task": "tests.record", "schedule": 10.0, "zdelay_overlap": overlap}
+    if timeout_s is not None:
+        entry["zdelay_overlap_timeout"] = timeout_s
+    return from_beat_entry("a", entry)
+
+
+def _start(app: Celery, task_id: str | None, headers: dict[str, Any], **request: Any) -> None:
+    """Run start_run for an occurrence *task_id* with *headers*, as a worker pushes it."""
+    task = app.tasks["tests.record"]
+    task.push_request(id=task_id, headers=headers, **headers, **request)
+    try:
+        start_run(task)
+    finally:
+        task.pop_request()
+
+
+def _finish(app: Celery, task_id: str, headers: dict[str, Any]) -> None:
+    task = app.tasks["tests.record"]
+    task.push_request(id=task_id, headers=headers, **headers)
+    try:
+        release_key(task)
+    finally:
+        task.pop_request()
+
+
+def _held_until(store: Store, task_id: str) -> int:
+    """When the hold of *task_id* on the schedule's key ends (Redis ms)."""
+    holder = key_holder(store, KEY)
+    assert holder is not None
+    assert holder[0] == task_id
+    assert holder[1] is not None
+    return holder[1]
+
+
+def test_an_occurrence_carries_its_schedule_and_policy_and_allow_carries_nothing() -> None:
+    assert overlap_headers(_schedule("allow")) == {}
+    assert overlap_headers(_schedule("skip", 5)) == {
+        SCHEDULE_HEADER: "a",
+        OVERLAP_HEADER: "skip",
+        OVERLAP_TIMEOUT_HEADER: 5000,
+    }
+    assert overlap_headers(_schedule("buffer_one")) == {
+        SCHEDULE_HEADER: "a",
+        OVERLAP_HEADER: "buffer_one",
+    }
+
+
+class _Request:
+    """A request as Celery gives it: headers as attributes, or in ``headers`` only."""
+
+    def __init__(self, headers: dict[str, Any], *, as_attributes: bool) -> None:
+        self.headers = None if as_attributes else headers
+        if as_attributes:
+            self.__dict__.update(headers)
+
+
+def test_the_key_held_is_read_from_attributes_or_headers_for_skip_and_buffer_one_only() -> None:
+    for policy in ("skip", "buffer_one"):
+        headers = overlap_headers(_schedule(policy))
+        assert held_key(_Request(headers, as_attributes=True)) == KEY
+        assert held_key(_Request(headers, as_attributes=False)) == KEY
+    for headers in (
+        {SCHEDULE_HEADER: "a", OVERLAP_HEADER: "allow"},
+        {SCHEDULE_HEADER: 7, OVERLAP_HEADER: "skip"},
+        {OVERLAP_HEADER: "skip"},
+    ):
+        assert held_key(_Request(headers, as_attributes=False)) is None
+
+
+def test_skip_holds_the_key_for_the_overlap_timeout_and_skips_and_counts_an_occurrence_meanwhile(
+    app: Celery,
+) -> None:
+    headers = overlap_headers(_schedule("skip", 5))
+    store = store_for(app)
+    before = redis_ms(store.client)
+
+    _start(app, "first", headers)
+
+    until = _held_until(store, "first")
+    assert before + 5000 <= until <= redis_ms(store.client) + 5000
+    assert PeriodicStore(store).snapshot().counts == {}
+    with pytest.raises(Ignore):
+        _start(app, "second", headers)
+    assert PeriodicStore(store).snapshot().counts == {"a": {"skipped_overlap": 1}}
+
+    _finish(app, "first", headers)
+    _start(app, "third", headers)
+    assert (key_holder(store, KEY) or ("",))[0] == "third"
+
+
+def test_without_an_overlap_timeout_the_key_is_held_for_the_key_hold(
+    make_test_app: AppFactory,
+) -> None:
+    app = make_test_app(conf={"zdelay_key_hold_seconds": 120})
+    store = store_for(app)
+    before = redis_ms(store.client)
+    _start(app, "first", overlap_headers(_schedule("skip")))
+    until = _held_until(store, "first")
+    assert before + 120_000 <= until <= redis_ms(store.client) + 120_000
+
+
+def test_an_eager_call_or_one_without_an_id_holds_nothing(app: Celery) -> None:
+    headers = overlap_headers(_schedule("skip", 5))
+    _start(app, "eager", headers, is_eager=True)
+    _start(app, None, headers)
+    assert key_holder(store_for(app), KEY) is None
+
+
+def test_buffer_one_waits_for_the_run_before_it_to_end_then_runs(app: Celery) -> None:
+    headers = overlap_headers(_schedule("buffer_one", 30))
+    _start(app, "first", headers)
+    failures: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            _start(app, "second", headers)
+        except BaseException as exc:  # reported by the test below
+            failures.append(exc)
+
+    waiting = threading.Thread(target=second)
+    waiting.start()
+    waiting.join(timeout=1.0)
+    assert waiting.is_alive(), "the second occurrence ran while the first one went on"
+
+    _finish(app, "first", headers)
+    waiting.join(timeout=30)
+
+    assert not waiting.is_alive()
+    assert failures == []
+    assert (key_holder(store_for(app), KEY) or ("",))[0] == "second"
+
+
+def test_a_store_out_of_reach_lets_the_occurrence_run(make_test_app: AppFactory) -> None:
+    app = make_test_app(conf={"zdelay_redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    _start(app, "first", overlap_headers(_schedule("skip", 5)))
