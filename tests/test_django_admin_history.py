@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from tests.test_django_beat import _django, database  # noqa: F401 (a fixture)
+from tests.support.django_beat import django_run
+from tests.test_django_beat import database  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
-#: Run in a Django process on the test's database (see ``_django``).
+#: Run in a Django process on the test's database (see ``django_run``).
 _CHANGES = """
 import os, re
 from celery import Celery
@@ -74,7 +75,7 @@ def test_limit_and_pause_changes_through_the_django_mount_are_in_the_admins_hist
 ) -> None:
     # Breaks if: _log_control_change is not connected, or limits.py stops
     # sending control_changed (or sends it for a change that did not happen).
-    done: dict[str, Any] = _django(
+    done: dict[str, Any] = django_run(
         database,
         _CHANGES,
         settings="tests.django_project.admin_settings",

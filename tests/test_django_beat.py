@@ -12,152 +12,38 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
-from celery import Celery
 
 from tests.conftest import AppFactory
-from tests.helpers import ROOT, CeleryProcess, Runs, wait_for
+from tests.helpers import CeleryProcess, Runs, wait_for
+from tests.support.django_beat import (
+    EDIT_BOUND_S,
+    MIGRATE,
+    PERIOD_S,
+    SETTINGS,
+    add_interval_row,
+    companion,
+    django_run,
+    migrated_database,
+    occurrence_s,
+    psql,
+    row_of,
+    runs_with,
+)
 
 pytestmark = pytest.mark.timeout(180)
-
-SETTINGS = "tests.beat_project.settings"
-#: Seconds within which an edit made in the database reaches the companions
-#: (the periodic server checks django-celery-beat's change marker every 5 s).
-EDIT_BOUND_S = 12.0
-#: The period of the row switched from celery beat to the companions: longer
-#: than stopping beat and starting a companion takes on a loaded machine
-#: (40 s was seen), so that no tick falls due in between.
-PERIOD_S = 45
-MIGRATE = "from django.core.management import call_command\ncall_command('migrate', verbosity=0)"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A migrated django-celery-beat database: ``sqlite:<path>`` or ``postgres:<name>``."""
-    if request.param == "sqlite":
-        spec = f"sqlite:{tmp_path / 'beat.sqlite3'}"
-        _django(
-            spec,
-            "from django.core.management import call_command; call_command('migrate', verbosity=0)",
-        )
-        yield spec
-        return
-    name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
-    _psql(f"CREATE DATABASE {name}")
-    try:
-        spec = f"postgres:{name}"
-        _django(
-            spec,
-            "from django.core.management import call_command; call_command('migrate', verbosity=0)",
-        )
-        yield spec
-    finally:
-        _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-def _psql(sql: str) -> None:
-    try:
-        subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c", sql],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.CalledProcessError) as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL on 127.0.0.1:5432 not usable: {exc}")
-
-
-def _django(
-    database: str, code: str, *, settings: str = SETTINGS, env: dict[str, str] | None = None
-) -> Any:
-    """Run *code* in a Django process on *database*; return what it prints, as JSON."""
-    program = "import django, json\ndjango.setup()\n" + textwrap.dedent(code)
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "DJANGO_SETTINGS_MODULE": settings,
-            "ZDELAY_TEST_BEAT_DB": database,
-            **(env or {}),
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"Django code failed:\n{code}\n{done.stderr[-3000:]}")
-    out = done.stdout.strip()
-    return json.loads(out) if out else None
-
-
-def _add_interval_row(
-    database: str, name: str, seconds: int, args: list[Any], **extra: Any
-) -> float:
-    """Add a row; return when it was committed (epoch s)."""
-    saved: float = _django(
-        database,
-        f"""
-        import time
-        from django_celery_beat.models import IntervalSchedule, PeriodicTask
-        every, _ = IntervalSchedule.objects.get_or_create(every={seconds}, period="seconds")
-        PeriodicTask.objects.create(
-            name={name!r}, interval=every, args=json.dumps({args!r}), **{extra!r}
-        )
-        print(json.dumps(time.time()))
-        """,
-    )
-    return saved
-
-
-def _row(database: str, name: str) -> dict[str, Any]:
-    return _django(
-        database,
-        f"""
-        from django_celery_beat.models import PeriodicTask
-        row = PeriodicTask.objects.get(name={name!r})
-        print(json.dumps({{
-            "last_run_at": row.last_run_at.timestamp() if row.last_run_at else None,
-            "total_run_count": row.total_run_count,
-        }}))
-        """,
-    )
-
-
-def _companion(
-    app: Celery, processes: list[CeleryProcess], database: str, *args: str
-) -> CeleryProcess:
-    process = CeleryProcess(
-        app,
-        "zdelay",
-        "-l",
-        "DEBUG",
-        *args,
-        env={"DJANGO_SETTINGS_MODULE": SETTINGS, "ZDELAY_TEST_BEAT_DB": database},
-    )
-    processes.append(process)
-    process.start()
-    process.wait_for_log(" started: ")
-    return process
-
-
-def _runs_with(runs: Runs, marker: str) -> list[dict[str, Any]]:
-    return [r for r in runs.all() if r["args"] and r["args"][0] == marker]
+    yield from migrated_database(request.param, tmp_path)
 
 
 def test_two_companions_serve_the_rows_each_tick_once_and_keep_the_admin_true(
@@ -168,9 +54,9 @@ def test_two_companions_serve_the_rows_each_tick_once_and_keep_the_admin_true(
     runs: Runs,
 ) -> None:
     # Given rows: one every second, one naming an unknown task, one disabled
-    _add_interval_row(database, "Every second", 1, ["db"], task="tests.record")
-    _add_interval_row(database, "Unknown task", 1, ["unknown"], task="tests.no_such_task")
-    _add_interval_row(database, "Disabled", 1, ["disabled"], task="tests.record", enabled=False)
+    add_interval_row(database, "Every second", 1, ["db"], task="tests.record")
+    add_interval_row(database, "Unknown task", 1, ["unknown"], task="tests.no_such_task")
+    add_interval_row(database, "Disabled", 1, ["disabled"], task="tests.record", enabled=False)
     app = make_test_app(
         conf={
             "zdelay_beat": True,
@@ -180,27 +66,27 @@ def test_two_companions_serve_the_rows_each_tick_once_and_keep_the_admin_true(
     worker(app)
     # When two companions serve them (one through Celery's beat_scheduler,
     # one told with -S django, as celery beat -S django)
-    first = _companion(app, processes, database)
-    _companion(app, processes, database, "--beat", "-S", "django")
+    first = companion(app, processes, database)
+    companion(app, processes, database, "--beat", "-S", "django")
 
     # Then the enabled row runs every second, each occurrence once
-    wait_for(lambda: len(_runs_with(runs, "db")) >= 5, timeout=60, message="5 runs of the row")
-    ran = _runs_with(runs, "db")
+    wait_for(lambda: len(runs_with(runs, "db")) >= 5, timeout=60, message="5 runs of the row")
+    ran = runs_with(runs, "db")
     assert runs.duplicates() == {}
     assert len({r["id"] for r in ran}) == len(ran)
     # and the others never run; the bad row is reported by name
-    assert _runs_with(runs, "unknown") == []
-    assert _runs_with(runs, "disabled") == []
+    assert runs_with(runs, "unknown") == []
+    assert runs_with(runs, "disabled") == []
     first.wait_for_log("Unknown_task")
 
     # And django-celery-beat's admin columns follow the runs
     def admin_true() -> bool:
-        row = _row(database, "Every second")
+        row = row_of(database, "Every second")
         return row["total_run_count"] >= 5 and row["last_run_at"] is not None
 
     wait_for(admin_true, timeout=30, interval=0.5, message="last_run_at and total_run_count")
-    row = _row(database, "Every second")
-    assert row["total_run_count"] <= len(_runs_with(runs, "db"))
+    row = row_of(database, "Every second")
+    assert row["total_run_count"] <= len(runs_with(runs, "db"))
     assert row["last_run_at"] <= time.time()
 
 
@@ -211,14 +97,14 @@ def test_an_edit_or_a_disable_in_the_database_takes_effect_within_the_bound(
     worker: Callable[..., CeleryProcess],
     runs: Runs,
 ) -> None:
-    _add_interval_row(database, "ticker", 1, ["before"], task="tests.record")
+    add_interval_row(database, "ticker", 1, ["before"], task="tests.record")
     app = make_test_app(conf={"zdelay_beat": True})
     worker(app)
-    _companion(app, processes, database, "--beat", "-S", "django")
-    wait_for(lambda: _runs_with(runs, "before"), timeout=60, message="a run of the row")
+    companion(app, processes, database, "--beat", "-S", "django")
+    wait_for(lambda: runs_with(runs, "before"), timeout=60, message="a run of the row")
 
     # When its arguments are edited (as the admin saves a row)
-    edited = _django(
+    edited = django_run(
         database,
         """
         import time
@@ -229,13 +115,13 @@ def test_an_edit_or_a_disable_in_the_database_takes_effect_within_the_bound(
         print(json.dumps(time.time()))
         """,
     )
-    wait_for(lambda: _runs_with(runs, "after"), timeout=EDIT_BOUND_S + 10, message="the edit")
-    took = _runs_with(runs, "after")[0]["wall"] - edited
+    wait_for(lambda: runs_with(runs, "after"), timeout=EDIT_BOUND_S + 10, message="the edit")
+    took = runs_with(runs, "after")[0]["wall"] - edited
     print(f"edited row: first run with the new args {took:.2f} s after the save")
     assert took < EDIT_BOUND_S
 
     # When it is disabled, its runs stop within the bound
-    disabled_at = _django(
+    disabled_at = django_run(
         database,
         """
         import time
@@ -248,15 +134,9 @@ def test_an_edit_or_a_disable_in_the_database_takes_effect_within_the_bound(
     )
     time_limit = time.monotonic() + EDIT_BOUND_S + 3
     wait_for(lambda: time.monotonic() > time_limit, timeout=EDIT_BOUND_S + 10, interval=0.5)
-    after = [r["wall"] - disabled_at for r in _runs_with(runs, "after") if r["wall"] > disabled_at]
+    after = [r["wall"] - disabled_at for r in runs_with(runs, "after") if r["wall"] > disabled_at]
     print(f"disabled row: runs after the save at {[round(late, 2) for late in after]} s")
     assert all(late < EDIT_BOUND_S for late in after)
-
-
-def _occurrence_s(task_id: str) -> float:
-    """The occurrence time an id names (``periodic:<name>:v<n>:<ISO time>Z``), epoch s."""
-    stamp = task_id.rsplit(":v", 1)[1].split(":", 1)[1]
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_the_switch_from_celery_beat_goes_on_from_last_run_at(
@@ -269,9 +149,9 @@ def test_the_switch_from_celery_beat_goes_on_from_last_run_at(
     # Given a row that celery beat -S django last sent 2 s ago, every 6 s,
     # and a one_off row that never ran
     last_run = time.time() - 2
-    _add_interval_row(database, "switched", 6, ["switched"], task="tests.record")
-    _add_interval_row(database, "once only", 1, ["once"], task="tests.record", one_off=True)
-    _django(
+    add_interval_row(database, "switched", 6, ["switched"], task="tests.record")
+    add_interval_row(database, "once only", 1, ["once"], task="tests.record", one_off=True)
+    django_run(
         database,
         f"""
         from datetime import datetime, timezone
@@ -284,17 +164,17 @@ def test_the_switch_from_celery_beat_goes_on_from_last_run_at(
     app = make_test_app(conf={"zdelay_beat": True})
     worker(app)
     # When the companions take over
-    _companion(app, processes, database, "--beat", "-S", "django")
-    wait_for(lambda: _runs_with(runs, "switched"), timeout=60, message="the row's first tick")
+    companion(app, processes, database, "--beat", "-S", "django")
+    wait_for(lambda: runs_with(runs, "switched"), timeout=60, message="the row's first tick")
 
     # Then its first tick is beat's last run plus one period: none lost, none doubled
-    (first,) = _runs_with(runs, "switched")[:1]
-    assert abs(_occurrence_s(first["id"]) - (last_run + 6)) < 0.01
+    (first,) = runs_with(runs, "switched")[:1]
+    assert abs(occurrence_s(first["id"]) - (last_run + 6)) < 0.01
     # And the one_off row runs once, then is disabled, as django-celery-beat does
-    wait_for(lambda: _runs_with(runs, "once"), timeout=60, message="the one-off run")
+    wait_for(lambda: runs_with(runs, "once"), timeout=60, message="the one-off run")
     wait_for(
         lambda: (
-            not _django(
+            not django_run(
                 database,
                 """
             from django_celery_beat.models import PeriodicTask
@@ -308,7 +188,7 @@ def test_the_switch_from_celery_beat_goes_on_from_last_run_at(
     )
     settle = time.monotonic() + 3
     wait_for(lambda: time.monotonic() > settle, timeout=10, interval=0.5)
-    assert len(_runs_with(runs, "once")) == 1
+    assert len(runs_with(runs, "once")) == 1
 
 
 def test_clocked_rows_run_once_at_their_time_and_bad_rows_are_skipped(
@@ -322,8 +202,8 @@ def test_clocked_rows_run_once_at_their_time_and_bad_rows_are_skipped(
     # served it, an interval row, and rows with an invalid crontab and with
     # a time zone that does not exist (written past the admin's checks)
     at = round(time.time()) + 10
-    _add_interval_row(database, "good", 1, ["good"], task="tests.record")
-    _django(
+    add_interval_row(database, "good", 1, ["good"], task="tests.record")
+    django_run(
         database,
         f"""
         from datetime import datetime, timezone
@@ -355,24 +235,24 @@ def test_clocked_rows_run_once_at_their_time_and_bad_rows_are_skipped(
     app = make_test_app(conf={"zdelay_beat": True})
     worker(app)
     # When a companion serves the rows
-    served = _companion(app, processes, database, "--beat", "-S", "django")
+    served = companion(app, processes, database, "--beat", "-S", "django")
 
     # Then the bad rows are reported by name and block no other row
     served.wait_for_log("'bad_cron' is not served: django-celery-beat row 'bad cron': invalid")
     served.wait_for_log("'bad_zone' is not served: django-celery-beat row 'bad zone': its crontab")
-    wait_for(lambda: _runs_with(runs, "good"), timeout=60, message="a run of the interval row")
+    wait_for(lambda: runs_with(runs, "good"), timeout=60, message="a run of the interval row")
     # and the passed moment runs once, at once
-    wait_for(lambda: _runs_with(runs, "passed"), timeout=60, message="the passed clocked row")
+    wait_for(lambda: runs_with(runs, "passed"), timeout=60, message="the passed clocked row")
     # and the clocked row runs once, at its moment
-    wait_for(lambda: _runs_with(runs, "at ten"), timeout=60, message="the clocked row")
-    (clocked,) = _runs_with(runs, "at ten")
-    assert _occurrence_s(clocked["id"]) == at
+    wait_for(lambda: runs_with(runs, "at ten"), timeout=60, message="the clocked row")
+    (clocked,) = runs_with(runs, "at ten")
+    assert occurrence_s(clocked["id"]) == at
     assert clocked["wall"] >= at
     # and each clocked row is disabled after its run, as django-celery-beat does
     for name in ("at ten", "passed"):
         wait_for(
             lambda name=name: (
-                not _django(
+                not django_run(
                     database,
                     f"""
                 from django_celery_beat.models import PeriodicTask
@@ -386,9 +266,9 @@ def test_clocked_rows_run_once_at_their_time_and_bad_rows_are_skipped(
         )
     settle = time.monotonic() + 3
     wait_for(lambda: time.monotonic() > settle, timeout=10, interval=0.5)
-    assert len(_runs_with(runs, "at ten")) == 1
-    assert len(_runs_with(runs, "passed")) == 1
-    assert _runs_with(runs, "bad cron") == _runs_with(runs, "bad zone") == []
+    assert len(runs_with(runs, "at ten")) == 1
+    assert len(runs_with(runs, "passed")) == 1
+    assert runs_with(runs, "bad cron") == runs_with(runs, "bad zone") == []
     assert runs.duplicates() == {}
 
 
@@ -400,21 +280,21 @@ def test_an_added_or_deleted_row_takes_effect_within_the_bound(
     runs: Runs,
 ) -> None:
     # Given a companion serving one row
-    _add_interval_row(database, "first", 1, ["first"], task="tests.record")
+    add_interval_row(database, "first", 1, ["first"], task="tests.record")
     app = make_test_app(conf={"zdelay_beat": True})
     worker(app)
-    _companion(app, processes, database, "--beat", "-S", "django")
-    wait_for(lambda: _runs_with(runs, "first"), timeout=60, message="a run of the first row")
+    companion(app, processes, database, "--beat", "-S", "django")
+    wait_for(lambda: runs_with(runs, "first"), timeout=60, message="a run of the first row")
 
     # When a row is added (as the admin adds one), it runs within the bound
-    added = _add_interval_row(database, "added", 1, ["added"], task="tests.record")
-    wait_for(lambda: _runs_with(runs, "added"), timeout=EDIT_BOUND_S + 10, message="the new row")
-    took = _runs_with(runs, "added")[0]["wall"] - added
+    added = add_interval_row(database, "added", 1, ["added"], task="tests.record")
+    wait_for(lambda: runs_with(runs, "added"), timeout=EDIT_BOUND_S + 10, message="the new row")
+    took = runs_with(runs, "added")[0]["wall"] - added
     print(f"added row: first run {took:.2f} s after the insert")
     assert took < EDIT_BOUND_S
 
     # When the first row is deleted, its runs stop within the bound, and the other goes on
-    deleted = _django(
+    deleted = django_run(
         database,
         """
         import time
@@ -425,10 +305,10 @@ def test_an_added_or_deleted_row_takes_effect_within_the_bound(
     )
     time_limit = time.monotonic() + EDIT_BOUND_S + 3
     wait_for(lambda: time.monotonic() > time_limit, timeout=EDIT_BOUND_S + 10, interval=0.5)
-    after = [r["wall"] - deleted for r in _runs_with(runs, "first") if r["wall"] > deleted]
+    after = [r["wall"] - deleted for r in runs_with(runs, "first") if r["wall"] > deleted]
     print(f"deleted row: runs after the delete at {[round(late, 2) for late in after]} s")
     assert all(late < EDIT_BOUND_S for late in after)
-    assert [r for r in _runs_with(runs, "added") if r["wall"] > deleted + EDIT_BOUND_S]
+    assert [r for r in runs_with(runs, "added") if r["wall"] > deleted + EDIT_BOUND_S]
     assert runs.duplicates() == {}
 
 
@@ -441,7 +321,7 @@ def test_a_real_celery_beat_then_the_companion_lose_and_double_no_tick(
     runs: Runs,
 ) -> None:
     # Given a row served by celery beat -S django itself
-    _add_interval_row(database, "switching", PERIOD_S, ["switching"], task="tests.record")
+    add_interval_row(database, "switching", PERIOD_S, ["switching"], task="tests.record")
     app = make_test_app()
     worker(app)
     beat = CeleryProcess(
@@ -456,27 +336,27 @@ def test_a_real_celery_beat_then_the_companion_lose_and_double_no_tick(
     processes.append(beat)
     beat.start()
     # (it runs a new row at once, then every period)
-    wait_for(lambda: _runs_with(runs, "switching"), timeout=60, message="a beat run")
+    wait_for(lambda: runs_with(runs, "switching"), timeout=60, message="a beat run")
 
     # When beat is stopped (it writes last_run_at as it closes) and a
     # companion takes over, following docs/beat.rst's steps
     assert beat.terminate() == 0
     stopped = time.monotonic()
-    last_run = _row(database, "switching")["last_run_at"]
-    _companion(app, processes, database, "--beat", "-S", "django")
+    last_run = row_of(database, "switching")["last_run_at"]
+    companion(app, processes, database, "--beat", "-S", "django")
     print(f"the switch: companion started {time.monotonic() - stopped:.1f} s after beat stopped")
     wait_for(
-        lambda: [r for r in _runs_with(runs, "switching") if r["id"].startswith("periodic:")],
+        lambda: [r for r in runs_with(runs, "switching") if r["id"].startswith("periodic:")],
         timeout=PERIOD_S + 60,
         message="the companion's first run",
     )
 
     # Then the companion's first tick is beat's last run plus one period
-    ran = sorted(_runs_with(runs, "switching"), key=lambda r: r["wall"])
+    ran = sorted(runs_with(runs, "switching"), key=lambda r: r["wall"])
     from_beat = [r for r in ran if not r["id"].startswith("periodic:")]
     from_companion = [r for r in ran if r["id"].startswith("periodic:")]
     assert len(from_beat) == 1
-    assert abs(_occurrence_s(from_companion[0]["id"]) - (last_run + PERIOD_S)) < 0.01
+    assert abs(occurrence_s(from_companion[0]["id"]) - (last_run + PERIOD_S)) < 0.01
     # and it runs one period after beat's: none lost, none doubled
     assert from_beat[-1]["wall"] < from_companion[0]["wall"]
     # (a doubled tick leaves a gap near 0, a lost one near two periods;
@@ -495,7 +375,7 @@ def test_a_rows_routing_priority_headers_and_expiry_reach_the_message(
 ) -> None:
     # Given a row routed by exchange and routing key, with a priority,
     # headers and expire_seconds, as the admin's "Execution Options" set them
-    _add_interval_row(
+    add_interval_row(
         database,
         "routed",
         1,
@@ -516,16 +396,16 @@ def test_a_rows_routing_priority_headers_and_expiry_reach_the_message(
     )
     # When a companion serves it, and a worker consumes only the bound queue
     worker(app, "reports")
-    _companion(app, processes, database, "--beat", "-S", "django")
+    companion(app, processes, database, "--beat", "-S", "django")
 
     # Then its runs arrive through that exchange and key, with each option
-    wait_for(lambda: _runs_with(runs, "routed"), timeout=60, message="a run of the routed row")
-    run = _runs_with(runs, "routed")[0]
+    wait_for(lambda: runs_with(runs, "routed"), timeout=60, message="a run of the routed row")
+    run = runs_with(runs, "routed")[0]
     assert run["routing_key"] == "reports.daily"
     assert run["priority"] == 7
     assert run["headers"]["x_from"] == "the admin"
     expires = datetime.fromisoformat(run["expires"]).timestamp()
-    assert abs(expires - (_occurrence_s(run["id"]) + 300)) < 1
+    assert abs(expires - (occurrence_s(run["id"]) + 300)) < 1
 
 
 def test_a_database_outage_stops_no_tick_and_edits_apply_once_it_answers(
@@ -537,33 +417,33 @@ def test_a_database_outage_stops_no_tick_and_edits_apply_once_it_answers(
     # Given a row served from PostgreSQL (the outage: the database refuses
     # connections and the open ones are cut, as a restart or failover does)
     name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
-    _psql(f"CREATE DATABASE {name}")
+    psql(f"CREATE DATABASE {name}")
     try:
         database = f"postgres:{name}"
-        _django(database, MIGRATE)
-        _add_interval_row(database, "ticker", 1, ["before"], task="tests.record")
+        django_run(database, MIGRATE)
+        add_interval_row(database, "ticker", 1, ["before"], task="tests.record")
         app = make_test_app(conf={"zdelay_beat": True})
         worker(app)
-        companion = _companion(app, processes, database, "--beat", "-S", "django")
-        wait_for(lambda: _runs_with(runs, "before"), timeout=60, message="a run of the row")
+        serving = companion(app, processes, database, "--beat", "-S", "django")
+        wait_for(lambda: runs_with(runs, "before"), timeout=60, message="a run of the row")
 
         # When the database goes away for longer than the 5 s parked ahead
-        _psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
-        _psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
-        companion.wait_for_log("periodic tasks go on as last read from the database")
+        psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+        serving.wait_for_log("periodic tasks go on as last read from the database")
         down_at = time.time()
         # Then the row goes on ticking, each occurrence once
         wait_for(
-            lambda: len([r for r in _runs_with(runs, "before") if r["wall"] > down_at + 6]) >= 3,
+            lambda: len([r for r in runs_with(runs, "before") if r["wall"] > down_at + 6]) >= 3,
             timeout=60,
             message="3 runs more than 6 s into the outage",
         )
-        last_in_outage = max(r["wall"] for r in _runs_with(runs, "before"))
+        last_in_outage = max(r["wall"] for r in runs_with(runs, "before"))
 
         # And once it answers, an edit applies and last_run_at catches up
-        _psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
-        companion.wait_for_log("The django-celery-beat database answers again")
-        _django(
+        psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        serving.wait_for_log("The django-celery-beat database answers again")
+        django_run(
             database,
             """
             from django_celery_beat.models import PeriodicTask
@@ -572,26 +452,26 @@ def test_a_database_outage_stops_no_tick_and_edits_apply_once_it_answers(
             row.save()
             """,
         )
-        wait_for(lambda: _runs_with(runs, "after"), timeout=EDIT_BOUND_S + 10, message="the edit")
+        wait_for(lambda: runs_with(runs, "after"), timeout=EDIT_BOUND_S + 10, message="the edit")
         wait_for(
-            lambda: (_row(database, "ticker")["last_run_at"] or 0) >= last_in_outage - 2,
+            lambda: (row_of(database, "ticker")["last_run_at"] or 0) >= last_in_outage - 2,
             timeout=30,
             interval=0.5,
             message="last_run_at written after the outage",
         )
         assert runs.duplicates() == {}
     finally:
-        _psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
-        _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def test_rows_that_fail_to_load_are_read_again_at_the_next_check(tmp_path: Path) -> None:
     # A change seen, then the read of the rows failing (the database went
     # away in between), must not count as read: the next check reads again.
     database = f"sqlite:{tmp_path / 'beat.sqlite3'}"
-    _django(database, MIGRATE)
-    _add_interval_row(database, "ticker", 1, ["x"], task="celery.backend_cleanup")
-    checks = _django(
+    django_run(database, MIGRATE)
+    add_interval_row(database, "ticker", 1, ["x"], task="celery.backend_cleanup")
+    checks = django_run(
         database,
         """
         from celery import Celery

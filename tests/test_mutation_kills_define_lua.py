@@ -136,7 +136,11 @@ def test_a_new_configuration_removes_only_the_configured_entries_it_no_longer_na
     periodic_store.put(_entry("added", source=SOURCE_API), writer="api")
 
     status, changed = store(
-        [_entry("kept"), _entry("new")], "h2", writer="c", force=False, keep=["unservable"]
+        [_entry("kept"), _entry("new")],
+        "h2",
+        writer="c",
+        force=False,
+        keep={"unservable": "no task module"},
     )
 
     assert (status, sorted(changed)) == ("done", [("new", "new"), ("removed", "gone")])

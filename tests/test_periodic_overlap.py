@@ -11,7 +11,6 @@ companions, a task that runs long (``tests.slow_late``).
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections import Counter
 from typing import Any
@@ -20,13 +19,21 @@ import pytest
 from celery import Celery
 from werkzeug.test import Client
 
-from celery_zdelay import ConfigurationError, periodic
+from celery_zdelay import ConfigurationError
 from celery_zdelay.periodic.definition import Definition, from_beat_entry
 from celery_zdelay.periodic.overlap import overlap_headers
 from celery_zdelay.web import create_app
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.cli import run
-from tests.support.periodic import occurrence_ms, start_beat_companion, ticks_of
+from tests.support.periodic import (
+    finished_runs,
+    occurrence_ms,
+    overlapping_runs,
+    run_spans,
+    start_beat_companion,
+    tick_counts,
+    ticks_of,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,34 +42,6 @@ SLOW = "tests.slow_late"
 
 def _entry(seconds: float, **extra: Any) -> dict[str, Any]:
     return {"task": SLOW, "schedule": 1.0, "args": [seconds], **extra}
-
-
-def _spans(runs: Runs, name: str) -> dict[str, tuple[int, int | None]]:
-    """Occurrence id -> (Redis ms it started, Redis ms it finished or None)."""
-    spans: dict[str, tuple[int, int | None]] = {}
-    for tick in ticks_of(runs.all(), name):
-        start, end = spans.get(tick["id"], (tick["redis_ms"], None))
-        finished = tick["result"] == "finished"
-        spans[tick["id"]] = (start, tick["redis_ms"]) if finished else (start, end)
-    return spans
-
-
-def _finished(runs: Runs, name: str) -> int:
-    return sum(1 for _, end in _spans(runs, name).values() if end is not None)
-
-
-def _overlapping(spans: dict[str, tuple[int, int | None]]) -> list[tuple[str, str]]:
-    """Pairs of runs of which the second started before the first finished."""
-    ordered = sorted(spans.items(), key=lambda item: item[1][0])
-    pairs = []
-    for (first, (_, end)), (second, (start, _)) in itertools.pairwise(ordered):
-        if end is None or start < end:
-            pairs.append((first, second))
-    return pairs
-
-
-def _counts(app: Celery, name: str) -> dict[str, int]:
-    return next(i.counts for i in periodic.schedules(app)[1] if i.name == name)
 
 
 def test_bad_overlap_values_are_refused_with_the_fix() -> None:
@@ -123,11 +102,11 @@ def test_allow_lets_runs_overlap_as_celery_beat_does(
     _serve(app, worker, processes, {"slow": _entry(2.5)})
 
     # When a few runs finished
-    wait_for(lambda: _finished(runs, "slow") >= 3, timeout=90)
+    wait_for(lambda: finished_runs(runs, "slow") >= 3, timeout=90)
 
     # Then runs overlapped (the workers could run them side by side), none skipped
-    assert _overlapping(_spans(runs, "slow"))
-    assert _counts(app, "slow")["skipped_overlap"] == 0
+    assert overlapping_runs(run_spans(runs, "slow"))
+    assert tick_counts(app, "slow")["skipped_overlap"] == 0
 
 
 def test_skip_never_overlaps_and_counts_the_skipped_ticks_under_three_companions_and_a_sigkill(
@@ -136,19 +115,19 @@ def test_skip_never_overlaps_and_counts_the_skipped_ticks_under_three_companions
     # Given three workers, three companions, and the same schedule with overlap skip
     schedule = {"slow": _entry(2.5, zdelay_overlap="skip", zdelay_overlap_timeout=60)}
     companions = _serve(app, worker, processes, schedule, companions=3)
-    wait_for(lambda: _finished(runs, "slow") >= 2, timeout=90)
+    wait_for(lambda: finished_runs(runs, "slow") >= 2, timeout=90)
 
     # When a companion is SIGKILLed and the others go on
     companions[0].kill()
-    wait_for(lambda: _finished(runs, "slow") >= 4, timeout=90)
+    wait_for(lambda: finished_runs(runs, "slow") >= 4, timeout=90)
 
     # Then no run started while another was unfinished, each occurrence ran once,
-    spans = _spans(runs, "slow")
-    assert _overlapping(spans) == []
+    spans = run_spans(runs, "slow")
+    assert overlapping_runs(spans) == []
     started = Counter(r["id"] for r in ticks_of(runs.all(), "slow") if r["result"] == "started")
     assert max(started.values()) == 1
     # and the ticks released meanwhile were skipped and counted, as list shows
-    counts = _counts(app, "slow")
+    counts = tick_counts(app, "slow")
     assert counts["skipped_overlap"] >= 2
     listed = re.search(r"skipped by overlap (\d+)", run(app, "periodic", "list").stdout)
     assert listed is not None
@@ -170,17 +149,17 @@ def test_buffer_one_runs_one_waiting_tick_after_the_run_ends_and_skips_the_rest(
     _serve(app, worker, processes, schedule)
 
     # When a few runs finished
-    wait_for(lambda: _finished(runs, "slow") >= 3, timeout=120)
+    wait_for(lambda: finished_runs(runs, "slow") >= 3, timeout=120)
 
     # Then runs never overlapped,
-    spans = _spans(runs, "slow")
-    assert _overlapping(spans) == []
+    spans = run_spans(runs, "slow")
+    assert overlapping_runs(spans) == []
     # a run waited for the one before it (started well after its own time,
     # which a skipped-or-run-at-once policy never does),
     waited = [start - occurrence_ms(i) for i, (start, _) in spans.items()]
     assert max(waited) >= 1500, waited
     # and, one waiting at most, the third tick of each run was skipped
-    assert _counts(app, "slow")["skipped_overlap"] >= 1
+    assert tick_counts(app, "slow")["skipped_overlap"] >= 1
 
 
 def test_a_sigkilled_worker_blocks_the_schedule_until_the_timeout_and_no_longer(
@@ -190,8 +169,8 @@ def test_a_sigkilled_worker_blocks_the_schedule_until_the_timeout_and_no_longer(
     schedule = {"slow": _entry(60, zdelay_overlap="skip", zdelay_overlap_timeout=4)}
     workers = [worker(app), worker(app)]
     processes.append(start_beat_companion(app, schedule))
-    wait_for(lambda: _spans(runs, "slow"), timeout=60)
-    (first_id, (first_start, _)), *_ = _spans(runs, "slow").items()
+    wait_for(lambda: run_spans(runs, "slow"), timeout=60)
+    (first_id, (first_start, _)), *_ = run_spans(runs, "slow").items()
 
     # When the worker running it is SIGKILLed mid-run (it never reports the end)
     wait_for(lambda: any(first_id in w.log() for w in workers), timeout=30)
@@ -200,7 +179,7 @@ def test_a_sigkilled_worker_blocks_the_schedule_until_the_timeout_and_no_longer(
 
     # Then the other worker skips the ticks while the run's hold lasts, and runs
     # one once it ended (with no bound: zdelay_key_hold_seconds, an hour)
-    wait_for(lambda: len(_spans(runs, "slow")) >= 2, timeout=90)
-    later = {i: s for i, (s, _) in _spans(runs, "slow").items() if i != first_id}
+    wait_for(lambda: len(run_spans(runs, "slow")) >= 2, timeout=90)
+    later = {i: s for i, (s, _) in run_spans(runs, "slow").items() if i != first_id}
     assert min(later.values()) >= first_start + 4000 - 50, (first_start, later)
-    assert _counts(app, "slow")["skipped_overlap"] >= 2
+    assert tick_counts(app, "slow")["skipped_overlap"] >= 2

@@ -6,7 +6,12 @@ import click
 from celery.bin.base import CeleryOption
 
 from ..limits import controls
-from ..periodic.views import schedule_json, schedule_lines, store_schedules
+from ..periodic.views import (
+    schedule_json,
+    schedule_lines,
+    store_schedules,
+    unserved_problems,
+)
 from ..schedule import Due
 from ..store import admin
 from ..store.marks import check_marks, repair_marks
@@ -115,6 +120,7 @@ def status(
                 "(fix: celery -A proj zdelay repair)"
                 for item in check_marks(store)
             ]
+            problems += unserved_problems(store)
     shards = len(current.counts.shards)
     if as_json:
         document = views.status_json(

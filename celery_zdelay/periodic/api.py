@@ -29,6 +29,7 @@ __all__ = [
     "run_now",
     "schedules",
     "sync",
+    "unserved",
 ]
 
 
@@ -99,6 +100,11 @@ def schedules_in(periodic: PeriodicStore) -> tuple[int, list[ScheduleInfo]]:
             )
         )
     return snap.now_ms, result
+
+
+def unserved(app: Celery) -> dict[str, str]:
+    """Return name -> why, of the configured entries no companion serves (bad rows, say)."""
+    return _periodic(app).unserved()
 
 
 def pause(name: str, *, app: Celery) -> bool:

@@ -25,7 +25,7 @@ from ..cli._base import (
 from ..cli.companion import zdelay
 from . import api
 from .definition import MAX_OVERLAP_TIMEOUT_SECONDS, MISSED_POLICIES, OVERLAP_POLICIES
-from .views import schedule_json, schedule_lines
+from .views import schedule_json, schedule_lines, unserved_lines
 
 __all__ = ["periodic"]
 
@@ -67,16 +67,27 @@ def _examples(*lines: str) -> str:
 @json_option("the schedules")
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
-    """List the stored schedules with their next and last run, and whether paused."""
+    """List the stored schedules with their next and last run, and whether paused.
+
+    Then the entries no companion serves (a django-celery-beat row with an
+    unknown task, an invalid crontab...), each with why.
+    """
     with exit_codes(ctx):
         now_ms, infos = api.schedules(ctx.obj.app)
+        unserved = api.unserved(ctx.obj.app)
     if as_json:
-        echo_json({"now_ms": now_ms, "schedules": [schedule_json(i) for i in infos]})
+        echo_json(
+            {
+                "now_ms": now_ms,
+                "schedules": [schedule_json(i) for i in infos],
+                "unserved": [{"name": n, "reason": r} for n, r in sorted(unserved.items())],
+            }
+        )
         return
-    if not infos:
+    if not infos and not unserved:
         click.echo("No periodic schedules stored (set zdelay_beat and beat_schedule, or add one).")
         return
-    click.echo("\n".join(schedule_lines(infos)))
+    click.echo("\n".join(schedule_lines(infos) + unserved_lines(unserved)))
 
 
 def _named(verb: str, action: Any) -> Any:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any
@@ -494,17 +494,17 @@ def validate_spec(spec: Mapping[str, Any], app: Celery, where: str) -> None:
         raise ConfigurationError(f"{where}: invalid schedule {spec!r}: {exc}") from None
 
 
-def config_hash(definitions: list[Definition], unservable: Iterable[str] = ()) -> str:
+def config_hash(definitions: list[Definition], unservable: Mapping[str, str] | None = None) -> str:
     """Return the fingerprint of a configuration: its entries' names and bodies.
 
-    Entries this process cannot serve count by name only, so the
-    fingerprint does not depend on which task modules import here.
+    Entries this process cannot serve count by name and reason (stored
+    with the configuration, so a new reason is a new configuration).
     """
     digest = hashlib.sha256()
     for definition in sorted(definitions, key=lambda d: d.name):
         digest.update(definition.name.encode() + b"\0" + definition.body().encode() + b"\0")
-    for name in sorted(unservable):
-        digest.update(b"!" + name.encode() + b"\0")
+    for name, reason in sorted((unservable or {}).items()):
+        digest.update(b"!" + name.encode() + b"\0" + reason.encode() + b"\0")
     return digest.hexdigest()[:16]
 
 

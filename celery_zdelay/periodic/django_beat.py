@@ -15,10 +15,17 @@ What is kept as django-celery-beat keeps it: ``last_run_at`` and
 released, so the admin stays true. A crontab's time zone, ``start_time``,
 ``expires`` and ``one_off`` become the periodic options ``zdelay_timezone``,
 ``zdelay_start``, ``zdelay_end`` and ``zdelay_one_off``. A row that cannot
-be served (an unknown task, bad JSON in ``args``, an invalid crontab, an
-unknown time zone) is reported by name and skipped; the others are served.
-A clocked row runs once at its ``clocked_time`` (a moment already past
-when the row is first read runs at once, as django-celery-beat runs it).
+be served (an unknown task, bad JSON in ``args``, ``kwargs`` or
+``headers``, an invalid crontab, an unknown time zone, an interval of 0) is
+reported by name and skipped (and what was stored for it withdrawn); the
+others are served. A clocked row runs once at its ``clocked_time``; a
+moment already past when the row is read (first, or after an edit) runs at
+once, as django-celery-beat runs it, unless the row ran at or after it.
+
+Rows have no field for the overlap policy: it is read from the row's
+``headers`` JSON, ``{"zdelay_overlap": "skip", "zdelay_overlap_timeout":
+600}``, which the admin's "Execution Options" edit and keep (see
+``docs/beat.rst``); those two keys are not sent as message headers.
 
 A database that is down or restarting stops nothing: every read and write
 here raises :class:`SourceUnavailableError`, and the periodic server goes on
@@ -49,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATABASE_SCHEDULER",
+    "OVERLAP_KEYS",
     "DjangoBeatSource",
     "SourceUnavailableError",
     "uses_django_beat",
@@ -60,6 +68,9 @@ logger = logging.getLogger(__name__)
 DATABASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 #: Names ``celery beat -S`` accepts for it (the entry point alias and its paths).
 _NAMES = {"django", DATABASE_SCHEDULER, DATABASE_SCHEDULER.replace(":", ".")}
+
+#: Keys of a row's ``headers`` JSON read as its overlap policy (not sent).
+OVERLAP_KEYS = ("zdelay_overlap", "zdelay_overlap_timeout")
 
 #: Seconds per django-celery-beat interval period.
 _PERIOD_SECONDS = {
@@ -120,6 +131,8 @@ class DjangoBeatSource:
         self._one_off: set[str] = set()
         #: Definition name -> the row's last_run_at, epoch ms (rows that ran).
         self._last_runs: dict[str, int] = {}
+        #: Definition name -> where a clocked row that has not run at its moment starts.
+        self._pinned: dict[str, str] = {}
 
     def changed(self) -> bool:
         """Whether the rows changed since they were last read (always true at first)."""
@@ -143,6 +156,7 @@ class DjangoBeatSource:
         rows: dict[str, int] = {}
         one_off: set[str] = set()
         last_runs: dict[str, int] = {}
+        pinned: dict[str, str] = {}
         # Not the crontab: a row whose time zone does not exist fails as it
         # is loaded, and it must fail alone (see _crontab), not the query.
         query = PeriodicTask.objects.filter(enabled=True).select_related(
@@ -160,21 +174,29 @@ class DjangoBeatSource:
                 continue
             try:
                 definitions.append(self._definition(row, name, known))
-                rows[name] = row.pk
-                if row.one_off:
-                    one_off.add(name)
-                if row.last_run_at is not None:
-                    last_runs[name] = round(row.last_run_at.timestamp() * 1000)
-                elif row.clocked is not None:
-                    # A clocked moment that passed while nothing served the
-                    # row runs once, late, as django-celery-beat runs it.
-                    last_runs[name] = _clocked_ms(row) - 1
             except ConfigurationError as exc:
                 errors[name] = str(exc)
+                continue
+            except Exception as exc:
+                # Whatever else a hand-written row holds: it alone is not served.
+                errors[name] = f"django-celery-beat row {row.name!r} cannot be read: {exc!r}"
+                continue
+            rows[name] = row.pk
+            if row.one_off:
+                one_off.add(name)
+            last_run = _ms(row.last_run_at)
+            if last_run is not None:
+                last_runs[name] = last_run
+            if row.clocked is not None and (last_run is None or last_run < _clocked_ms(row)):
+                # django-celery-beat sends a clocked row whose moment has
+                # passed at once, whenever it reads it: one that passed while
+                # nothing served the row, or one the row was edited to.
+                pinned[name] = f"={_clocked_ms(row) - 1}"
         self._rows = rows
         self._one_off = one_off
         self._last_runs = last_runs
         self._last_change = self._seen_change
+        self._pinned = pinned
         self._read_once = True
         return definitions, errors
 
@@ -185,6 +207,15 @@ class DjangoBeatSource:
         from ``celery beat -S django`` loses and doubles no tick.
         """
         return dict(self._last_runs)
+
+    def pinned(self) -> dict[str, str]:
+        """Name -> ``"=<ms>"``: clocked rows that have not run at their moment, as last read.
+
+        Stored or changed, such a schedule goes on from just before its
+        moment, so a moment already past runs once, at once (see
+        ``define.lua``); once it ran, the row's ``last_run_at`` says so.
+        """
+        return dict(self._pinned)
 
     def note_runs(self, runs: dict[str, int]) -> None:
         """Record released occurrences (definition name -> occurrence ms) on their rows.
@@ -226,6 +257,13 @@ class DjangoBeatSource:
             "kwargs": _json(row.kwargs, dict, "kwargs", where),
             "options": self._options(row, where),
         }
+        # The overlap policy rides in the headers (rows have no field for it).
+        headers = entry["options"].get("headers") or {}
+        for key in OVERLAP_KEYS:
+            if key in headers:
+                entry[key] = headers.pop(key)
+        if not headers:
+            entry["options"].pop("headers", None)
         if row.one_off:
             # django-celery-beat disables the row after its run; here it is
             # counted once across companions (zdelay_one_off).
@@ -261,7 +299,10 @@ class DjangoBeatSource:
                 raise ConfigurationError(f"{where}: invalid crontab: {exc}") from None
         if row.solar is not None:
             sun = row.solar
-            return solar(sun.event, float(sun.latitude), float(sun.longitude), app=self.app)
+            try:
+                return solar(sun.event, float(sun.latitude), float(sun.longitude), app=self.app)
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(f"{where}: invalid solar schedule: {exc}") from None
         if row.clocked is not None:
             return ClockedAt(_clocked_ms(row), app=self.app)
         raise ConfigurationError(f"{where} has no schedule.")
@@ -300,6 +341,11 @@ def _crontab(row: Any, where: str) -> Any:
             f"{where}: its crontab's time zone does not exist ({' '.join(exc.messages)}): "
             "pick an IANA name such as 'Europe/Paris' in the admin."
         ) from None
+
+
+def _ms(moment: datetime | None) -> int | None:
+    """A moment as epoch ms (None stays None)."""
+    return None if moment is None else round(moment.timestamp() * 1000)
 
 
 def _clocked_ms(row: Any) -> int:

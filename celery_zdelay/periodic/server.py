@@ -146,13 +146,25 @@ class PeriodicServer:
         # beat: after Redis lost everything, beat's file is long out of date.
         # Entries go on from their last run there (django-celery-beat's
         # last_run_at, or beat's schedule file).
-        since: dict[str, int] = {}
+        since: dict[str, int | str] = {}
         if not self._took_over:
             names = [d.name for d in definitions]
-            since = self._source.last_runs() if self._source else since_for(self.app, names)
+            since.update(self._source.last_runs() if self._source else since_for(self.app, names))
+        if self._source is not None:
+            # A clocked row whose moment passed runs once, changed or not.
+            since.update(self._source.pinned())
         self._took_over = True
+        # A bad row is withdrawn (every companion reads the same rows); an
+        # entry of beat_schedule stays as stored (another companion may import
+        # its task module).
         status, changed = self.periodic.store_config(
-            definitions, digest, writer=self.companion_id, force=force, keep=errors, since=since
+            definitions,
+            digest,
+            writer=self.companion_id,
+            force=force,
+            keep=errors if self._source is None else None,
+            withdraw=errors if self._source is not None else None,
+            since=since,
         )
         self._config_hash = digest
         if status == "older":
@@ -177,11 +189,12 @@ class PeriodicServer:
                 by_kind["removed"],
             )
             for kind, name in changed:
-                if kind == "new" and name in since:
+                last_run = since.get(name)
+                if kind == "new" and isinstance(last_run, int):
                     logger.info(
                         "Periodic task %r goes on from its last run elsewhere (celery beat): %s",
                         name,
-                        datetime.fromtimestamp(since[name] / 1000, tz=timezone.utc).isoformat(),
+                        datetime.fromtimestamp(last_run / 1000, tz=timezone.utc).isoformat(),
                     )
         return status
 
@@ -217,8 +230,7 @@ class PeriodicServer:
 
     def _tend(self) -> int:
         now = time.monotonic()
-        if now - self._last_check >= RECONCILE_CHECK_SECONDS:
-            self.reconcile()
+        # Runs first: rows read after this one know they ran.
         if self._rows_ran and self._source is not None:
             ran, self._rows_ran = self._rows_ran, {}
             try:
@@ -228,6 +240,8 @@ class PeriodicServer:
                 for name, ms in ran.items():
                     self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
                 self._source_fails(exc)
+        if now - self._last_check >= RECONCILE_CHECK_SECONDS:
+            self.reconcile()
         snap = self.periodic.snapshot()
         if not snap.meta and self._config_hash is not None:
             # Redis lost everything (restarted without persistence, flushed):
@@ -245,6 +259,7 @@ class PeriodicServer:
             for ms, task_id in pointer.parked:
                 if ms > last_run:
                     pending[task_id] = (name, ms)
+        self._settle_parked(pending, snap)
         self._pending = pending
         self._next_pending_ms = min((ms for _, ms in pending.values()), default=None)
         parked = 0
@@ -276,7 +291,9 @@ class PeriodicServer:
 
         Matched by task id (None: released without its id, so not an
         occurrence, see :meth:`due_by`): schedules that share an occurrence
-        time each get their own entry's run, and only once it ran.
+        time each get their own entry's run, and only once it ran. One
+        released unnamed (another companion parked it since this one's last
+        pass) is recorded by :meth:`_settle_parked`.
         """
         pending = self._pending
         runs: dict[str, tuple[int, int, str]] = {}
@@ -291,22 +308,60 @@ class PeriodicServer:
                     late_ticks[name] = late_ticks.get(name, 0) + 1
                 if ms >= runs.get(name, (-1, 0, ""))[0]:
                     runs[name] = (ms, late, task_id)
-        if runs and self._source is not None:
-            # Written by the periodic thread (tend): no database round trip
-            # in the release loop.
-            for name, (ms, _, _) in runs.items():
-                self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
         if runs:
-            self.periodic.record_runs(
-                {
-                    name: json.dumps(
-                        {"ms": ms, "lateness_ms": late, "id": task_id, "by": self.companion_id}
-                    )
-                    for name, (ms, late, task_id) in runs.items()
-                }
-            )
+            self._record_runs(runs)
         for name, ticks in late_ticks.items():
             self.periodic.count(name, "late", ticks)
+
+    def _record_runs(self, runs: dict[str, tuple[int, int, str]]) -> None:
+        """Record name -> (occurrence ms, lateness ms, id) of runs, each once across companions."""
+        recorded = self.periodic.record_runs(
+            {
+                name: json.dumps(
+                    {"ms": ms, "lateness_ms": late, "id": task_id, "by": self.companion_id}
+                )
+                for name, (ms, late, task_id) in runs.items()
+            }
+        )
+        if self._source is not None:
+            # Written by the periodic thread (tend): no database round trip
+            # in the release loop.
+            for name in recorded:
+                ms = runs[name][0]
+                self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
+
+    def _settle_parked(self, pending: dict[str, tuple[str, int]], snap: Snapshot) -> None:
+        """Record the runs of occurrences released without their id, a while after their time.
+
+        A companion names what it releases only while it knows an
+        occurrence is due (:meth:`due_by`): one parked by another companion
+        since its last pass and due at once (a clocked moment already past,
+        a missed run) goes out unnamed. Its parker finds it gone from the
+        store here and records the run (once: see ``record_runs.lua``), its
+        lateness being at most the time since it was due.
+        """
+        overdue = [
+            (task_id, name, ms)
+            for task_id, (name, ms) in pending.items()
+            if name not in snap.paused
+            and ms + self._offset(snap, name, ms) <= snap.now_ms - LATE_MS
+        ]
+        if not overdue:
+            return
+        gone = self.periodic.released_among([(name, task_id) for task_id, name, _ in overdue])
+        runs: dict[str, tuple[int, int, str]] = {}
+        for task_id, name, ms in sorted(overdue, key=lambda item: item[2]):
+            if task_id in gone:
+                due = ms + self._offset(snap, name, ms)
+                runs[name] = (ms, snap.now_ms - due, task_id)
+                pending.pop(task_id, None)
+        if runs:
+            self._record_runs(runs)
+
+    @staticmethod
+    def _offset(snap: Snapshot, name: str, ms: int) -> int:
+        definition = snap.definitions.get(name)
+        return 0 if definition is None else definition.offset_ms(ms)
 
     def _cancel(self, snap: Snapshot) -> None:
         if not snap.to_cancel:

@@ -112,6 +112,7 @@ class PeriodicStore:
         self._advance = client.register_script(guarded(_lua("advance")))
         self._pause = client.register_script(guarded(withdraw + _lua("pause")))
         self._park_once = client.register_script(script_source("park", before=_lua("park_once")))
+        self._record_runs = client.register_script(guarded(_lua("record_runs")))
         #: See :data:`TICK_MEMORY_MS`.
         self.tick_memory_ms = TICK_MEMORY_MS
 
@@ -186,24 +187,36 @@ class PeriodicStore:
         *,
         writer: str,
         force: bool,
-        keep: Iterable[str] = (),
-        since: Mapping[str, int] | None = None,
+        keep: Mapping[str, str] | None = None,
+        withdraw: Mapping[str, str] | None = None,
+        since: Mapping[str, int | str] | None = None,
     ) -> tuple[str, list[tuple[str, str]]]:
         """Store a ``beat_schedule``; return ("same"|"older"|"done", [(kind, name), ...]).
 
-        Each kind is "new", "changed" or "removed". Names in *keep* are
-        entries this process cannot serve: what is stored under them stays
-        as it is, neither removed nor replaced. *since* maps names to the
-        last time they ran elsewhere (celery beat): an entry stored for the
-        first time goes on from then, not from now.
+        Each kind is "new", "changed" or "removed". *keep* and *withdraw*
+        map the entries this process cannot serve to why (stored for
+        ``periodic list`` and ``status --check``, see :meth:`unserved`):
+        what is stored under a name in *keep* stays as it is (its task
+        module may import in another companion); under a name in
+        *withdraw*, it is removed (a database row every companion reads
+        alike). *since* maps names to the last time they ran elsewhere
+        (celery beat): an entry stored for the first time goes on from
+        then, not from now; ``"=<ms>"`` does so for a changed entry too.
         """
         since = since or {}
         args: list[Any] = ["config", config_hash, "1" if force else "0", writer]
         for definition in definitions:
             args += [definition.name, definition.body(), since.get(definition.name, "")]
-        for name in keep:
-            args += [name, "", ""]
+        for marker, unserved in (("", keep), ("!", withdraw)):
+            for name, reason in (unserved or {}).items():
+                args += [name, marker, reason]
         return self._define_call(args)
+
+    def unserved(self) -> dict[str, str]:
+        """Name -> why, of the entries of the stored configuration that no companion serves."""
+        with store_errors(self.store.url):
+            raw = self.store.client.hget(self.keys.meta, "unserved")
+        return _unserved(raw)
 
     def put(self, definition: Definition, *, writer: str) -> bool:
         """Add or replace one definition; return whether it changed."""
@@ -295,6 +308,26 @@ class PeriodicStore:
                     found.add(task_id)
         return found
 
+    def released_among(self, occurrences: Sequence[tuple[str, str]]) -> set[str]:
+        """Return which of (name, id) occurrences were released: gone from their shard.
+
+        Gone means neither parked, in flight (leased), dead-lettered, nor
+        withdrawn by the missed policy (remembered as missed): only
+        released is left.
+        """
+        store = self.store
+        with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
+            for name, task_id in occurrences:
+                keys = store.keys(store.shard_of(task_id))
+                for where in (keys.due, keys.lease, keys.dead, self.keys.missed_prefix + name):
+                    pipe.zscore(where, task_id)
+            found = pipe.execute()
+        return {
+            task_id
+            for i, (_, task_id) in enumerate(occurrences)
+            if all(score is None for score in found[4 * i : 4 * i + 4])
+        }
+
     def advance(
         self,
         name: str,
@@ -322,10 +355,18 @@ class PeriodicStore:
             reply = int(self._advance(keys=keys, args=args))
         return {1: "done", 0: "paused"}.get(reply, "changed")
 
-    def record_runs(self, runs: dict[str, str]) -> None:
-        """Store name -> JSON of the last occurrence released (see :class:`Snapshot`)."""
+    def record_runs(self, runs: dict[str, str]) -> list[str]:
+        """Store name -> JSON of the last occurrence released (see :class:`Snapshot`).
+
+        Only over an older one: returns the names recorded now, so a run two
+        companions record (``record_runs.lua``) counts once.
+        """
+        args: list[str] = []
+        for name, record in runs.items():
+            args += [name, record]
         with store_errors(self.store.url):
-            self.store.client.hset(self.keys.runs, mapping=runs)  # type: ignore[arg-type]
+            recorded = self._record_runs(keys=[self.keys.runs], args=args)
+        return [_text(name) for name in recorded]
 
     def count(self, name: str, counter: str, ticks: int = 1) -> None:
         """Add *ticks* to *counter* (one of :data:`COUNTERS`) of schedule *name*."""
@@ -358,6 +399,15 @@ class PeriodicStore:
         if task_ids:
             with store_errors(self.store.url):
                 self.store.client.srem(self.keys.cancel, *task_ids)
+
+
+def _unserved(raw: Any) -> dict[str, str]:
+    """The stored reasons of the unserved entries (none when unreadable)."""
+    try:
+        found = json.loads(_text(raw)) if raw else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def _text(value: Any) -> str:

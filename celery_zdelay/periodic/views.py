@@ -9,12 +9,35 @@ from ..store import Store
 from .api import ScheduleInfo, schedules_in
 from .store import PeriodicStore
 
-__all__ = ["counts_text", "schedule_json", "schedule_lines", "store_schedules"]
+__all__ = [
+    "counts_text",
+    "schedule_json",
+    "schedule_lines",
+    "store_schedules",
+    "unserved_lines",
+    "unserved_problems",
+]
 
 
 def store_schedules(store: Store) -> tuple[int, list[ScheduleInfo]]:
     """Return the Redis clock and the schedules stored in *store*."""
     return schedules_in(PeriodicStore(store))
+
+
+def unserved_problems(store: Store) -> list[str]:
+    """What ``status --check`` reports: one line per configured entry no companion serves."""
+    return [
+        f"periodic task {name!r} is not served: {reason}"
+        for name, reason in sorted(PeriodicStore(store).unserved().items())
+    ]
+
+
+def unserved_lines(unserved: dict[str, str]) -> list[str]:
+    """Return two lines per entry no companion serves, for people."""
+    lines = []
+    for name, reason in sorted(unserved.items()):
+        lines += [f"{name}  [not served]", f"    {reason}"]
+    return lines
 
 
 def schedule_json(info: ScheduleInfo) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import datetime
 from typing import Any
@@ -9,9 +10,10 @@ from typing import Any
 import redis
 from celery import Celery
 
+from celery_zdelay import periodic
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer
-from tests.helpers import CeleryProcess
+from tests.helpers import CeleryProcess, Runs
 from tests.support.keys import SHARD0
 
 BEAT_ENV = "ZDELAY_TEST_BEAT"  # read by tests.periodic_app
@@ -19,11 +21,15 @@ BEAT_ENV = "ZDELAY_TEST_BEAT"  # read by tests.periodic_app
 __all__ = [
     "BeatCompanion",
     "CeleryBeat",
+    "finished_runs",
     "occurrence_ms",
+    "overlapping_runs",
     "parked_ids",
+    "run_spans",
     "server_for",
     "start_beat_companion",
     "tend",
+    "tick_counts",
     "ticked_ids",
     "ticks_of",
 ]
@@ -89,3 +95,36 @@ def ticked_ids(client: redis.Redis, name: str = "") -> list[str]:
     """Every occurrence remembered as parked (parked, leased or released), of *name* or of all."""
     prefix = f"periodic:{name}:" if name else ""
     return [i.decode() for i in client.zrange(SHARD0.ticks, 0, -1) if i.decode().startswith(prefix)]
+
+
+def run_spans(runs: Runs, name: str) -> dict[str, tuple[int, int | None]]:
+    """Occurrence id -> (Redis ms it started, Redis ms it finished or None).
+
+    For a task that records "started" and "finished" (``tests.slow_late``).
+    """
+    spans: dict[str, tuple[int, int | None]] = {}
+    for tick in ticks_of(runs.all(), name):
+        start, end = spans.get(tick["id"], (tick["redis_ms"], None))
+        finished = tick["result"] == "finished"
+        spans[tick["id"]] = (start, tick["redis_ms"]) if finished else (start, end)
+    return spans
+
+
+def finished_runs(runs: Runs, name: str) -> int:
+    """How many runs of schedule *name* finished."""
+    return sum(1 for _, end in run_spans(runs, name).values() if end is not None)
+
+
+def overlapping_runs(spans: dict[str, tuple[int, int | None]]) -> list[tuple[str, str]]:
+    """Pairs of runs of which the second started before the first finished."""
+    ordered = sorted(spans.items(), key=lambda item: item[1][0])
+    pairs = []
+    for (first, (_, end)), (second, (start, _)) in itertools.pairwise(ordered):
+        if end is None or start < end:
+            pairs.append((first, second))
+    return pairs
+
+
+def tick_counts(app: Celery, name: str) -> dict[str, int]:
+    """The tick counters of schedule *name*, as periodic list shows them."""
+    return next(i.counts for i in periodic.schedules(app)[1] if i.name == name)

@@ -19,10 +19,13 @@
 -- ARGV[5..] "config"/"put": triples name, definition JSON, since ms ("" for
 --           none: a new entry starts from now; else from that time, e.g.
 --           celery beat's last run of it, so the missed policy covers the
---           switch); "drop": names
---           ("config": an empty definition keeps what is stored under that
---           name: the entry is in the configuration but this companion
---           cannot serve it, e.g. its task module does not import here)
+--           switch; "=<ms>": from that time whether new or changed, e.g. a
+--           clocked row edited to a moment already past); "drop": names
+--           ("config": an entry that cannot be served has no definition and
+--           the reason in the third place: "" keeps what is stored under
+--           that name, e.g. its task module does not import here; "!"
+--           withdraws it, e.g. a database row every companion reads as bad.
+--           The reasons are stored as the meta field "unserved", JSON)
 -- returns {status, kind, name, kind, name, ...}: status "same" (configuration
 --         already stored), "older" (superseded: not written), "done"; each
 --         kind "new", "changed" or "removed"
@@ -69,7 +72,9 @@ else
     return {'older', current or ''}
   end
   local incoming = {}
-  for i = 5, #ARGV, 3 do incoming[ARGV[i]] = true end
+  for i = 5, #ARGV, 3 do
+    if ARGV[i + 1] ~= '!' then incoming[ARGV[i]] = true end
+  end
   local stored = redis.call('HGETALL', defs)
   for i = 1, #stored, 2 do
     if not incoming[stored[i]] then
@@ -78,7 +83,7 @@ else
     end
   end
   for i = 5, #ARGV, 3 do
-    if ARGV[i + 1] ~= '' then want_put(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
+    if ARGV[i + 1] ~= '' and ARGV[i + 1] ~= '!' then want_put(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
   end
 end
 
@@ -134,8 +139,10 @@ for _, p in ipairs(puts) do
   end
   if first_due then
     record.ms, record.incl = first_due, true
-  elseif kind == 'new' and tonumber(since) and tonumber(since) < now_ms then
-    record.ms = tonumber(since)
+  else
+    local pinned = string.match(since, '^=(%-?%d+)$')
+    local from = tonumber(pinned) or (kind == 'new' and tonumber(since))
+    if from and from < now_ms then record.ms = from end
   end
   redis.call('HSET', defs, name, body)
   redis.call('HSET', pointers, name, cjson.encode(record))
@@ -145,6 +152,11 @@ end
 if mode == 'config' then
   if current then redis.call('SADD', superseded, current) end
   redis.call('SREM', superseded, hash)
-  redis.call('HSET', meta, 'hash', hash, 'written_by', ARGV[4], 'written_ms', now_ms)
+  local unserved = {}
+  for i = 5, #ARGV, 3 do
+    if ARGV[i + 1] == '' or ARGV[i + 1] == '!' then unserved[ARGV[i]] = ARGV[i + 2] end
+  end
+  redis.call('HSET', meta, 'hash', hash, 'written_by', ARGV[4], 'written_ms', now_ms,
+    'unserved', next(unserved) and cjson.encode(unserved) or '{}')
 end
 return {'done', unpack(changed)}

@@ -1,0 +1,154 @@
+"""django-celery-beat test support: a migrated database, rows, companions on it.
+
+Shared by the tests of django-celery-beat rows as the schedule source
+(``tests/test_django_beat*.py``): Django runs in its own process on the
+database, as the admin would write to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from tests.helpers import ROOT, CeleryProcess, Runs
+
+SETTINGS = "tests.beat_project.settings"
+#: Seconds within which an edit made in the database reaches the companions
+#: (the periodic server checks django-celery-beat's change marker every 5 s).
+EDIT_BOUND_S = 12.0
+#: The period of the row switched from celery beat to the companions: longer
+#: than stopping beat and starting a companion takes on a loaded machine
+#: (40 s was seen), so that no tick falls due in between.
+PERIOD_S = 45
+MIGRATE = "from django.core.management import call_command\ncall_command('migrate', verbosity=0)"
+
+
+def migrated_database(kind: str, tmp_path: Path) -> Iterator[str]:
+    """A migrated django-celery-beat database of *kind* (a fixture's body).
+
+    Yields ``sqlite:<path>`` or ``postgres:<name>`` (dropped afterwards).
+    """
+    if kind == "sqlite":
+        spec = f"sqlite:{tmp_path / 'beat.sqlite3'}"
+        django_run(spec, MIGRATE)
+        yield spec
+        return
+    name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
+    psql(f"CREATE DATABASE {name}")
+    try:
+        spec = f"postgres:{name}"
+        django_run(spec, MIGRATE)
+        yield spec
+    finally:
+        psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def psql(sql: str) -> None:
+    try:
+        subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c", sql],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required in CI: {exc}")
+        pytest.skip(f"PostgreSQL on 127.0.0.1:5432 not usable: {exc}")
+
+
+def django_run(
+    database: str, code: str, *, settings: str = SETTINGS, env: dict[str, str] | None = None
+) -> Any:
+    """Run *code* in a Django process on *database*; return what it prints, as JSON."""
+    program = "import django, json\ndjango.setup()\n" + textwrap.dedent(code)
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": settings,
+            "ZDELAY_TEST_BEAT_DB": database,
+            **(env or {}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"Django code failed:\n{code}\n{done.stderr[-3000:]}")
+    out = done.stdout.strip()
+    return json.loads(out) if out else None
+
+
+def add_interval_row(
+    database: str, name: str, seconds: int, args: list[Any], **extra: Any
+) -> float:
+    """Add a row; return when it was committed (epoch s)."""
+    saved: float = django_run(
+        database,
+        f"""
+        import time
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+        every, _ = IntervalSchedule.objects.get_or_create(every={seconds}, period="seconds")
+        PeriodicTask.objects.create(
+            name={name!r}, interval=every, args=json.dumps({args!r}), **{extra!r}
+        )
+        print(json.dumps(time.time()))
+        """,
+    )
+    return saved
+
+
+def row_of(database: str, name: str) -> dict[str, Any]:
+    return django_run(
+        database,
+        f"""
+        from django_celery_beat.models import PeriodicTask
+        row = PeriodicTask.objects.get(name={name!r})
+        print(json.dumps({{
+            "last_run_at": row.last_run_at.timestamp() if row.last_run_at else None,
+            "total_run_count": row.total_run_count,
+        }}))
+        """,
+    )
+
+
+def companion(
+    app: Celery, processes: list[CeleryProcess], database: str, *args: str
+) -> CeleryProcess:
+    process = CeleryProcess(
+        app,
+        "zdelay",
+        "-l",
+        "DEBUG",
+        *args,
+        env={"DJANGO_SETTINGS_MODULE": SETTINGS, "ZDELAY_TEST_BEAT_DB": database},
+    )
+    processes.append(process)
+    process.start()
+    process.wait_for_log(" started: ")
+    return process
+
+
+def runs_with(runs: Runs, marker: str) -> list[dict[str, Any]]:
+    return [r for r in runs.all() if r["args"] and r["args"][0] == marker]
+
+
+def occurrence_s(task_id: str) -> float:
+    """The occurrence time an id names (``periodic:<name>:v<n>:<ISO time>Z``), epoch s."""
+    stamp = task_id.rsplit(":v", 1)[1].split(":", 1)[1]
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
