@@ -16,7 +16,6 @@ import pytest
 from celery import Celery
 
 from tests.support.django_beat import django_run
-from tests.test_django_beat import database  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,7 +69,7 @@ print(json.dumps({
 
 
 def test_limit_and_pause_changes_through_the_django_mount_are_in_the_admins_history(
-    database: str,  # noqa: F811 (the fixture imported above)
+    database: str,
     app: Celery,
 ) -> None:
     # Breaks if: _log_control_change is not connected, or limits.py stops

@@ -14,7 +14,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -30,7 +30,6 @@ from tests.support.django_beat import (
     add_interval_row,
     companion,
     django_run,
-    migrated_database,
     occurrence_s,
     psql,
     row_of,
@@ -38,12 +37,6 @@ from tests.support.django_beat import (
 )
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A migrated django-celery-beat database: ``sqlite:<path>`` or ``postgres:<name>``."""
-    yield from migrated_database(request.param, tmp_path)
 
 
 def test_two_companions_serve_the_rows_each_tick_once_and_keep_the_admin_true(

@@ -46,12 +46,6 @@ from tests.support.periodic import (
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A migrated django-celery-beat database: ``sqlite:<path>`` or ``postgres:<name>``."""
-    yield from migrated_database(request.param, tmp_path)
-
-
 @pytest.fixture
 def sqlite_database(tmp_path: Path) -> Iterator[str]:
     """One on SQLite: the policy is the workers', whatever the database."""

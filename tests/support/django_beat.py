@@ -1,8 +1,10 @@
 """django-celery-beat test support: a migrated database, rows, companions on it.
 
 Shared by the tests of django-celery-beat rows as the schedule source
-(``tests/test_django_beat*.py``): Django runs in its own process on the
-database, as the admin would write to it.
+(``tests/test_django_beat*.py``) and of the Django admin's history: Django
+runs in its own process on the database, as the admin would write to it.
+Loaded as a pytest plugin (``tests/conftest.py``) for its ``database``
+fixture.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ EDIT_BOUND_S = 12.0
 #: (40 s was seen), so that no tick falls due in between.
 PERIOD_S = 45
 MIGRATE = "from django.core.management import call_command\ncall_command('migrate', verbosity=0)"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated django-celery-beat database: ``sqlite:<path>`` or ``postgres:<name>``."""
+    yield from migrated_database(request.param, tmp_path)
 
 
 def migrated_database(kind: str, tmp_path: Path) -> Iterator[str]:
