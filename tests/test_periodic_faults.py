@@ -1,9 +1,10 @@
 """Periodic tasks while companions die: every tick once, none missing, none early.
 
-Three companions serve a 1-second schedule and a crontab schedule for more
-than a minute while one of them at a time is SIGKILLed and restarted at
-random moments (at least one stays up: with none up, ticks are missed, and
-``zdelay_missed`` decides). Then every expected occurrence id is counted.
+Three companions serve 1-second schedules (plain, jittered, and with an
+overlap policy) and a crontab schedule for more than a minute while one of
+them at a time is SIGKILLed and restarted at random moments (at least one
+stays up: with none up, ticks are missed, and ``zdelay_missed`` decides).
+Then every expected occurrence id is counted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_zdelay.periodic.definition import from_beat_entry
 from celery_zdelay.periodic.server import occurrence_id
 from celery_zdelay.store.keys import periodic_keys
 from tests.conftest import AppFactory, RabbitMQ
@@ -32,6 +34,18 @@ MIN_KILLS = 10
 SCHEDULE = {
     "second": {"task": "tests.record", "schedule": 1.0},
     "minute": {"task": "tests.record", "schedule": {"crontab": {"minute": "*"}}},
+    # Jitter and overlap keep the promise too: each jittered tick runs once,
+    # never before its offset; a skip policy whose runs are far shorter than
+    # the period skips none.
+    "jittered": {"task": "tests.record", "schedule": 1.0, "zdelay_jitter": 0.8},
+    "no_overlap": {"task": "tests.record", "schedule": 1.0, "zdelay_overlap": "skip"},
+}
+#: The 1-second schedules: one occurrence per second after the anchor.
+EVERY_SECOND = ("second", "jittered", "no_overlap")
+#: Their definitions, for the jittered ticks' offsets.
+DEFINITIONS = {
+    name: from_beat_entry(name, SCHEDULE[name], known_tasks={"tests.record"})
+    for name in EVERY_SECOND
 }
 
 
@@ -68,7 +82,10 @@ def serve_with_chaos(
 
 def expected_ids(anchor_ms: int, end_ms: int) -> dict[str, set[str]]:
     """Every occurrence of SCHEDULE after *anchor_ms* and not after *end_ms*."""
-    seconds = {occurrence_id("second", 1, ms) for ms in range(anchor_ms + 1000, end_ms + 1, 1000)}
+    expected = {
+        name: {occurrence_id(name, 1, ms) for ms in range(anchor_ms + 1000, end_ms + 1, 1000)}
+        for name in EVERY_SECOND
+    }
     first_minute = datetime.fromtimestamp(anchor_ms / 1000, tz=timezone.utc).replace(
         second=0, microsecond=0
     ) + timedelta(minutes=1)
@@ -77,7 +94,7 @@ def expected_ids(anchor_ms: int, end_ms: int) -> dict[str, set[str]]:
     while at.timestamp() * 1000 <= end_ms:
         minutes.add(occurrence_id("minute", 1, int(at.timestamp() * 1000)))
         at += timedelta(minutes=1)
-    return {"second": seconds, "minute": minutes}
+    return {**expected, "minute": minutes}
 
 
 def check_ticks(runs: Runs, expected: dict[str, set[str]], *, allow_duplicates: bool) -> None:
@@ -90,7 +107,10 @@ def check_ticks(runs: Runs, expected: dict[str, set[str]], *, allow_duplicates: 
         if not allow_duplicates:
             twice = {i: c for i, c in ran.items() if c > 1}
             assert not twice, f"{name}: ticks ran more than once: {twice}"
-        early = [t["id"] for t in ticks if t["redis_ms"] < occurrence_ms(t["id"])]
+        offset = DEFINITIONS[name].offset_ms if name in DEFINITIONS else lambda _: 0
+        early = [
+            t["id"] for t in ticks if t["redis_ms"] < (at := occurrence_ms(t["id"])) + offset(at)
+        ]
         assert not early, f"{name}: ticks ran early: {early[:3]}"
         # Nothing ran that is not an occurrence of the schedule.
         stray = set(ran) - ids
