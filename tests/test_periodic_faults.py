@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -24,7 +25,9 @@ from celery_zdelay.store.keys import periodic_keys
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import CeleryProcess, Runs
 from tests.support.clock import redis_ms
-from tests.support.periodic import BeatCompanion, occurrence_ms, start_beat_companion, ticks_of
+from tests.support.django_beat import add_interval_row, django_run
+from tests.support.django_beat import companion as django_beat_companion
+from tests.support.periodic import occurrence_ms, start_beat_companion, ticks_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -50,12 +53,17 @@ DEFINITIONS = {
 
 
 def serve_with_chaos(
-    app: Celery, processes: list[CeleryProcess], *, seconds: float, seed: int
-) -> list[BeatCompanion]:
-    """Run three companions for *seconds*, killing and restarting them at random."""
+    start: Callable[[], CeleryProcess],
+    processes: list[CeleryProcess],
+    *,
+    seconds: float,
+    seed: int,
+) -> list[CeleryProcess]:
+    """Run three companions (each started by *start*) for *seconds*, killing
+    and restarting them at random."""
     rng = random.Random(seed)
-    companions: list[BeatCompanion | None] = [start_beat_companion(app, SCHEDULE) for _ in range(3)]
-    started: list[BeatCompanion] = [c for c in companions if c is not None]
+    companions: list[CeleryProcess | None] = [start() for _ in range(3)]
+    started: list[CeleryProcess] = [c for c in companions if c is not None]
     processes.extend(started)
     kills = 0
     deadline = time.monotonic() + seconds
@@ -66,7 +74,7 @@ def serve_with_chaos(
         dead = [i for i, c in enumerate(companions) if c is None]
         if dead and (len(alive) == 1 or rng.random() < 0.5):
             slot = rng.choice(dead)
-            fresh = start_beat_companion(app, SCHEDULE)
+            fresh = start()
             processes.append(fresh)
             started.append(fresh)
             companions[slot] = fresh
@@ -118,16 +126,29 @@ def check_ticks(runs: Runs, expected: dict[str, set[str]], *, allow_duplicates: 
 
 
 def run_chaos(
-    app: Celery, processes: list[CeleryProcess], runs: Runs, client: redis.Redis, seconds: float
+    app: Celery,
+    processes: list[CeleryProcess],
+    runs: Runs,
+    client: redis.Redis,
+    seconds: float,
+    *,
+    start: Callable[[], CeleryProcess] | None = None,
+    names: Iterable[str] = SCHEDULE,
 ) -> dict[str, set[str]]:
+    """Serve *names* of SCHEDULE through the chaos; return the ids expected, once run."""
     before_ms = redis_ms(client)
-    serve_with_chaos(app, processes, seconds=seconds, seed=int(time.time()))
+    serve_with_chaos(
+        start or (lambda: start_beat_companion(app, SCHEDULE)),
+        processes,
+        seconds=seconds,
+        seed=int(time.time()),
+    )
     end_ms = redis_ms(client)
     # Counted from the schedule, not from what ran: its anchor is when the
     # first companion stored it (a tick missing at the start must fail).
     anchor_ms = int(client.hget(periodic_keys("zdelay").meta, "written_ms") or 0)
     assert before_ms <= anchor_ms <= before_ms + 60_000
-    expected = expected_ids(anchor_ms, end_ms)
+    expected = {name: ids for name, ids in expected_ids(anchor_ms, end_ms).items() if name in names}
     assert len(expected["second"]) >= seconds - 5
     assert expected["minute"], "the run crossed no minute boundary"
     runs.wait_for_ids(set().union(*expected.values()), stall_timeout=60)
@@ -166,4 +187,39 @@ def test_on_rabbitmq_no_tick_is_missing_and_the_guard_drops_duplicates(
     worker(app, rabbitmq.queue)
     expected = run_chaos(app, processes, runs, redis_client, seconds=65)
     # Then none is missing and the guard let no duplicate run
+    check_ticks(runs, expected, allow_duplicates=False)
+
+
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_django_celery_beat_rows_run_every_tick_exactly_once_through_the_kills(
+    make_test_app: AppFactory,
+    database: str,
+    worker,
+    processes: list[CeleryProcess],
+    runs: Runs,
+    redis_client: redis.Redis,
+) -> None:
+    # Given the same two schedules as django-celery-beat rows in PostgreSQL
+    add_interval_row(database, "second", 1, [], task="tests.record")
+    django_run(
+        database,
+        """
+        from django_celery_beat.models import CrontabSchedule, PeriodicTask
+        every_minute = CrontabSchedule.objects.create(minute="*", timezone="UTC")
+        PeriodicTask.objects.create(name="minute", crontab=every_minute, task="tests.record")
+        """,
+    )
+    app = make_test_app(conf={"zdelay_beat": True})
+    worker(app)
+    # When three companions told -S django serve them for 70 s while being killed
+    expected = run_chaos(
+        app,
+        processes,
+        runs,
+        redis_client,
+        seconds=70,
+        start=lambda: django_beat_companion(app, [], database, "--beat", "-S", "django"),
+        names=("second", "minute"),
+    )
+    # Then every tick ran exactly once, none missing, none early
     check_ticks(runs, expected, allow_duplicates=False)
