@@ -19,7 +19,7 @@ from kombu import Connection, Queue
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
 from celery_zdelay.testing import RedisServer
-from tests.helpers import CeleryProcess, Runs, start_companion, start_worker
+from tests.helpers import CeleryProcess, Runs, start_companion, start_worker, unavailable
 from tests.project import close_app, make_app
 from tests.servers import LocalCluster
 from tests.support.store import Stock, stock
@@ -180,9 +180,10 @@ def rabbitmq() -> Iterator[RabbitMQ]:
     with Connection(RABBITMQ_URL) as probe:
         host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
     if not _reachable(host, port):
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"RabbitMQ is required in CI but {host}:{port} is unreachable")
-        pytest.skip(f"RabbitMQ not reachable on {host}:{port}")
+        unavailable(
+            f"RabbitMQ not reachable on {host}:{port}",
+            in_ci=f"RabbitMQ is required in CI but {host}:{port} is unreachable",
+        )
     queue = f"zdelay-test-{uuid.uuid4().hex[:10]}"
     yield RabbitMQ(RABBITMQ_URL, queue)
     with Connection(RABBITMQ_URL) as connection:

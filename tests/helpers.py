@@ -14,8 +14,9 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
+import pytest
 import redis
 from celery import Celery
 
@@ -23,6 +24,17 @@ from tests.project import RUNS_KEY, app_env
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
+
+
+def unavailable(skip: str, *, in_ci: str | None = None) -> NoReturn:
+    """A server or tool a test needs is missing: fail in CI (``CI=true``), skip elsewhere.
+
+    A local run without RabbitMQ or PostgreSQL still runs the rest; CI must
+    not pass without them. *in_ci* is the failure's text (default: *skip*).
+    """
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(in_ci or skip)
+    pytest.skip(skip)
 
 
 def wait_for(

@@ -27,13 +27,11 @@ from celery_zdelay.store import admin
 from celery_zdelay.testing import RedisServer, find_redis_server
 from celery_zdelay.testing.redis_server import SERVER_ENV
 from tests.conftest import BACKEND_DB, BROKER_DB, RECORD_DB, AppFactory
-from tests.helpers import Runs
+from tests.helpers import Runs, unavailable
 from tests.project import close_app, make_app
 from tests.servers import STORE_SERVERS, server_version, store_server_binary
 
 pytestmark = pytest.mark.timeout(120)
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def _binary_or_skip(name: str) -> str:
@@ -41,9 +39,7 @@ def _binary_or_skip(name: str) -> str:
     try:
         return store_server_binary(name)
     except LookupError as exc:
-        if IN_CI:
-            pytest.fail(f"CI must test every store server: {exc}")
-        pytest.skip(str(exc))
+        unavailable(str(exc), in_ci=f"CI must test every store server: {exc}")
 
 
 def _module_or_skip(name: str) -> Any:
@@ -51,9 +47,9 @@ def _module_or_skip(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        if IN_CI:
-            pytest.fail(f"CI must have {name} (pip install -e '.[store-servers]'): {exc}")
-        pytest.skip(str(exc))
+        unavailable(
+            str(exc), in_ci=f"CI must have {name} (pip install -e '.[store-servers]'): {exc}"
+        )
 
 
 def test_the_session_server_is_the_one_this_run_asked_for(redis_server: RedisServer) -> None:

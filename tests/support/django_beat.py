@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from tests.helpers import ROOT, CeleryProcess, Runs
+from tests.helpers import ROOT, CeleryProcess, Runs, unavailable
 
 SETTINGS = "tests.beat_project.settings"
 #: Seconds within which an edit made in the database reaches the companions
@@ -71,9 +71,10 @@ def psql(sql: str) -> None:
             timeout=60,
         )
     except (OSError, subprocess.CalledProcessError) as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL on 127.0.0.1:5432 not usable: {exc}")
+        unavailable(
+            f"PostgreSQL on 127.0.0.1:5432 not usable: {exc}",
+            in_ci=f"PostgreSQL on 127.0.0.1:5432 is required in CI: {exc}",
+        )
 
 
 def django_run(

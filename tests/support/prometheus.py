@@ -9,7 +9,6 @@ Grafana queries it. Without the binary a test skips, except in CI
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -20,10 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from celery_zdelay.testing import free_port
-from tests.helpers import wait_for
+from tests.helpers import unavailable, wait_for
 
 __all__ = ["Prometheus", "prometheus_binary"]
 
@@ -32,10 +29,7 @@ def prometheus_binary() -> str:
     """The path of the ``prometheus`` binary; skip (fail in CI) without one."""
     found = shutil.which("prometheus")
     if found is None:
-        message = "prometheus is not installed: make prometheus (Debian's package)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("prometheus is not installed: make prometheus (Debian's package)")
     return found
 
 
