@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import ZDelayError
 from .store import Store
-from .store.control import ControlStore
+from .store.control import ControlStore, hold_reason
 
 __all__ = ["ControlCollector"]
 
@@ -54,5 +54,5 @@ class ControlCollector:
             logger.warning("Metrics scrape could not read the held entries: %s", exc)
             return
         for name, count in sorted(held.items()):
-            family.add_metric([name, "pause" if name in paused else "rate_limit"], count)
+            family.add_metric([name, hold_reason(name, paused)], count)
         yield family

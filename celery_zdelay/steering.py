@@ -59,7 +59,7 @@ audit = logging.getLogger("celery_zdelay.audit")
 
 
 def cancel(task_id: str, *, app: Celery | None = None, by: str | None = None) -> bool:
-    """Cancel a parked task or canvas; return whether anything was still parked.
+    """Cancel a parked task or canvas (held ones too); return whether anything was still parked.
 
     For a canvas parked with :func:`celery_zdelay.apply_delayed`, *task_id*
     may be the id of the result it returned (a chain's last task, a group):
@@ -113,8 +113,10 @@ def reschedule(
     """Move a parked task or canvas to a new due time; return whether it was parked.
 
     *countdown* is seconds from now on the Redis clock, *eta* a datetime
-    (naive means UTC); a time in the past makes it due at once. A canvas is
-    found by its result's id, as with :func:`cancel`.
+    (naive means UTC); a time in the past makes it due at once. A task held
+    back by a pause or a rate limit goes back into the due set at that time
+    and passes the pause or limit again when due. A canvas is found by its
+    result's id, as with :func:`cancel`.
     :data:`~celery_zdelay.signals.tasks_rescheduled` is sent with *by* (who
     moved it, for receivers and audit trails).
     """
@@ -159,7 +161,8 @@ def lookup(task_id: str, *, app: Celery | None = None) -> ParkedTask | None:
     """Return what celery-zdelay holds under *task_id*, or None.
 
     The :class:`~celery_zdelay.store.lookup.ParkedTask` says its state
-    (``"parked"``, ``"in_flight"`` or ``"dead"``), due time (``due``, an aware
+    (``"parked"``, ``"held"`` behind a pause or rate limit, with ``held_by``
+    and ``held_reason``, ``"in_flight"`` or ``"dead"``), due time (``due``, an aware
     UTC datetime), task name and queue, e.g. to tell a customer "your order
     is cancelled at 10:32". For a canvas's result id it describes the first
     task parked for it (``task_id`` then names that task). None means the

@@ -377,9 +377,12 @@ def test_list_json_is_stable_and_complete(app: Celery, stocked: Stock) -> None:
         "kwargsrepr",
         "expires",
         "error",
+        "held_by",
+        "held_reason",
         "key",
         "tags",
     }
+    assert (first["held_by"], first["held_reason"]) == (None, None)
     assert (first["task"], first["queue"], first["argsrepr"], first["kwargsrepr"]) == (
         "tests.record",
         "celery",

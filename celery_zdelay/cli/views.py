@@ -279,10 +279,25 @@ def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
         "kwargsrepr": entry.kwargsrepr,
         "expires": entry.expires,
         "error": entry.error,
-        "state": "in_flight" if entry.in_flight else "parked",
+        "state": entry.state,
+        "held_by": entry.held_by,
+        "held_reason": entry.held_reason,
         "key": entry.key,
         "tags": list(entry.tags),
     }
+
+
+def _state_note(entry: ParkedEntry) -> str:
+    """What the DUE column adds to the due time: in flight, or held by which control."""
+    if entry.in_flight:
+        return ", in flight"
+    if entry.held_by:
+        return f", held by {entry.held_by} ({_REASON_WORDS.get(entry.held_reason or '', '?')})"
+    return ""
+
+
+#: How ``list`` says why a control holds an entry.
+_REASON_WORDS = {"pause": "paused", "rate_limit": "rate limit"}
 
 
 def listing_text(listing: Listing, *, show_shard: bool = False) -> str:
@@ -294,7 +309,7 @@ def listing_text(listing: Listing, *, show_shard: bool = False) -> str:
     for entry in listing.entries:
         rows.append(
             [
-                relative_due(entry.due_ms, now) + (", in flight" if entry.in_flight else ""),
+                relative_due(entry.due_ms, now) + _state_note(entry),
                 utc(entry.due_ms),
                 *([str(entry.shard)] if show_shard else []),
                 entry.task or "(unreadable)",
@@ -306,13 +321,14 @@ def listing_text(listing: Listing, *, show_shard: bool = False) -> str:
     headers = ["DUE", "DUE AT (UTC)", *(["SHARD"] if show_shard else []), "TASK", "ID"]
     headers += ["QUEUE", "ARGS"]
     in_flight = sum(1 for entry in listing.entries if entry.in_flight)
-    if not in_flight:
+    held = sum(1 for entry in listing.entries if entry.held_by)
+    if not in_flight and not held:
         return table(headers, rows) + "\n" + _footer(listing, "parked")
     n = len(listing.entries)
-    shown = (
-        f"{counted(n, 'entry', 'entries')}: "
-        f"{count(n - in_flight)} parked, {count(in_flight)} in flight"
-    )
+    parts = [f"{count(n - in_flight - held)} parked"]
+    parts += [f"{count(held)} held"] if held else []
+    parts += [f"{count(in_flight)} in flight"] if in_flight else []
+    shown = f"{counted(n, 'entry', 'entries')}: {', '.join(parts)}"
     footer = (
         f"Showing the first {shown}; more match (raise --limit)." if listing.more else f"{shown}."
     )

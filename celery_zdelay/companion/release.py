@@ -25,6 +25,7 @@ from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError
 from ..periodic.server import PeriodicServer
 from ..store import Claimed, ClaimResult, Store
+from ..store.control import hold_reason
 from ..store.dead_reason import DeadReason
 from .gate import MIN_THROTTLE_SECONDS, Gate
 from .handoff import Handoff, detect_handoff
@@ -272,7 +273,7 @@ class ReleasePass:
             return
         report.held[lane] = report.held.get(lane, 0) + count
         self.gate.lanes.setdefault(shard, set()).add(lane)
-        reason = "pause" if lane in self.gate.paused else "rate_limit"
+        reason = hold_reason(lane, self.gate.paused)
         self._send(signals.tasks_held, shard=shard, control=lane, reason=reason, count=count)
         logger.debug("Shard %d: %d entries held by %s (%s)", shard, count, lane, reason)
 

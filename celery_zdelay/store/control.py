@@ -18,7 +18,7 @@ Like :class:`~.store.Store`, this decides nothing: the companion's gate does.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -29,7 +29,7 @@ from .keys import control_keys, held_key, lanes_key
 from .scripts import guarded
 from .store import ClaimResult, Store, claim_result
 
-__all__ = ["REMOVED", "ControlState", "ControlStore"]
+__all__ = ["REMOVED", "ControlState", "ControlStore", "HoldReasons", "hold_reason"]
 
 #: What a limit set at run time to ``None`` stores when the settings define
 #: one: "removed", overriding the setting.
@@ -218,6 +218,28 @@ class ControlStore:
                     client=self.store.client,
                 )
             )
+
+
+def hold_reason(name: str, paused: Container[str]) -> str:
+    """Return why control *name* holds entries: ``"pause"`` while paused, else ``"rate_limit"``.
+
+    A held set outlives its control (a removed limit is drained under no
+    limit, a resumed pause at once): it is a rate limit's until it is empty.
+    """
+    return "pause" if name in paused else "rate_limit"
+
+
+class HoldReasons:
+    """:func:`hold_reason` for the listings: the pauses are read once, when first asked."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._paused: set[str] | None = None
+
+    def __call__(self, name: str) -> str:
+        if self._paused is None:
+            self._paused = set(ControlStore(self._store).read().paused)
+        return hold_reason(name, self._paused)
 
 
 def _source(name: str) -> str:

@@ -2,7 +2,8 @@
 
 Listings are bounded with ``LIMIT`` (and a scan bound when filtering by
 task name), so listing a store of millions of entries costs Redis about
-what one claim does. Entries in flight are listed too.
+what one claim does. Entries in flight are listed too, and so are those a
+pause or a rate limit holds back (marked with their control and why).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, cast
 from ..due_score import due_ms_of
 from ..entry import parked_ms
 from .client import store_errors
+from .control import HoldReasons
 from .marks import mark_records, parse_record, tagged_ids
 from .reading import (
     DEFAULT_LIST_LIMIT,
@@ -22,6 +24,7 @@ from .reading import (
     as_text,
     check_limit,
     describe,
+    held_scores,
     leased_score,
     matches_patterns,
     optional_str,
@@ -73,6 +76,16 @@ class ParkedEntry:
     key: str | None = None
     #: Its tags (``apply_delayed(tags=[...])``).
     tags: tuple[str, ...] = ()
+    #: The control holding it back (``"queue:emails"``), when a pause or a
+    #: rate limit does: overdue, it waits for the control, not for a companion.
+    held_by: str | None = None
+    #: Why :attr:`held_by` holds it: ``"pause"`` or ``"rate_limit"``.
+    held_reason: str | None = None
+
+    @property
+    def state(self) -> str:
+        """``"parked"``, ``"held"`` (by :attr:`held_by`) or ``"in_flight"``."""
+        return "in_flight" if self.in_flight else "held" if self.held_by else "parked"
 
 
 @dataclass(frozen=True)
@@ -111,12 +124,15 @@ def list_parked(
     found: list[tuple[int, int, ParkedEntry]] = []
     more = False
     wanted = _matcher(task, queue)
+    reasons = HoldReasons(store)
     for shard in numbers:
         if tag is not None:
-            found += _tagged_in_shard(store, shard, tag, due_after_ms, due_before_ms, wanted)
+            found += _tagged_in_shard(
+                store, shard, tag, due_after_ms, due_before_ms, wanted, reasons
+            )
             continue
         entries, shard_more = _parked_in_shard(
-            store, shard, due_after_ms, due_before_ms, wanted, limit, scan_limit
+            store, shard, due_after_ms, due_before_ms, wanted, limit, scan_limit, reasons
         )
         found += entries
         found += in_flight_in_shard(store, shard, due_after_ms, due_before_ms, wanted)
@@ -146,6 +162,7 @@ def _parked_in_shard(
     wanted: Callable[[ParkedEntry], bool] | None,
     limit: int,
     scan_limit: int,
+    reasons: HoldReasons,
 ) -> tuple[list[tuple[int, int, ParkedEntry]], bool]:
     """Return up to limit + 1 matching entries of *shard*, and whether the scan was cut short."""
     matches: list[tuple[int, int, ParkedEntry]] = []
@@ -159,10 +176,18 @@ def _parked_in_shard(
         first_page=limit + 1 if wanted is None else SCAN_PAGE,
         per_shard=None if wanted is None else scan_limit,
         records=True,
+        held=True,
     ):
         read += 1
         entry = describe_entry(
-            store, scanned.task_id, shard, scanned.score, scanned.payload, record=scanned.record
+            store,
+            scanned.task_id,
+            shard,
+            scanned.score,
+            scanned.payload,
+            record=scanned.record,
+            held_by=scanned.held,
+            reasons=reasons,
         )
         if wanted is None or wanted(entry):
             matches.append((scanned.score, shard, entry))
@@ -218,8 +243,13 @@ def describe_entry(
     *,
     in_flight: bool = False,
     record: bytes | None = None,
+    held_by: str | None = None,
+    reasons: HoldReasons | None = None,
 ) -> ParkedEntry:
-    """Return the entry parked (or *in_flight*) under *task_id*, as a listing shows it."""
+    """Return the entry parked (or *in_flight*, or held by *held_by*) under *task_id*.
+
+    *reasons* says why a control holds it (the pauses, read once per listing).
+    """
     headers, queue, error = describe(payload, store.templates(shard))
     marks = parse_record(as_text(record)) if record is not None else None
     return ParkedEntry(
@@ -236,6 +266,8 @@ def describe_entry(
         parked_ms=parked_ms(payload),
         key=marks.key if marks else None,
         tags=marks.tags if marks else (),
+        held_by=held_by,
+        held_reason=None if held_by is None else (reasons or HoldReasons(store))(held_by),
     )
 
 
@@ -246,8 +278,9 @@ def _tagged_in_shard(
     due_after_ms: int | None,
     due_before_ms: int | None,
     wanted: Callable[[ParkedEntry], bool] | None,
+    reasons: HoldReasons,
 ) -> list[tuple[int, int, ParkedEntry]]:
-    """Return the entries of *shard* tagged *tag* that match, parked or in flight."""
+    """Return the entries of *shard* tagged *tag* that match, parked, held or in flight."""
     keys = store.keys(shard)
     ids = tagged_ids(store, tag, shards=[shard])
     if not ids:
@@ -259,10 +292,15 @@ def _tagged_in_shard(
         pipe.hmget(keys.msg, members)
         scores, leased, payloads = pipe.execute()
     records = mark_records(store, shard, members)
+    unseen = [i for i, s, le in zip(ids, scores, leased, strict=True) if s is None and le is None]
+    held = held_scores(store, shard, unseen)
+    # A held entry is parked with its due score, in its control's held set.
+    scores = [held[i][1] if i in held else s for i, s in zip(ids, scores, strict=True)]
     found = []
     for member, score, lease, payload, record in zip(
         members, scores, leased, payloads, records, strict=True
     ):
+        held_by = held[as_text(member)][0] if as_text(member) in held else None
         if score is None and lease is None:
             continue
         in_flight = score is None
@@ -273,7 +311,15 @@ def _tagged_in_shard(
         if due_before_ms is not None and due_ms >= due_before_ms:
             continue
         entry = describe_entry(
-            store, as_text(member), shard, due_score, payload, in_flight=in_flight, record=record
+            store,
+            as_text(member),
+            shard,
+            due_score,
+            payload,
+            in_flight=in_flight,
+            record=record,
+            held_by=held_by,
+            reasons=reasons,
         )
         if wanted is None or wanted(entry):
             found.append((due_score, shard, entry))

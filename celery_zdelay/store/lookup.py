@@ -1,10 +1,12 @@
 """Find parked entries: one by id (its state and due time), or all that match a filter.
 
-:func:`find` reads the keys of the id's shard in one round trip and says
-whether the entry waits (``parked``), is being released (``in_flight``) or
-could not be published (``dead``). :func:`select` pages through the due sets
-and returns the ids whose task name, queue and due time match, for bulk
-cancel and reschedule. Payloads are read only for their Celery headers.
+:func:`find` reads the keys of the id's shard in one round trip (two when
+a pause or a rate limit holds entries there) and says whether the entry
+waits (``parked``), waits behind a pause or rate limit (``held``), is being
+released (``in_flight``) or could not be published (``dead``).
+:func:`select` pages through the due and held sets and returns the ids
+whose task name, queue and due time match, for bulk cancel and reschedule.
+Payloads are read only for their Celery headers.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from ..entry import decode_entry, parked_ms
 from ..errors import EntryError
 from ..keys import TAGS_HEADER
 from .client import store_errors
+from .control import HoldReasons
 from .deadletters import dead_entry
 from .marks import parse_record, tagged_ids
 from .reading import (
     as_text,
     describe,
+    held_scores,
     leased_score,
     matches_patterns,
     optional_str,
@@ -34,7 +38,7 @@ from .store import Store
 
 __all__ = ["EntryState", "ParkedTask", "find", "select", "signed_with_tag"]
 
-EntryState = Literal["parked", "in_flight", "dead"]
+EntryState = Literal["parked", "held", "in_flight", "dead"]
 
 #: Entries read per round trip while selecting.
 _PAGE = 1000
@@ -46,8 +50,10 @@ class ParkedTask:
 
     #: The id of the parked entry (the first task of a parked chain).
     task_id: str
-    #: ``"parked"`` (waiting for its due time, or overdue), ``"in_flight"``
-    #: (claimed by a companion, being published) or ``"dead"`` (dead-lettered).
+    #: ``"parked"`` (waiting for its due time, or overdue), ``"held"``
+    #: (due, and held back by a pause or a rate limit: see :attr:`held_by`),
+    #: ``"in_flight"`` (claimed by a companion, being published) or
+    #: ``"dead"`` (dead-lettered).
     state: EntryState
     #: When it is (or was) due, in epoch ms on the Redis clock; None if unknown.
     due_ms: int | None
@@ -68,6 +74,10 @@ class ParkedTask:
     on_key: str | None = None
     #: Its tags (``apply_delayed(tags=[...])``).
     tags: tuple[str, ...] = ()
+    #: The control holding it back (``"queue:emails"``), when ``state == "held"``.
+    held_by: str | None = None
+    #: Why: ``"pause"`` or ``"rate_limit"``, when ``state == "held"``.
+    held_reason: str | None = None
 
     @property
     def due(self) -> datetime | None:
@@ -96,8 +106,13 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
         pipe.hget(keys.dead_msg, task_id)
         pipe.hmget(keys.marks, ["i:" + task_id, "d:" + task_id])
         score, leased, payload, died, record, (marked, dead_marked) = pipe.execute()
+    held_by: str | None = None
+    if score is None and leased is None and payload is not None:
+        # Not due nor in flight, yet its message is there: held back, or
+        # moving between the sets right now (then the read finds nothing).
+        held_by, score = held_scores(store, shard, [task_id]).get(task_id, (None, None))
     if score is not None or leased is not None:
-        state: EntryState = "parked" if score is not None else "in_flight"
+        state: EntryState = "in_flight" if score is None else "held" if held_by else "parked"
         headers, queue, error = describe(payload, store.templates(shard))
         # The leased record starts with the due score (then the claim token).
         due_score = int(score) if score is not None else leased_score(leased)
@@ -110,6 +125,8 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
             shard=shard,
             reason=error,
             parked_ms=parked_ms(payload),
+            held_by=held_by,
+            held_reason=None if held_by is None else HoldReasons(store)(held_by),
             **_marks(marked),
         )
     if died is not None:
@@ -152,7 +169,8 @@ def select(
     times are selected in ``[due_after_ms, due_before_ms)``; *tag* selects
     the entries tagged so (through the tag index, without a scan). Unlike a
     listing there is no bound: bulk cancel and reschedule must see every
-    match. Entries in flight are not selected (they cannot be cancelled).
+    match. Entries held back by a pause or a rate limit are selected (they
+    can be cancelled and moved); entries in flight are not.
     """
     if tag is not None:
         return _select_tagged(store, tag, task, queue, due_after_ms, due_before_ms, shards)
@@ -165,6 +183,7 @@ def select(
         due_before_ms=due_before_ms,
         first_page=_PAGE,
         payloads=filtered,
+        held=True,
     ):
         if filtered:
             headers, routing_key, _ = describe(scanned.payload, store.templates(scanned.shard))
@@ -202,6 +221,9 @@ def _select_tagged(
                     pipe.zscore(keys.due, task_id)
                 pipe.hmget(keys.msg, chunk)
                 *scores, payloads = pipe.execute()
+            unseen = [t for t, s in zip(chunk, scores, strict=True) if s is None]
+            held = held_scores(store, shard, unseen)
+            scores = [held[t][1] if t in held else s for t, s in zip(chunk, scores, strict=True)]
             for task_id, score, payload in zip(chunk, scores, payloads, strict=True):
                 if score is None:
                     continue  # in flight: it cannot be cancelled or moved any more

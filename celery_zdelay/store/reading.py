@@ -3,7 +3,9 @@
 :func:`scan_parked` is the one way to read parked entries in due order (as
 redis-py's ``zscan_iter`` hides paging): the listing (``zdelay list``), bulk
 selection (``cancel --task``), the dashboard and the testing plugin read
-through it. The rest are the checks and conversions those callers share:
+through it; with ``held=True`` it also reads the entries a pause or a rate
+limit holds back (the held sets of :mod:`.control`), merged into the due
+order. The rest are the checks and conversions those callers share:
 shard and limit checks, glob matching, a payload's Celery headers.
 
 Payloads are read only for their Celery headers
@@ -13,6 +15,7 @@ decoded.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -22,6 +25,7 @@ from ..due_score import due_ms_of, score_of, score_range
 from ..entry import TemplateLookup, entry_headers, entry_routing_key, expand_entry
 from ..errors import ConfigurationError, EntryError
 from .client import store_errors
+from .keys import held_key
 from .marks import mark_records
 from .store import Store
 
@@ -35,6 +39,7 @@ __all__ = [
     "as_text",
     "check_limit",
     "describe",
+    "held_scores",
     "leased_due_ms",
     "leased_score",
     "matches_patterns",
@@ -74,6 +79,9 @@ class ScannedEntry:
     payload: bytes | None
     #: Its key and tag record (:mod:`.marks`), when asked for and it has one.
     record: bytes | None = None
+    #: The control (``"queue:emails"``) whose held set it is in, if a pause
+    #: or a rate limit holds it back; None when it is in the due set.
+    held: str | None = None
 
     @property
     def due_ms(self) -> int:
@@ -91,8 +99,13 @@ def scan_parked(
     per_shard: int | None = None,
     payloads: bool = True,
     records: bool = False,
+    held: bool = False,
 ) -> Iterator[ScannedEntry]:
     """Yield the parked entries of *shards* (all by default), shard by shard, each in due order.
+
+    With *held*, the entries held back by a pause or a rate limit too (each
+    names its control in :attr:`ScannedEntry.held`), merged with the due set
+    in (score, id) order: they are parked, only waiting behind their control.
 
     Due times are selected in ``[due_after_ms, due_before_ms)``; with *after*,
     only entries past that position in (score, shard, id) order. Entries are
@@ -107,22 +120,39 @@ def scan_parked(
     scan yields what the counts count.
     """
     for shard in selected_shards(store, shards):
-        yield from _scan_shard(
-            store,
-            shard,
-            due_after_ms,
-            due_before_ms,
-            after,
-            first_page=first_page,
-            per_shard=per_shard,
-            payloads=payloads,
-            records=records,
-        )
+        sources: list[str | None] = [None]
+        if held:
+            sources += store.lanes(shard)
+        streams = [
+            _scan_set(
+                store,
+                shard,
+                lane,
+                due_after_ms,
+                due_before_ms,
+                after,
+                first_page=first_page,
+                per_shard=per_shard,
+                payloads=payloads,
+                records=records,
+            )
+            for lane in sources
+        ]
+        if len(streams) == 1:
+            yield from streams[0]
+            continue
+        # Redis orders equal scores by member: (score, id) is each set's order.
+        merged = heapq.merge(*streams, key=lambda entry: (entry.score, entry.task_id))
+        for count, entry in enumerate(merged):
+            if per_shard is not None and count >= per_shard:
+                break
+            yield entry
 
 
-def _scan_shard(
+def _scan_set(
     store: Store,
     shard: int,
+    lane: str | None,
     due_after_ms: int | None,
     due_before_ms: int | None,
     after: Position | None,
@@ -132,7 +162,9 @@ def _scan_shard(
     payloads: bool,
     records: bool,
 ) -> Iterator[ScannedEntry]:
+    """Yield the entries of *shard*'s due set (*lane* None) or of *lane*'s held set, in order."""
     keys = store.keys(shard)
+    source = keys.due if lane is None else held_key(store.config.key_prefix, shard, lane)
     low, high = score_range(due_after_ms, due_before_ms)
     offset = 0
     if after is not None and (due_after_ms is None or after.score >= score_of(due_after_ms)):
@@ -143,7 +175,7 @@ def _scan_shard(
             # Entries of the position's score up to its id were read already:
             # start near it rather than at the start of its score slot, which
             # may hold thousands (a bulk park of more than 1,024 in one millisecond).
-            offset = max(_rank_in_slot(store, keys.due, after) - first_page, 0)
+            offset = max(_rank_in_slot(store, source, after) - first_page, 0)
     yielded = 0
     page = first_page
     while per_shard is None or yielded < per_shard:
@@ -153,11 +185,11 @@ def _scan_shard(
             members = cast(
                 "list[tuple[bytes, float]]",
                 store.client.zrangebyscore(
-                    keys.due, low, high, start=offset, num=size, withscores=True
+                    source, low, high, start=offset, num=size, withscores=True
                 ),
             )
             ids = [member for member, _ in members]
-            stored = _payloads(store, shard, ids) if payloads else [None] * len(ids)
+            stored = _payloads(store, shard, source, ids) if payloads else [None] * len(ids)
             marks = mark_records(store, shard, ids) if records else [None] * len(ids)
         offset += len(members)
         for (member, score), payload, record in zip(members, stored, marks, strict=True):
@@ -167,7 +199,9 @@ def _scan_shard(
             if payload is _RELEASED:
                 continue
             yielded += 1
-            yield ScannedEntry(task_id, shard, int(score), cast("bytes | None", payload), record)
+            yield ScannedEntry(
+                task_id, shard, int(score), cast("bytes | None", payload), record, held=lane
+            )
         if len(members) < size:
             return
         # Dense matches fill a page from a short read; sparse ones read more per trip.
@@ -178,8 +212,9 @@ def _scan_shard(
 _RELEASED = object()
 
 
-def _payloads(store: Store, shard: int, members: list[bytes]) -> list[Any]:
-    """Return the stored entries of *members*; :data:`_RELEASED` for those gone meanwhile."""
+def _payloads(store: Store, shard: int, source: str, members: list[bytes]) -> list[Any]:
+    """Return the stored entries of *members* of the set *source*; :data:`_RELEASED`
+    for those gone from it meanwhile."""
     if not members:
         return []
     keys = store.keys(shard)
@@ -189,7 +224,7 @@ def _payloads(store: Store, shard: int, members: list[bytes]) -> list[Any]:
         return list(stored)
     with store.client.pipeline(transaction=False) as pipe:
         for member in missing:
-            pipe.zscore(keys.due, member)
+            pipe.zscore(source, member)
         scores = pipe.execute()
     still_parked = {m for m, s in zip(missing, scores, strict=True) if s is not None}
     return [
@@ -276,3 +311,26 @@ def optional_str(value: Any) -> str | None:
 def as_text(value: Any) -> str:
     """Return a Redis reply (bytes) as text, never failing on bad UTF-8."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def held_scores(store: Store, shard: int, task_ids: list[str]) -> dict[str, tuple[str, int]]:
+    """Return, for those of *task_ids* a pause or rate limit holds on *shard*, (control, score).
+
+    One ``ZMSCORE`` per held set of the shard (few: one per control name),
+    in one round trip; for what the tag index and single-id reads find,
+    which do not scan.
+    """
+    lanes = store.lanes(shard)
+    if not lanes or not task_ids:
+        return {}
+    prefix = store.config.key_prefix
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
+        for lane in lanes:
+            pipe.zmscore(held_key(prefix, shard, lane), task_ids)
+        replies = pipe.execute()
+    found: dict[str, tuple[str, int]] = {}
+    for lane, scores in zip(lanes, replies, strict=True):
+        for task_id, score in zip(task_ids, scores, strict=True):
+            if score is not None:
+                found.setdefault(task_id, (lane, int(score)))
+    return found

@@ -42,6 +42,8 @@ __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
 #: How long a park call is remembered, so a retry after a lost reply is a
 #: no-op: longer than the producer's retries take (timeouts included).
 PARK_MARKER_MS = 120_000
+#: What reschedule.lua answers when the shard's held sets changed since they were read.
+_LANES_CHANGED = -2
 #: Template records kept in memory by one Store (they never change: ids are
 #: content hashes).
 TEMPLATE_CACHE_SIZE = 4096
@@ -322,10 +324,17 @@ class Store:
         """
         prefix = self.config.key_prefix
         keys = self._keys[shard]
-        for name in sorted(self.client.smembers(lanes_key(prefix, shard))):
-            lane = name.decode() if isinstance(name, bytes) else str(name)
+        for lane in self.lanes(shard):
+            # With the marks keys, as for the due set: a held entry's key and
+            # tags go with it.
             reply = self.scripts.cancel(
-                keys=[held_key(prefix, shard, lane), keys.msg, keys.templates],
+                keys=[
+                    held_key(prefix, shard, lane),
+                    keys.msg,
+                    keys.templates,
+                    keys.marks,
+                    keys.tagged,
+                ],
                 args=[ids[i] for i in indexes],
                 client=self.client,
             )
@@ -337,15 +346,37 @@ class Store:
 
     def reschedule(self, task_id: str, due: Due) -> int | None:
         """Move a parked entry to *due*; return its new due ms, or None if not parked."""
-        keys = self._keys[self.shard_of(task_id)]
+        shard = self.shard_of(task_id)
+        keys = self._keys[shard]
+        prefix = self.config.key_prefix
         # reschedule.lua checks before it writes, and its wake-up after the
         # move cannot fail it: a refusal wrote nothing.
         with store_errors(self.url):
             self.ensure_allowed(keys.due, "reschedule")
-            reply = self.scripts.reschedule(
-                keys=[keys.due], args=[keys.wake, task_id, due.mode, due.ms], client=self.client
-            )
-        return None if int(reply) < 0 else int(reply)
+            while True:
+                # A held entry is looked for in the held sets of the shard's
+                # lanes; the script answers -2 when a lane was added since the
+                # read (lanes come one per control name: this ends).
+                lanes = self.lanes(shard)
+                reply = int(
+                    self.scripts.reschedule(
+                        keys=[
+                            keys.due,
+                            lanes_key(prefix, shard),
+                            *(held_key(prefix, shard, lane) for lane in lanes),
+                        ],
+                        args=[keys.wake, task_id, due.mode, due.ms, *lanes],
+                        client=self.client,
+                    )
+                )
+                if reply != _LANES_CHANGED:
+                    return None if reply < 0 else reply
+
+    def lanes(self, shard: int) -> list[str]:
+        """Return the names of the controls with a held set on *shard*, sorted."""
+        with store_errors(self.url):
+            names = self.client.smembers(lanes_key(self.config.key_prefix, shard))
+        return sorted(name.decode() if isinstance(name, bytes) else str(name) for name in names)
 
     # -- companions -----------------------------------------------------------
 

@@ -27,10 +27,18 @@ from ..due_score import due_ms_of, score_range
 from ..entry import parked_ms, template_ref
 from ..store import Store, admin
 from ..store.admin import ParkedEntry
+from ..store.control import HoldReasons
 from ..store.listing import describe_entry, in_flight_in_shard
 from ..store.lookup import signed_with_tag
 from ..store.marks import EntryMarks, mark_records, parse_record, tagged_ids
-from ..store.reading import SCAN_PAGE, Position, describe, leased_due_ms, scan_parked
+from ..store.reading import (
+    SCAN_PAGE,
+    Position,
+    describe,
+    held_scores,
+    leased_due_ms,
+    scan_parked,
+)
 
 __all__ = [
     "SCAN_BOUND",
@@ -220,8 +228,11 @@ def parked_page(
     frontier: Cursor | None = None  # earliest point where a cut-short shard stopped
     scanned = 0
     bound = max(SCAN_BOUND // len(store.shards), limit + 1) if filters.scans else limit + 1
+    reasons = HoldReasons(store)
     for shard in store.shards:
-        matches, last, count, exhausted = _scan_shard(store, shard, filters, after, limit, bound)
+        matches, last, count, exhausted = _scan_shard(
+            store, shard, filters, after, limit, bound, reasons
+        )
         scanned += count
         streams.append(matches)
         if not exhausted and last is not None and len(matches) <= limit:
@@ -271,9 +282,19 @@ def in_flight(store: Store, filters: Filters) -> list[ParkedEntry]:
 
 
 def _scan_shard(
-    store: Store, shard: int, filters: Filters, after: Cursor | None, limit: int, bound: int
+    store: Store,
+    shard: int,
+    filters: Filters,
+    after: Cursor | None,
+    limit: int,
+    bound: int,
+    reasons: HoldReasons,
 ) -> tuple[list[tuple[int, int, str, ParkedEntry | None]], Cursor | None, int, bool]:
-    """Return (matches, last entry read, entries read, reached the end) of one shard."""
+    """Return (matches, last entry read, entries read, reached the end) of one shard.
+
+    Entries a pause or a rate limit holds back are read with the due set, in
+    due order, and marked (:attr:`ParkedEntry.held_by`).
+    """
     matches: list[tuple[int, int, str, ParkedEntry | None]] = []
     # Entries read past the cursor: what the bound counts.
     read = 0
@@ -286,6 +307,7 @@ def _scan_shard(
         after=None if after is None else Position(after.score, after.shard, after.task_id),
         first_page=limit + 1,
         per_shard=bound,
+        held=True,
     ):
         read += 1
         task_id, score, payload = scanned.task_id, scanned.score, scanned.payload
@@ -296,7 +318,9 @@ def _scan_shard(
         known = _TEMPLATE_TASKS.get(template) if template else None
         if known is not None and filters.task and not fnmatchcase(known, filters.task):
             continue  # ruled out by its template alone, without decoding it
-        entry = describe_entry(store, task_id, shard, score, payload)
+        entry = describe_entry(
+            store, task_id, shard, score, payload, held_by=scanned.held, reasons=reasons
+        )
         if template and entry.error is None and entry.task is not None:
             _remember(template, entry.task)
         if not _selects(filters, entry.task, entry.queue):
@@ -322,6 +346,7 @@ def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: in
     low = filters.due_after_ms
     high = filters.due_before_ms
     candidates: list[Cursor] = []
+    held_by: dict[tuple[int, str], str] = {}
     for shard in store.shards:
         ids = [
             task_id
@@ -329,6 +354,10 @@ def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: in
             if task_id.startswith(filters.id_prefix)
         ]
         scores = store.client.zmscore(store.keys(shard).due, ids) if ids else []
+        held = held_scores(store, shard, [t for t, s in zip(ids, scores, strict=True) if s is None])
+        for task_id, lane_score in held.items():
+            held_by[shard, task_id] = lane_score[0]
+        scores = [held[t][1] if t in held else s for t, s in zip(ids, scores, strict=True)]
         for task_id, score in zip(ids, scores, strict=True):
             if score is None:
                 continue  # in flight (listed above the page) or gone
@@ -340,6 +369,7 @@ def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: in
                 candidates.append(place)
     candidates.sort()
     signed = bool(store.config.signing_keys)
+    reasons = HoldReasons(store)
     matches: list[tuple[Cursor, ParkedEntry]] = []
     read = 0
     page_size = limit + 1
@@ -356,7 +386,14 @@ def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: in
             ):
                 continue
             entry = describe_entry(
-                store, place.task_id, place.shard, place.score, payload, record=record
+                store,
+                place.task_id,
+                place.shard,
+                place.score,
+                payload,
+                record=record,
+                held_by=held_by.get((place.shard, place.task_id)),
+                reasons=reasons,
             )
             if _selects(filters, entry.task, entry.queue):
                 matches.append((place, entry))
@@ -441,7 +478,7 @@ class EntryDetail:
 
     task_id: str
     shard: int
-    #: "parked", "in flight", "dead" or None when the id is unknown.
+    #: "parked", "held", "in flight", "dead" or None when the id is unknown.
     state: str | None
     due_ms: int | None = None
     #: Lease expiry of an in-flight entry.
@@ -457,10 +494,14 @@ class EntryDetail:
     parked_ms: int | None = None
     #: Its key, ``on_key`` mode and tags (``apply_delayed(key=..., tags=...)``).
     marks: EntryMarks | None = None
+    #: The control holding it back (``"queue:emails"``), when state is "held".
+    held_by: str | None = None
+    #: Why: "pause" or "rate_limit", when state is "held".
+    held_reason: str | None = None
 
 
 def entry_detail(store: Store, task_id: str) -> EntryDetail:
-    """Look *task_id* up in its shard's parked, in-flight and dead sets."""
+    """Look *task_id* up in its shard's parked, held, in-flight and dead sets."""
     shard = store.shard_of(task_id)
     keys = store.keys(shard)
     with store.client.pipeline(transaction=False) as pipe:
@@ -475,8 +516,15 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         due, payload, lease, leased, died, dead_record, (marked, dead_marked) = pipe.execute()
     reason: dict[str, Any] = {}
     due_ms: int | None
+    held = (
+        held_scores(store, shard, [task_id]).get(task_id)
+        if due is None and lease is None and payload is not None
+        else None
+    )
     if due is not None:
         state, due_ms = "parked", due_ms_of(due)
+    elif held is not None:
+        state, due_ms = "held", due_ms_of(held[1])
     elif lease is not None:
         # The leased record starts with the due score the entry was claimed at.
         due_ms = leased_due_ms(leased) if leased else None
@@ -509,6 +557,8 @@ def entry_detail(store: Store, task_id: str) -> EntryDetail:
         error=error,
         parked_ms=parked_ms(payload),
         marks=parse_record(record.decode(errors="replace")) if record is not None else None,
+        held_by=held[0] if held else None,
+        held_reason=HoldReasons(store)(held[0]) if held else None,
     )
 
 
