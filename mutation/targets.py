@@ -138,6 +138,8 @@ _STEERING = (
     "tests/test_mutation_kills_cancel_reschedule_lua.py",
     "tests/test_cancel_reschedule.py",
 )
+#: Held tasks (pauses, rate limits) listed, rescheduled and cancelled.
+_HELD = "tests/test_held_steering.py"
 
 LUA = (
     Target(
@@ -171,8 +173,12 @@ LUA = (
     ),
     Target("recover.lua", _STORE + "recover.lua", ("tests/test_crash_recovery.py",)),
     Target("deadletter.lua", _STORE + "deadletter.lua", ("tests/test_security.py", *_ADMIN)),
-    Target("cancel.lua", _STORE + "cancel.lua", _STEERING),
-    Target("reschedule.lua", _STORE + "reschedule.lua", _STEERING),
+    Target("cancel.lua", _STORE + "cancel.lua", (*_STEERING, _HELD)),
+    Target(
+        "reschedule.lua",
+        _STORE + "reschedule.lua",
+        ("tests/test_mutation_kills_reschedule_held_lua.py", *_STEERING, _HELD),
+    ),
     Target("requeue.lua", _STORE + "requeue.lua", _ADMIN),
     Target("purge.lua", _STORE + "purge.lua", _ADMIN),
     Target(
