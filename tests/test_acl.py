@@ -23,6 +23,7 @@ from werkzeug.test import Client
 
 import celery_zdelay
 from celery_zdelay.cli import EXIT_CHECK_FAILED
+from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.store import Store, admin
@@ -389,3 +390,40 @@ def test_a_requeue_by_a_user_denied_zrem_is_refused_before_it_writes(
         assert truth.client.zscore(keys.dead, result.id) is not None
     finally:
         truth.close()
+
+
+def test_held_tasks_are_listed_looked_up_and_steered_by_the_documented_users(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # Given tests.record paused by the producer user and tasks the companion
+    # user held behind the pause
+    producer = make_acl_app(documented_acl("producer"))
+    companion = make_acl_app(documented_acl("companion"))
+    dashboard = make_acl_app(documented_acl("dashboard"))
+    store_client = store_server.client()
+    store_client.execute_command("ACL", "LOG", "RESET")
+    store_client.close()
+    celery_zdelay.pause("task:tests.record", app=producer)
+    record = producer.tasks["tests.record"]
+    held = [record.apply_delayed((i,), countdown=0).id for i in range(4)]
+    with Companion(companion) as comp:
+        comp.release_due()
+
+    # When the dashboard user browses them, by listing, filter and entry page
+    client = Client(create_app(dashboard, actions=False))
+    for path in ("/parked", "/parked?task=tests.record", f"/entry?id={held[0]}"):
+        reply = client.get(path)
+        assert reply.status_code == 200, (path, denials(store_server))
+        assert "held" in reply.get_data(as_text=True)
+
+    # And the producer user looks them up, reschedules and cancels them, and
+    # the companion's (the CLI's) cancels the rest by filter
+    found = celery_zdelay.lookup(held[0], app=producer)
+    assert found is not None
+    assert found.state == "held"
+    assert celery_zdelay.reschedule(held[0], countdown=600, app=producer) is True
+    assert celery_zdelay.cancel(held[1], app=producer) is True
+    assert celery_zdelay.cancel_matching(task="tests.record", app=companion) == 3
+
+    # Then nobody was refused anything (but CONFIG GET, left out on purpose)
+    assert [d for d in denials(store_server) if "config|get" not in d] == []

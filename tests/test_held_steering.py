@@ -25,10 +25,12 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store import admin
 from celery_zdelay.store.keys import held_key
 from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.testing import RedisServer
 from celery_zdelay.web import create_app
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap
 from tests.helpers import wait_for
+from tests.servers import LocalCluster
 from tests.support.cli import run
 from tests.support.clock import redis_ms
 from tests.support.keys import keys_of
@@ -347,6 +349,45 @@ def test_the_dashboard_lists_and_shows_a_held_task_marked_and_reschedules_it(
     moved = client.get(f"/entry?id={email.id}").get_data(as_text=True)
     assert re.search(r'id="entry-state">parked<', moved)
     assert 'id="entry-held"' not in moved
+
+
+def test_held_tasks_are_listed_and_steered_on_a_redis_cluster_store(
+    make_test_app: AppFactory, cluster: LocalCluster, broker_server: RedisServer
+) -> None:
+    # Given 6 shards over 3 cluster nodes and emails held behind a pause
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={"zdelay_redis_url": cluster.url, "zdelay_shards": 6},
+        queues=QUEUES,
+    )
+    store = store_for(app)
+    assert store.cluster
+    celery_zdelay.pause("queue:emails", app=app)
+    record = app.tasks["tests.record"]
+    emails = [record.apply_delayed((i,), countdown=0, queue="emails", tags=["c"]) for i in range(6)]
+    _hold(app)
+    assert len({store.shard_of(e.id) for e in emails}) > 1
+
+    # Then the listing, the tag listing and lookup see them held, on every node
+    listing = admin.list_parked(store)
+    assert sorted(e.task_id for e in listing.entries) == sorted(e.id for e in emails)
+    assert {e.held_by for e in listing.entries} == {"queue:emails"}
+    assert len(admin.list_parked(store, tag="c").entries) == 6
+    found = celery_zdelay.lookup(emails[0].id, app=app)
+    assert found is not None
+    assert found.state == "held"
+    html = Client(create_app(app)).get("/parked?tag=c").get_data(as_text=True)
+    assert html.count("held: paused queue:emails") == 6
+
+    # When one is rescheduled and the rest cancelled by tag
+    assert celery_zdelay.reschedule(emails[0].id, countdown=600, app=app) is True
+    assert celery_zdelay.cancel_matching(tag="c", due_before=timedelta(0), app=app) == 5
+
+    # Then only the rescheduled one is left, parked, and the tag index agrees
+    (left,) = admin.list_parked(store).entries
+    assert (left.task_id, left.state) == (emails[0].id, "parked")
+    assert tagged_ids(store, "c") == [emails[0].id]
+    assert check_marks(store) == []
 
 
 def _due_cell(html: str, task_id: str) -> str:

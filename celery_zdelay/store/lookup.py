@@ -190,7 +190,9 @@ def select(
             if not matches_patterns(headers.get("task"), routing_key, task, queue):
                 continue
         found.append(scanned.task_id)
-    return found
+    # An entry moving between its due and held sets during the scan can be
+    # read in both: select it once.
+    return list(dict.fromkeys(found))
 
 
 def _select_tagged(

@@ -316,9 +316,10 @@ def as_text(value: Any) -> str:
 def held_scores(store: Store, shard: int, task_ids: list[str]) -> dict[str, tuple[str, int]]:
     """Return, for those of *task_ids* a pause or rate limit holds on *shard*, (control, score).
 
-    One ``ZMSCORE`` per held set of the shard (few: one per control name),
-    in one round trip; for what the tag index and single-id reads find,
-    which do not scan.
+    A ``ZSCORE`` per id and held set of the shard (few sets: one per control
+    name), in one round trip; for what the tag index and single-id reads
+    find, which do not scan. (``ZSCORE``, not ``ZMSCORE``: the documented
+    producer and dashboard ACL users may run it.)
     """
     lanes = store.lanes(shard)
     if not lanes or not task_ids:
@@ -326,11 +327,14 @@ def held_scores(store: Store, shard: int, task_ids: list[str]) -> dict[str, tupl
     prefix = store.config.key_prefix
     with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         for lane in lanes:
-            pipe.zmscore(held_key(prefix, shard, lane), task_ids)
-        replies = pipe.execute()
+            key = held_key(prefix, shard, lane)
+            for task_id in task_ids:
+                pipe.zscore(key, task_id)
+        replies = iter(pipe.execute())
     found: dict[str, tuple[str, int]] = {}
-    for lane, scores in zip(lanes, replies, strict=True):
-        for task_id, score in zip(task_ids, scores, strict=True):
+    for lane in lanes:
+        for task_id in task_ids:
+            score = next(replies)
             if score is not None:
                 found.setdefault(task_id, (lane, int(score)))
     return found
