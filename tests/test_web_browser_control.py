@@ -2,7 +2,8 @@
 
 Given a real companion and a real worker, when an operator pauses the emails
 queue on "Limits and pauses", then emails due now stay parked (the page
-counts them waiting behind the pause) and none runs; a limit set from the
+counts them waiting behind the pause, the parked page lists them marked
+held) and none runs; a limit set from the
 same page shows with its burst; on resume every email runs. A form whose
 token was tampered with changes nothing, and a read-only dashboard offers no
 form. On the parked page the operator filters by a tag, sees each entry's
@@ -106,6 +107,12 @@ def test_an_operator_pauses_a_queue_limits_it_and_resumes_it(
         setting_row = row.format("task:tests.add")
         assert page.text_content(setting_row + " td.source") == "setting"
         screenshot(page, "web-control.png", tmp_path)
+
+        # The parked page lists the held emails, each marked with the pause
+        page.goto(served.url + "/parked?queue=emails")
+        marks = page.locator("#parked span.held").all_text_contents()
+        assert marks == ["held: paused queue:emails"] * 5
+        page.goto(served.url + "/control")
 
         # When the operator resumes it, then every email runs (under the limit)
         page.click(emails_row + " button[value=resume]")
