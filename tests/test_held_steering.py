@@ -22,11 +22,12 @@ from werkzeug.test import Client
 import celery_zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
+from celery_zdelay.schedule import Due
 from celery_zdelay.store import admin
 from celery_zdelay.store.keys import held_key
 from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
 from celery_zdelay.testing import RedisServer
-from celery_zdelay.web import create_app
+from celery_zdelay.web import create_app, queries
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap
 from tests.helpers import wait_for
@@ -349,6 +350,44 @@ def test_the_dashboard_lists_and_shows_a_held_task_marked_and_reschedules_it(
     moved = client.get(f"/entry?id={email.id}").get_data(as_text=True)
     assert re.search(r'id="entry-state">parked<', moved)
     assert 'id="entry-held"' not in moved
+
+
+def test_dashboard_pages_walk_held_and_parked_entries_once_each_in_due_order(
+    make_test_app: AppFactory,
+) -> None:
+    # Given 4 shards, 40 emails held behind a pause and 40 other tasks parked,
+    # their due times interleaved, many sharing a millisecond
+    app = _app(make_test_app)
+    store = store_for(app)
+    celery_zdelay.pause("queue:emails", app=app)
+    record = app.tasks["tests.record"]
+    now_ms = redis_ms(store.client)
+    emails = [
+        record.apply_delayed((i,), eta=_eta(now_ms - 5000 + (i % 5) * 100), queue="emails").id
+        for i in range(40)
+    ]
+    others = [
+        record.apply_delayed((i,), eta=_eta(now_ms + 600_000 + (i % 5) * 100)).id for i in range(40)
+    ]
+    _hold(app)
+    # (the others, due later, are parked; move half of them among the held emails)
+    for i, task_id in enumerate(others[:20]):
+        store.reschedule(task_id, Due("a", now_ms - 5000 + (i % 5) * 100))
+
+    # When the listing is walked page by page (7 a page)
+    seen: list[tuple[int, str, str]] = []
+    cursor = None
+    while True:
+        page = queries.parked_page(store, queries.Filters(), after=cursor, limit=7)
+        seen += [(e.due_ms, e.task_id, e.state) for e in page.entries]
+        if page.next is None:
+            break
+        cursor = page.next
+
+    # Then every entry came once, held and parked alike, in due order
+    assert sorted(t for _, t, _ in seen) == sorted(emails + others)
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)
+    assert {t for _, t, state in seen if state == "held"} == set(emails)
 
 
 def test_held_tasks_are_listed_and_steered_on_a_redis_cluster_store(
