@@ -104,27 +104,34 @@ def test_a_paused_email_is_listed_found_rescheduled_and_released_at_the_new_time
     assert "held by queue:emails (paused)" in text
     assert "2 entries: 1 parked, 1 held." in text
 
-    # When it is rescheduled to 1.5 s from now (still paused)
-    before_ms = redis_ms(redis_client)
-    assert celery_zdelay.reschedule(email.id, countdown=1.5, app=app) is True
-
-    # Then it is back in the due set only, due at Redis-now + 1.5 s
-    assert _places(redis_client, email.id) == [f"due:{store_for(app).shard_of(email.id)}"]
-    moved = celery_zdelay.lookup(email.id, app=app)
-    assert moved is not None
-    assert (moved.state, moved.held_by, moved.held_reason) == ("parked", None, None)
-    assert moved.due_ms is not None
-    assert before_ms + 1500 <= moved.due_ms <= redis_ms(redis_client) + 1500
-    assert tagged_ids(store_for(app), "welcome") == [email.id]
-    assert check_marks(store_for(app)) == []
-
-    # When the queue is resumed and a companion runs
-    celery_zdelay.resume("queue:emails", app=app)
+    # When, with a companion running, it is rescheduled to 2 s from now (still
+    # paused), and the queue is resumed
     with BrokerTap(redis_client, "emails") as tap:
         companion(app)
-        (arrival,) = tap.wait_for("emails", 1, timeout=30)
+        before_ms = redis_ms(redis_client)
+        assert celery_zdelay.reschedule(email.id, countdown=2, app=app) is True
 
-    # Then it goes out once, at its new due time, never before
+        # Then it is back in the due set only, due at Redis-now + 2 s
+        assert _places(redis_client, email.id) == [f"due:{store_for(app).shard_of(email.id)}"]
+        moved = celery_zdelay.lookup(email.id, app=app)
+        assert moved is not None
+        assert (moved.state, moved.held_by, moved.held_reason) == ("parked", None, None)
+        assert moved.due_ms is not None
+        assert before_ms + 2000 <= moved.due_ms <= redis_ms(redis_client) + 2000
+        assert tagged_ids(store_for(app), "welcome") == [email.id]
+        assert check_marks(store_for(app)) == []
+        celery_zdelay.resume("queue:emails", app=app)
+
+        # ...and nothing reaches the broker while the Redis clock is before
+        # its new due time (watched until 20 ms before it)
+        def almost_due() -> bool:
+            assert tap.of("emails") == [], "released early"
+            return redis_ms(redis_client) >= moved.due_ms - 20
+
+        wait_for(almost_due, timeout=30, message="the new due time")
+
+        # Then it goes out once, at its new due time
+        (arrival,) = tap.wait_for("emails", 1, timeout=30)
     assert arrival.task_id == email.id
     assert arrival.redis_ms >= moved.due_ms
     assert celery_zdelay.lookup(email.id, app=app) is None
