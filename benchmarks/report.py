@@ -366,10 +366,22 @@ def _producer_verdicts(results: dict[str, Any]) -> list[Verdict]:
                 "≥ 0.95x",
                 "met" if met else "missed",
                 margin,
-                f"median of {rounds['rounds']} interleaved rounds of {rounds['n']:,} tasks",
+                f"median of {rounds['rounds']} interleaved rounds of {rounds['n']:,} tasks"
+                + _bulk_ceiling(rounds),
             )
         )
     return rows
+
+
+def _bulk_ceiling(rounds: dict[str, Any]) -> str:
+    """The note on the best ratio a build then one bare park could reach (runs since 3 Dec)."""
+    ceiling = rounds.get("ceiling")
+    if not ceiling:
+        return ""
+    return (
+        f"; ceiling, Celery's build then a bare ZADD+HSET park "
+        f"({fmt_int(rounds['bare_park_rate'])}/s): {ceiling['median']:.2f}x {fmt_spread(ceiling)}"
+    )
 
 
 def fmt_spread(spread: dict[str, Any]) -> str:

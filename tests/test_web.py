@@ -480,6 +480,40 @@ def test_periodic_schedules_are_listed_paused_resumed_and_run_now(
     assert refused.status_code == 403
 
 
+def test_schedules_no_companion_serves_are_listed_with_why_and_counted_in_the_metrics(
+    app: Celery, store: Store
+) -> None:
+    from prometheus_client import generate_latest
+
+    from celery_zdelay.companion.metrics import Metrics
+    from celery_zdelay.periodic.definition import Definition
+    from celery_zdelay.periodic.store import PeriodicStore
+
+    # Given a stored schedule beside one a companion could not serve (a bad row, say)
+    periodic_store = PeriodicStore(store)
+    good = Definition(name="good", task="tests.record", schedule={"every": 60.0, "relative": False})
+    periodic_store.store_config(
+        [good], "h1", writer="c", force=False, keep={"bad<row>": "unknown task 'tests.recrod'"}
+    )
+
+    # Then the periodic page names it, with why, apart from the served ones
+    html = Client(create_app(app)).get("/periodic").get_data(as_text=True)
+    unserved = html.split('<table id="unserved">', 1)[1]
+    assert '<tr data-name="bad&lt;row&gt;"><td>bad&lt;row&gt;</td>' in unserved
+    assert "unknown task &#39;tests.recrod&#39;" in unserved
+    assert "good" not in unserved
+    # And the metrics count it, and only it
+    scraped = generate_latest(Metrics(store).registry).decode()
+    assert 'zdelay_periodic_unserved{schedule="bad<row>"} 1.0' in scraped
+    assert 'zdelay_periodic_unserved{schedule="good"}' not in scraped
+
+    # When it is fixed, neither shows it any more
+    periodic_store.store_config([good], "h2", writer="c", force=False)
+    html = Client(create_app(app)).get("/periodic").get_data(as_text=True)
+    assert 'id="unserved"' not in html
+    assert "zdelay_periodic_unserved{" not in generate_latest(Metrics(store).registry).decode()
+
+
 def test_an_unreachable_store_is_a_503_page_naming_it_without_its_password(
     make_test_app: AppFactory,
 ) -> None:

@@ -10,7 +10,18 @@ runs, by Celery's own schedule classes), :mod:`.store` (Redis),
 
 from __future__ import annotations
 
-from .api import ScheduleInfo, add, backfill, pause, remove, resume, run_now, schedules, sync
+from .api import (
+    ScheduleInfo,
+    add,
+    backfill,
+    pause,
+    remove,
+    resume,
+    run_now,
+    schedules,
+    sync,
+    unserved,
+)
 
 __all__ = [
     "ScheduleInfo",
@@ -22,4 +33,5 @@ __all__ = [
     "run_now",
     "schedules",
     "sync",
+    "unserved",
 ]

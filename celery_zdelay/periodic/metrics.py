@@ -4,6 +4,7 @@ zdelay_periodic_next_run_timestamp_seconds{schedule}   next occurrence parked (a
 zdelay_periodic_last_run_timestamp_seconds{schedule}   last occurrence released
 zdelay_periodic_last_run_lateness_seconds{schedule}    how late it was released
 zdelay_periodic_paused{schedule}                       1 when paused
+zdelay_periodic_unserved{schedule}                     1 for a schedule no companion serves
 zdelay_periodic_ticks_total{schedule,outcome}          ticks missed, skipped_overlap, late
 """
 
@@ -51,6 +52,12 @@ class PeriodicCollector:
             "paused": gauge(
                 "zdelay_periodic_paused", "1 when the periodic schedule is paused.", labels=label
             ),
+            "unserved": gauge(
+                "zdelay_periodic_unserved",
+                "1 for a periodic schedule no companion serves (a bad entry or row: "
+                "zdelay periodic list says why).",
+                labels=label,
+            ),
             "ticks": self._core.CounterMetricFamily(
                 "zdelay_periodic_ticks",
                 "Ticks of a periodic schedule by outcome: missed (no companion or broker "
@@ -68,6 +75,7 @@ class PeriodicCollector:
 
         try:
             _, infos = schedules_in(self.periodic)
+            unserved = self.periodic.unserved()
         except Exception as exc:
             if isinstance(exc, ZDelayError) and exc.transient:
                 return  # the store is down: the store collector says so (zdelay_store_up)
@@ -87,4 +95,6 @@ class PeriodicCollector:
                 families["lateness"].add_metric(name, info.last_run_lateness_ms / 1000)
             for outcome, ticks in info.counts.items():
                 families["ticks"].add_metric([info.name, outcome], ticks)
+        for unserved_name in sorted(unserved):
+            families["unserved"].add_metric([unserved_name], 1)
         yield from families.values()

@@ -355,8 +355,14 @@ class Dashboard:
 
         with ctx.timer():
             now_ms, schedules = periodic.schedules(self.celery_app)
+            unserved = sorted(periodic.unserved(self.celery_app).items())
         return self._render(
-            ctx, "periodic.html", schedules=schedules, now_ms=now_ms, back="periodic"
+            ctx,
+            "periodic.html",
+            schedules=schedules,
+            unserved=unserved,
+            now_ms=now_ms,
+            back="periodic",
         )
 
     def view_control(self, ctx: _Context) -> Response:
