@@ -9,6 +9,7 @@ the session's own private Redis (its default user).
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import re
 import uuid
@@ -426,4 +427,40 @@ def test_held_tasks_are_listed_looked_up_and_steered_by_the_documented_users(
     assert celery_zdelay.cancel_matching(task="tests.record", app=companion) == 3
 
     # Then nobody was refused anything (but CONFIG GET, left out on purpose)
+    assert [d for d in denials(store_server) if "config|get" not in d] == []
+
+
+def test_tags_are_listed_and_steered_by_the_documented_users(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # Regression: the documented users lacked ZRANGEBYLEX and ZMSCORE, which
+    # the tag index is read with: a tag filter was refused for all three.
+    producer = make_acl_app(documented_acl("producer"))
+    companion = make_acl_app(documented_acl("companion"))
+    dashboard = make_acl_app(documented_acl("dashboard"))
+    store_client = store_server.client()
+    store_client.execute_command("ACL", "LOG", "RESET")
+    store_client.close()
+    record = producer.tasks["tests.record"]
+    tagged = [record.apply_delayed((i,), countdown=600, tags=["order:42"]).id for i in range(3)]
+    other = record.apply_delayed((9,), countdown=600, tags=["order:7"]).id
+
+    # When the dashboard user filters by the tag, and the CLI (the
+    # companion's user) lists it
+    reply = Client(create_app(dashboard, actions=False)).get("/parked?tag=order:42")
+    assert reply.status_code == 200, (reply.get_data(as_text=True)[:300], denials(store_server))
+    page = reply.get_data(as_text=True)
+    assert all(task_id in page for task_id in tagged)
+    assert other not in page
+    listed = run(companion, "list", "--tag", "order:42", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert sorted(e["id"] for e in json.loads(listed.stdout)["entries"]) == sorted(tagged)
+
+    # And the producer reschedules and cancels by the tag
+    assert celery_zdelay.reschedule_matching(tag="order:42", countdown=900, app=producer) == 3
+    assert celery_zdelay.cancel_matching(tag="order:42", app=producer) == 3
+
+    # Then only the other order's task is left, and nobody was refused anything
+    assert celery_zdelay.lookup(other, app=producer) is not None
+    assert all(celery_zdelay.lookup(t, app=producer) is None for t in tagged)
     assert [d for d in denials(store_server) if "config|get" not in d] == []
