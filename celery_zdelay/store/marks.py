@@ -171,7 +171,9 @@ def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
     and a ``replace`` call would cancel it (a ``keep`` call would return
     it). A holder is trusted only if its message, signed with a current
     key under its own id, names the key. A holder released and running
-    (``until_finished``) has no message left to check and stays.
+    (``until_finished``) has no message left to check and stays; one
+    written as running while its id is parked is checked as parked, so a
+    forged hold cannot make a ``keep`` call return a signed entry either.
     """
     from ..entry import decode_entry
     from ..errors import EntryError
@@ -188,9 +190,9 @@ def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
             if value is None:
                 continue
             holder, _, until = _text(value).partition("\n")
-            if until:
-                continue
             payload = cast("bytes | None", store.client.hget(keys.msg, holder))
+        if until and payload is None:
+            continue
         try:
             message = decode_entry(
                 payload, store.config.signing_keys, store.templates(shard), entry_id=holder
