@@ -228,6 +228,29 @@ def test_until_finished_holds_while_the_task_runs_and_frees_the_key_after(
     _index_is_exact(app)
 
 
+def test_until_finished_keeps_its_key_through_a_parked_retry_and_frees_it_after_the_last_run(
+    make_test_app: Callable[..., Celery],
+    worker: Callable[..., CeleryProcess],
+    companion: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    # Given transparent mode, so that Celery's retry(countdown=2) is parked too
+    app = make_test_app(conf={"zdelay_threshold": 1})
+    worker(app)
+    companion(app)
+    task = app.tasks["tests.retry_once"]
+
+    # When an until_finished task retries once, under its own id
+    first = task.apply_delayed((2,), countdown=0, key="import:7", on_key="until_finished")
+
+    # Then the retry is parked (not taken for a second call of a held key) and runs
+    done = runs.wait_for_count(2, timeout=30)
+    assert [(r["id"], r["result"]) for r in done] == [(first.id, 0), (first.id, 1)]
+    # And the key is held until that last run ended, then free
+    wait_for(lambda: key_holder(store_for(app), "import:7") is None, timeout=10)
+    _index_is_exact(app)
+
+
 def test_until_finished_frees_the_key_of_a_killed_worker_within_its_bound(
     make_test_app: Callable[..., Celery], worker: Callable[..., CeleryProcess], runs: Runs
 ) -> None:
