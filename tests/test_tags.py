@@ -16,7 +16,13 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import admin
 from celery_zdelay.store.dead_reason import DeadReason
-from celery_zdelay.store.marks import check_marks, key_holder, repair_marks, tagged_ids
+from celery_zdelay.store.marks import (
+    check_marks,
+    key_holder,
+    repair_marks,
+    tag_count,
+    tagged_ids,
+)
 from celery_zdelay.testing import RedisServer
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.servers import LocalCluster
@@ -48,6 +54,7 @@ def test_tag_operations_are_exact_across_four_shards(
     by_order = _park_orders(app, 90)
     store = store_for(app)
     assert sorted(tagged_ids(store, "order:1")) == sorted(by_order[1])
+    assert [tag_count(store, t) for t in ("order:1", "even", "order:9")] == [30, 45, 0]
     found = celery_zdelay.lookup(by_order[0][0], app=app)
     assert found is not None
     assert found.tags == ("order:0", "even")
@@ -58,6 +65,7 @@ def test_tag_operations_are_exact_across_four_shards(
 
     # Then exactly those moved, and the index follows every change
     assert tagged_ids(store, "order:1") == []
+    assert tag_count(store, "order:1") == 0
     assert all(celery_zdelay.lookup(i, app=app) is None for i in by_order[1])
     with Companion(app) as companion:
         assert companion.release_due().released == 30
@@ -230,6 +238,7 @@ def test_tag_and_key_operations_on_a_three_master_cluster(
     assert tagged_ids(store, "hot") == [holder[0]]
     assert celery_zdelay.cancel_matching(tag="hot", app=app) == 1
 
+    assert tag_count(store, "order:1") == 20
     assert celery_zdelay.cancel_matching(tag="order:1", app=app) == 20
     assert celery_zdelay.reschedule_matching(tag="order:2", countdown=0, app=app) == 20
     with Companion(app) as companion:
