@@ -129,7 +129,7 @@ def _validate_tags(tags: Any) -> tuple[str, ...]:
 
 
 def _validate_on_key(on_key: Any) -> str:
-    if on_key not in ON_KEY_MODES:
+    if not isinstance(on_key, str) or on_key not in ON_KEY_MODES:
         raise ConfigurationError(
             f"on_key={on_key!r} is not a mode; use one of "
             + ", ".join(repr(mode) for mode in ON_KEY_MODES)
@@ -149,7 +149,7 @@ def set_headers(options: dict[str, Any], key: Any, on_key: Any, tags: Any) -> No
     headers = dict(options.get("headers") or {})
     if key is not None:
         headers[KEY_HEADER] = validate_key(key)
-        headers[ON_KEY_HEADER] = _validate_on_key(on_key or DEFAULT_ON_KEY)
+        headers[ON_KEY_HEADER] = _validate_on_key(DEFAULT_ON_KEY if on_key is None else on_key)
     if tags is not None:
         headers[TAGS_HEADER] = list(_validate_tags(tags))
     options["headers"] = headers
@@ -160,11 +160,20 @@ def mark_from_headers(headers: Mapping[str, Any], *, hold_ms: int) -> Mark | Non
     key = headers.get(KEY_HEADER)
     tags = headers.get(TAGS_HEADER)
     on_key = headers.get(ON_KEY_HEADER)
+    if key is None and on_key is not None:
+        # As on_key= without key=: a mode the caller believes applies would not.
+        raise ConfigurationError(
+            f"The {ON_KEY_HEADER} header needs a {KEY_HEADER} header; nothing was written."
+        )
     if key is None and not tags:
         return None
     return Mark(
         key=None if key is None else validate_key(key),
-        on_key=_validate_on_key(on_key or DEFAULT_ON_KEY) if key is not None else DEFAULT_ON_KEY,
+        on_key=(
+            _validate_on_key(DEFAULT_ON_KEY if on_key is None else on_key)
+            if key is not None
+            else DEFAULT_ON_KEY
+        ),
         tags=_validate_tags(tags or ()),
         hold_ms=hold_ms,
     )

@@ -26,7 +26,15 @@ from .config import get_config
 from .dedupe import mark_parked
 from .entry import TaskMessage
 from .errors import ConfigurationError, ZDelayError
-from .keys import KEY_HEADER, check_task_id, mark_from_headers, set_headers, task_id_for
+from .keys import (
+    KEY_HEADER,
+    ON_KEY_HEADER,
+    TAGS_HEADER,
+    check_task_id,
+    mark_from_headers,
+    set_headers,
+    task_id_for,
+)
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
 from .store import ParkRequest, Store, admin
@@ -122,7 +130,7 @@ def park_many(
 ) -> list[Any]:
     """Park many calls of *task*, all due at once; the body of ``Task.apply_delayed_many``."""
     app = task._get_app()
-    if "key" in options or "on_key" in options:
+    if "key" in options or ("on_key" in options and "keys" not in options):
         raise ConfigurationError(
             "apply_delayed_many parks many calls, and a key names one parked task: pass "
             "keys=[...] (one key per call, None for none) with on_key=, or park keyed calls "
@@ -385,7 +393,9 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
         )
         mark = (
             mark_from_headers(message.headers, hold_ms=parking.config.key_hold_ms)
-            if "zdelay_tags" in message.headers or KEY_HEADER in message.headers
+            if KEY_HEADER in message.headers
+            or TAGS_HEADER in message.headers
+            or ON_KEY_HEADER in message.headers
             else None
         )
         if mark is not None and mark.key is not None:

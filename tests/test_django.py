@@ -130,6 +130,35 @@ def test_outside_a_transaction_the_task_is_parked_at_once(
     assert [p.task_id for p in _parked(django_app)] == ["welcome-1"]
 
 
+@pytest.mark.parametrize("robust", [False, True])
+@pytest.mark.parametrize(
+    "options",
+    [{"key": ""}, {"key": "k", "on_key": "sometimes"}, {"tags": "order:42"}, {"on_key": "keep"}],
+)
+def test_a_bad_key_or_tag_is_refused_at_the_call_not_after_the_commit(
+    django_app: Celery, groups: Any, options: dict[str, Any], robust: bool
+) -> None:
+    from django.db import transaction
+
+    from celery_zdelay import ConfigurationError
+
+    welcome = django_app.tasks["shop.welcome"]
+
+    # Given a call with a bad key, tag or mode inside a transaction
+    def transact() -> None:
+        with transaction.atomic():
+            group = groups.objects.create(name="zdelay-bad-key")
+            welcome.apply_delayed_on_commit((group.pk,), countdown=60, robust=robust, **options)
+
+    with pytest.raises(ConfigurationError):
+        transact()
+
+    # Then the call raised there, so the transaction rolled back and nothing was parked
+    # (raised at the commit, the rows would be committed and, robust, the error only logged)
+    assert not groups.objects.filter(name="zdelay-bad-key").exists()
+    assert _parked(django_app) == []
+
+
 def test_the_parked_task_is_released_to_the_broker_with_its_id(
     django_app: Celery, groups: Any, redis_client: redis.Redis
 ) -> None:

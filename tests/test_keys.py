@@ -24,7 +24,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.keys import task_id_for
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.keys import shard_of
-from celery_zdelay.store.marks import check_marks, key_holder
+from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
 from celery_zdelay.testing import RedisServer
 from tests.helpers import ROOT, CeleryProcess, Runs, wait_for
 from tests.project import app_env
@@ -228,6 +228,29 @@ def test_until_finished_holds_while_the_task_runs_and_frees_the_key_after(
     _index_is_exact(app)
 
 
+def test_until_finished_keeps_its_key_through_a_parked_retry_and_frees_it_after_the_last_run(
+    make_test_app: Callable[..., Celery],
+    worker: Callable[..., CeleryProcess],
+    companion: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    # Given transparent mode, so that Celery's retry(countdown=2) is parked too
+    app = make_test_app(conf={"zdelay_threshold": 1})
+    worker(app)
+    companion(app)
+    task = app.tasks["tests.retry_once"]
+
+    # When an until_finished task retries once, under its own id
+    first = task.apply_delayed((2,), countdown=0, key="import:7", on_key="until_finished")
+
+    # Then the retry is parked (not taken for a second call of a held key) and runs
+    done = runs.wait_for_count(2, timeout=30)
+    assert [(r["id"], r["result"]) for r in done] == [(first.id, 0), (first.id, 1)]
+    # And the key is held until that last run ended, then free
+    wait_for(lambda: key_holder(store_for(app), "import:7") is None, timeout=10)
+    _index_is_exact(app)
+
+
 def test_until_finished_frees_the_key_of_a_killed_worker_within_its_bound(
     make_test_app: Callable[..., Celery], worker: Callable[..., CeleryProcess], runs: Runs
 ) -> None:
@@ -305,6 +328,69 @@ def test_apply_delayed_many_with_keys_parks_one_per_key(
     _index_is_exact(app)
 
 
+@pytest.mark.parametrize("mode", ["replace", "debounce"])
+def test_apply_delayed_many_takes_one_on_key_for_its_keys(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis, mode: str
+) -> None:
+    # Given a task parked under "b", and a batch whose calls 1 and 4 share "a"
+    app = make_test_app(conf={"zdelay_shards": 4})
+    record = app.tasks["tests.record"]
+    held = record.apply_delayed(("held",), countdown=3600, key="b")
+
+    # When the batch is parked with on_key= for every call
+    results = record.apply_delayed_many(
+        [(1,), (2,), (3,), (4,)], countdown=3600, keys=["a", "b", None, "a"], on_key=mode
+    )
+
+    # Then the last call of "a" holds it, "b" is replaced, and "a" and "b" say so
+    assert results[0].id == results[3].id
+    assert celery_zdelay.lookup(held.id, app=app) is None
+    found = celery_zdelay.lookup(results[1].id, app=app)
+    assert found is not None
+    assert (found.key, found.on_key) == ("b", mode)
+    assert _parked(redis_client, 4) == 3
+    _index_is_exact(app)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_threads_parking_the_same_keys_with_apply_delayed_many_leave_one_entry_per_key(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis, mode: str
+) -> None:
+    # Given 8 threads, each parking batches of 6 calls over keys k0..k2, on 4 shards
+    app = make_test_app(conf={"zdelay_shards": 4})
+    record = app.tasks["tests.record"]
+    start = threading.Barrier(8)
+    failures: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        start.wait()
+        try:
+            for i in range(10):
+                record.apply_delayed_many(
+                    [(n, i, j) for j in range(6)],
+                    countdown=3600,
+                    keys=[f"k{j % 3}" for j in range(6)],
+                    on_key=mode,
+                    tags=["batch"],
+                )
+        except BaseException as exc:  # reported below, not lost in the thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    # Then each key has exactly one entry, found by its tag too
+    assert failures == []
+    assert _parked(redis_client, 4) == 3
+    holders = {key_holder(store_for(app), f"k{j}") for j in range(3)}
+    assert len(holders) == 3
+    assert sorted(tagged_ids(store_for(app), "batch")) == sorted(h[0] for h in holders if h)
+    _index_is_exact(app)
+
+
 def test_transparent_mode_takes_key_and_tags_from_headers(
     make_test_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
@@ -337,6 +423,13 @@ def test_transparent_mode_takes_key_and_tags_from_headers(
         ({"tags": "order:42"}, "list of strings"),
         ({"tags": ["ok", ""]}, "empty"),
         ({"tags": [None]}, "must be a string"),
+        ({"key": b"k"}, "must be a string"),
+        ({"key": "k", "on_key": ""}, "not a mode"),
+        ({"key": "k", "on_key": ["keep"]}, "not a mode"),
+        ({"tags": 7}, "list of strings"),
+        ({"tags": [b"order:42"]}, "must be a string"),
+        ({"tags": ["x" * 201]}, "more than 200"),
+        ({"tags": [f"t{n}" for n in range(33)]}, "more than 32"),
     ],
 )
 def test_a_bad_key_tag_or_mode_is_refused_and_nothing_is_parked(
@@ -344,7 +437,53 @@ def test_a_bad_key_tag_or_mode_is_refused_and_nothing_is_parked(
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         app.tasks["tests.record"].apply_delayed((1,), countdown=60, **options)
+    with pytest.raises(ConfigurationError, match=message):
+        celery_zdelay.send_delayed(app, "tests.record", (1,), countdown=60, **options)
     assert _parked(redis_client) == 0
+    assert redis_client.exists(SHARD0.marks, SHARD0.tagged) == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"keys": ["a", "b", ""]}, "empty"),
+        ({"keys": ["a", "b", 3]}, "must be a string"),
+        ({"keys": ["a", "b"]}, "one key .or None. per call"),
+        ({"keys": ["a", "b", "c"], "on_key": "sometimes"}, "not a mode"),
+        ({"on_key": "replace"}, "pass keys="),
+        ({"tags": ["ok", 3]}, "must be a string"),
+    ],
+)
+def test_apply_delayed_many_with_one_bad_key_or_tag_parks_none_of_its_calls(
+    app: Celery, redis_client: redis.Redis, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        app.tasks["tests.record"].apply_delayed_many([(1,), (2,), (3,)], countdown=60, **options)
+    assert _parked(redis_client) == 0
+    assert redis_client.exists(SHARD0.marks, SHARD0.tagged) == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"zdelay_key": ""}, "empty"),
+        ({"zdelay_key": 5}, "must be a string"),
+        ({"zdelay_key": "k", "zdelay_on_key": "sometimes"}, "not a mode"),
+        ({"zdelay_on_key": "replace"}, "needs a zdelay_key header"),
+        ({"zdelay_tags": "order:42"}, "list of strings"),
+    ],
+)
+def test_transparent_mode_refuses_bad_key_headers_and_parks_and_sends_nothing(
+    make_test_app: Callable[..., Celery],
+    redis_client: redis.Redis,
+    headers: dict[str, Any],
+    message: str,
+) -> None:
+    app = make_test_app(conf={"zdelay_threshold": 60})
+    with pytest.raises(ConfigurationError, match=message):
+        app.tasks["tests.record"].apply_async((1,), countdown=3600, headers=headers)
+    assert _parked(redis_client) == 0
+    assert redis_client.llen("celery") == 0
     assert redis_client.exists(SHARD0.marks, SHARD0.tagged) == 0
 
 
@@ -367,6 +506,28 @@ def test_a_forged_key_cannot_make_replace_cancel_a_signed_entry_parked_under_ano
     replaced = record.apply_delayed(("promo",), countdown=3600, key="promo", on_key="replace")
 
     assert victim.id not in (kept.id, replaced.id)
+    found = celery_zdelay.lookup(victim.id, app=app)
+    assert found is not None
+    assert found.key == "invoice:1"
+    assert _parked(redis_client) == 2
+
+
+def test_a_forged_running_hold_cannot_make_keep_return_a_signed_entry(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    # Given a signed entry parked under "invoice:1"
+    app = make_test_app(conf={"zdelay_signing_key": "s" * 32})
+    record = app.tasks["tests.record"]
+    victim = record.apply_delayed(("victim",), countdown=3600, key="invoice:1")
+    # Someone with write access to Redis writes "promo" as held by it, running for ever
+    redis_client.hset(SHARD0.marks, "k:promo", f"{victim.id}\n99999999999999")
+
+    # When a producer parks "promo"
+    kept = record.apply_delayed(("promo",), countdown=3600, key="promo", on_key="keep")
+
+    # Then it gets its own entry, not the victim, which keeps its own key
+    assert kept.id != victim.id
+    assert key_holder(store_for(app), "promo") == (kept.id, None)
     found = celery_zdelay.lookup(victim.id, app=app)
     assert found is not None
     assert found.key == "invoice:1"

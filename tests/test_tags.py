@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -15,7 +16,13 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import admin
 from celery_zdelay.store.dead_reason import DeadReason
-from celery_zdelay.store.marks import check_marks, repair_marks, tagged_ids
+from celery_zdelay.store.marks import (
+    check_marks,
+    key_holder,
+    repair_marks,
+    tag_count,
+    tagged_ids,
+)
 from celery_zdelay.testing import RedisServer
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.servers import LocalCluster
@@ -47,6 +54,7 @@ def test_tag_operations_are_exact_across_four_shards(
     by_order = _park_orders(app, 90)
     store = store_for(app)
     assert sorted(tagged_ids(store, "order:1")) == sorted(by_order[1])
+    assert [tag_count(store, t) for t in ("order:1", "even", "order:9")] == [30, 45, 0]
     found = celery_zdelay.lookup(by_order[0][0], app=app)
     assert found is not None
     assert found.tags == ("order:0", "even")
@@ -57,6 +65,7 @@ def test_tag_operations_are_exact_across_four_shards(
 
     # Then exactly those moved, and the index follows every change
     assert tagged_ids(store, "order:1") == []
+    assert tag_count(store, "order:1") == 0
     assert all(celery_zdelay.lookup(i, app=app) is None for i in by_order[1])
     with Companion(app) as companion:
         assert companion.release_due().released == 30
@@ -82,6 +91,44 @@ def test_the_cli_lists_and_cancels_by_tag_and_json_shows_tags_and_key(app: Celer
     assert cancelled.exit_code == EXIT_OK
     assert "cancelled 1 parked task" in cancelled.output
     assert [e.tags for e in admin.list_parked(store_for(app)).entries] == [("order:43",)]
+
+
+def test_the_cli_counts_and_reschedules_by_tag_and_refuses_a_tag_no_task_can_carry(
+    app: Celery,
+) -> None:
+    # Given three tasks of order 42 and one of order 43, due in an hour
+    record = app.tasks["tests.record"]
+    ids = [record.apply_delayed((i,), countdown=3600, tags=["order:42"]).id for i in range(3)]
+    other = record.apply_delayed((9,), countdown=3600, tags=["order:43"])
+
+    # When counted, then moved to a minute from now by tag
+    counted = run(app, "reschedule", "--tag", "order:42", "--countdown", "1m", "--dry-run")
+    assert "would reschedule 3 parked tasks (dry run)" in counted.output
+    assert (
+        "would cancel 3 parked tasks" in run(app, "cancel", "--tag", "order:42", "--dry-run").output
+    )
+    before_ms = store_for(app).time_ms()
+    moved = run(app, "reschedule", "--tag", "order:42", "--countdown", "1m")
+
+    # Then exactly those moved, and the other order kept its time
+    assert moved.exit_code == EXIT_OK, moved.output
+    assert "rescheduled 3 parked tasks" in moved.output
+    for task_id in ids:
+        found = celery_zdelay.lookup(task_id, app=app)
+        assert found is not None
+        assert found.due_ms is not None
+        assert before_ms + 60_000 <= found.due_ms <= store_for(app).time_ms() + 60_000
+    kept = celery_zdelay.lookup(other.id, app=app)
+    assert kept is not None
+    assert kept.due_ms is not None
+    assert kept.due_ms > before_ms + 3_000_000
+    assert check_marks(store_for(app)) == []
+
+    # And a tag no task can carry is an error, for list as for cancel
+    for command in ("list", "cancel"):
+        refused = run(app, command, "--tag", "")
+        assert refused.exit_code != EXIT_OK
+        assert "tag= is empty" in refused.output
 
 
 def test_dead_letter_requeue_and_purge_keep_the_index_exact(
@@ -172,7 +219,26 @@ def test_tag_and_key_operations_on_a_three_master_cluster(
     ]
     many = record.apply_delayed_many([(1,), (2,)], countdown=3600, keys=["k1", "fresh"])
     assert many[0].id == keyed[1].id
+    # 8 threads replacing and debouncing one key leave one entry, on its key's node
+    start = threading.Barrier(8)
 
+    def produce(n: int) -> None:
+        start.wait()
+        for i in range(10):
+            mode = "replace" if (n + i) % 2 else "debounce"
+            record.apply_delayed((n, i), countdown=3600, key="hot", on_key=mode, tags=["hot"])
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    holder = key_holder(store, "hot")
+    assert holder is not None
+    assert tagged_ids(store, "hot") == [holder[0]]
+    assert celery_zdelay.cancel_matching(tag="hot", app=app) == 1
+
+    assert tag_count(store, "order:1") == 20
     assert celery_zdelay.cancel_matching(tag="order:1", app=app) == 20
     assert celery_zdelay.reschedule_matching(tag="order:2", countdown=0, app=app) == 20
     with Companion(app) as companion:
@@ -240,3 +306,29 @@ def test_a_forged_tag_cannot_cancel_a_signed_entry_tagged_otherwise(
     assert celery_zdelay.cancel_matching(tag="order:9", app=app) == 1
     assert celery_zdelay.lookup(signed.id, app=app) is not None
     assert celery_zdelay.lookup(honest.id, app=app) is None
+
+
+def test_a_forged_tag_cannot_reschedule_a_signed_entry_tagged_otherwise(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_signing_key": "k" * 32})
+    record = app.tasks["tests.record"]
+    signed = record.apply_delayed((1,), countdown=3600, tags=["order:1"])
+    honest = record.apply_delayed((2,), countdown=3600, tags=["order:9"])
+    # Someone with write access to Redis points tag order:9 at the other entry
+    redis_client.zadd(SHARD0.tagged, {f"order:9\n{signed.id}": 0})
+    found = celery_zdelay.lookup(signed.id, app=app)
+    assert found is not None
+    signed_due_ms = found.due_ms
+
+    # Python and the CLI move the honest entry only
+    assert celery_zdelay.reschedule_matching(tag="order:9", countdown=10, app=app) == 1
+    moved = run(app, "reschedule", "--tag", "order:9", "--countdown", "20")
+    assert "rescheduled 1 parked task" in moved.output
+    found = celery_zdelay.lookup(signed.id, app=app)
+    assert found is not None
+    assert found.due_ms == signed_due_ms
+    honest_found = celery_zdelay.lookup(honest.id, app=app)
+    assert honest_found is not None
+    assert honest_found.due_ms is not None
+    assert honest_found.due_ms < signed_due_ms - 3_000_000

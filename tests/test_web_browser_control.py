@@ -169,6 +169,7 @@ def test_an_operator_filters_by_tag_opens_an_entry_and_cancels_the_tag(
         assert listed == order
         first = f'#parked tr[data-id="{order[0]}"] td.tags'
         assert page.text_content(first).split() == ["order:42", "customer:0"]
+        assert (page.text_content("#tag-count") or "").startswith("12 entries tagged order:42")
         screenshot(page, "web-tags.png", tmp_path)
 
         # An entry's page shows its key, mode and tags

@@ -114,11 +114,16 @@ def test_the_parked_page_filters_by_tag_and_shows_each_entrys_tags(
     html = client.get("/parked?tag=order:42&task=tests.record").get_data(as_text=True)
     assert _listed(html) == stocked["42"]  # in due order, one page of 40
     assert 'name="tag" value="order:42"' in html
+    # The tag's count on every shard, from its index
+    count = re.search(r'<p class="note" id="tag-count">(.*?)</p>', html, re.DOTALL)
+    assert count is not None
+    assert count.group(1).startswith("60 entries tagged <code>order:42</code>")
     assert 'id="next-page"' not in html
     # Each row links its tags to their filter
     assert 'href="/parked?tag=customer%3A0"' in html
-    # The unfiltered listing shows tags too
+    # The unfiltered listing shows tags too, and no count
     html = client.get("/parked").get_data(as_text=True)
+    assert 'id="tag-count"' not in html
     first = re.search(r'<tr data-id="([^"]+)">(.*?)</tr>', html, re.DOTALL)
     assert first is not None
     assert first.group(1) == stocked["42"][0]

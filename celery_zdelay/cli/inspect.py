@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 from celery.bin.base import CeleryOption
 
+from ..errors import ConfigurationError
+from ..keys import validate_tag
 from ..limits import controls
 from ..periodic.views import (
     schedule_json,
@@ -161,6 +163,7 @@ def status(
 @click.option(
     "--tag",
     metavar="TAG",
+    callback=lambda ctx, param, value: _checked_tag(value),
     cls=CeleryOption,
     help_group="Filter Options",
     help="Only entries tagged TAG (apply_delayed(tags=[...])), read through the tag index.",
@@ -201,6 +204,16 @@ def list_(
         echo_json(views.listing_json(listing))
     else:
         click.echo(views.listing_text(listing, show_shard=show_shard))
+
+
+def _checked_tag(tag: str | None) -> str | None:
+    """Refuse a tag no task can carry, as ``cancel --tag`` does, rather than list nothing."""
+    if tag is None:
+        return None
+    try:
+        return validate_tag(tag)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tag") from None
 
 
 # -- repair -----------------------------------------------------------------

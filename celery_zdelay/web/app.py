@@ -34,6 +34,7 @@ from ..keys import validate_tag
 from ..schedule import Due, due_from
 from ..store import Store, admin
 from ..store.client import store_errors
+from ..store.marks import tag_count
 from . import queries
 from .security import (
     CSRF_COOKIE,
@@ -306,6 +307,7 @@ class Dashboard:
             page = queries.parked_page(self.store, filters, after=cursor, limit=PAGE_SIZE)
             # Above the first page, as the counts call them overdue once due.
             flying = [] if cursor else queries.in_flight(self.store, filters)
+            tagged = tag_count(self.store, filters.tag) if filters.tag else None
         query = _filter_query(ctx.request.args)
         next_url = None
         if page.next is not None:
@@ -315,6 +317,7 @@ class Dashboard:
             "parked.html",
             page=page,
             in_flight=flying,
+            tagged=tagged,
             filters=filters,
             form=ctx.request.args,
             problems=problems,

@@ -19,6 +19,8 @@ import celery
 from celery.utils import uuid
 from django.db import transaction
 
+from ...config import get_config
+from ...keys import check_task_id, set_headers, task_id_for
 from ...task import DelayedTaskMixin
 
 __all__ = ["Task"]
@@ -75,7 +77,13 @@ class Task(DelayedTaskMixin, DjangoTask):  # type: ignore[misc]
         ``robust=True`` Django logs it instead (``django.db.backends.base``)
         and the commit's other callbacks still run.
         """
-        task_id = options.pop("task_id", None) or _new_task_id(self, options.get("key"))
+        key = options.get("key")
+        # Bad input raises here, inside the transaction: at the commit, the
+        # rows would already be committed (and, robust, the error only logged).
+        set_headers({}, key, options.get("on_key"), options.get("tags"))
+        task_id = options.pop("task_id", None) or _new_task_id(self, key)
+        if key is not None:
+            check_task_id(str(task_id), key, get_config(self._get_app()).shards)
 
         def park() -> None:
             self.apply_delayed(
@@ -91,8 +99,5 @@ class Task(DelayedTaskMixin, DjangoTask):  # type: ignore[misc]
 def _new_task_id(task: Any, key: Any) -> str:
     """A new task id; for a key, one on the key's shard (see :mod:`celery_zdelay.keys`)."""
     if isinstance(key, str) and key:
-        from ...config import get_config
-        from ...keys import task_id_for
-
         return task_id_for(key, get_config(task._get_app()).shards)
     return str(uuid())

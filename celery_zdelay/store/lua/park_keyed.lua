@@ -59,7 +59,11 @@ for e = 1, n do
   parks[e] = true
   if key ~= '' then
     local h = holder_of(key)
-    if h and (mode == 'k' or mode == 'u') then
+    if h and h[2] ~= nil and h[1] == id then
+      -- Its own task, running, parks itself again (Celery's retry under
+      -- the same id): it is parked, and holds the key as parked.
+      parks[e] = true
+    elseif h and (mode == 'k' or mode == 'u') then
       parks[e] = false
     elseif h then
       if h[3] then
