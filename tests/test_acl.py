@@ -452,6 +452,10 @@ def test_tags_are_listed_and_steered_by_the_documented_users(
     page = reply.get_data(as_text=True)
     assert all(task_id in page for task_id in tagged)
     assert other not in page
+    assert "3 entries tagged <code>order:42</code>" in page
+    # (a dashboard with actions runs as the companion's user)
+    with_actions = Client(create_app(companion, actions=True)).get("/parked?tag=order:42")
+    assert with_actions.status_code == 200, denials(store_server)
     listed = run(companion, "list", "--tag", "order:42", "--json")
     assert listed.exit_code == 0, listed.output
     assert sorted(e["id"] for e in json.loads(listed.stdout)["entries"]) == sorted(tagged)
