@@ -303,6 +303,12 @@ def test_a_forged_tag_cannot_cancel_a_signed_entry_tagged_otherwise(
     # Someone with write access to Redis points tag order:9 at the other entry
     redis_client.zadd(SHARD0.tagged, {f"order:9\n{signed.id}": 0})
 
+    # Nor does the listing by tag show it, from Python or the CLI
+    listed = admin.list_parked(store_for(app), tag="order:9")
+    assert [entry.task_id for entry in listed.entries] == [honest.id]
+    cli = json.loads(run(app, "list", "--tag", "order:9", "--json").stdout)
+    assert [entry["id"] for entry in cli["entries"]] == [honest.id]
+
     assert celery_zdelay.cancel_matching(tag="order:9", app=app) == 1
     assert celery_zdelay.lookup(signed.id, app=app) is not None
     assert celery_zdelay.lookup(honest.id, app=app) is None

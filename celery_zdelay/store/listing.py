@@ -16,7 +16,7 @@ from ..due_score import due_ms_of
 from ..entry import parked_ms
 from .client import store_errors
 from .control import HoldReasons
-from .marks import mark_records, parse_record, tagged_ids
+from .marks import mark_records, parse_record, signed_with_tag, tagged_ids
 from .reading import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
@@ -309,6 +309,12 @@ def _tagged_in_shard(
         if due_after_ms is not None and due_ms < due_after_ms:
             continue
         if due_before_ms is not None and due_ms >= due_before_ms:
+            continue
+        # An index entry written into Redis cannot list a signed entry under
+        # a tag its message does not carry (cancel and reschedule skip it too).
+        if store.config.signing_keys and not signed_with_tag(
+            store, shard, as_text(member), payload, tag
+        ):
             continue
         entry = describe_entry(
             store,

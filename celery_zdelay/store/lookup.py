@@ -17,13 +17,11 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 from ..due_score import due_ms_of
-from ..entry import decode_entry, parked_ms
-from ..errors import EntryError
-from ..keys import TAGS_HEADER
+from ..entry import parked_ms
 from .client import store_errors
 from .control import HoldReasons
 from .deadletters import dead_entry
-from .marks import parse_record, tagged_ids
+from .marks import parse_record, signed_with_tag, tagged_ids
 from .reading import (
     as_text,
     describe,
@@ -36,7 +34,7 @@ from .reading import (
 )
 from .store import Store
 
-__all__ = ["EntryState", "ParkedTask", "find", "select", "signed_with_tag"]
+__all__ = ["EntryState", "ParkedTask", "find", "select"]
 
 EntryState = Literal["parked", "held", "in_flight", "dead"]
 
@@ -242,15 +240,3 @@ def _select_tagged(
                         continue
                 found.append((int(score), task_id))
     return [task_id for _, task_id in sorted(found)]
-
-
-def signed_with_tag(store: Store, shard: int, task_id: str, payload: Any, tag: str) -> bool:
-    """Whether the entry's message is signed with a current key and carries *tag*."""
-    try:
-        message = decode_entry(
-            payload, store.config.signing_keys, store.templates(shard), entry_id=task_id
-        )
-    except EntryError:
-        return False
-    tags = message.headers.get(TAGS_HEADER)
-    return isinstance(tags, list) and tag in tags

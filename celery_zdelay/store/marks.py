@@ -26,6 +26,9 @@ from typing import Any, cast
 
 from redis.commands.core import Script
 
+from ..entry import decode_entry
+from ..errors import EntryError
+from ..keys import TAGS_HEADER
 from .client import store_errors
 from .scripts import guarded
 from .store import ParkRequest, Store
@@ -41,6 +44,7 @@ __all__ = [
     "marks_of",
     "park_marked",
     "repair_marks",
+    "signed_with_tag",
     "start_run",
     "tag_count",
     "tagged_ids",
@@ -489,3 +493,15 @@ def _repair_shard(store: Store, shard: int) -> int:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def signed_with_tag(store: Store, shard: int, task_id: str, payload: Any, tag: str) -> bool:
+    """Whether the entry's message is signed with a current key and carries *tag*."""
+    try:
+        message = decode_entry(
+            payload, store.config.signing_keys, store.templates(shard), entry_id=task_id
+        )
+    except EntryError:
+        return False
+    tags = message.headers.get(TAGS_HEADER)
+    return isinstance(tags, list) and tag in tags

@@ -29,8 +29,7 @@ from ..store import Store, admin
 from ..store.admin import ParkedEntry
 from ..store.control import HoldReasons
 from ..store.listing import describe_entry, in_flight_in_shard
-from ..store.lookup import signed_with_tag
-from ..store.marks import EntryMarks, mark_records, parse_record, tagged_ids
+from ..store.marks import EntryMarks, mark_records, parse_record, signed_with_tag, tagged_ids
 from ..store.reading import (
     SCAN_PAGE,
     Position,
