@@ -132,6 +132,25 @@ def broker_length(redis_server: RedisServer, queue: str = "celery") -> int:
         client.close()
 
 
+def documented_users(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> tuple[Celery, Celery, Celery]:
+    """Apps of the producer, companion and dashboard users as the docs list them.
+
+    The server's ACL log is emptied first, so that :func:`denials` then
+    holds what these users were refused.
+    """
+    producer = make_acl_app(documented_acl("producer"))
+    companion = make_acl_app(documented_acl("companion"))
+    dashboard = make_acl_app(documented_acl("dashboard"))
+    store_client = store_server.client()
+    try:
+        store_client.execute_command("ACL", "LOG", "RESET")
+    finally:
+        store_client.close()
+    return producer, companion, dashboard
+
+
 # -- the wake-up channels: a refusal never makes "parked" look like "not parked" -----
 
 
@@ -255,12 +274,7 @@ def test_the_documented_acl_users_park_release_and_browse_without_one_refusal(
     processes: list[CeleryProcess],
 ) -> None:
     # Given the three users exactly as docs/deployment.rst lists them
-    producer = make_acl_app(documented_acl("producer"))
-    companion = make_acl_app(documented_acl("companion"))
-    dashboard = make_acl_app(documented_acl("dashboard"))
-    store_client = store_server.client()
-    store_client.execute_command("ACL", "LOG", "RESET")
-    store_client.close()
+    producer, companion, dashboard = documented_users(make_acl_app, store_server)
     record = producer.tasks["tests.record"]
 
     # When the producer parks in every way, cancels and reschedules
@@ -398,12 +412,7 @@ def test_held_tasks_are_listed_looked_up_and_steered_by_the_documented_users(
 ) -> None:
     # Given tests.record paused by the producer user and tasks the companion
     # user held behind the pause
-    producer = make_acl_app(documented_acl("producer"))
-    companion = make_acl_app(documented_acl("companion"))
-    dashboard = make_acl_app(documented_acl("dashboard"))
-    store_client = store_server.client()
-    store_client.execute_command("ACL", "LOG", "RESET")
-    store_client.close()
+    producer, companion, dashboard = documented_users(make_acl_app, store_server)
     celery_zdelay.pause("task:tests.record", app=producer)
     record = producer.tasks["tests.record"]
     held = [record.apply_delayed((i,), countdown=0).id for i in range(4)]
@@ -435,12 +444,7 @@ def test_tags_are_listed_and_steered_by_the_documented_users(
 ) -> None:
     # Regression: the documented users lacked ZRANGEBYLEX and ZMSCORE, which
     # the tag index is read with: a tag filter was refused for all three.
-    producer = make_acl_app(documented_acl("producer"))
-    companion = make_acl_app(documented_acl("companion"))
-    dashboard = make_acl_app(documented_acl("dashboard"))
-    store_client = store_server.client()
-    store_client.execute_command("ACL", "LOG", "RESET")
-    store_client.close()
+    producer, companion, dashboard = documented_users(make_acl_app, store_server)
     record = producer.tasks["tests.record"]
     tagged = [record.apply_delayed((i,), countdown=600, tags=["order:42"]).id for i in range(3)]
     other = record.apply_delayed((9,), countdown=600, tags=["order:7"]).id

@@ -27,7 +27,7 @@ from celery_zdelay.testing import RedisServer
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.servers import LocalCluster
 from tests.support.cli import run
-from tests.support.keys import SHARD0, keys_of
+from tests.support.keys import SHARD0, forged_tag, keys_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -296,12 +296,7 @@ def test_the_index_is_exact_after_companions_are_killed_mid_release(
 def test_a_forged_tag_cannot_cancel_a_signed_entry_tagged_otherwise(
     make_test_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
-    app = make_test_app(conf={"zdelay_signing_key": "k" * 32})
-    record = app.tasks["tests.record"]
-    signed = record.apply_delayed((1,), countdown=3600, tags=["order:1"])
-    honest = record.apply_delayed((2,), countdown=3600, tags=["order:9"])
-    # Someone with write access to Redis points tag order:9 at the other entry
-    redis_client.zadd(SHARD0.tagged, {f"order:9\n{signed.id}": 0})
+    app, signed, honest = forged_tag(make_test_app, redis_client)
 
     # Nor does the listing by tag show it, from Python or the CLI
     listed = admin.list_parked(store_for(app), tag="order:9")
@@ -317,12 +312,7 @@ def test_a_forged_tag_cannot_cancel_a_signed_entry_tagged_otherwise(
 def test_a_forged_tag_cannot_reschedule_a_signed_entry_tagged_otherwise(
     make_test_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
-    app = make_test_app(conf={"zdelay_signing_key": "k" * 32})
-    record = app.tasks["tests.record"]
-    signed = record.apply_delayed((1,), countdown=3600, tags=["order:1"])
-    honest = record.apply_delayed((2,), countdown=3600, tags=["order:9"])
-    # Someone with write access to Redis points tag order:9 at the other entry
-    redis_client.zadd(SHARD0.tagged, {f"order:9\n{signed.id}": 0})
+    app, signed, honest = forged_tag(make_test_app, redis_client)
     found = celery_zdelay.lookup(signed.id, app=app)
     assert found is not None
     signed_due_ms = found.due_ms

@@ -26,7 +26,7 @@ from celery_zdelay.web import app as web_app
 from celery_zdelay.web import create_app, queries
 from tests.conftest import AppFactory
 from tests.servers import LocalCluster
-from tests.support.keys import SHARD0
+from tests.support.keys import forged_tag
 from tests.support.store import due_ms
 from tests.web_support import token_in
 
@@ -202,11 +202,7 @@ def test_a_forged_index_entry_cannot_put_a_signed_entry_under_a_tags_bulk_action
 ) -> None:
     # Given signed entries, and someone with write access to Redis pointing
     # the tag order:9 at an entry parked with order:1
-    app = make_test_app(conf={"zdelay_signing_key": "k" * 32})
-    record = app.tasks["tests.record"]
-    signed = record.apply_delayed((1,), countdown=3600, tags=["order:1"])
-    honest = record.apply_delayed((2,), countdown=3600, tags=["order:9"])
-    redis_client.zadd(SHARD0.tagged, {f"order:9\n{signed.id}": 0})
+    app, signed, honest = forged_tag(make_test_app, redis_client)
     client = Client(create_app(app, actions=True))
 
     # Then the tag's listing shows the honest entry only
