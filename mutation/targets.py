@@ -53,6 +53,7 @@ _CLAIM = "tests/test_mutation_kills_claim_lua.py"
 _ADVANCE = "tests/test_mutation_kills_advance_lua.py"
 _DEFINE = "tests/test_mutation_kills_define_lua.py"
 _PARK = "tests/test_mutation_kills_park_lua.py"
+_PARK_KEYED = "tests/test_mutation_kills_park_keyed_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -150,6 +151,12 @@ LUA = (
         "park.lua",
         _STORE + "park.lua",
         (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py"),
+    ),
+    # Keys and tags: one entry per key as its mode says, the index exact.
+    Target(
+        "park_keyed.lua",
+        _STORE + "park_keyed.lua",
+        (_PARK_KEYED, "tests/test_keys.py", "tests/test_mutation_kills_ack_lua_marks.py"),
     ),
     Target(
         "claim.lua",
