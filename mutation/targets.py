@@ -135,6 +135,7 @@ _PERIODIC_TESTS = (
 )
 _ADMIN = ("tests/test_admin.py",)
 _WITHDRAW = "tests/test_mutation_kills_withdraw_lua.py"
+_PAUSE = "tests/test_mutation_kills_pause_lua.py"
 _STEERING = (
     "tests/test_mutation_kills_cancel_reschedule_lua.py",
     "tests/test_cancel_reschedule.py",
@@ -204,7 +205,7 @@ LUA = (
         _PERIODIC + "advance.lua",
         (_ADVANCE, *_PERIODIC_TESTS),
     ),
-    Target("pause.lua", _PERIODIC + "pause.lua", (_WITHDRAW, *_PERIODIC_TESTS)),
+    Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
     Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
 )
 
