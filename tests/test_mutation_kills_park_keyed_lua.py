@@ -30,6 +30,7 @@ from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.marks import Parked, check_marks, key_holder, park_marked, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
+from tests.support.wake import wake_ups
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -176,6 +177,30 @@ def test_within_one_batch_replace_parks_only_the_last_call_of_a_key(
     assert check_marks(store) == []
 
 
+def test_a_call_under_the_holders_own_id_keeps_its_record_or_moves_it_in_place(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    park_marked(store, [_req("holder", at, "k", "keep", ("t",))])
+
+    # keep: nothing parked, and the holder keeps its key and tags (the
+    # reply's due ms is not checked: it says -1 here, see docs/mutation.rst)
+    (kept,) = park_marked(store, [_req("holder", at + 1000, "k", "keep", ("u",))])
+    assert (kept.task_id, kept.parked) == ("holder", False)
+    assert _parked(redis_client) == {"holder": at * 1024}
+    assert _marks(redis_client) == {"i:holder": "k0\nk\nt", "k:k": "holder"}
+    assert tagged_ids(store, "t") == ["holder"]
+
+    # replace: re-parked where it is, not taken out first: the earliest due
+    # time does not move earlier, so the companions are not woken
+    with wake_ups(redis_client) as seen:
+        assert park_marked(store, [_req("holder", at, "k", "replace")]) == [
+            Parked("holder", at, True)
+        ]
+    assert seen == []
+    assert _marks(redis_client) == {"i:holder": "r0\nk", "k:k": "holder"}
+
+
 # -- a holder being released ----------------------------------------------------------
 
 
@@ -227,6 +252,24 @@ def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
     assert key_holder(store, "e") == ("after", None)
 
 
+def test_replace_leaves_parked_the_retry_of_a_holder_that_runs(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    now = redis_ms(redis_client)
+    park_marked(store, [_req("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
+    claimed = store.claim(0, limit=10, lease_ms=HOUR)
+    assert store.ack(0, claimed.token, ["runs"]) == 1
+    # The running task parks itself again under its id (a retry), without the key
+    park_marked(store, [_req("runs", now + HOUR)])
+
+    assert park_marked(store, [_req("new", now + HOUR, "k", "replace")]) == [
+        Parked("new", now + HOUR, True)
+    ]
+
+    assert set(_parked(redis_client)) == {"runs", "new"}
+    assert redis_client.hexists(SHARD0.msg, "runs")
+
+
 # -- the index -----------------------------------------------------------------------
 
 
@@ -270,6 +313,16 @@ def test_only_a_marked_entry_gets_a_record_and_each_tag_lists_it(
     assert [p.parked for p in reply] == [True, True, True]
     assert _marks(redis_client) == {"i:tagged": "-0\n\nx\ny", "i:keyed": "k0\nk", "k:k": "keyed"}
     assert sorted(redis_client.zrange(SHARD0.tagged, 0, -1)) == [b"x\ntagged", b"y\ntagged"]
+
+
+def test_a_keyed_park_wakes_the_companions_when_the_earliest_due_time_moves_earlier(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    with wake_ups(redis_client) as seen:
+        park_marked(store, [_req("later", at + 1000, "k1")])
+        park_marked(store, [_req("held", at, "k1"), _req("earlier", at, "k2", tags=("t",))])
+    assert seen == [str(at + 1000).encode(), str(at).encode()]
 
 
 # -- retries and refusals --------------------------------------------------------------
