@@ -54,6 +54,7 @@ _ADVANCE = "tests/test_mutation_kills_advance_lua.py"
 _DEFINE = "tests/test_mutation_kills_define_lua.py"
 _PARK = "tests/test_mutation_kills_park_lua.py"
 _PARK_KEYED = "tests/test_mutation_kills_park_keyed_lua.py"
+_HANDOFF = "tests/test_mutation_kills_handoff_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -164,7 +165,11 @@ LUA = (
         _STORE + "claim.lua",
         (_CLAIM, "tests/test_crash_recovery.py", *_RELEASE),
     ),
-    Target("handoff.lua", _STORE + "handoff.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
+    Target(
+        "handoff.lua",
+        _STORE + "handoff.lua",
+        (_HANDOFF, *_RELEASE, "tests/test_hardening_signing.py"),
+    ),
     Target("push.lua", _STORE + "push.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
     Target(
         "ack.lua",

@@ -153,6 +153,7 @@ def test_within_one_batch_keep_parks_the_first_and_answers_its_due_time_for_the_
     assert set(_parked(redis_client)) == {"first"}
     assert first.template is not None and second.template is not None
     assert _template_refs(redis_client) == {first.template.id: 1}
+    assert redis_client.hget(SHARD0.templates, first.template.id) == first.template.record
     assert not redis_client.hexists(SHARD0.templates, second.template.id)
 
 
@@ -174,6 +175,7 @@ def test_within_one_batch_replace_parks_only_the_last_call_of_a_key(
     assert tagged_ids(store, "t") == []
     assert first.template is not None and last.template is not None
     assert _template_refs(redis_client) == {last.template.id: 1}
+    assert redis_client.hget(SHARD0.templates, last.template.id) == last.template.record
     assert check_marks(store) == []
 
 
