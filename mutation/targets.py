@@ -177,6 +177,17 @@ LUA = (
         (*_ACK, "tests/test_crash_recovery.py", *_RELEASE),
         quick=_ACK,
     ),
+    # Release control: held entries and the rate limits' token buckets.
+    Target(
+        "hold.lua",
+        _STORE + "hold.lua",
+        ("tests/test_mutation_kills_hold_lua.py", "tests/test_pause.py"),
+    ),
+    Target(
+        "take_tokens.lua",
+        _STORE + "take_tokens.lua",
+        ("tests/test_mutation_kills_take_tokens_lua.py", "tests/test_rate_limits.py"),
+    ),
     Target(
         "unclaim.lua",
         _STORE + "unclaim.lua",
