@@ -85,6 +85,12 @@ PYTHON = (
             "tests/test_periodic_hardening.py",
         ),
     ),
+    # The due score: due time then parking order, exact until 2248.
+    Target(
+        "due_score",
+        "celery_zdelay/due_score.py",
+        ("tests/test_mutation_kills_due_score.py", "tests/test_scan_parked.py"),
+    ),
     # Overlap policy: an occurrence starting while the previous run goes on is skipped or waits.
     Target(
         "periodic.overlap",
@@ -223,6 +229,12 @@ LUA = (
     ),
     Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
     Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
+    # The last run of each schedule, recorded once and only over an older one.
+    Target(
+        "record_runs.lua",
+        _PERIODIC + "record_runs.lua",
+        ("tests/test_mutation_kills_record_runs_lua.py", "tests/test_periodic_settle.py"),
+    ),
 )
 
 #: ``make mutants-quick`` (CI): the targets with *quick* tests, each run against those only.
