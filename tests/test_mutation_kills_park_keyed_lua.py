@@ -309,12 +309,27 @@ def test_only_a_marked_entry_gets_a_record_and_each_tag_lists_it(
     at = redis_ms(redis_client) + HOUR
     reply = park_marked(
         store,
-        [_req("plain", at), _req("tagged", at, tags=("x", "y")), _req("keyed", at, "k")],
+        [
+            _req("plain", at),
+            _req("tagged", at, tags=("x", "y")),
+            _req("one-tag", at, tags=("z",)),
+            _req("keyed", at, "k"),
+        ],
     )
 
-    assert [p.parked for p in reply] == [True, True, True]
-    assert _marks(redis_client) == {"i:tagged": "-0\n\nx\ny", "i:keyed": "k0\nk", "k:k": "keyed"}
-    assert sorted(redis_client.zrange(SHARD0.tagged, 0, -1)) == [b"x\ntagged", b"y\ntagged"]
+    assert [p.parked for p in reply] == [True, True, True, True]
+    assert _marks(redis_client) == {
+        "i:tagged": "-0\n\nx\ny",
+        "i:one-tag": "-0\n\nz",
+        "i:keyed": "k0\nk",
+        "k:k": "keyed",
+    }
+    # All scored 0: a tag's members are read by lexical range
+    assert redis_client.zrange(SHARD0.tagged, 0, -1, withscores=True) == [
+        (b"x\ntagged", 0),
+        (b"y\ntagged", 0),
+        (b"z\none-tag", 0),
+    ]
 
 
 def test_a_keyed_park_wakes_the_companions_when_the_earliest_due_time_moves_earlier(
