@@ -77,6 +77,20 @@ def test_a_pause_takes_back_every_parked_occurrence_and_gives_back_their_runs(
     assert store.client.zcard(store.keys(0).due) == 0
 
 
+def test_a_pause_that_takes_one_occurrence_back_gives_back_one_run(app: Celery) -> None:
+    periodic = _served(app).periodic
+    store = periodic.store
+    parked = store.client.zcard(store.keys(0).due)
+    # All but the last leased to a companion: in flight, they run and count
+    claimed = store.claim(0, limit=parked - 1, lease_ms=600_000, advance_ms=2 * HORIZON_MS)
+    assert len(claimed.entries) == parked - 1
+    runs = periodic.snapshot().pointers["a"].runs
+
+    assert periodic.set_paused("a", True) == 1
+
+    assert periodic.snapshot().pointers["a"].runs == runs - 1
+
+
 def test_runs_given_back_never_go_below_zero(app: Celery) -> None:
     periodic = _served(app).periodic
     record = json.loads(_pointer(periodic))
