@@ -146,10 +146,16 @@ def test_a_message_stored_whole_is_pushed_byte_for_byte(
 
     assert _pushed(redis_client) == payloads
     assert result.handed_ids == ["whole", "too"]
-    # Its route record names another layout: leased instead
-    store.park([_requests(app, "elsewhere", now - 1)])
-    leased = _handoff(app, layout="another layout")
-    assert [e.task_id for e in leased.entries] == ["elsewhere"]
+    # Its route record names another layout, or is gone, or it is not ours
+    # at all: leased instead (the generic path says what is wrong with it)
+    store.park([_requests(app, "elsewhere", now - 3)])
+    assert [e.task_id for e in _handoff(app, layout="another layout").entries] == ["elsewhere"]
+    store.park([_requests(app, "route-gone", now - 2)])
+    redis_client.delete(SHARD0.templates)
+    store.park([ParkRequest("not-ours", Due("a", now - 1), b'{"body":"x"}')])
+    leased = _handoff(app)
+    assert [e.task_id for e in leased.entries] == ["route-gone", "not-ours"]
+    assert _pushed(redis_client) == payloads
 
 
 def test_every_entry_due_by_redis_now_leaves_to_the_last_sequence_and_none_after(
@@ -252,6 +258,29 @@ def test_entries_that_cannot_be_handed_off_are_leased_under_a_new_token(
         assert redis_client.hget(SHARD0.msg, task_id) == payloads[task_id]
     assert result.next_lease_ms == result.now_ms + HOUR
     assert redis_client.zcard(SHARD0.due) == 0
+
+
+def test_entries_parked_under_another_layout_or_signed_are_leased_in_either_form(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    store = store_for(app)
+    now = redis_ms(redis_client)
+    two_part = _requests(app, "two-part", now - 30)
+    store.park([two_part])
+    single = _requests(app, "single", now - 20)
+    expanded = expand_entry(single.payload, store.templates(0))
+    store.park([ParkRequest("single", single.due, expanded, QUEUE)])
+
+    moved = _handoff(app, layout="another layout")
+    assert [e.task_id for e in moved.entries] == ["two-part", "single"]
+    assert redis_client.llen(QUEUE) == 0
+
+    # A signature only the companion can check: handoff.lua never pushes it
+    line, _, head = expanded.partition(b"\n")
+    signed = json.dumps({**json.loads(line), "s": "a signature"}, separators=(",", ":"))
+    store.park([ParkRequest("signed", Due("a", now - 10), signed.encode() + b"\n" + head, QUEUE)])
+    assert [e.task_id for e in _handoff(app).entries] == ["signed"]
+    assert redis_client.llen(QUEUE) == 0
 
 
 def test_an_entry_for_a_list_key_not_given_stops_the_call_where_it_stands(
