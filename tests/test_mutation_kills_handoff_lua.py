@@ -16,6 +16,7 @@ and a key of another type refuses the call before anything moves.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -359,6 +360,27 @@ def test_template_counts_follow_what_was_handed_off(app: Celery, redis_client: r
     assert redis_client.hexists(SHARD0.templates, b.template.id)
     for gone in (a.template.id, c.template.id):
         assert not redis_client.hexists(SHARD0.templates, gone)
+
+
+def test_an_entry_of_an_earlier_release_is_pushed_and_gives_its_template_back(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Its values are only separated, not each ended by a NUL: read the slow way
+    store = store_for(app)
+    request = _requests(app, "older", redis_ms(redis_client) - 10)
+    assert request.template is not None
+    line, _, values = request.payload.partition(b"\n")
+    assert values.endswith(b"\x00")
+    meta = {**json.loads(line), "n": len(values) - 1}
+    older = json.dumps(meta, separators=(",", ":")).encode() + b"\n" + values[:-1]
+    store.park([dataclasses.replace(request, payload=older)])
+    assert _template_refs(redis_client) == {request.template.id: 1}
+    head = _head(store, redis_client.hget(SHARD0.msg, "older") or b"")
+
+    assert _handoff(app).handed_ids == ["older"]
+
+    assert _pushed(redis_client) == [head + SHARD0.tag_prefix.encode() + b'1"}}']
+    assert redis_client.hlen(SHARD0.templates) == 0
 
 
 def test_a_handed_off_entry_frees_its_key_or_holds_it_until_finished_and_leaves_its_tags(
