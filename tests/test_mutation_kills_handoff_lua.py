@@ -300,8 +300,26 @@ def test_an_entry_for_a_list_key_not_given_stops_the_call_where_it_stands(
     assert result.next_due_ms == now - 20
     assert redis_client.llen(QUEUE) == 0
 
+    # The first entry due needs it: nothing moves
+    again = _handoff(app, dests=())
+    assert (again.needs_dests, again.entries, again.handed_ids) == (True, [], [])
+    assert redis_client.zcard(SHARD0.due) == 2
+
     # Read again with the list key: both go on
     assert _handoff(app).handed_ids == ["for-celery", "after"]
+
+
+def test_a_handoff_with_nothing_due_moves_nothing_and_says_when_the_next_is_due(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    store_for(app).park([_requests(app, "later", at)])
+
+    result = _handoff(app)
+
+    assert (result.handed_ids, result.entries, result.dead) == ([], [], [])
+    assert (result.next_due_ms, result.next_lease_ms, result.needs_dests) == (at, None, False)
+    assert redis_client.zscore(SHARD0.due, "later") == at * 1024
 
 
 def test_an_entry_whose_list_key_holds_another_type_is_dead_lettered_with_the_fix(
