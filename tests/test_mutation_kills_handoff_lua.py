@@ -367,17 +367,23 @@ def test_template_counts_follow_what_was_handed_off(app: Celery, redis_client: r
     a, c = _requests(app, "a", now - 20), _requests(app, "c", now - 5, task="tests.add")
     b = _requests(app, "b", now - 10, queue="paused-queue")
     b2 = _requests(app, "b2", now - 10, queue="paused-queue")
-    store.park([a, b, b2, c])
+    a_later = _requests(app, "a-later", now + HOUR)
+    store.park([a, b, b2, c, a_later])
     assert a.template is not None and b.template is not None and c.template is not None
-    assert _template_refs(redis_client) == {a.template.id: 1, b.template.id: 2, c.template.id: 1}
+    assert _template_refs(redis_client) == {a.template.id: 2, b.template.id: 2, c.template.id: 1}
 
     # "b" and "b2" are leased (their queue is held): their template stays, counted
     _handoff(app, dests=(QUEUE, "paused-queue"), held=("paused-queue",))
 
-    assert _template_refs(redis_client) == {b.template.id: 2}
+    assert _template_refs(redis_client) == {a.template.id: 1, b.template.id: 2}
     assert redis_client.hexists(SHARD0.templates, b.template.id)
-    for gone in (a.template.id, c.template.id):
-        assert not redis_client.hexists(SHARD0.templates, gone)
+    assert not redis_client.hexists(SHARD0.templates, c.template.id)
+
+    # The last entry of a template released: the template goes
+    redis_client.zadd(SHARD0.due, {"a-later": 0})
+    _handoff(app)
+    assert _template_refs(redis_client) == {b.template.id: 2}
+    assert not redis_client.hexists(SHARD0.templates, a.template.id)
 
 
 def test_an_entry_of_an_earlier_release_is_pushed_and_gives_its_template_back(
