@@ -124,6 +124,8 @@ def test_each_stored_form_is_pushed_as_its_envelope_with_a_delivery_tag_never_us
     assert result.handed_ids == ["two-part", "other", "single"]
     assert result.handed_due_ms == [now - 30, now - 20, now - 10]
     assert (result.entries, result.dead, result.token, result.needs_dests) == ([], [], 0, False)
+    # Nothing parked or leased is left: nothing to wake for
+    assert (result.next_due_ms, result.next_lease_ms) == (None, None)
     assert redis_client.zcard(SHARD0.due) == redis_client.hlen(SHARD0.msg) == 0
 
     # The next call goes on from the tags pushed, and only names ids when asked
@@ -384,6 +386,27 @@ def test_template_counts_follow_what_was_handed_off(app: Celery, redis_client: r
     _handoff(app)
     assert _template_refs(redis_client) == {b.template.id: 2}
     assert not redis_client.hexists(SHARD0.templates, a.template.id)
+
+
+def test_a_template_an_entry_leased_still_refers_to_stays_though_its_count_says_none(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # A signed entry is leased, an unsigned one of the same template pushed;
+    # the count (from a release that did not count the signed one) says 1
+    store = store_for(app)
+    now = redis_ms(redis_client)
+    plain, signed = _requests(app, "plain", now - 20), _requests(app, "signed", now - 10)
+    assert plain.template is not None and signed.template == plain.template
+    line, _, values = signed.payload.partition(b"\n")
+    line = json.dumps({**json.loads(line), "s": "a signature"}, separators=(",", ":")).encode()
+    store.park([plain, dataclasses.replace(signed, payload=line + b"\n" + values)])
+    redis_client.hset(SHARD0.templates, "#" + plain.template.id, 1)
+
+    result = _handoff(app)
+
+    assert (result.handed_ids, [e.task_id for e in result.entries]) == (["plain"], ["signed"])
+    assert redis_client.hget(SHARD0.templates, plain.template.id) == plain.template.record
+    assert _template_refs(redis_client) == {plain.template.id: 1}
 
 
 def test_an_entry_of_an_earlier_release_is_pushed_and_gives_its_template_back(
