@@ -262,6 +262,12 @@ def test_entries_that_cannot_be_handed_off_are_leased_under_a_new_token(
     assert result.next_lease_ms == result.now_ms + HOUR
     assert redis_client.zcard(SHARD0.due) == 0
 
+    # One entry leased alone has a token of its own too
+    store.park([ParkRequest("alone", Due("a", now - 5), b'{"v":1}\nbody')])
+    alone = _handoff(app)
+    assert ([e.task_id for e in alone.entries], alone.token) == (["alone"], 44)
+    assert redis_client.hget(SHARD0.leased, "alone") == f"{alone.entries[0].score} 44".encode()
+
 
 def test_entries_parked_under_another_layout_or_signed_are_leased_in_either_form(
     app: Celery, redis_client: redis.Redis
