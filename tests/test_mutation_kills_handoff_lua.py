@@ -161,6 +161,24 @@ def test_a_message_stored_whole_is_pushed_byte_for_byte(
     assert _pushed(redis_client) == payloads
 
 
+def test_entries_for_two_queues_in_turn_each_go_to_their_own_list_in_due_order(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    store = store_for(app)
+    now = redis_ms(redis_client)
+    queues = [QUEUE, "second", QUEUE, "second"]
+    store.park([_requests(app, f"e{n}", now - 10 + n, queue=q) for n, q in enumerate(queues)])
+
+    result = _handoff(app, dests=(QUEUE, "second"))
+
+    assert result.handed_ids == ["e0", "e1", "e2", "e3"]
+    ids = {
+        key: [json.loads(m)["headers"]["id"] for m in _pushed(redis_client, key)]
+        for key in (QUEUE, "second")
+    }
+    assert ids == {QUEUE: ["e0", "e2"], "second": ["e1", "e3"]}
+
+
 def test_every_entry_due_by_redis_now_leaves_to_the_last_sequence_and_none_after(
     app: Celery, redis_client: redis.Redis
 ) -> None:
