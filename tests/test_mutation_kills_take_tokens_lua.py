@@ -106,10 +106,13 @@ def test_tokens_given_back_return_up_to_the_burst(
     control: ControlStore, redis_client: redis.Redis
 ) -> None:
     assert control.take_tokens(NAME, SLOW, 5) == (5, 0)
-    control.give_back(NAME, SLOW, 2)
+    # Giving back grants nothing and waits for nothing
+    assert control.take_tokens(NAME, SLOW, -2) == (0, 0)
     assert 2 <= _level(redis_client) < 2.01
     assert control.take_tokens(NAME, SLOW, 5)[0] == 2
 
+    control.give_back(NAME, SLOW, 1)
+    assert 1 <= _level(redis_client) < 1.01
     control.give_back(NAME, SLOW, 50)
     assert _level(redis_client) == 5
     assert control.take_tokens(NAME, SLOW, 9)[0] == 5
