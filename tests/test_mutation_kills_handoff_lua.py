@@ -208,9 +208,7 @@ def test_every_entry_due_by_redis_now_leaves_to_the_last_sequence_and_none_after
 
     # advance_ms moves "now" forward by as much
     ahead = _handoff(app, limit=len(scores), advance_ms=1000)
-    assert {i for i in ahead.handed_ids} == {
-        i for i in left if scores[i] // 1024 <= ahead.now_ms + 1000
-    }
+    assert set(ahead.handed_ids) == {i for i in left if scores[i] // 1024 <= ahead.now_ms + 1000}
 
 
 def test_at_most_limit_entries_leave_the_earliest_first(
@@ -234,7 +232,12 @@ def test_over_a_thousand_entries_are_pushed_and_forgotten_in_one_call(
     now = redis_ms(redis_client)
     model = _requests(app, "model", now - 5000)
     count = 2005
-    store.park([ParkRequest(f"e{n}", Due("a", now - 5000 + n), model.payload, QUEUE, model.template) for n in range(count)])
+    store.park(
+        [
+            ParkRequest(f"e{n}", Due("a", now - 5000 + n), model.payload, QUEUE, model.template)
+            for n in range(count)
+        ]
+    )
 
     result = _handoff(app, limit=5000)
 
@@ -260,7 +263,9 @@ def test_entries_that_cannot_be_handed_off_are_leased_under_a_new_token(
     unread = _requests(app, "not-given", now - 20, queue="elsewhere")
     held = _requests(app, "held", now - 10, queue="paused-queue")
     store.park([handed, no_dest, unread, held])
-    scores = {m.decode(): int(s) for m, s in redis_client.zrange(SHARD0.due, 0, -1, withscores=True)}
+    scores = {
+        m.decode(): int(s) for m, s in redis_client.zrange(SHARD0.due, 0, -1, withscores=True)
+    }
     payloads = {i: redis_client.hget(SHARD0.msg, i) for i in scores}
     redis_client.set(SHARD0.tags, 41)
 
@@ -370,7 +375,9 @@ def test_an_entry_whose_list_key_holds_another_type_is_dead_lettered_with_the_fi
     assert "delete or rename that key, then requeue this entry" in reason.reason
     assert (reason.due_ms, reason.companion) == (now - 10, "companion-7")
     assert redis_client.zscore(SHARD0.dead, "stuck") == result.now_ms
-    stored_reason, _, stored_payload = (redis_client.hget(SHARD0.dead_msg, "stuck") or b"").partition(b"\n")
+    stored_reason, _, stored_payload = (
+        redis_client.hget(SHARD0.dead_msg, "stuck") or b""
+    ).partition(b"\n")
     assert json.loads(stored_reason) == json.loads(reason.to_json())
     assert stored_payload == payload
     assert not redis_client.hexists(SHARD0.msg, "stuck")
@@ -395,7 +402,9 @@ def test_template_counts_follow_what_was_handed_off(app: Celery, redis_client: r
     b2 = _requests(app, "b2", now - 10, queue="paused-queue")
     a_later = _requests(app, "a-later", now + HOUR)
     store.park([a, b, b2, c, a_later])
-    assert a.template is not None and b.template is not None and c.template is not None
+    assert a.template is not None
+    assert b.template is not None
+    assert c.template is not None
     assert _template_refs(redis_client) == {a.template.id: 2, b.template.id: 2, c.template.id: 1}
 
     # "b" and "b2" are leased (their queue is held): their template stays, counted
@@ -420,7 +429,8 @@ def test_a_template_an_entry_leased_still_refers_to_stays_though_its_count_says_
     store = store_for(app)
     now = redis_ms(redis_client)
     plain, signed = _requests(app, "plain", now - 20), _requests(app, "signed", now - 10)
-    assert plain.template is not None and signed.template == plain.template
+    assert plain.template is not None
+    assert signed.template == plain.template
     line, _, values = signed.payload.partition(b"\n")
     line = json.dumps({**json.loads(line), "s": "a signature"}, separators=(",", ":")).encode()
     store.park([plain, dataclasses.replace(signed, payload=line + b"\n" + values)])
@@ -462,7 +472,9 @@ def test_a_handed_off_entry_frees_its_key_or_holds_it_until_finished_and_leaves_
 
     def keyed(task_id: str, key: str, on_key: str) -> ParkRequest:
         r = _requests(app, task_id, now - 10)
-        return ParkRequest(task_id, r.due, r.payload, QUEUE, r.template, Mark(key, on_key, ("t",), 5000))
+        return ParkRequest(
+            task_id, r.due, r.payload, QUEUE, r.template, Mark(key, on_key, ("t",), 5000)
+        )
 
     park_marked(store, [keyed("kept", "k1", "keep"), keyed("held", "k2", "until_finished")])
 

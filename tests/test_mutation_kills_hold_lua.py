@@ -1,4 +1,4 @@
-"""A held entry leaves the lease for its control's held set, with its due score, if its claim owns it.
+"""A held entry leaves the lease for its control's held set with its due score, if its claim has it.
 
 Pins the lines of ``store/lua/hold.lua`` (see docs/mutation.rst) through
 :meth:`ControlStore.hold` on a private Redis, no worker or companion: each
@@ -37,8 +37,12 @@ def _claimed(app: Celery, redis_client: redis.Redis, ids: list[str]) -> tuple[in
     """Park *ids* due in the past and claim them: the claim token and each id's due score."""
     store = store_for(app)
     now = redis_ms(redis_client)
-    store.park([ParkRequest(i, Due("a", now - 100 + n), b'{"v":1}\nbody') for n, i in enumerate(ids)])
-    scores = {m.decode(): int(s) for m, s in redis_client.zrange(SHARD0.due, 0, -1, withscores=True)}
+    store.park(
+        [ParkRequest(i, Due("a", now - 100 + n), b'{"v":1}\nbody') for n, i in enumerate(ids)]
+    )
+    scores = {
+        m.decode(): int(s) for m, s in redis_client.zrange(SHARD0.due, 0, -1, withscores=True)
+    }
     claimed = store.claim(0, limit=len(ids), lease_ms=HOUR)
     assert sorted(e.task_id for e in claimed.entries) == sorted(ids)
     return claimed.token, scores
@@ -70,7 +74,9 @@ def test_entries_another_claim_leases_or_none_leases_stay_where_they_are(
     assert [m.decode() for m in redis_client.zrange(HELD, 0, -1)] == ["mine"]
     assert redis_client.hget(SHARD0.leased, "theirs") is not None
     assert redis_client.zscore(SHARD0.lease, "theirs") is not None
-    assert redis_client.hget(SHARD0.leased, "also-mine") == f"{scores['also-mine']} {token}".encode()
+    assert (
+        redis_client.hget(SHARD0.leased, "also-mine") == f"{scores['also-mine']} {token}".encode()
+    )
 
     # Nothing held: no lane named
     redis_client.delete(LANES)

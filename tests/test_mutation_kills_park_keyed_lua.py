@@ -15,7 +15,6 @@ another type is refused before anything is written.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -77,7 +76,7 @@ def store(app: Celery) -> Store:
 
 
 @pytest.fixture
-def calls(store: Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[object, ...]]]:
+def calls(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
     """Every EVALSHA the store's client sends: (sha, number of keys, keys and args)."""
     seen: list[tuple[object, ...]] = []
     original = store.client.evalsha
@@ -87,7 +86,7 @@ def calls(store: Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[
         return original(sha, numkeys, *keys_and_args)
 
     monkeypatch.setattr(store.client, "evalsha", spy)
-    yield seen
+    return seen
 
 
 # -- a held key ----------------------------------------------------------------------
@@ -151,7 +150,8 @@ def test_within_one_batch_keep_parks_the_first_and_answers_its_due_time_for_the_
     ]
 
     assert set(_parked(redis_client)) == {"first"}
-    assert first.template is not None and second.template is not None
+    assert first.template is not None
+    assert second.template is not None
     assert _template_refs(redis_client) == {first.template.id: 1}
     assert redis_client.hget(SHARD0.templates, first.template.id) == first.template.record
     assert not redis_client.hexists(SHARD0.templates, second.template.id)
@@ -173,7 +173,8 @@ def test_within_one_batch_replace_parks_only_the_last_call_of_a_key(
     assert set(_parked(redis_client)) == {"last"}
     assert key_holder(store, "k") == ("last", None)
     assert tagged_ids(store, "t") == []
-    assert first.template is not None and last.template is not None
+    assert first.template is not None
+    assert last.template is not None
     assert _template_refs(redis_client) == {last.template.id: 1}
     assert redis_client.hget(SHARD0.templates, last.template.id) == last.template.record
     assert check_marks(store) == []
@@ -237,7 +238,9 @@ def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
     assert store.ack(0, claimed.token, ["runs", "ends"]) == 2
     holder = key_holder(store, "k")
-    assert holder is not None and holder[0] == "runs" and holder[1] is not None
+    assert holder is not None
+    assert holder[0] == "runs"
+    assert holder[1] is not None
 
     # Released and running: kept, and a replace cannot stop it
     assert park_marked(store, [_req("waits", now + HOUR, "k", "until_finished")]) == [

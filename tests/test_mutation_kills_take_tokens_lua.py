@@ -1,4 +1,4 @@
-"""A rate limit's bucket grants what it holds, refills with Redis time up to its burst, takes back what was not used.
+"""A limit's bucket grants the tokens it holds and refills on the Redis clock up to its burst.
 
 Pins the lines of ``store/lua/take_tokens.lua`` (see docs/mutation.rst)
 through :meth:`ControlStore.take_tokens` and :meth:`ControlStore.give_back`
@@ -128,4 +128,3 @@ def test_a_key_of_another_type_refuses_the_take_and_writes_nothing(
 
     assert redis_client.get(BUCKET) == b"something else wrote this"
     assert redis_client.pttl(BUCKET) == -1
-
