@@ -32,6 +32,8 @@ BUCKET = control_keys(PREFIX).bucket(PREFIX, NAME)
 #: One token a minute: refills by well under one token during a test.
 SLOW = parse_limit("1/m", burst=5)
 MINUTE = 60_000
+#: Refill of SLOW in 5 s, the most a loaded machine takes between two calls here.
+SLACK = 5 / 60
 HOUR = 3_600_000
 
 
@@ -51,16 +53,16 @@ def test_a_new_bucket_is_full_and_grants_whole_tokens_up_to_what_is_asked(
     assert control.take_tokens(NAME, SLOW, 3) == (3, 0)
     after = redis_ms(redis_client)
     assert before <= int(redis_client.hget(BUCKET, "ms") or 0) <= after
-    assert 2 <= _level(redis_client) < 2.01
+    assert 2 <= _level(redis_client) < 2 + SLACK
 
     granted, wait_ms = control.take_tokens(NAME, SLOW, 5)
 
     assert granted == 2
     # The next whole token is a minute of refill away, less what refilled since
-    assert MINUTE - 1000 < wait_ms <= MINUTE
-    assert 0 <= _level(redis_client) < 0.01
+    assert MINUTE * (1 - SLACK) < wait_ms <= MINUTE
+    assert 0 <= _level(redis_client) < SLACK
     # The bucket lives as long as it takes to refill to full, and a minute more
-    assert 5 * MINUTE + MINUTE - 1000 < redis_client.pttl(BUCKET) <= 6 * MINUTE
+    assert 6 * MINUTE - 5000 < redis_client.pttl(BUCKET) <= 6 * MINUTE
 
 
 def test_the_wait_for_the_next_token_is_at_least_one_ms(
@@ -74,11 +76,11 @@ def test_the_bucket_refills_at_the_rate_from_the_redis_time_it_was_written(
     control: ControlStore, redis_client: redis.Redis
 ) -> None:
     limit = parse_limit("1/s", burst=100)
-    # Empty ten seconds ago (Redis clock): ten tokens since, under one more
-    # unless the call takes a second
+    # Empty ten seconds ago (Redis clock): ten tokens since, one more for
+    # each second a loaded machine takes to make the call
     redis_client.hset(BUCKET, mapping={"level": "0", "ms": str(redis_ms(redis_client) - 10_000)})
 
-    assert control.take_tokens(NAME, limit, 50)[0] == 10
+    assert 10 <= control.take_tokens(NAME, limit, 50)[0] <= 13
 
     # Never past the burst, however long it was left
     redis_client.hset(BUCKET, mapping={"level": "0", "ms": str(redis_ms(redis_client) - 10**9)})
@@ -108,11 +110,11 @@ def test_tokens_given_back_return_up_to_the_burst(
     assert control.take_tokens(NAME, SLOW, 5) == (5, 0)
     # Giving back grants nothing and waits for nothing
     assert control.take_tokens(NAME, SLOW, -2) == (0, 0)
-    assert 2 <= _level(redis_client) < 2.01
+    assert 2 <= _level(redis_client) < 2 + SLACK
     assert control.take_tokens(NAME, SLOW, 5)[0] == 2
 
     control.give_back(NAME, SLOW, 1)
-    assert 1 <= _level(redis_client) < 1.01
+    assert 1 <= _level(redis_client) < 1 + SLACK
     control.give_back(NAME, SLOW, 50)
     assert _level(redis_client) == 5
     assert control.take_tokens(NAME, SLOW, 9)[0] == 5
