@@ -53,6 +53,8 @@ _CLAIM = "tests/test_mutation_kills_claim_lua.py"
 _ADVANCE = "tests/test_mutation_kills_advance_lua.py"
 _DEFINE = "tests/test_mutation_kills_define_lua.py"
 _PARK = "tests/test_mutation_kills_park_lua.py"
+_PARK_KEYED = "tests/test_mutation_kills_park_keyed_lua.py"
+_HANDOFF = "tests/test_mutation_kills_handoff_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -82,6 +84,12 @@ PYTHON = (
             "tests/test_periodic_control.py",
             "tests/test_periodic_hardening.py",
         ),
+    ),
+    # The due score: due time then parking order, exact until 2248.
+    Target(
+        "due_score",
+        "celery_zdelay/due_score.py",
+        ("tests/test_mutation_kills_due_score.py", "tests/test_scan_parked.py"),
     ),
     # Overlap policy: an occurrence starting while the previous run goes on is skipped or waits.
     Target(
@@ -134,6 +142,7 @@ _PERIODIC_TESTS = (
 )
 _ADMIN = ("tests/test_admin.py",)
 _WITHDRAW = "tests/test_mutation_kills_withdraw_lua.py"
+_PAUSE = "tests/test_mutation_kills_pause_lua.py"
 _STEERING = (
     "tests/test_mutation_kills_cancel_reschedule_lua.py",
     "tests/test_cancel_reschedule.py",
@@ -153,18 +162,39 @@ LUA = (
         _STORE + "park.lua",
         (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py"),
     ),
+    # Keys and tags: one entry per key as its mode says, the index exact.
+    Target(
+        "park_keyed.lua",
+        _STORE + "park_keyed.lua",
+        (_PARK_KEYED, "tests/test_keys.py", "tests/test_mutation_kills_ack_lua_marks.py"),
+    ),
     Target(
         "claim.lua",
         _STORE + "claim.lua",
         (_CLAIM, "tests/test_crash_recovery.py", *_RELEASE),
     ),
-    Target("handoff.lua", _STORE + "handoff.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
+    Target(
+        "handoff.lua",
+        _STORE + "handoff.lua",
+        (_HANDOFF, *_RELEASE, "tests/test_hardening_signing.py"),
+    ),
     Target("push.lua", _STORE + "push.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
     Target(
         "ack.lua",
         _STORE + "ack.lua",
         (*_ACK, "tests/test_crash_recovery.py", *_RELEASE),
         quick=_ACK,
+    ),
+    # Release control: held entries and the rate limits' token buckets.
+    Target(
+        "hold.lua",
+        _STORE + "hold.lua",
+        ("tests/test_mutation_kills_hold_lua.py", "tests/test_pause.py"),
+    ),
+    Target(
+        "take_tokens.lua",
+        _STORE + "take_tokens.lua",
+        ("tests/test_mutation_kills_take_tokens_lua.py", "tests/test_rate_limits.py"),
     ),
     Target(
         "unclaim.lua",
@@ -203,8 +233,14 @@ LUA = (
         _PERIODIC + "advance.lua",
         (_ADVANCE, *_PERIODIC_TESTS),
     ),
-    Target("pause.lua", _PERIODIC + "pause.lua", (_WITHDRAW, *_PERIODIC_TESTS)),
+    Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
     Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
+    # The last run of each schedule, recorded once and only over an older one.
+    Target(
+        "record_runs.lua",
+        _PERIODIC + "record_runs.lua",
+        ("tests/test_mutation_kills_record_runs_lua.py", "tests/test_periodic_settle.py"),
+    ),
 )
 
 #: ``make mutants-quick`` (CI): the targets with *quick* tests, each run against those only.

@@ -1,0 +1,428 @@
+"""One entry per key, as its mode says, and an exact key and tag index, in one step.
+
+Pins the lines of ``store/lua/park_keyed.lua`` (see docs/mutation.rst)
+through :func:`park_marked` on a private Redis, no worker or companion:
+``keep`` and ``until_finished`` park nothing while the key is held and
+answer the holder's id and due time; ``replace`` and ``debounce`` take the
+parked holder out (its message, its marks, its template count) but never
+one being released; within one batch the last call of a key decides; a
+hold that ended frees the key; an id parked again gives up its old key and
+tags; only a marked entry gets a record; a retried call answers what the
+first one did and parks nothing again; a malformed call or a marks key of
+another type is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_zdelay import StoreRefusedError
+from celery_zdelay.capture import capture
+from celery_zdelay.keys import Mark
+from celery_zdelay.parking import park_requests, store_for
+from celery_zdelay.schedule import Due
+from celery_zdelay.store import ParkRequest, Store
+from celery_zdelay.store.marks import Parked, check_marks, key_holder, park_marked, tagged_ids
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0
+from tests.support.wake import wake_ups
+
+pytestmark = pytest.mark.timeout(60)
+
+PAYLOAD = b'{"v":1}\nbody'
+HOUR = 3_600_000
+
+
+def _req(
+    task_id: str,
+    ms: int,
+    key: str | None = None,
+    on_key: str = "keep",
+    tags: tuple[str, ...] = (),
+    hold_ms: int = 0,
+) -> ParkRequest:
+    return ParkRequest(task_id, Due("a", ms), PAYLOAD, mark=Mark(key, on_key, tags, hold_ms))
+
+
+def _call(app: Celery, task: str, task_id: str, ms: int, key: str, on_key: str) -> ParkRequest:
+    """The request that parks a call of *task* (with its template) under *key*."""
+    call = app.tasks[task]
+    _, messages = capture(app, lambda p: call.apply_async((1, 2), producer=p, task_id=task_id))
+    (request,) = park_requests(app, messages, Due("a", ms))
+    assert request.template is not None
+    return dataclasses.replace(request, mark=Mark(key, on_key, (), 0))
+
+
+def _parked(client: redis.Redis) -> dict[str, int]:
+    return {m.decode(): int(s) for m, s in client.zrange(SHARD0.due, 0, -1, withscores=True)}
+
+
+def _marks(client: redis.Redis) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in client.hgetall(SHARD0.marks).items()}
+
+
+def _template_refs(client: redis.Redis) -> dict[str, int]:
+    fields = client.hgetall(SHARD0.templates)
+    return {k.decode()[1:]: int(v) for k, v in fields.items() if k.startswith(b"#")}
+
+
+@pytest.fixture
+def store(app: Celery) -> Store:
+    return store_for(app)
+
+
+@pytest.fixture
+def calls(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
+    """Every EVALSHA the store's client sends: (sha, number of keys, keys and args)."""
+    seen: list[tuple[object, ...]] = []
+    original = store.client.evalsha
+
+    def spy(sha: str, numkeys: int, *keys_and_args: object) -> object:
+        seen.append((sha, numkeys, *keys_and_args))
+        return original(sha, numkeys, *keys_and_args)
+
+    monkeypatch.setattr(store.client, "evalsha", spy)
+    return seen
+
+
+# -- a held key ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["keep", "until_finished"])
+def test_keep_parks_nothing_while_the_key_is_held_and_answers_the_holders_due_time(
+    store: Store, redis_client: redis.Redis, mode: str
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    # The holder takes the second slot of its millisecond: its due ms is the score // 1024
+    park_marked(store, [_req("first-of-ms", at)])
+    assert park_marked(store, [_req("holder", at, "k", mode, ("t",))]) == [
+        Parked("holder", at, True)
+    ]
+
+    again = park_marked(store, [_req("second", at + 5000, "k", mode, ("u",))])
+
+    assert again == [Parked("holder", at, False)]
+    assert set(_parked(redis_client)) == {"first-of-ms", "holder"}
+    assert _marks(redis_client) == {"i:holder": f"{mode[0]}0\nk\nt", "k:k": "holder"}
+    assert tagged_ids(store, "u") == []
+    assert check_marks(store) == []
+
+
+@pytest.mark.parametrize("mode", ["replace", "debounce"])
+def test_replace_takes_the_parked_holder_out_with_its_marks_and_template_count(
+    app: Celery, store: Store, redis_client: redis.Redis, mode: str
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    holder = dataclasses.replace(
+        _call(app, "tests.record", "holder", at, "k", mode),
+        mark=Mark("k", mode, ("old",), 0),
+    )
+    park_marked(store, [holder, _call(app, "tests.record", "other", at, "j", mode)])
+    assert list(_template_refs(redis_client).values()) == [2]
+
+    reply = park_marked(store, [_call(app, "tests.add", "new", at + 1000, "k", mode)])
+
+    assert reply == [Parked("new", at + 1000, True)]
+    assert set(_parked(redis_client)) == {"other", "new"}
+    assert not redis_client.hexists(SHARD0.msg, "holder")
+    assert key_holder(store, "k") == ("new", None)
+    assert tagged_ids(store, "old") == []
+    assert "i:holder" not in _marks(redis_client)
+    assert sorted(_template_refs(redis_client).values()) == [1, 1]
+    assert check_marks(store) == []
+
+
+def test_within_one_batch_keep_parks_the_first_and_answers_its_due_time_for_the_rest(
+    app: Celery, store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    first = _call(app, "tests.record", "first", at, "k", "keep")
+    # The second's template (another task) is used by no entry parked: not stored
+    second = _call(app, "tests.add", "second", at + 1000, "k", "keep")
+
+    assert park_marked(store, [first, second]) == [
+        Parked("first", at, True),
+        Parked("first", at, False),
+    ]
+
+    assert set(_parked(redis_client)) == {"first"}
+    assert first.template is not None
+    assert second.template is not None
+    assert _template_refs(redis_client) == {first.template.id: 1}
+    assert redis_client.hget(SHARD0.templates, first.template.id) == first.template.record
+    assert not redis_client.hexists(SHARD0.templates, second.template.id)
+
+
+def test_within_one_batch_replace_parks_only_the_last_call_of_a_key(
+    app: Celery, store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    park_marked(store, [_req("parked-before", at, "k", "replace", ("t",))])
+    first = _call(app, "tests.add", "first", at + 1000, "k", "replace")
+    last = _call(app, "tests.record", "last", at + 2000, "k", "replace")
+
+    assert park_marked(store, [first, last]) == [
+        Parked("last", at + 2000, False),
+        Parked("last", at + 2000, True),
+    ]
+
+    assert set(_parked(redis_client)) == {"last"}
+    assert key_holder(store, "k") == ("last", None)
+    assert tagged_ids(store, "t") == []
+    assert first.template is not None
+    assert last.template is not None
+    assert _template_refs(redis_client) == {last.template.id: 1}
+    assert redis_client.hget(SHARD0.templates, last.template.id) == last.template.record
+    assert check_marks(store) == []
+
+
+def test_a_call_under_the_holders_own_id_keeps_its_record_or_moves_it_in_place(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    park_marked(store, [_req("holder", at, "k", "keep", ("t",))])
+
+    # keep: nothing parked, and the holder keeps its key and tags (the
+    # reply's due ms is not checked: it says -1 here, see docs/mutation.rst)
+    (kept,) = park_marked(store, [_req("holder", at + 1000, "k", "keep", ("u",))])
+    assert (kept.task_id, kept.parked) == ("holder", False)
+    assert _parked(redis_client) == {"holder": at * 1024}
+    assert _marks(redis_client) == {"i:holder": "k0\nk\nt", "k:k": "holder"}
+    assert tagged_ids(store, "t") == ["holder"]
+
+    # replace: re-parked where it is, not taken out first: the earliest due
+    # time does not move earlier, so the companions are not woken
+    with wake_ups(redis_client) as seen:
+        assert park_marked(store, [_req("holder", at, "k", "replace")]) == [
+            Parked("holder", at, True)
+        ]
+    assert seen == []
+    assert _marks(redis_client) == {"i:holder": "r0\nk", "k:k": "holder"}
+
+
+# -- a holder being released ----------------------------------------------------------
+
+
+def test_replace_never_takes_out_a_holder_being_released(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    now = redis_ms(redis_client)
+    park_marked(store, [_req("in-flight", now - 1000, "k", "replace", ("t",))])
+    claimed = store.claim(0, limit=10, lease_ms=HOUR)
+    assert [e.task_id for e in claimed.entries] == ["in-flight"]
+
+    # keep: the holder is no longer parked, so no due time
+    assert park_marked(store, [_req("kept-out", now + HOUR, "k", "keep")]) == [
+        Parked("in-flight", None, False)
+    ]
+    reply = park_marked(store, [_req("new", now + HOUR, "k", "replace")])
+
+    assert reply == [Parked("new", now + HOUR, True)]
+    assert (redis_client.hget(SHARD0.msg, "in-flight") or b"").endswith(b'"v":1}\nbody')
+    assert redis_client.zscore(SHARD0.lease, "in-flight") is not None
+    assert _marks(redis_client)["i:in-flight"] == "r0\nk\nt"
+    assert tagged_ids(store, "t") == ["in-flight"]
+    assert key_holder(store, "k") == ("new", None)
+
+
+def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    now = redis_ms(redis_client)
+    park_marked(store, [_req("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
+    park_marked(store, [_req("ends", now - 1000, "e", "until_finished", hold_ms=0)])
+    claimed = store.claim(0, limit=10, lease_ms=HOUR)
+    assert store.ack(0, claimed.token, ["runs", "ends"]) == 2
+    holder = key_holder(store, "k")
+    assert holder is not None
+    assert holder[0] == "runs"
+    assert holder[1] is not None
+
+    # Released and running: kept, and a replace cannot stop it
+    assert park_marked(store, [_req("waits", now + HOUR, "k", "until_finished")]) == [
+        Parked("runs", None, False)
+    ]
+    assert park_marked(store, [_req("replaces", now + HOUR, "k", "replace")]) == [
+        Parked("replaces", now + HOUR, True)
+    ]
+    # A hold that ended is free
+    assert park_marked(store, [_req("after", now + HOUR, "e", "until_finished")]) == [
+        Parked("after", now + HOUR, True)
+    ]
+    assert set(_parked(redis_client)) == {"replaces", "after"}
+    assert key_holder(store, "e") == ("after", None)
+
+
+def test_replace_leaves_parked_the_retry_of_a_holder_that_runs(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    now = redis_ms(redis_client)
+    park_marked(store, [_req("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
+    claimed = store.claim(0, limit=10, lease_ms=HOUR)
+    assert store.ack(0, claimed.token, ["runs"]) == 1
+    # The running task parks itself again under its id (a retry), without the key
+    park_marked(store, [_req("runs", now + HOUR)])
+
+    assert park_marked(store, [_req("new", now + HOUR, "k", "replace")]) == [
+        Parked("new", now + HOUR, True)
+    ]
+
+    assert set(_parked(redis_client)) == {"runs", "new"}
+    assert redis_client.hexists(SHARD0.msg, "runs")
+
+
+# -- the index -----------------------------------------------------------------------
+
+
+def test_an_id_parked_again_gives_up_its_old_key_and_tags(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    park_marked(store, [_req("a", at, "old", "keep", ("t1", "t2")), _req("b", at, "b", "keep")])
+
+    assert park_marked(store, [_req("a", at + 1, "new", "replace", ("t2", "t3"))]) == [
+        Parked("a", at + 1, True)
+    ]
+    assert key_holder(store, "old") is None
+    assert key_holder(store, "new") == ("a", None)
+    assert (tagged_ids(store, "t1"), tagged_ids(store, "t2"), tagged_ids(store, "t3")) == (
+        [],
+        ["a"],
+        ["a"],
+    )
+
+    # Parked again under its id with no mark at all: no record left, nor key, nor tags
+    assert park_marked(store, [_req("a", at + 2), _req("b", at + 2, "b", "replace")]) == [
+        Parked("a", at + 2, True),
+        Parked("b", at + 2, True),
+    ]
+    assert _marks(redis_client) == {"i:b": "r0\nb", "k:b": "b"}
+    assert redis_client.zcard(SHARD0.tagged) == 0
+    assert _parked(redis_client) == {"a": (at + 2) * 1024, "b": (at + 2) * 1024 + 1}
+    assert check_marks(store) == []
+
+
+def test_only_a_marked_entry_gets_a_record_and_each_tag_lists_it(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    reply = park_marked(
+        store,
+        [
+            _req("plain", at),
+            _req("tagged", at, tags=("x", "y")),
+            _req("one-tag", at, tags=("z",)),
+            _req("keyed", at, "k"),
+        ],
+    )
+
+    assert [p.parked for p in reply] == [True, True, True, True]
+    assert _marks(redis_client) == {
+        "i:tagged": "-0\n\nx\ny",
+        "i:one-tag": "-0\n\nz",
+        "i:keyed": "k0\nk",
+        "k:k": "keyed",
+    }
+    # All scored 0: a tag's members are read by lexical range
+    assert redis_client.zrange(SHARD0.tagged, 0, -1, withscores=True) == [
+        (b"x\ntagged", 0),
+        (b"y\ntagged", 0),
+        (b"z\none-tag", 0),
+    ]
+
+
+def test_a_keyed_park_wakes_the_companions_when_the_earliest_due_time_moves_earlier(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    with wake_ups(redis_client) as seen:
+        park_marked(store, [_req("later", at + 1000, "k1")])
+        park_marked(store, [_req("held", at, "k1"), _req("earlier", at, "k2", tags=("t",))])
+    assert seen == [str(at + 1000).encode(), str(at).encode()]
+
+
+# -- retries and refusals --------------------------------------------------------------
+
+
+def test_a_retried_call_answers_what_the_first_did_and_parks_nothing_again(
+    store: Store, redis_client: redis.Redis, calls: list[tuple[object, ...]]
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    park_marked(store, [_req("holder", at, "k")])
+    first = park_marked(store, [_req("a", at + 1, "k", "replace", ("t",)), _req("b", at, "k")])
+    assert first == [Parked("a", at + 1, True), Parked("a", at + 1, False)]
+    park_call = calls[-1]
+    marker = str(park_call[2 + 5])
+    assert redis_client.pttl(marker) > 60_000
+    # Cancelled meanwhile: the retry must not park it (nor its key, nor its tags) again
+    assert store.cancel(["a"]) == [True]
+
+    sha, numkeys, *rest = park_call
+    retried = store.client.evalsha(sha, numkeys, *rest)
+
+    assert [x.decode() if isinstance(x, bytes) else x for x in retried] == [
+        "a",
+        at + 1,
+        1,
+        "a",
+        at + 1,
+        0,
+    ]
+    assert redis_client.zcard(SHARD0.due) == 0
+    assert _marks(redis_client) == {}
+    assert redis_client.zcard(SHARD0.tagged) == 0
+
+
+def test_a_call_without_its_entry_count_or_mark_records_is_refused_before_any_write(
+    store: Store, redis_client: redis.Redis, calls: list[tuple[object, ...]]
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    park_marked(store, [_req("a", at, "k", tags=("t",)), _req("b", at, "j")])
+    sha, numkeys, *rest = calls[-1]
+    store.cancel(["a", "b"])
+    keys, args = rest[: int(numkeys)], rest[int(numkeys) :]
+    keys[5] = str(keys[5]) + ":again"  # a new call, not a retry
+
+    with pytest.raises(redis.ResponseError, match="park_keyed: no entry count"):
+        store.client.evalsha(sha, numkeys, *keys, *args[:-1], "two")
+    # One mark record short: the last entry's fields would be read as records
+    with pytest.raises(redis.ResponseError, match="park_keyed: 1 mark records for"):
+        store.client.evalsha(sha, numkeys, *keys, *args[:-2], 1)
+    with pytest.raises(redis.ResponseError, match="park_keyed: 3 mark records for"):
+        store.client.evalsha(sha, numkeys, *keys, *args[:-1], 3)
+
+    assert redis_client.zcard(SHARD0.due) == redis_client.hlen(SHARD0.msg) == 0
+    assert _marks(redis_client) == {}
+    assert not redis_client.exists(keys[5])
+
+
+@pytest.mark.parametrize(("key", "kind"), [(SHARD0.marks, "hash"), (SHARD0.tagged, "zset")])
+def test_a_marks_key_of_another_type_refuses_the_park_with_the_fix_and_writes_nothing(
+    store: Store, redis_client: redis.Redis, key: str, kind: str
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    redis_client.set(key, "something else wrote this")
+
+    with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
+        park_marked(store, [_req("a", at, "k", tags=("t",))])
+
+    assert redis_client.get(key) == b"something else wrote this"
+    assert redis_client.zcard(SHARD0.due) == redis_client.hlen(SHARD0.msg) == 0
+
+
+def test_a_due_key_of_another_type_refuses_the_park_before_the_marks_are_written(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    at = redis_ms(redis_client) + HOUR
+    park_marked(store, [_req("holder", at, "k", "keep", ("t",))])
+    redis_client.rename(SHARD0.due, "saved-due")
+    redis_client.set(SHARD0.due, "something else wrote this")
+
+    with pytest.raises(StoreRefusedError, match=r"holds a string, not a zset: something else"):
+        park_marked(store, [_req("holder", at, "new", "replace", ("u",))])
+
+    assert _marks(redis_client) == {"i:holder": "k0\nk\nt", "k:k": "holder"}
