@@ -186,10 +186,10 @@ def test_a_call_under_the_holders_own_id_keeps_its_record_or_moves_it_in_place(
     at = redis_ms(redis_client) + HOUR
     park_marked(store, [_req("holder", at, "k", "keep", ("t",))])
 
-    # keep: nothing parked, and the holder keeps its key and tags (the
-    # reply's due ms is not checked: it says -1 here, see docs/mutation.rst)
+    # keep: nothing parked, the holder keeps its key and tags, and the
+    # reply says when it is due (regression: it said -1, "not parked")
     (kept,) = park_marked(store, [_req("holder", at + 1000, "k", "keep", ("u",))])
-    assert (kept.task_id, kept.parked) == ("holder", False)
+    assert kept == Parked("holder", at, False)
     assert _parked(redis_client) == {"holder": at * 1024}
     assert _marks(redis_client) == {"i:holder": "k0\nk\nt", "k:k": "holder"}
     assert tagged_ids(store, "t") == ["holder"]

@@ -157,7 +157,9 @@ for e = 1, n do
   end
   local key = keyof[e]
   local h = key ~= '' and holders[key]
-  if h and h[1] ~= id then
+  -- Kept for a holder (another entry, or this id already parked under the
+  -- key): answer the holder and its due ms.
+  if h and (h[1] ~= id or not parks[e]) then
     id = h[1]
     if h[3] then
       ms = due_of[h[3]]
