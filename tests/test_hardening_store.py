@@ -16,9 +16,10 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.admin import requeue_dead
 from celery_zdelay.store.dead_reason import DeadReason
+from celery_zdelay.store.keys import lanes_key
 from tests.conftest import AppFactory
 from tests.support.deadletters import dead_reasons
-from tests.support.keys import SHARD0
+from tests.support.keys import PREFIX, SHARD0
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -216,7 +217,9 @@ def test_a_due_time_that_is_not_a_number_moves_nothing(
     score = redis_client.zscore(DUE, task_id)
 
     with pytest.raises(redis.ResponseError, match="not a number"):
-        store.scripts.reschedule(keys=[keys.due], args=[keys.wake, task_id, "a", "nan"])
+        store.scripts.reschedule(
+            keys=[keys.due, lanes_key(PREFIX, 0)], args=[keys.wake, task_id, "a", "nan"]
+        )
 
     # leaves the entry parked where it was, with its payload.
     assert redis_client.zscore(DUE, task_id) == score
