@@ -275,6 +275,28 @@ def test_replace_leaves_parked_the_retry_of_a_holder_that_runs(
     assert redis_client.hexists(SHARD0.msg, "runs")
 
 
+def test_a_running_holder_parks_its_own_retry_under_its_key_and_no_one_else_does(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    now = redis_ms(redis_client)
+    park_marked(store, [_req("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
+    claimed = store.claim(0, limit=10, lease_ms=HOUR)
+    assert store.ack(0, claimed.token, ["runs"]) == 1
+
+    # The running task retries under its own id with its key (transparent
+    # mode's retry(countdown=)): parked, and holding the key as parked
+    assert park_marked(store, [_req("runs", now + HOUR, "k", "until_finished")]) == [
+        Parked("runs", now + HOUR, True)
+    ]
+    assert set(_parked(redis_client)) == {"runs"}
+    assert key_holder(store, "k") == ("runs", None)
+    # while another id with the key is still kept out
+    assert park_marked(store, [_req("other", now + HOUR, "k", "keep")]) == [
+        Parked("runs", now + HOUR, False)
+    ]
+    assert set(_parked(redis_client)) == {"runs"}
+
+
 # -- the index -----------------------------------------------------------------------
 
 
