@@ -257,13 +257,18 @@ def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
     assert key_holder(store, "e") == ("after", None)
 
 
+def _released_and_running(store: Store, now: int, task_id: str, key: str) -> None:
+    """Park *task_id* holding *key* until finished, then release it: it runs, holding the key."""
+    park_marked(store, [_req(task_id, now - 1000, key, "until_finished", hold_ms=HOUR)])
+    claimed = store.claim(0, limit=10, lease_ms=HOUR)
+    assert store.ack(0, claimed.token, [task_id]) == 1
+
+
 def test_replace_leaves_parked_the_retry_of_a_holder_that_runs(
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
-    park_marked(store, [_req("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
-    claimed = store.claim(0, limit=10, lease_ms=HOUR)
-    assert store.ack(0, claimed.token, ["runs"]) == 1
+    _released_and_running(store, now, "runs", "k")
     # The running task parks itself again under its id (a retry), without the key
     park_marked(store, [_req("runs", now + HOUR)])
 
@@ -279,9 +284,7 @@ def test_a_running_holder_parks_its_own_retry_under_its_key_and_no_one_else_does
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
-    park_marked(store, [_req("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
-    claimed = store.claim(0, limit=10, lease_ms=HOUR)
-    assert store.ack(0, claimed.token, ["runs"]) == 1
+    _released_and_running(store, now, "runs", "k")
 
     # The running task retries under its own id with its key (transparent
     # mode's retry(countdown=)): parked, and holding the key as parked
