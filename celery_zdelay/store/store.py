@@ -124,6 +124,9 @@ class Store:
         self._bulk_limit: int | None = None
         #: Scripts whose every command this client's ACL user may run.
         self._allowed: set[str] = set()
+        #: The held-set names last read per shard: what a reschedule passes
+        #: first (the script asks for a fresh read when they changed).
+        self._lanes_seen: dict[int, list[str]] = {}
 
     def close(self) -> None:
         """Close the connections to Redis."""
@@ -353,11 +356,13 @@ class Store:
         # move cannot fail it: a refusal wrote nothing.
         with store_errors(self.url):
             self.ensure_allowed(keys.due, "reschedule")
+            # A held entry is looked for in the held sets of the lanes last
+            # seen (none at first): an entry in the due set, the common case,
+            # needs no read of them. The script answers -2 when the shard has
+            # a lane not given and the entry was not found: then they are read
+            # (lanes come one per control name: this ends).
+            lanes = self._lanes_seen.get(shard, [])
             while True:
-                # A held entry is looked for in the held sets of the shard's
-                # lanes; the script answers -2 when a lane was added since the
-                # read (lanes come one per control name: this ends).
-                lanes = self.lanes(shard)
                 reply = int(
                     self.scripts.reschedule(
                         keys=[
@@ -371,12 +376,15 @@ class Store:
                 )
                 if reply != _LANES_CHANGED:
                     return None if reply < 0 else reply
+                lanes = self.lanes(shard)
 
     def lanes(self, shard: int) -> list[str]:
         """Return the names of the controls with a held set on *shard*, sorted."""
         with store_errors(self.url):
             names = self.client.smembers(lanes_key(self.config.key_prefix, shard))
-        return sorted(name.decode() if isinstance(name, bytes) else str(name) for name in names)
+        lanes = sorted(name.decode() if isinstance(name, bytes) else str(name) for name in names)
+        self._lanes_seen[shard] = lanes
+        return lanes
 
     # -- companions -----------------------------------------------------------
 
