@@ -29,7 +29,7 @@ from celery_zdelay.config import get_config
 from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.store import Store, admin
 from celery_zdelay.testing import RedisServer
-from celery_zdelay.web import create_app
+from celery_zdelay.web import create_app, queries
 from tests.conftest import BACKEND_DB, BROKER_DB, RECORD_DB
 from tests.helpers import ROOT, CeleryProcess, wait_for
 from tests.project import close_app, make_app
@@ -471,4 +471,37 @@ def test_tags_are_listed_and_steered_by_the_documented_users(
     # Then only the other order's task is left, and nobody was refused anything
     assert celery_zdelay.lookup(other, app=producer) is not None
     assert all(celery_zdelay.lookup(t, app=producer) is None for t in tagged)
+    assert [d for d in denials(store_server) if "config|get" not in d] == []
+
+
+def test_the_dashboard_user_pages_through_entries_sharing_one_score(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # Regression: the documented users lacked ZRANK, which the next page of a
+    # run of entries sharing one score (a bulk park) reads its place with.
+    producer, companion, dashboard = documented_users(make_acl_app, store_server)
+    record = producer.tasks["tests.record"]
+    ids = [record.apply_delayed((i,), countdown=600).id for i in range(12)]
+    truth = superuser_store(store_server)
+    try:
+        due_key = truth.keys(0).due
+        score = int(truth.client.zscore(due_key, ids[0]))
+        truth.client.zadd(due_key, dict.fromkeys(ids, score), xx=True)
+    finally:
+        truth.close()
+
+    for user in (dashboard, companion):  # a dashboard with actions runs as the companion
+        store = Store(get_config(user))
+        try:
+            seen: list[str] = []
+            cursor = None
+            for _ in range(10):
+                page = queries.parked_page(store, queries.Filters(), after=cursor, limit=5)
+                seen += [entry.task_id for entry in page.entries]
+                cursor = page.next
+                if cursor is None:
+                    break
+        finally:
+            store.close()
+        assert sorted(seen) == sorted(ids)  # each once
     assert [d for d in denials(store_server) if "config|get" not in d] == []

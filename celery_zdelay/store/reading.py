@@ -240,7 +240,7 @@ def _rank_in_slot(store: Store, due: str, position: Position) -> int:
     too large, so the scan starts a page's worth before it (the entries read
     again are skipped by id).
     """
-    with store.client.pipeline(transaction=False) as pipe:
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         pipe.zscore(due, position.task_id)
         pipe.zrank(due, position.task_id)
         pipe.zcount(due, "-inf", f"({position.score}")
