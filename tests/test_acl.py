@@ -481,9 +481,14 @@ def test_the_dashboard_user_pages_through_entries_sharing_one_score(
     # run of entries sharing one score (a bulk park) reads its place with.
     producer, companion, dashboard = documented_users(make_acl_app, store_server)
     record = producer.tasks["tests.record"]
-    ids = [record.apply_delayed((i,), countdown=600).id for i in range(12)]
     truth = superuser_store(store_server)
     try:
+        # Twelve ids on one shard, so that two pages end inside the run of one score
+        candidates = (str(uuid.uuid4()) for _ in range(400))
+        ids = [i for i in candidates if truth.shard_of(i) == 0][:12]
+        assert len(ids) == 12
+        for i, task_id in enumerate(ids):
+            record.apply_delayed((i,), countdown=600, task_id=task_id)
         due_key = truth.keys(0).due
         score = int(truth.client.zscore(due_key, ids[0]))
         truth.client.zadd(due_key, dict.fromkeys(ids, score), xx=True)
