@@ -94,6 +94,11 @@ def test_a_bucket_written_ahead_of_the_redis_clock_does_not_refill_backwards(
 
     assert control.take_tokens(NAME, SLOW, 5)[0] == 3
 
+    # Not even a millisecond's worth at a token a millisecond
+    fast = parse_limit("1000/s", burst=10)
+    redis_client.hset(BUCKET, mapping={"level": "3.5", "ms": str(redis_ms(redis_client) + HOUR)})
+    assert control.take_tokens(NAME, fast, 9)[0] == 3
+
 
 def test_a_bucket_that_cannot_be_read_is_full_again(
     control: ControlStore, redis_client: redis.Redis
@@ -108,8 +113,7 @@ def test_tokens_given_back_return_up_to_the_burst(
     control: ControlStore, redis_client: redis.Redis
 ) -> None:
     assert control.take_tokens(NAME, SLOW, 5) == (5, 0)
-    # Giving back grants nothing and waits for nothing
-    assert control.take_tokens(NAME, SLOW, -2) == (0, 0)
+    control.give_back(NAME, SLOW, 2)
     assert 2 <= _level(redis_client) < 2 + SLACK
     assert control.take_tokens(NAME, SLOW, 5)[0] == 2
 

@@ -117,7 +117,7 @@ class ControlStore:
         with store_errors(self.store.url):
             granted, wait_ms = self._take(
                 keys=[self.keys.bucket(self.prefix, name)],
-                args=[_per_ms(limit), limit.burst, wanted],
+                args=[_per_ms(limit), limit.burst, wanted, 0],
                 client=self.store.client,
             )
         return int(granted), int(wait_ms)
@@ -129,7 +129,7 @@ class ControlStore:
         with store_errors(self.store.url):
             self._take(
                 keys=[self.keys.bucket(self.prefix, name)],
-                args=[_per_ms(limit), limit.burst, -unused],
+                args=[_per_ms(limit), limit.burst, 0, unused],
                 client=self.store.client,
             )
 

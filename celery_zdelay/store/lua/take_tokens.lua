@@ -11,12 +11,14 @@
 -- KEYS[1] bucket hash   level -> tokens in the bucket at ms; ms -> Redis ms
 -- ARGV[1] tokens added per ms (the limit's rate)
 -- ARGV[2] burst: most tokens the bucket holds
--- ARGV[3] tokens wanted; a negative number gives that many back
+-- ARGV[3] tokens wanted (0 when only giving back)
+-- ARGV[4] unused tokens given back first (0 when only taking)
 -- returns {tokens granted, ms until the next whole token (0 when all were granted)}
 if redis.replicate_commands then redis.replicate_commands() end
 
 local bucket = KEYS[1]
-local per_ms, burst, wanted = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local per_ms, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local wanted, returned = tonumber(ARGV[3]), tonumber(ARGV[4])
 zdelay_expect(bucket, 'hash')
 local now_ms = zdelay_now_ms()
 local stored = redis.call('HMGET', bucket, 'level', 'ms')
@@ -25,17 +27,15 @@ if not level or not since then
   -- A new (or expired) bucket is full: nothing was released for a while.
   level, since = burst, now_ms
 end
-if now_ms > since then level = level + (now_ms - since) * per_ms end
-if level > burst then level = burst end
+-- Time only adds tokens: a bucket written ahead of this clock (a failover to
+-- a node whose clock is behind) gains none until the clock passes it, and
+-- never more than the burst, however long it was left.
+level = math.min(burst, level + math.max(0, now_ms - since) * per_ms + returned)
 
-local granted, wait_ms = 0, 0
-if wanted < 0 then
-  level = math.min(burst, level - wanted)
-else
-  granted = math.min(wanted, math.floor(level))
-  level = level - granted
-  if granted < wanted then wait_ms = math.max(1, math.ceil((1 - level) / per_ms)) end
-end
+local granted = math.min(wanted, math.floor(level))
+level = level - granted
+local wait_ms = 0
+if granted < wanted then wait_ms = math.max(1, math.ceil((1 - level) / per_ms)) end
 redis.call('HSET', bucket, 'level', tostring(level), 'ms', tostring(now_ms))
 -- A bucket left alone refills to full; past that time it need not exist.
 redis.call('PEXPIRE', bucket, math.ceil(burst / per_ms) + 60000)
