@@ -7,7 +7,9 @@ parking order in its 1024 sequence slots (the last one shared once full);
 each payload is stamped with when it was parked, once; a retried call
 (same marker) returns the first call's due times and parks nothing again;
 a re-park takes over an id being released; template counts follow what is
-parked; handoff destinations are listed once; the companions wake only
+parked; handoff destinations are listed once, however many entries of
+one call name them; the leased hash is needed (and checked) only by a
+re-park of an id being released; the companions wake only
 when the earliest due time moves earlier; and a key of another type
 refuses the park with the fix, before anything is written.
 """
@@ -251,6 +253,32 @@ def test_a_re_park_of_a_leased_id_checks_the_leased_hash_before_it_writes(
 
     assert redis_client.zscore(SHARD0.lease, "a") is not None
     assert redis_client.zcard(SHARD0.due) == 0
+
+
+def test_a_park_that_takes_over_no_leased_id_does_not_need_the_leased_hash(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # A leased hash someone else overwrote stops what needs it (above), not new work
+    _string_at(SHARD0.leased)(redis_client)
+    at = redis_ms(redis_client) + HOUR
+
+    store_for(app).park([_at("a", at), _at("b", at)])
+
+    assert _score(redis_client, "a") < _score(redis_client, "b")
+    assert redis_client.get(SHARD0.leased) == b"something else wrote this"
+
+
+def test_a_batch_of_ten_thousand_entries_for_one_queue_names_it_once(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # One SADD argument per destination: Redis's Lua unpacks at most 8,000
+    at = redis_ms(redis_client) + HOUR
+    ids = [f"t{n}" for n in range(10_000)]
+
+    store_for(app).park([_at(i, at, dest="q1") for i in ids])
+
+    assert redis_client.smembers(SHARD0.dests) == {b"q1"}
+    assert redis_client.zcard(SHARD0.due) == redis_client.hlen(SHARD0.msg) == len(ids)
 
 
 def test_a_batch_another_shard_cannot_take_is_refused_on_every_shard_before_any_writes(

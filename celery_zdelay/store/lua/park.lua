@@ -49,10 +49,10 @@ local function stamped(payload)
   -- exactly as the handoff pushes it.
   if byte(payload, 3) == 98 then return payload end  -- b
   if byte(payload, 3) == 112 then  -- p
-    local restamped, found = gsub(payload, '^{"p":%d+,', stamp, 1)
+    local restamped, found = gsub(payload, '^{"p":%d+,', stamp)
     if found == 1 then return restamped end
   end
-  return (gsub(payload, '^{', stamp, 1))
+  return (gsub(payload, '^{', stamp))
 end
 
 -- Same-millisecond entries keep parking order: each takes the next of the
@@ -75,7 +75,7 @@ local function score_for(due_ms)
     earlier[due_ms] = top_score ~= nil
     if top_score and top_score >= lo then score = top_score + 1 else score = lo end
   end
-  if score > lo + 1023 then score = lo + 1023 end
+  score = math.min(score, lo + 1023)
   last_seq[due_ms] = score
   return score
 end
@@ -91,7 +91,7 @@ end
 local created, delta, keep, holds = {}, {}, {}, {}
 local entries = {}
 local refs
-local lowest, wake = nil, false
+local lowest, wake  -- set by the first entry: its score, and whether nothing is due before it
 -- Template counts read here, for zdelay_refs_plan (false: no count).
 local counts = {}
 local function read()
