@@ -510,3 +510,19 @@ def test_the_dashboard_user_pages_through_entries_sharing_one_score(
             store.close()
         assert sorted(seen) == sorted(ids)  # each once
     assert [d for d in denials(store_server) if "config|get" not in d] == []
+
+
+def test_a_dashboard_with_actions_browses_every_page_as_the_companion_user(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer
+) -> None:
+    # The docs run a dashboard with actions (and the CLI's steering) as the
+    # companion's user: its rule must also read every page the dashboard has.
+    producer, companion, _ = documented_users(make_acl_app, store_server)
+    kept = producer.tasks["tests.record"].apply_delayed((0,), countdown=600)
+
+    client = Client(create_app(companion, actions=True))
+    for path in ("/", "/parked", "/dead", "/periodic", f"/entry?id={kept.id}"):
+        reply = client.get(path)
+        assert reply.status_code == 200, (path, reply.get_data(as_text=True)[:300])
+    assert run(companion, "dead", "list").exit_code == 0
+    assert [d for d in denials(store_server) if "config|get" not in d] == []
