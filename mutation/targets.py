@@ -151,10 +151,29 @@ _STEERING = (
 _HELD = "tests/test_held_steering.py"
 
 LUA = (
+    # Loaded in front of every script: the scripts' kill tests exercise it.
     Target(
         "_guard.lua",
         _STORE + "_guard.lua",
-        ("tests/test_hardening_store.py", "tests/test_store_refusals.py"),
+        (
+            "tests/test_store_refusals.py",
+            _PARK,
+            _PARK_KEYED,
+            *_ACK,
+            _CLAIM,
+            _HANDOFF,
+            *_STEERING[:1],
+            "tests/test_mutation_kills_reschedule_held_lua.py",
+            "tests/test_mutation_kills_hold_lua.py",
+            "tests/test_mutation_kills_take_tokens_lua.py",
+            *_OWN,
+            _PAUSE,
+            _WITHDRAW,
+            _DEFINE,
+            _ADVANCE,
+            "tests/test_mutation_kills_record_runs_lua.py",
+            "tests/test_hardening_store.py",
+        ),
     ),
     Target("_expand.lua", _STORE + "_expand.lua", ("tests/test_entry_format.py", *_RELEASE)),
     Target(
