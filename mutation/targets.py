@@ -156,6 +156,7 @@ LUA = (
         "_guard.lua",
         _STORE + "_guard.lua",
         (
+            "tests/test_mutation_kills_guard_lua.py",
             "tests/test_store_refusals.py",
             _PARK,
             _PARK_KEYED,

@@ -31,14 +31,14 @@ local function zdelay_expect_counter(key)
 end
 
 -- Raise, before any write, when field *field* of hash *key* (checked to be
--- a hash) holds something HINCRBY cannot count on; return its value.
+-- a hash) holds something HINCRBY cannot count on: up to 18 digits, it can
+-- always add one.
 local function zdelay_expect_field_counter(key, field)
   local value = redis.call('HGET', key, field)
   if value and not (string.match(value, '^%d+$') and #value <= 18) then
     error({err = 'WRONGTYPE celery-zdelay counter ' .. field .. ' of ' .. key .. ' holds ' ..
       string.sub(value, 1, 40) .. ', not a count: delete that field (HDEL)'})
   end
-  return tonumber(value or 0)
 end
 
 -- *value* as a number ZADD takes, or nil: tonumber() also reads "nan",

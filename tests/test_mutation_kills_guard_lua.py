@@ -1,0 +1,98 @@
+"""The checks every script runs before its first write refuse what would fail it, and say what.
+
+Pins the lines of ``store/lua/_guard.lua`` (loaded in front of every
+script; see docs/mutation.rst) that the scripts' own kill tests do not
+reach, on a private Redis, no worker or companion: a batch parked across
+three shards is refused on every shard, before any writes, when any one of
+the last shard's six keys holds another type; a counter field (a periodic
+schedule's version) counts up to 18 digits, which ``HINCRBY`` can always add
+one to, and is refused beyond; and a counter that cannot count is quoted in
+the refusal by its first 40 characters.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_zdelay.errors import StoreRefusedError
+from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.definition import Definition, from_beat_entry
+from celery_zdelay.periodic.store import PeriodicStore
+from celery_zdelay.schedule import Due
+from celery_zdelay.store import ParkRequest
+from tests.conftest import AppFactory
+from tests.support.clock import redis_ms
+from tests.support.keys import SHARD0
+from tests.support.store import ids_on_shard
+
+pytestmark = pytest.mark.timeout(60)
+
+HOUR = 3_600_000
+#: What someone else wrote, longer than a refusal quotes.
+LONG = "something else wrote this, and went on writing well past forty characters"
+
+
+def _schedule(name: str, seconds: float) -> Definition:
+    return from_beat_entry(name, {"task": "tests.record", "schedule": seconds}, source="config")
+
+
+@pytest.mark.parametrize(
+    ("kind", "wrong_type"),
+    [
+        ("due", "zset"),
+        ("msg", "hash"),
+        ("lease", "zset"),
+        ("leased", "hash"),
+        ("dests", "set"),
+        ("templates", "hash"),
+    ],
+)
+def test_a_batch_over_three_shards_is_refused_before_any_write_when_the_last_cannot_take_it(
+    make_test_app: AppFactory, kind: str, wrong_type: str
+) -> None:
+    app = make_test_app(conf={"zdelay_shards": 3})
+    store = store_for(app)
+    client = store.client
+    ids = [ids_on_shard(store, shard, 1)[0] for shard in (0, 1, 2)]
+    at = redis_ms(client) + HOUR
+    # The last shard is the second other shard each of the first two checks
+    client.set(getattr(store.keys(2), kind), "something else wrote this")
+
+    with pytest.raises(StoreRefusedError, match=f"holds a string, not a {wrong_type}"):
+        store.park([ParkRequest(i, Due("a", at), b'{"v":1}\nbody', "q1") for i in ids])
+
+    for shard in (0, 1):
+        keys = store.keys(shard)
+        assert client.zcard(keys.due) == client.hlen(keys.msg) == client.scard(keys.dests) == 0
+
+
+def test_a_counter_field_counts_up_to_eighteen_digits_and_is_refused_beyond(app: Celery) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    client = periodic_store.store.client
+    assert periodic_store.put(_schedule("a", 10.0), writer="api") is True
+
+    client.hset(periodic_store.keys.versions, "a", "9" * 18)
+    assert periodic_store.put(_schedule("a", 20.0), writer="api") is True
+    assert periodic_store.snapshot().pointers["a"].version == 10**18
+
+    client.hset(periodic_store.keys.versions, "a", "1" * 19)
+    with pytest.raises(StoreRefusedError, match=f"counter a of .* holds {'1' * 19}, not a count"):
+        periodic_store.put(_schedule("a", 30.0), writer="api")
+    assert periodic_store.snapshot().definitions["a"] == _schedule("a", 20.0)
+
+
+def test_a_counter_that_cannot_count_is_quoted_by_its_first_forty_characters(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    store = store_for(app)
+    redis_client.set(SHARD0.tags, LONG)
+    with pytest.raises(StoreRefusedError, match=f"holds {LONG[:40]}, not a count: delete"):
+        store.claim(0, limit=1, lease_ms=HOUR)
+
+    periodic_store = PeriodicStore(store)
+    assert periodic_store.put(_schedule("a", 10.0), writer="api") is True
+    redis_client.hset(periodic_store.keys.versions, "a", LONG)
+    with pytest.raises(StoreRefusedError, match=f"holds {LONG[:40]}, not a count: delete"):
+        periodic_store.put(_schedule("a", 20.0), writer="api")
