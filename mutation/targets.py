@@ -180,7 +180,12 @@ LUA = (
     Target(
         "_expand.lua",
         _STORE + "_expand.lua",
-        (_HANDOFF, "tests/test_entry_format.py", *_RELEASE),
+        (
+            "tests/test_mutation_kills_expand_lua.py",
+            _HANDOFF,
+            "tests/test_entry_format.py",
+            *_RELEASE,
+        ),
     ),
     Target(
         "park.lua",

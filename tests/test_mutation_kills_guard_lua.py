@@ -4,7 +4,10 @@ Pins the lines of ``store/lua/_guard.lua`` (loaded in front of every
 script; see docs/mutation.rst) that the scripts' own kill tests do not
 reach, on a private Redis, no worker or companion: a batch parked across
 three shards is refused on every shard, before any writes, when any one of
-the last shard's six keys holds another type; a counter field (a periodic
+the last shard's six keys holds another type; a keyed park is refused
+before its key is recorded when the destination set cannot take its
+queue; an entry whose due time is neither absolute nor relative is
+refused; a counter field (a periodic
 schedule's version) counts up to 18 digits, which ``HINCRBY`` can always add
 one to, and is refused beyond; and a counter that cannot count is quoted in
 the refusal by its first 40 characters.
@@ -17,11 +20,13 @@ import redis
 from celery import Celery
 
 from celery_zdelay.errors import StoreRefusedError
+from celery_zdelay.keys import Mark
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import Definition, from_beat_entry
 from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest
+from celery_zdelay.store.marks import park_marked
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -96,3 +101,30 @@ def test_a_counter_that_cannot_count_is_quoted_by_its_first_forty_characters(
     redis_client.hset(periodic_store.keys.versions, "a", LONG)
     with pytest.raises(StoreRefusedError, match=f"holds {LONG[:40]}, not a count: delete"):
         periodic_store.put(_schedule("a", 20.0), writer="api")
+
+
+def test_a_keyed_park_is_refused_before_its_key_is_recorded_when_the_queue_set_cannot_take_it(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    redis_client.set(SHARD0.dests, "something else wrote this")
+    at = redis_ms(redis_client) + HOUR
+    request = ParkRequest("a", Due("a", at), b'{"v":1}\nbody', "q1", mark=Mark("k", "keep", (), 0))
+
+    with pytest.raises(StoreRefusedError, match="holds a string, not a set: something else"):
+        park_marked(store_for(app), [request])
+
+    assert redis_client.keys("*") == [SHARD0.dests.encode()]
+
+
+def test_an_entry_whose_due_time_is_neither_absolute_nor_relative_is_refused(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    store = store_for(app)
+    at = redis_ms(redis_client) + HOUR
+    keys, args = store.park_arguments(0, [ParkRequest("t1", Due("a", at), b'{"v":1}\nbody')])
+    args[args.index("t1") + 1] = "x"  # the entry's mode follows its id
+
+    with pytest.raises(redis.ResponseError, match="entry t1 has no valid due time"):
+        store.scripts.park(keys=keys, args=args, client=store.client)
+
+    assert redis_client.zcard(SHARD0.due) == 0
