@@ -55,6 +55,8 @@ _DEFINE = "tests/test_mutation_kills_define_lua.py"
 _PARK = "tests/test_mutation_kills_park_lua.py"
 _PARK_KEYED = "tests/test_mutation_kills_park_keyed_lua.py"
 _HANDOFF = "tests/test_mutation_kills_handoff_lua.py"
+_UNCLAIM_RECOVER = "tests/test_mutation_kills_unclaim_recover_lua.py"
+_PUSH = "tests/test_mutation_kills_push_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -208,7 +210,12 @@ LUA = (
         _STORE + "handoff.lua",
         (_HANDOFF, *_RELEASE, "tests/test_hardening_signing.py"),
     ),
-    Target("push.lua", _STORE + "push.lua", (*_RELEASE, "tests/test_hardening_signing.py")),
+    # Leased (signed) entries pushed into the Redis broker's lists as verified, once.
+    Target(
+        "push.lua",
+        _STORE + "push.lua",
+        (_PUSH, *_RELEASE, "tests/test_hardening_signing.py"),
+    ),
     Target(
         "ack.lua",
         _STORE + "ack.lua",
@@ -226,12 +233,17 @@ LUA = (
         _STORE + "take_tokens.lua",
         ("tests/test_mutation_kills_take_tokens_lua.py", "tests/test_rate_limits.py"),
     ),
+    # A lease ends: given back (unclaim) or expired (recover), due again at its own score.
     Target(
         "unclaim.lua",
         _STORE + "unclaim.lua",
-        ("tests/test_crash_recovery.py", "tests/test_hardening_publish.py"),
+        (_UNCLAIM_RECOVER, "tests/test_crash_recovery.py", "tests/test_hardening_publish.py"),
     ),
-    Target("recover.lua", _STORE + "recover.lua", ("tests/test_crash_recovery.py",)),
+    Target(
+        "recover.lua",
+        _STORE + "recover.lua",
+        (_UNCLAIM_RECOVER, "tests/test_crash_recovery.py"),
+    ),
     Target("deadletter.lua", _STORE + "deadletter.lua", ("tests/test_security.py", *_ADMIN)),
     Target("cancel.lua", _STORE + "cancel.lua", (*_STEERING, _HELD)),
     Target(
