@@ -202,7 +202,12 @@ LUA = (
         ("tests/test_crash_recovery.py", "tests/test_hardening_publish.py"),
     ),
     Target("recover.lua", _STORE + "recover.lua", ("tests/test_crash_recovery.py",)),
-    Target("deadletter.lua", _STORE + "deadletter.lua", ("tests/test_security.py", *_ADMIN)),
+    # Dead letters: what moves where, the reasons, the marks kept for a requeue.
+    Target(
+        "deadletter.lua",
+        _STORE + "deadletter.lua",
+        ("tests/test_mutation_kills_deadletter_lua.py", "tests/test_security.py", *_ADMIN),
+    ),
     Target("cancel.lua", _STORE + "cancel.lua", (*_STEERING, _HELD)),
     Target(
         "reschedule.lua",
