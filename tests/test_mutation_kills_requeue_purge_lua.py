@@ -371,3 +371,26 @@ def test_a_key_of_another_type_refuses_the_purge_before_anything_moves(
     assert redis_client.hget(SHARD0.dead_msg, entry) == died
     assert redis_client.hexists(SHARD0.marks, f"d:{entry}")
     assert _count(redis_client, template) == 1
+
+
+def test_two_dead_letters_of_one_key_requeued_together_leave_one_holder(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given two entries of one key that died in turn (the key was free again
+    # once the first died, so the second parked under it)
+    store, (first,) = _dead(app, [{"key": "order:1", "tags": ["shop"]}])
+    _, (second,) = _dead(app, [{"key": "order:1"}])
+    assert {f.decode() for f in redis_client.hkeys(SHARD0.marks)} == {f"d:{first}", f"d:{second}"}
+    first_record = redis_client.hget(SHARD0.marks, f"d:{first}")
+
+    # When both are requeued in one call
+    assert admin.requeue_dead(store, [first, second]) == [True, True]
+
+    # Then the first takes the key back and the second is parked without it,
+    # as if they had been requeued one after the other: one entry per key
+    assert key_holder(store, "order:1") == (first, None)
+    assert redis_client.hget(SHARD0.marks, f"i:{first}") == first_record
+    assert redis_client.hget(SHARD0.marks, f"i:{second}") == b"-0\n"
+    assert check_marks(store) == []
+    kept = app.tasks["tests.record"].apply_delayed(("third",), countdown=600, key="order:1")
+    assert kept.id == first
