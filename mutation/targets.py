@@ -141,6 +141,7 @@ _PERIODIC_TESTS = (
     "tests/test_periodic_hardening.py",
 )
 _ADMIN = ("tests/test_admin.py",)
+_REQUEUE_PURGE = "tests/test_mutation_kills_requeue_purge_lua.py"
 _WITHDRAW = "tests/test_mutation_kills_withdraw_lua.py"
 _PAUSE = "tests/test_mutation_kills_pause_lua.py"
 _STEERING = (
@@ -214,8 +215,9 @@ LUA = (
         _STORE + "reschedule.lua",
         ("tests/test_mutation_kills_reschedule_held_lua.py", *_STEERING, _HELD),
     ),
-    Target("requeue.lua", _STORE + "requeue.lua", _ADMIN),
-    Target("purge.lua", _STORE + "purge.lua", _ADMIN),
+    # Dead letters requeued (payload, keys, tags) or purged (template counts).
+    Target("requeue.lua", _STORE + "requeue.lua", (_REQUEUE_PURGE, *_ADMIN)),
+    Target("purge.lua", _STORE + "purge.lua", (_REQUEUE_PURGE, *_ADMIN)),
     Target(
         "own.lua",
         _STORE + "own.lua",
