@@ -50,7 +50,8 @@ def test_each_entry_this_claim_leases_is_dead_lettered_with_its_reason_and_paylo
     store, token, (keyed, tagged, plain) = _claimed(
         app, [{"key": "order:1", "tags": ["shop", "eu"]}, {"tags": ["shop"]}, {}]
     )
-    other = app.tasks["tests.record"].apply_delayed(("theirs",), countdown=0, key="order:2")
+    # Ids only: an AsyncResult kept in a failing test's frame outlives Redis
+    other = app.tasks["tests.record"].apply_delayed(("theirs",), countdown=0, key="order:2").id
     other_token = store.claim(0, limit=1, lease_ms=HOUR).token
     payloads = {i: redis_client.hget(SHARD0.msg, i) for i in (keyed, tagged, plain)}
     records = {i: redis_client.hget(SHARD0.marks, f"i:{i}") for i in (keyed, tagged)}
@@ -60,7 +61,7 @@ def test_each_entry_this_claim_leases_is_dead_lettered_with_its_reason_and_paylo
         (keyed, _reason("foreign entry")),
         ("nowhere", _reason("not leased at all")),
         (tagged, _reason("bad signature")),
-        (other.id, _reason("another claim's")),
+        (other, _reason("another claim's")),
         (plain, _reason("message missing")),
     ]
 
@@ -78,19 +79,19 @@ def test_each_entry_this_claim_leases_is_dead_lettered_with_its_reason_and_paylo
     }
     # Gone from the lease, the leased hash and the messages; the other
     # claim's entry is where it was
-    assert [m.decode() for m in redis_client.zrange(SHARD0.lease, 0, -1)] == [other.id]
-    assert [f.decode() for f in redis_client.hkeys(SHARD0.leased)] == [other.id]
-    assert [f.decode() for f in redis_client.hkeys(SHARD0.msg)] == [other.id]
-    assert redis_client.hget(SHARD0.leased, other.id).endswith(f" {other_token}".encode())
+    assert [m.decode() for m in redis_client.zrange(SHARD0.lease, 0, -1)] == [other]
+    assert [f.decode() for f in redis_client.hkeys(SHARD0.leased)] == [other]
+    assert [f.decode() for f in redis_client.hkeys(SHARD0.msg)] == [other]
+    assert redis_client.hget(SHARD0.leased, other).endswith(f" {other_token}".encode())
     # Key given up, tags left, records kept for a requeue
     assert key_holder(store, "order:1") is None
-    assert key_holder(store, "order:2") == (other.id, None)
+    assert key_holder(store, "order:2") == (other, None)
     assert tagged_ids(store, "shop") == tagged_ids(store, "eu") == []
     assert redis_client.hgetall(SHARD0.marks) == {
         f"d:{keyed}".encode(): records[keyed],
         f"d:{tagged}".encode(): records[tagged],
-        f"i:{other.id}".encode(): redis_client.hget(SHARD0.marks, f"i:{other.id}"),
-        b"k:order:2": other.id.encode(),
+        f"i:{other}".encode(): redis_client.hget(SHARD0.marks, f"i:{other}"),
+        b"k:order:2": other.encode(),
     }
     assert check_marks(store) == []
 
