@@ -143,6 +143,7 @@ _PERIODIC_TESTS = (
     "tests/test_periodic_hardening.py",
 )
 _ADMIN = ("tests/test_admin.py",)
+_REQUEUE_PURGE = "tests/test_mutation_kills_requeue_purge_lua.py"
 _WITHDRAW = "tests/test_mutation_kills_withdraw_lua.py"
 _PAUSE = "tests/test_mutation_kills_pause_lua.py"
 _STEERING = (
@@ -244,15 +245,21 @@ LUA = (
         _STORE + "recover.lua",
         (_UNCLAIM_RECOVER, "tests/test_crash_recovery.py"),
     ),
-    Target("deadletter.lua", _STORE + "deadletter.lua", ("tests/test_security.py", *_ADMIN)),
+    # Dead letters: what moves where, the reasons, the marks kept for a requeue.
+    Target(
+        "deadletter.lua",
+        _STORE + "deadletter.lua",
+        ("tests/test_mutation_kills_deadletter_lua.py", "tests/test_security.py", *_ADMIN),
+    ),
     Target("cancel.lua", _STORE + "cancel.lua", (*_STEERING, _HELD)),
     Target(
         "reschedule.lua",
         _STORE + "reschedule.lua",
         ("tests/test_mutation_kills_reschedule_held_lua.py", *_STEERING, _HELD),
     ),
-    Target("requeue.lua", _STORE + "requeue.lua", _ADMIN),
-    Target("purge.lua", _STORE + "purge.lua", _ADMIN),
+    # Dead letters requeued (payload, keys, tags) or purged (template counts).
+    Target("requeue.lua", _STORE + "requeue.lua", (_REQUEUE_PURGE, *_ADMIN)),
+    Target("purge.lua", _STORE + "purge.lua", (_REQUEUE_PURGE, *_ADMIN)),
     Target(
         "own.lua",
         _STORE + "own.lua",

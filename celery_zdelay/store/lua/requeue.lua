@@ -35,8 +35,10 @@ for i = 2, #ARGV do
   end
 end
 -- A requeued entry gets its tags back, and its key unless another entry
--- took the key meanwhile (that one keeps it; this one is parked without).
-local restore = {}
+-- took the key meanwhile (that one keeps it; this one is parked without),
+-- or an entry before it in this call takes it back: two dead letters of one
+-- key requeued together leave one holder, as one after the other would.
+local restore, taken = {}, {}
 if marks and #chosen > 0 and redis.call('EXISTS', marks) == 1 then
   zdelay_expect(marks, 'hash', tagged, 'zset')
   for _, entry in ipairs(chosen) do
@@ -46,8 +48,10 @@ if marks and #chosen > 0 and redis.call('EXISTS', marks) == 1 then
       local takes_key = false
       if key ~= '' then
         local holder, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
-        takes_key = not holder or (until_ms ~= nil and until_ms <= now_ms)
-        if not takes_key then
+        takes_key = not taken[key] and (not holder or (until_ms ~= nil and until_ms <= now_ms))
+        if takes_key then
+          taken[key] = true
+        else
           record = '-0\n'
           for _, tag in ipairs(tags) do record = record .. '\n' .. tag end
         end
