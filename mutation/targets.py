@@ -55,6 +55,7 @@ _DEFINE = "tests/test_mutation_kills_define_lua.py"
 _PARK = "tests/test_mutation_kills_park_lua.py"
 _PARK_KEYED = "tests/test_mutation_kills_park_keyed_lua.py"
 _HANDOFF = "tests/test_mutation_kills_handoff_lua.py"
+_PARK_ONCE = "tests/test_mutation_kills_park_once_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -217,7 +218,7 @@ LUA = (
         (*_OWN, "tests/test_shard_leases.py"),
         quick=_OWN,
     ),
-    Target("_pointer.lua", _PERIODIC + "_pointer.lua", _PERIODIC_TESTS),
+    Target("_pointer.lua", _PERIODIC + "_pointer.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
     Target(
         "_withdraw.lua",
         _PERIODIC + "_withdraw.lua",
@@ -234,7 +235,7 @@ LUA = (
         (_ADVANCE, *_PERIODIC_TESTS),
     ),
     Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
-    Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
+    Target("park_once.lua", _PERIODIC + "park_once.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
     # The last run of each schedule, recorded once and only over an older one.
     Target(
         "record_runs.lua",
