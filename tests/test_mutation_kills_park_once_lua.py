@@ -21,7 +21,9 @@ one due (``ms <= now``, the very millisecond included) or, with none due,
 from now; a pointer that cannot be read, or lists what is not an
 occurrence (not a pair, an id that is not a string, a time that is not a
 number), stops neither a pause nor a change, and the occurrences it does
-list are still taken back.
+list are still taken back. The companion's own reader of pointers
+(:meth:`Pointer.from_json`, in :meth:`PeriodicStore.snapshot`) leaves such
+a pointer out too, and reads every other schedule.
 """
 
 from __future__ import annotations
@@ -395,3 +397,31 @@ def test_what_a_pointer_lists_that_is_not_an_occurrence_is_left_out(
         assert _parked(redis_client) == set()
         pointer = periodic.snapshot().pointers["a"]
         assert (pointer.ms, pointer.inclusive) == (now - 1_000, True)
+
+
+@pytest.mark.parametrize(
+    "pointer",
+    [
+        "null",
+        "7",
+        '"a"',
+        "[1, 2]",
+        '{"v": 1, "ms": 5, "ids": [[1]]}',
+        '{"v": 1, "ms": 5, "ids": [5]}',
+    ],
+    ids=["null", "number", "string", "list", "short-pair", "not-a-pair"],
+)
+def test_a_pointer_that_cannot_be_read_leaves_the_other_schedules_served(
+    app: Celery, redis_client: redis.Redis, pointer: str
+) -> None:
+    # The companion's pass reads every schedule in one snapshot: one pointer
+    # it cannot read leaves that schedule unserved (as define.lua and
+    # pause.lua read it: none), not every schedule
+    periodic = _defined(app).periodic
+    assert periodic.put(_entry(name="b"), writer="api")
+    redis_client.hset(periodic.keys.pointers, "a", pointer)
+
+    snap = periodic.snapshot()
+
+    assert set(snap.definitions) == {"a", "b"}
+    assert set(snap.pointers) == {"b"}
