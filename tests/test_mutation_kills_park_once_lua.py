@@ -111,7 +111,7 @@ def test_an_occurrence_is_parked_once_and_remembered_from_when_it_was_parked(
     assert set(_ticks(redis_client)) == {first, second}
     assert _ticks(redis_client)[first] == remembered[first]
     assert _parked(redis_client) == {first, second}
-    # Released since (nothing of it parked any more): still not parked again
+    # Gone from the due set since (as once released): still not parked again
     periodic.store.cancel([first])
     assert periodic.park_once(_request(server, first, tick, template=template)) is False
     assert _parked(redis_client) == {second}
