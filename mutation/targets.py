@@ -57,6 +57,7 @@ _PARK_KEYED = "tests/test_mutation_kills_park_keyed_lua.py"
 _HANDOFF = "tests/test_mutation_kills_handoff_lua.py"
 _UNCLAIM_RECOVER = "tests/test_mutation_kills_unclaim_recover_lua.py"
 _PUSH = "tests/test_mutation_kills_push_lua.py"
+_PARK_ONCE = "tests/test_mutation_kills_park_once_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -176,6 +177,11 @@ LUA = (
             _DEFINE,
             _ADVANCE,
             "tests/test_mutation_kills_record_runs_lua.py",
+            _PARK_ONCE,
+            _PUSH,
+            _UNCLAIM_RECOVER,
+            "tests/test_mutation_kills_deadletter_lua.py",
+            "tests/test_mutation_kills_requeue_purge_lua.py",
             "tests/test_hardening_store.py",
         ),
     ),
@@ -266,7 +272,7 @@ LUA = (
         (*_OWN, "tests/test_shard_leases.py"),
         quick=_OWN,
     ),
-    Target("_pointer.lua", _PERIODIC + "_pointer.lua", _PERIODIC_TESTS),
+    Target("_pointer.lua", _PERIODIC + "_pointer.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
     Target(
         "_withdraw.lua",
         _PERIODIC + "_withdraw.lua",
@@ -283,7 +289,7 @@ LUA = (
         (_ADVANCE, *_PERIODIC_TESTS),
     ),
     Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
-    Target("park_once.lua", _PERIODIC + "park_once.lua", _PERIODIC_TESTS),
+    Target("park_once.lua", _PERIODIC + "park_once.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
     # The last run of each schedule, recorded once and only over an older one.
     Target(
         "record_runs.lua",

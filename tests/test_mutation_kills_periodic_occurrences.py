@@ -180,19 +180,26 @@ def test_a_long_outage_of_a_crontab_counts_every_missed_occurrence() -> None:
 
 
 def test_an_inclusive_plan_runs_the_occurrence_at_the_pointer_whatever_the_policy() -> None:
-    # An interval: the pointer is an occurrence; a crontab: the pointer is on its calendar.
+    # An interval: the pointer is an occurrence; a crontab: the pointer is on
+    # its calendar; a relative interval under a millisecond: every
+    # millisecond is an occurrence, so the one before the pointer is not it.
     start = next_after(EVERY_5_MIN, T)
-    for sched, pointer, period in ((EVERY_10S, T, 10 * SECOND), (EVERY_5_MIN, start, 5 * MINUTE)):
+    tiny = schedule(timedelta(microseconds=400), relative=True)
+    for sched, pointer, period in (
+        (EVERY_10S, T, 10 * SECOND),
+        (EVERY_5_MIN, start, 5 * MINUTE),
+        (tiny, T, 1),
+    ):
         now = pointer + 3 * period
         result = plan(
-            sched, pointer_ms=pointer, now_ms=now, horizon_ms=1, missed="skip", inclusive=True
+            sched, pointer_ms=pointer, now_ms=now, horizon_ms=0, missed="skip", inclusive=True
         )
         skipped = [pointer + k * period for k in (1, 2, 3)]
         assert result == Plan(
             park=[pointer, now + period], skipped=3, pointer_ms=now + period, missed=skipped
         )
         # Not inclusive: the occurrence at the pointer was parked already.
-        plain = plan(sched, pointer_ms=pointer, now_ms=now, horizon_ms=1, missed="skip")
+        plain = plan(sched, pointer_ms=pointer, now_ms=now, horizon_ms=0, missed="skip")
         assert plain == Plan(
             park=[now + period], skipped=3, pointer_ms=now + period, missed=skipped
         )

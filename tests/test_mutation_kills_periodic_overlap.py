@@ -6,15 +6,17 @@ for ``allow``), read from the message's headers however Celery hands them
 to the task, and :func:`start_run` on a private Redis in this process, the
 task's request pushed as a worker pushes it: the first run holds the
 schedule's key for ``zdelay_overlap_timeout`` (by default
-``zdelay_key_hold_seconds``), an occurrence starting meanwhile is skipped
-and counted (``skip``) or waits for the run to end (``buffer_one``), an
-eager call or one without an id holds nothing, and a store out of reach
-lets the occurrence run. The stories through real workers are in
+``zdelay_key_hold_seconds``, also for a timeout header that is not a
+positive count), an occurrence starting meanwhile is skipped and counted
+(``skip``) or waits for the run to end (``buffer_one``) and then logs
+that it waited (only then), an eager call or one without an id holds
+nothing, and a store out of reach lets the occurrence run. The stories through real workers are in
 test_periodic_overlap.py.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -24,6 +26,7 @@ from celery.exceptions import Ignore
 
 from celery_zdelay.keys import release_key
 from celery_zdelay.parking import store_for
+from celery_zdelay.periodic import overlap
 from celery_zdelay.periodic.definition import Definition, from_beat_entry
 from celery_zdelay.periodic.overlap import (
     OVERLAP_HEADER,
@@ -148,6 +151,27 @@ def test_without_an_overlap_timeout_the_key_is_held_for_the_key_hold(
     assert before + 120_000 <= until <= redis_ms(store.client) + 120_000
 
 
+@pytest.mark.parametrize(
+    ("timeout", "held_ms"),
+    [(1, 1), (0, 120_000), (-5, 120_000), ("5000", 120_000), (None, 120_000)],
+    ids=["1-ms", "zero", "negative", "not-a-number", "none"],
+)
+def test_an_overlap_timeout_header_of_a_positive_count_is_the_hold_else_the_key_hold(
+    make_test_app: AppFactory, timeout: Any, held_ms: int
+) -> None:
+    # Definitions give at least 1 ms; a message written otherwise (by hand,
+    # by another producer) holds the key for the worker's key hold
+    app = make_test_app(conf={"zdelay_key_hold_seconds": 120})
+    store = store_for(app)
+    headers = {**overlap_headers(_schedule("skip")), OVERLAP_TIMEOUT_HEADER: timeout}
+    before = redis_ms(store.client)
+
+    _start(app, "first", headers)
+
+    until = _held_until(store, "first")
+    assert before + held_ms <= until <= redis_ms(store.client) + held_ms
+
+
 def test_an_eager_call_or_one_without_an_id_holds_nothing(app: Celery) -> None:
     headers = overlap_headers(_schedule("skip", 5))
     _start(app, "eager", headers, is_eager=True)
@@ -177,6 +201,30 @@ def test_buffer_one_waits_for_the_run_before_it_to_end_then_runs(app: Celery) ->
     assert not waiting.is_alive()
     assert failures == []
     assert (key_holder(store_for(app), KEY) or ("",))[0] == "second"
+
+
+def test_only_an_occurrence_that_waited_logs_that_it_ran_after_the_run_before_it(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A hold of 0.3 s: the second occurrence waits for it to end, here
+    headers = overlap_headers(_schedule("buffer_one", 0.3))
+    caplog.set_level(logging.INFO, logger=overlap.__name__)
+
+    _start(app, "first", headers)
+    assert _waited_logs(caplog) == []
+    _start(app, "second", headers)
+
+    assert _waited_logs(caplog) == ["second"]
+    assert (key_holder(store_for(app), KEY) or ("",))[0] == "second"
+
+
+def _waited_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Ids of the occurrences logged as run after the run before them ended."""
+    return [
+        str(r.args[1])
+        for r in caplog.records
+        if r.name == overlap.__name__ and "ran after the run before it ended" in r.msg
+    ]
 
 
 def test_a_store_out_of_reach_lets_the_occurrence_run(make_test_app: AppFactory) -> None:

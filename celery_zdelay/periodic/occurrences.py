@@ -112,14 +112,14 @@ def plan(
                 # periods from this occurrence, so a plain interval keeps its
                 # phase (anchor + k * period) whoever jumps and whenever;
                 # calendar schedules give the same occurrences from any
-                # starting point.
-                period = interval or max(1, at - previous)
-                periods = (now_ms - 2 * period - at) // period
-                if periods > 0:
-                    at += periods * period
-                    skipped += periods
+                # starting point. A calendar period is the last gap (at
+                # least 1 ms: each occurrence is strictly after the one
+                # before); close to now, it steps on (never backwards).
+                period = interval or at - previous
+                periods = max(0, (now_ms - 2 * period - at) // period)
+                at += periods * period
+                skipped += periods
             continue
-        taken_over = False
         ahead.append(at)
         if at > now_ms + horizon_ms:
             break

@@ -60,8 +60,17 @@ class Pointer:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Pointer:
+        """Read a stored pointer; raise ValueError (or KeyError, TypeError) if it cannot be.
+
+        Whatever else wrote the field: :meth:`PeriodicStore.snapshot` leaves
+        out a pointer it cannot read, as the scripts do (``_pointer.lua``).
+        """
         data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError(f"a pointer is a JSON object, not {raw!r}")
         ids = data.get("ids")
+        if isinstance(ids, list) and not all(isinstance(p, list) and len(p) >= 2 for p in ids):
+            raise ValueError(f"a pointer lists [ms, id] pairs, not {ids!r}")
         parked = [(int(p[0]), str(p[1])) for p in ids] if isinstance(ids, list) else []
         return cls(
             version=int(data["v"]),
