@@ -6,7 +6,9 @@ front of ``handoff.lua``; see docs/mutation.rst) through
 template record is used only when it hashes to its id and reads as
 ``entry.py`` writes one: a JSON object first line whose ``c`` (1 to 255)
 counts the values, a text starting ``{"body":`` whose markers each name a
-value from 1 to ``c``. A single-part entry is pushed only when its first
+value from 1 to ``c``. A message stored whole is pushed only when the
+route record its delivery tag names hashes to its id and is one JSON
+object line (``"w": 1``) and its newline. A single-part entry is pushed only when its first
 line is a JSON object of version 1 whose ``n`` is the length of the rest.
 Anything else is not pushed and not an error: it is leased to a companion,
 which reads it fully and dead-letters what is damaged. Every template here
@@ -28,6 +30,7 @@ from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.redis_layout import RedisLayout
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ClaimResult, ParkRequest
+from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 
@@ -163,4 +166,44 @@ def test_only_single_part_entries_that_read_as_entry_py_writes_them_are_pushed(
 
     assert result.handed_ids == ["as-written"]
     assert _pushed_heads(redis_client) == [head.rpartition(b'"delivery_tag":')[0]]
+    assert [e.task_id for e in result.entries] == list(payloads)[1:]
+
+
+def test_only_route_records_that_read_as_entry_py_writes_them_route_a_message_stored_whole(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    app = make_test_app(conf={"zdelay_whole_messages": True})
+    real = _real(app)
+    assert real.template is not None
+    assert real.payload.startswith(b'{"b')
+    record = real.template.record
+    assert record.endswith(b"\n")
+    meta = json.loads(record)
+    # The record's id opens the delivery tag's last 52 bytes: id.uuid"}}
+    start = len(real.payload) - 52
+
+    def naming(rid: str) -> bytes:
+        return real.payload[:start] + rid.encode() + real.payload[start + 16 :]
+
+    forged = {
+        "as-written": record,
+        "not-an-object": b"5\n",
+        "another-form": _line({**meta, "w": 2}) + b"\n",
+        "more-after-it": record + b"more",
+    }
+    payloads = {}
+    for name, rec in forged.items():
+        rid = hashlib.sha1(rec).hexdigest()[:16]
+        redis_client.hset(SHARD0.templates, rid, rec)
+        payloads[name] = naming(rid)
+    # A record rewritten under its id: it no longer hashes to it
+    rewritten = hashlib.sha1(b"the record first written").hexdigest()[:16]
+    redis_client.hset(SHARD0.templates, rewritten, record)
+    payloads["rewritten"] = naming(rewritten)
+    assert payloads["as-written"] == real.payload
+
+    result = _handoff(app, redis_client, payloads)
+
+    assert result.handed_ids == ["as-written"]
+    assert redis_client.lrange(QUEUE, 0, -1) == [real.payload]
     assert [e.task_id for e in result.entries] == list(payloads)[1:]

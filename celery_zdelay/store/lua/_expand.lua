@@ -119,8 +119,9 @@ local function zdelay_whole_route(templates_key, rid)
   cached = false
   local record = redis.call('HGET', templates_key, rid)
   if record and string.sub(redis.sha1hex(record), 1, 16) == rid then
-    local nl = string.find(record, '\n', 1, true)
-    local ok, meta = pcall(cjson.decode, string.sub(record, 1, (nl or 0) - 1))
+    -- One JSON line and its newline (entry.py): cjson reads the newline as
+    -- trailing space, and anything after it as a record that is not ours.
+    local ok, meta = pcall(cjson.decode, record)
     if ok and type(meta) == 'table' and meta.w == 1 then
       cached = {k = meta.k, l = meta.l, tid = rid}
     end
