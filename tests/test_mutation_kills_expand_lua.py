@@ -196,6 +196,10 @@ def test_only_route_records_that_read_as_entry_py_writes_them_route_a_message_st
         rid = hashlib.sha1(rec).hexdigest()[:16]
         redis_client.hset(SHARD0.templates, rid, rec)
         payloads[name] = naming(rid)
+    # A delivery tag not in the form entry.py writes names the record: not ours
+    tag_end = len(real.payload) - 36
+    assert real.payload[tag_end : tag_end + 1] == b"."
+    payloads["tag-without-its-dot"] = real.payload[:tag_end] + b"-" + real.payload[tag_end + 1 :]
     # A record rewritten under its id: it no longer hashes to it
     rewritten = hashlib.sha1(b"the record first written").hexdigest()[:16]
     redis_client.hset(SHARD0.templates, rewritten, record)

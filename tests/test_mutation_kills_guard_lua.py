@@ -7,13 +7,17 @@ three shards is refused on every shard, before any writes, when any one of
 the last shard's six keys holds another type; a keyed park is refused
 before its key is recorded when the destination set cannot take its
 queue; an entry whose due time is neither absolute nor relative is
-refused; a counter field (a periodic
+refused; the Redis clock is read to the millisecond, never behind; a
+template without a count it can read is kept and never counted; a counter
+field (a periodic
 schedule's version) counts up to 18 digits, which ``HINCRBY`` can always add
 one to, and is refused beyond; and a counter that cannot count is quoted in
 the refusal by its first 40 characters.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import pytest
 import redis
@@ -128,3 +132,36 @@ def test_an_entry_whose_due_time_is_neither_absolute_nor_relative_is_refused(
         store.scripts.park(keys=keys, args=args, client=store.client)
 
     assert redis_client.zcard(SHARD0.due) == 0
+
+
+def test_the_redis_clock_is_read_to_the_millisecond_never_behind(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # A countdown of 0 is due at the script's Redis-now, between two reads
+    # of the clock; a reading even 1 ms behind would let an entry out early.
+    # Most calls land in the millisecond of the read before them.
+    store = store_for(app)
+    for n in range(200):
+        before = redis_ms(redis_client)
+        (due,) = store.park([ParkRequest(f"t{n}", Due("r", 0), b'{"v":1}\nbody')])
+        assert before <= due <= redis_ms(redis_client)
+
+
+def test_a_template_without_a_readable_count_is_kept_for_good_and_never_counted(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # As parked by an earlier release (no count), or with a count someone
+    # else wrote: counting from there could delete it while entries use it.
+    record = b'{"c":1}\n{"body":\x00\x01}'
+    uncounted = hashlib.sha1(record).hexdigest()[:16]
+    forged = hashlib.sha1(record + b" ").hexdigest()[:16]
+    redis_client.hset(SHARD0.templates, mapping={uncounted: record, forged: record + b" "})
+    redis_client.hset(SHARD0.templates, f"#{forged}", "1e3")
+    at = redis_ms(redis_client) + HOUR
+
+    for tid in (uncounted, forged):
+        payload = b'{"v":1,"t":"%s","n":4}\n"x"\x00' % tid.encode()
+        store_for(app).park([ParkRequest(f"uses-{tid}", Due("a", at), payload)])
+
+    assert redis_client.hget(SHARD0.templates, f"#{uncounted}") is None
+    assert redis_client.hget(SHARD0.templates, f"#{forged}") == b"1e3"

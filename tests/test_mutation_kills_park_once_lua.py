@@ -209,11 +209,14 @@ def test_an_occurrence_of_a_schedule_whose_pointer_cannot_be_read_is_refused(
         (SHARD0.due, "zset"),
         (SHARD0.msg, "hash"),
         (SHARD0.templates, "hash"),
+        (SHARD0.dests, "set"),
+        (SHARD0.lease, "zset"),
+        (SHARD0.leased, "hash"),
         (TICKS, "zset"),
         ("pointers", "hash"),
         ("paused", "set"),
     ],
-    ids=["due", "msg", "templates", "ticks", "pointers", "paused"],
+    ids=["due", "msg", "templates", "dests", "lease", "leased", "ticks", "pointers", "paused"],
 )
 def test_a_key_of_another_type_refuses_the_park_before_the_tick_is_written(
     app: Celery, redis_client: redis.Redis, key: str, kind: str

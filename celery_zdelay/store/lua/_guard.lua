@@ -175,9 +175,9 @@ local function zdelay_refs_apply(templates, plan, keep)
   end
 end
 
--- Adds one to delta[tid] (or *by*), ignoring entries without a template.
+-- Adds *by* to delta[tid], ignoring entries without a template.
 local function zdelay_count(delta, tid, by)
-  if tid then delta[tid] = (delta[tid] or 0) + (by or 1) end
+  if tid then delta[tid] = (delta[tid] or 0) + by end
 end
 
 -- Fills result[3] and result[4] of a claim or handoff reply: the due ms of
