@@ -121,6 +121,7 @@ def test_only_template_records_that_read_as_entry_py_writes_them_are_used(
         "line-not-json": (b"not json\n" + text, values),
         "newline-first": (b"\n" + record(), values),
         "not-a-body": (record(b" " + text), values),
+        "one-value-too-many": (record(), [*values, b"extra"]),
         "marker-0": (record(text + b"\x00\x00"), values),
         "marker-past-c": (record(text + b"\x00" + bytes([count + 1])), values),
     }
