@@ -165,3 +165,38 @@ def test_a_template_without_a_readable_count_is_kept_for_good_and_never_counted(
 
     assert redis_client.hget(SHARD0.templates, f"#{uncounted}") is None
     assert redis_client.hget(SHARD0.templates, f"#{forged}") == b"1e3"
+
+
+def test_a_park_without_a_template_count_is_refused_with_what_is_missing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    store = store_for(app)
+    at = redis_ms(redis_client) + HOUR
+    keys, args = store.park_arguments(0, [ParkRequest("t1", Due("a", at), b'{"v":1}\nbody')])
+    args[2] = "none"  # the number of templates the call stores
+
+    with pytest.raises(redis.ResponseError, match="park: no template count"):
+        store.scripts.park(keys=keys, args=args, client=store.client)
+
+    assert redis_client.zcard(SHARD0.due) == 0
+
+
+def test_a_keyed_batch_another_shard_cannot_take_records_no_key_on_any_shard(
+    make_test_app: AppFactory,
+) -> None:
+    app = make_test_app(conf={"zdelay_shards": 2})
+    store = store_for(app)
+    client = store.client
+    (on_0,), (on_1,) = (ids_on_shard(store, shard, 1) for shard in (0, 1))
+    at = redis_ms(client) + HOUR
+    client.set(store.keys(1).due, "something else wrote this")
+    requests = [
+        ParkRequest(i, Due("a", at), b'{"v":1}\nbody', mark=Mark(f"key-{i}", "keep", ("t",), 0))
+        for i in (on_0, on_1)
+    ]
+
+    with pytest.raises(StoreRefusedError, match="holds a string, not a zset: something else"):
+        park_marked(store, requests)
+
+    keys = store.keys(0)
+    assert client.zcard(keys.due) == client.hlen(keys.marks) == client.zcard(keys.tagged) == 0
