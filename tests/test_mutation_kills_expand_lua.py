@@ -201,6 +201,10 @@ def test_only_route_records_that_read_as_entry_py_writes_them_route_a_message_st
     tag_end = len(real.payload) - 36
     assert real.payload[tag_end : tag_end + 1] == b"."
     payloads["tag-without-its-dot"] = real.payload[:tag_end] + b"-" + real.payload[tag_end + 1 :]
+    opening = real.payload.rindex(b'"delivery_tag":"zdelay.') + len(b'"delivery_tag":"zdelay')
+    payloads["tag-opening-without-its-dot"] = (
+        real.payload[:opening] + b"-" + real.payload[opening + 1 :]
+    )
     # A record rewritten under its id: it no longer hashes to it
     rewritten = hashlib.sha1(b"the record first written").hexdigest()[:16]
     redis_client.hset(SHARD0.templates, rewritten, record)
