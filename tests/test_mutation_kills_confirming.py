@@ -159,6 +159,22 @@ def test_a_message_to_a_missing_exchange_is_refused_alone_and_the_rest_go_out(
     assert _drain(rabbitmq.url, rabbitmq.queue, 3) == good
 
 
+def test_a_channel_the_broker_closed_is_let_go_not_kept_open(
+    rabbitmq: RabbitMQ, publisher: ConfirmPublisher
+) -> None:
+    # A long-running companion meets refusals again and again: each one must
+    # not keep a channel of the connection (there are at most 2047).
+    assert publisher.publish([_message("open", rabbitmq.queue)]).accepted == [0]
+    assert publisher._connection is not None
+    channels = publisher._connection.connection.channels
+    before = len(channels)
+    missing = f"{rabbitmq.queue}-missing"
+    for i in range(3):
+        outcome = publisher.publish([_message(f"lost-{i}", rabbitmq.queue, exchange=missing)])
+        assert list(outcome.rejected) == [0]
+        assert len(channels) == before
+
+
 def test_a_nacked_message_is_neither_accepted_nor_rejected_and_the_rest_still_count(
     rabbitmq: RabbitMQ,
 ) -> None:
@@ -220,6 +236,21 @@ def test_no_confirm_within_the_broker_wait_gives_the_whole_batch_back(
     assert (outcome.accepted, outcome.rejected) == ([], {})
     assert isinstance(outcome.error, TimeoutError)
     assert str(outcome.error) == "RabbitMQ confirmed 0 of 3 messages within 1s"
+
+
+def test_the_timeout_counts_the_confirms_of_the_batch_that_came(
+    rabbitmq: RabbitMQ, publisher: ConfirmPublisher
+) -> None:
+    # Given a batch of three whose first message was confirmed (a real one)
+    # and two that never will be (counted as published, never sent),
+    assert publisher.publish([_message("first", rabbitmq.queue)]).accepted == [0]
+    confirms = publisher._confirms
+    confirms.next()
+    confirms.next()
+    publisher.broker_wait = 0.3
+    # then waiting for it says one of three came.
+    with pytest.raises(TimeoutError, match=r"^RabbitMQ confirmed 1 of 3 messages within 0.3s$"):
+        publisher._await_confirms(3)
 
 
 def test_a_channel_closed_mid_batch_gives_the_batch_back_as_a_timeout(
@@ -355,6 +386,10 @@ def test_acks_alone_in_order_and_out_of_order_settle_a_batch() -> None:
     assert _accepted(confirms, sent) == [True, True, True]
     confirms.forget_settled()
     assert (confirms._late, confirms._nacked) == (set(), set())
+    # The next message has no answer yet: the late ack counted once, not for it.
+    later = confirms.next()
+    assert not confirms.settled()
+    assert not confirms.accepted(later)
 
 
 def test_an_ack_with_multiple_answers_for_every_message_up_to_its_tag() -> None:
