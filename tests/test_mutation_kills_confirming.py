@@ -445,3 +445,17 @@ def test_a_nack_with_multiple_spares_what_was_acked_alone() -> None:
     assert not confirms.accepted(later)
     confirms.on_ack(later, False)
     assert confirms.accepted(later)
+
+
+def test_several_acks_alone_ahead_of_a_gap_all_count_once_it_is_filled() -> None:
+    confirms = Confirms()
+    sent = [confirms.next() for _ in range(4)]
+    confirms.on_ack(3, False)
+    confirms.on_ack(4, False)
+    confirms.on_ack(1, False)
+    assert not confirms.settled()
+    confirms.on_ack(2, False)  # fills the gap: 3 and 4 follow
+    assert confirms.settled()
+    assert _accepted(confirms, sent) == [True, True, True, True]
+    confirms.forget_settled()
+    assert (confirms._late, confirms._nacked) == (set(), set())
