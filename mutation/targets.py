@@ -114,7 +114,7 @@ PYTHON = (
     Target(
         "companion.publish.confirming",
         "celery_zdelay/companion/publish/confirming.py",
-        ("tests/test_hardening_publish.py", *_RELEASE),
+        ("tests/test_mutation_kills_confirming.py", "tests/test_hardening_publish.py", *_RELEASE),
     ),
     # The second-delivery guard.
     Target(

@@ -6,7 +6,11 @@ the message *and* where it goes (destination list, declared queues), by
 every way an attacker with write access to Redis could redirect it (the
 template, the route of a single-part entry, the entry's own metadata); a
 signed entry is bound to its id; every form of entry (two-part, single-part,
-an earlier release's) decodes to the same message, field for field.
+an earlier release's) decodes to the same message, field for field, equal
+to it and printed as it; the listing helpers (``entry_headers``,
+``entry_routing_key``, ``template_ref``) read an entry's headers, routing
+key and template id exactly, and a damaged entry only as "damaged" (an
+EntryError or None, never another exception that would stop a listing).
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from celery_zdelay.entry import (
     decode_entry,
     encode_entry,
     entry_headers,
+    entry_routing_key,
     expand_entry,
     parked_ms,
     template_id,
+    template_ref,
 )
 from celery_zdelay.errors import EntryError
 
@@ -385,3 +391,63 @@ def test_a_body_that_is_not_strict_base64_is_refused_as_damaged() -> None:
     meta = {**json.loads(meta_line), "n": len(broken)}
     with pytest.raises(EntryError, match="damaged payload"):
         decode_entry(json.dumps(meta).encode() + b"\n" + broken)
+
+
+def _single_part(head: bytes) -> bytes:
+    """A single-part entry whose envelope head is *head*, its length right."""
+    return json.dumps({"v": SCHEMA_VERSION, "n": len(head)}).encode() + b"\n" + head
+
+
+def test_a_decoded_message_equals_and_prints_as_the_message_parked() -> None:
+    # The envelope a message was read from is carried along (push.lua
+    # publishes it), but it is not part of what the message is: a message
+    # read back compares equal to, and prints as, the one parked.
+    message = _message()
+    payload, templates = _park(message)
+    decoded = decode_entry(payload, templates=templates.get)
+    assert decoded.envelope_head
+    assert decoded == message
+    assert repr(decoded) == repr(message)
+    assert decoded.task_id == "t-1"
+    assert decoded.task_name == "shop.cancel"
+    del message.headers["task"]
+    assert message.task_name == ""
+
+
+def test_headers_of_a_damaged_envelope_are_refused_as_damaged() -> None:
+    # The dashboard lists entries through entry_headers and shows an
+    # EntryError as the entry's error: any other exception would stop the page.
+    for head in (b"not json", b'{"headers":["'):
+        with pytest.raises(EntryError, match="damaged payload"):
+            entry_headers(_single_part(head))
+
+
+def test_the_routing_key_is_read_from_the_envelope_and_none_when_it_has_none() -> None:
+    payload, templates = _park(_message())
+    assert entry_routing_key(expand_entry(payload, templates.get)) == "orders.cancel"
+    damaged = {
+        b"not json": "ValueError",
+        b'{"properties":{"x":"': "KeyError: no delivery_info",
+        b'{"properties":{"delivery_info":"orders","x":{"y":"': "TypeError: not a mapping",
+        b'{"properties":{"delivery_info":{"routing_key":7},"delivery_tag":"': "not a string",
+    }
+    for head, why in damaged.items():
+        assert entry_routing_key(_single_part(head)) is None, why
+
+
+def test_the_template_id_is_read_from_the_metadata_line_only() -> None:
+    # A header named "t" puts '"t":"<hex>"' in the envelope itself.
+    lookalike = {"t": "abcdef0123456789"}
+    payload, templates = _park(_message(**lookalike))
+    (tid,) = templates
+    assert tid != lookalike["t"]
+    assert template_ref(payload) == tid
+    # Neither a message stored whole (no metadata line) nor a single-part
+    # entry names a template, whatever their headers hold.
+    whole, route = encode_entry(_message(**lookalike), dest="orders", whole=True)
+    assert route is not None
+    assert b'"t":"abcdef0123456789"' in whole
+    assert template_ref(whole) is None
+    single = expand_entry(payload, templates.get)
+    assert b'"t":"abcdef0123456789"' in single
+    assert template_ref(single) is None
