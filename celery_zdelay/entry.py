@@ -94,7 +94,7 @@ _MARKER = re.compile(rb"\x00(.)", re.DOTALL)
 #: How an entry stored whole starts (the envelope's first key), and how it
 #: ends: its delivery tag, naming its route record.
 _WHOLE_START = b'{"body":"'
-_WHOLE_TAG = re.compile(rb'"delivery_tag":"zdelay\.([0-9a-f]{16})\.[0-9a-f]{32}"\}\}\Z')
+_WHOLE_TAG = re.compile(rb'"delivery_tag":"zdelay\.([0-9a-f]{16})\.[0-9a-f]{32}"\}\}')
 #: The parked-at stamp park.lua writes first in the stored metadata line.
 _PARKED = re.compile(rb'\{"p":(\d{1,16}),')
 #: The template id of a metadata line (``"t":"9f86d081884c7d65"``).
@@ -247,7 +247,7 @@ def encode_entry(
         line = b'{"v":%d,"t":"%s","n":%d}' % (SCHEMA_VERSION, template.id.encode(), len(blob))
         return line + b"\n" + blob, template
     # Signed as the companion will check it: the envelope as released.
-    head = _MARKER.sub(lambda match: variables[match.group(1)[0] - 1], text)
+    head = _MARKER.sub(lambda match: variables[ord(match.group(1)) - 1], text)
     signature = entry_signature(signing_key, dest, message.declare or None, head)
     meta = {"v": SCHEMA_VERSION, "t": template.id, "n": len(blob), "s": signature}
     return metadata_line(meta) + b"\n" + blob, template
@@ -292,7 +292,7 @@ def expand_entry(payload: bytes, lookup: TemplateLookup) -> bytes:
 
 def _whole(payload: bytes, lookup: TemplateLookup | None) -> tuple[dict[str, Any], bytes]:
     """Return the single-part metadata and envelope head of an entry stored whole."""
-    found = _WHOLE_TAG.search(payload, max(0, len(payload) - 100))
+    found = _WHOLE_TAG.fullmatch(payload, len(payload) - 75)  # the tag's 75 bytes end it
     if found is None:
         raise EntryError(
             "damaged payload: a message stored whole must end with its celery-zdelay delivery tag"
@@ -349,7 +349,7 @@ def template_pieces(record: bytes) -> tuple[list[bytes], list[int]]:
     """Return the text of a template cut at its markers, and each marker's value number."""
     template_meta, text = _parsed_template(record)
     segments = _MARKER.split(text)
-    numbers = [number[0] for number in segments[1::2]]
+    numbers = [ord(number) for number in segments[1::2]]
     count = template_meta.get("c")
     if not isinstance(count, int) or any(n < 1 or n > count for n in numbers):
         raise EntryError("damaged template: a marker names a value it does not have")

@@ -266,10 +266,8 @@ class Confirms:
     def on_ack(self, delivery_tag: int, multiple: bool) -> None:
         if multiple:
             self.acked = max(self.acked, delivery_tag)
-        elif delivery_tag == self.acked + 1:
-            self.acked = delivery_tag
         else:
-            self._late.add(delivery_tag)
+            self._late.add(delivery_tag)  # counted below once no tag before it is missing
         while self.acked + 1 in self._late:
             self._late.discard(self.acked + 1)
             self.acked += 1
