@@ -164,3 +164,32 @@ def test_a_version_counter_that_cannot_count_refuses_the_whole_change_with_the_f
     snap = periodic_store.snapshot()
     assert snap.definitions == {"a": _entry("a"), "b": _entry("b")}
     assert snap.meta["hash"] == "h1"
+
+
+def test_the_entries_no_companion_serves_are_stored_with_why_kept_or_withdrawn(
+    app: Celery,
+) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    served = [_entry("a"), _entry("b")]
+    store([*served, _entry("no-module"), _entry("bad-row")], "h1", writer="c", force=False)
+
+    store(
+        served,
+        "h2",
+        writer="c",
+        force=False,
+        keep={"no-module": "no task module here"},
+        withdraw={"bad-row": "a crontab that does not parse"},
+    )
+
+    assert periodic_store.unserved() == {
+        "no-module": "no task module here",
+        "bad-row": "a crontab that does not parse",
+    }
+    # Kept as stored where this companion cannot import it; withdrawn for all
+    assert sorted(periodic_store.snapshot().definitions) == ["a", "b", "no-module"]
+    assert periodic_store.snapshot().definitions["no-module"] == _entry("no-module")
+
+    store(served, "h3", writer="c", force=False)
+    assert periodic_store.unserved() == {}
