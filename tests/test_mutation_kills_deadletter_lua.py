@@ -17,13 +17,12 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
 from tests.support.clock import redis_ms
-from tests.support.keys import SHARD0
+from tests.support.keys import SHARD0, refused_while_written_over
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -128,17 +127,9 @@ def test_a_key_of_another_type_refuses_the_dead_letter_before_anything_moves(
 ) -> None:
     store, token, (entry,) = _claimed(app, [{}])
     payload = redis_client.hget(SHARD0.msg, entry)
-    saved = redis_client.dump(key)
-    redis_client.delete(key)
-    redis_client.set(key, "something else wrote this")
-
-    with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
+    with refused_while_written_over(redis_client, key, kind):
         store.dead_letter(0, token, [(entry, _reason("refused"))])
 
-    assert redis_client.get(key) == b"something else wrote this"
-    redis_client.delete(key)
-    if saved is not None:
-        redis_client.restore(key, 0, saved)
     assert redis_client.zscore(SHARD0.lease, entry) is not None
     assert redis_client.hget(SHARD0.leased, entry).endswith(f" {token}".encode())
     assert redis_client.hget(SHARD0.msg, entry) == payload

@@ -16,14 +16,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
-from celery_zdelay.schedule import Due
-from celery_zdelay.store import ParkRequest
 from celery_zdelay.store.control import ControlStore
 from celery_zdelay.store.keys import held_key, lanes_key
-from tests.support.clock import redis_ms
-from tests.support.keys import PREFIX, SHARD0
+from tests.support.keys import PREFIX, SHARD0, refused_while_written_over
+from tests.support.store import claim_parked
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,25 +30,10 @@ HELD = held_key(PREFIX, 0, CONTROL)
 LANES = lanes_key(PREFIX, 0)
 
 
-def _claimed(app: Celery, redis_client: redis.Redis, ids: list[str]) -> tuple[int, dict[str, int]]:
-    """Park *ids* due in the past and claim them: the claim token and each id's due score."""
-    store = store_for(app)
-    now = redis_ms(redis_client)
-    store.park(
-        [ParkRequest(i, Due("a", now - 100 + n), b'{"v":1}\nbody') for n, i in enumerate(ids)]
-    )
-    scores = {
-        m.decode(): int(s) for m, s in redis_client.zrange(SHARD0.due, 0, -1, withscores=True)
-    }
-    claimed = store.claim(0, limit=len(ids), lease_ms=HOUR)
-    assert sorted(e.task_id for e in claimed.entries) == sorted(ids)
-    return claimed.token, scores
-
-
 def test_each_entry_this_claim_leases_moves_to_the_held_set_with_its_due_score(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    token, scores = _claimed(app, redis_client, ["a", "b", "c"])
+    token, scores = claim_parked(app, ["a", "b", "c"])
 
     assert ControlStore(store_for(app)).hold(0, token, CONTROL, ["a", "b", "c"]) == 3
 
@@ -65,8 +47,8 @@ def test_each_entry_this_claim_leases_moves_to_the_held_set_with_its_due_score(
 def test_entries_another_claim_leases_or_none_leases_stay_where_they_are(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    token, scores = _claimed(app, redis_client, ["mine", "also-mine"])
-    other_token, _ = _claimed(app, redis_client, ["theirs"])
+    token, scores = claim_parked(app, ["mine", "also-mine"])
+    other_token, _ = claim_parked(app, ["theirs"])
     control = ControlStore(store_for(app))
 
     assert control.hold(0, token, CONTROL, ["theirs", "nowhere", "mine"]) == 1
@@ -90,7 +72,7 @@ def test_entries_another_claim_leases_or_none_leases_stay_where_they_are(
 def test_an_entry_whose_lease_is_gone_is_not_held(app: Celery, redis_client: redis.Redis) -> None:
     # The leased hash still names the claim, but the lease itself was
     # recovered (expired): the entry is due again, not this claim's to hold
-    token, _ = _claimed(app, redis_client, ["a"])
+    token, _ = claim_parked(app, ["a"])
     redis_client.zrem(SHARD0.lease, "a")
 
     assert ControlStore(store_for(app)).hold(0, token, CONTROL, ["a"]) == 0
@@ -105,17 +87,10 @@ def test_an_entry_whose_lease_is_gone_is_not_held(app: Celery, redis_client: red
 def test_a_key_of_another_type_refuses_the_hold_before_anything_moves(
     app: Celery, redis_client: redis.Redis, key: str, kind: str
 ) -> None:
-    token, _ = _claimed(app, redis_client, ["a"])
-    saved = redis_client.dump(key)
-    redis_client.delete(key)
-    redis_client.set(key, "something else wrote this")
-
-    with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
+    token, _ = claim_parked(app, ["a"])
+    with refused_while_written_over(redis_client, key, kind):
         ControlStore(store_for(app)).hold(0, token, CONTROL, ["a"])
 
-    redis_client.delete(key)
-    if saved is not None:
-        redis_client.restore(key, 0, saved)
     assert redis_client.zscore(SHARD0.lease, "a") is not None
     assert redis_client.hexists(SHARD0.leased, "a")
     assert not redis_client.exists(HELD)

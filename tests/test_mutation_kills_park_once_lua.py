@@ -36,7 +36,6 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import Definition, from_beat_entry
 from celery_zdelay.periodic.server import PeriodicServer, occurrence_id
@@ -44,7 +43,7 @@ from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest
 from tests.support.clock import redis_ms
-from tests.support.keys import SHARD0
+from tests.support.keys import SHARD0, refused_while_written_over
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -226,16 +225,9 @@ def test_a_key_of_another_type_refuses_the_park_before_the_tick_is_written(
     key = {"pointers": periodic.keys.pointers, "paused": periodic.keys.paused}.get(key, key)
     tick = redis_ms(redis_client) + HOUR_MS
     request = _request(server, occurrence_id("a", 1, tick), tick, template=True)
-    saved = redis_client.dump(key)
-    redis_client.delete(key)
-    redis_client.set(key, "something else wrote this")
-
-    with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
+    with refused_while_written_over(redis_client, key, kind):
         periodic.park_once(request)
 
-    redis_client.delete(key)
-    if saved is not None:
-        redis_client.restore(key, 0, saved)
     assert (_parked(redis_client), _ticks(redis_client)) == (set(), {})
     # Refused, not remembered: the next pass parks it
     assert periodic.park_once(request) is True

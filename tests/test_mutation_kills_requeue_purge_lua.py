@@ -30,14 +30,13 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store, admin
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
 from tests.support.clock import redis_ms
-from tests.support.keys import SHARD0
+from tests.support.keys import SHARD0, refused_while_written_over
 from tests.support.wake import wake_ups
 
 pytestmark = pytest.mark.timeout(60)
@@ -249,17 +248,9 @@ def test_a_key_of_another_type_refuses_the_requeue_before_anything_moves(
 ) -> None:
     store, (entry,) = _dead(app, [{"tags": ["shop"]}])
     died = redis_client.hget(SHARD0.dead_msg, entry)
-    saved = redis_client.dump(key)
-    redis_client.delete(key)
-    redis_client.set(key, "something else wrote this")
-
-    with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
+    with refused_while_written_over(redis_client, key, kind):
         admin.requeue_dead(store, [entry])
 
-    assert redis_client.get(key) == b"something else wrote this"
-    redis_client.delete(key)
-    if saved is not None:
-        redis_client.restore(key, 0, saved)
     assert redis_client.zscore(SHARD0.dead, entry) is not None
     assert redis_client.hget(SHARD0.dead_msg, entry) == died
     assert redis_client.hexists(SHARD0.marks, f"d:{entry}")
@@ -356,17 +347,9 @@ def test_a_key_of_another_type_refuses_the_purge_before_anything_moves(
     store, (entry,) = _dead(app, [{"tags": ["shop"]}])
     died = redis_client.hget(SHARD0.dead_msg, entry)
     template = _template_of(died.partition(b"\n")[2])
-    saved = redis_client.dump(key)
-    redis_client.delete(key)
-    redis_client.set(key, "something else wrote this")
-
-    with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
+    with refused_while_written_over(redis_client, key, kind):
         admin.purge_dead(store, [entry])
 
-    assert redis_client.get(key) == b"something else wrote this"
-    redis_client.delete(key)
-    if saved is not None:
-        redis_client.restore(key, 0, saved)
     assert redis_client.zscore(SHARD0.dead, entry) is not None
     assert redis_client.hget(SHARD0.dead_msg, entry) == died
     assert redis_client.hexists(SHARD0.marks, f"d:{entry}")

@@ -25,31 +25,15 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
-from celery_zdelay.schedule import Due
-from celery_zdelay.store import ParkRequest, Store
+from celery_zdelay.store import Store
 from tests.support.clock import redis_ms
-from tests.support.keys import SHARD0
+from tests.support.keys import SHARD0, refused_while_written_over
+from tests.support.store import claim_parked
 
 pytestmark = pytest.mark.timeout(60)
 
 HOUR = 3_600_000
-
-
-def _claimed(app: Celery, redis_client: redis.Redis, ids: list[str]) -> tuple[int, dict[str, int]]:
-    """Park *ids* due in the past (in that order) and claim them: the token and each due score."""
-    store = store_for(app)
-    now = redis_ms(redis_client)
-    store.park(
-        [ParkRequest(i, Due("a", now - 100 + n), b'{"v":1}\nbody') for n, i in enumerate(ids)]
-    )
-    scores = {
-        m.decode(): int(s) for m, s in redis_client.zrange(SHARD0.due, 0, -1, withscores=True)
-    }
-    claimed = store.claim(0, limit=len(ids), lease_ms=HOUR)
-    assert sorted(e.task_id for e in claimed.entries) == sorted(ids)
-    return claimed.token, scores
 
 
 def _zset(client: redis.Redis, key: str) -> dict[str, int]:
@@ -77,7 +61,7 @@ def _recover(store: Store, limit: int) -> int:
 def test_each_entry_given_back_is_due_again_at_its_own_score_and_leaves_the_lease(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    token, scores = _claimed(app, redis_client, ["a", "b", "c"])
+    token, scores = claim_parked(app, ["a", "b", "c"])
 
     assert store_for(app).unclaim(0, token, ["a", "b"]) == 2
 
@@ -96,8 +80,8 @@ def test_each_entry_given_back_is_due_again_at_its_own_score_and_leaves_the_leas
 def test_only_the_claim_that_leased_an_entry_gives_it_back(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    token, scores = _claimed(app, redis_client, ["mine", "also-mine"])
-    other_token, _ = _claimed(app, redis_client, ["theirs"])
+    token, scores = claim_parked(app, ["mine", "also-mine"])
+    other_token, _ = claim_parked(app, ["theirs"])
     store = store_for(app)
     leased = redis_client.hgetall(SHARD0.leased)
     lease = _zset(redis_client, SHARD0.lease)
@@ -120,7 +104,7 @@ def test_an_entry_whose_lease_was_recovered_is_not_given_back_by_its_old_claim(
 ) -> None:
     # recover.lua took the lease away (it expired): the entry is due again,
     # and may be leased to a new claim by now; the old claim's unclaim is late
-    token, _ = _claimed(app, redis_client, ["a"])
+    token, _ = claim_parked(app, ["a"])
     redis_client.zrem(SHARD0.lease, "a")
 
     assert store_for(app).unclaim(0, token, ["a"]) == 0
@@ -136,17 +120,10 @@ def test_an_entry_whose_lease_was_recovered_is_not_given_back_by_its_old_claim(
 def test_a_key_of_another_type_refuses_the_unclaim_before_anything_moves(
     app: Celery, redis_client: redis.Redis, key: str, kind: str
 ) -> None:
-    token, _ = _claimed(app, redis_client, ["a"])
-    saved = redis_client.dump(key)
-    redis_client.delete(key)
-    redis_client.set(key, "something else wrote this")
-
-    with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
+    token, _ = claim_parked(app, ["a"])
+    with refused_while_written_over(redis_client, key, kind):
         store_for(app).unclaim(0, token, ["a"])
 
-    redis_client.delete(key)
-    if saved is not None:
-        redis_client.restore(key, 0, saved)
     assert redis_client.zscore(SHARD0.lease, "a") is not None
     assert redis_client.hexists(SHARD0.leased, "a")
     assert redis_client.zcard(SHARD0.due) == 0
@@ -158,7 +135,7 @@ def test_a_key_of_another_type_refuses_the_unclaim_before_anything_moves(
 def test_expired_leases_go_back_due_at_their_own_score_and_live_ones_stay(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    token, scores = _claimed(app, redis_client, ["a", "b", "c", "d"])
+    token, scores = claim_parked(app, ["a", "b", "c", "d"])
     now = redis_ms(redis_client)
     _expire(redis_client, {"a": now - 2_000, "b": now - 1_000})
     live = {k: v for k, v in _zset(redis_client, SHARD0.lease).items() if k in ("c", "d")}
@@ -183,7 +160,7 @@ def test_expired_leases_go_back_due_at_their_own_score_and_live_ones_stay(
 def test_at_most_limit_expired_leases_are_recovered_the_earliest_expired_first(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    _, scores = _claimed(app, redis_client, ["a", "b", "c"])
+    _, scores = claim_parked(app, ["a", "b", "c"])
     now = redis_ms(redis_client)
     # Expiry order is not due order: "c" expired first
     _expire(redis_client, {"c": now - 3_000, "a": now - 2_000, "b": now - 1_000})
@@ -198,7 +175,7 @@ def test_at_most_limit_expired_leases_are_recovered_the_earliest_expired_first(
 def test_an_expired_lease_whose_record_is_missing_or_unreadable_is_due_now(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    _claimed(app, redis_client, ["gone", "garbled"])
+    claim_parked(app, ["gone", "garbled"])
     redis_client.hdel(SHARD0.leased, "gone")
     redis_client.hset(SHARD0.leased, "garbled", "not-a-score 7")
     before = redis_ms(redis_client)
@@ -218,7 +195,7 @@ def test_an_expired_lease_whose_record_is_missing_or_unreadable_is_due_now(
 def test_a_claim_recovers_expired_leases_first_and_leases_them_again_under_its_token(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    old_token, scores = _claimed(app, redis_client, ["a", "b"])
+    old_token, scores = claim_parked(app, ["a", "b"])
     _expire(redis_client, {"a": redis_ms(redis_client) - 1_000})
     store = store_for(app)
 
@@ -240,19 +217,12 @@ def test_a_claim_recovers_expired_leases_first_and_leases_them_again_under_its_t
 def test_a_key_of_another_type_refuses_the_recovery_before_anything_moves(
     app: Celery, redis_client: redis.Redis, key: str, kind: str
 ) -> None:
-    _claimed(app, redis_client, ["a"])
+    claim_parked(app, ["a"])
     _expire(redis_client, {"a": redis_ms(redis_client) - 1_000})
-    saved = redis_client.dump(key)
-    redis_client.delete(key)
-    redis_client.set(key, "something else wrote this")
-
     # Through the claim: its recovery runs first, and refuses first
-    with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
+    with refused_while_written_over(redis_client, key, kind):
         store_for(app).claim(0, limit=10, lease_ms=HOUR)
 
-    redis_client.delete(key)
-    if saved is not None:
-        redis_client.restore(key, 0, saved)
     assert redis_client.zscore(SHARD0.lease, "a") is not None
     assert redis_client.hexists(SHARD0.leased, "a")
     assert redis_client.zcard(SHARD0.due) == 0

@@ -7,14 +7,18 @@ renamed key breaks the code and the tests together, not the tests alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
+import redis
 from celery import Celery
 
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.store.keys import ShardKeys, shard_keys
 
-__all__ = ["PREFIX", "SHARD0", "forged_tag", "keys_of"]
+__all__ = ["FOREIGN", "PREFIX", "SHARD0", "forged_tag", "keys_of", "refused_while_written_over"]
 
 #: ``zdelay_key_prefix``'s default.
 PREFIX = "zdelay"
@@ -39,3 +43,30 @@ def forged_tag(make_test_app: Callable[..., Celery], redis_client: Any) -> tuple
     honest = record.apply_delayed((2,), countdown=3600, tags=["order:9"])
     redis_client.zadd(SHARD0.tagged, {f"order:9\n{signed.id}": 0})
     return app, signed, honest
+
+
+#: What someone else wrote into a key of ours.
+FOREIGN = "something else wrote this"
+
+
+@contextmanager
+def refused_while_written_over(client: redis.Redis, key: str, kind: str) -> Iterator[None]:
+    """*key* overwritten with a string: the block's call must be refused with the fix.
+
+    The refusal names the key's type and the type the script needs
+    (*kind*), and the key still holds what was written over it: nothing
+    was written before the check. Afterwards the key is as it was.
+    """
+    saved = client.dump(key)
+    client.delete(key)
+    client.set(key, FOREIGN)
+    try:
+        with pytest.raises(
+            StoreRefusedError, match=rf"holds a string, not a {kind}: something else"
+        ):
+            yield
+        assert client.get(key) == FOREIGN.encode()
+    finally:
+        client.delete(key)
+        if saved is not None:
+            client.restore(key, 0, saved)

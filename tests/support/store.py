@@ -16,11 +16,14 @@ from celery import Celery
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
-from celery_zdelay.store import Store
+from celery_zdelay.parking import store_for
+from celery_zdelay.schedule import Due
+from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.keys import companions_key
 
 __all__ = [
     "Stock",
+    "claim_parked",
     "due_ms",
     "ids_on_shard",
     "is_parked",
@@ -125,3 +128,22 @@ def write_heartbeat(store: Store, companion_id: str, *, seen_ago_ms: int, **fiel
         **fields,
     }
     store.client.hset(companions_key(store.config.key_prefix), companion_id, json.dumps(beat))
+
+
+def claim_parked(
+    app: Celery, ids: list[str], *, lease_ms: int = 3_600_000
+) -> tuple[int, dict[str, int]]:
+    """Park *ids* due in the past (in that order) on shard 0 and claim them all.
+
+    Returns the claim's token and each id's due score.
+    """
+    store = store_for(app)
+    now = store.time_ms()
+    store.park(
+        [ParkRequest(i, Due("a", now - 100 + n), b'{"v":1}\nbody') for n, i in enumerate(ids)]
+    )
+    due = store.keys(0).due
+    scores = {m.decode(): int(s) for m, s in store.client.zrange(due, 0, -1, withscores=True)}
+    claimed = store.claim(0, limit=len(ids), lease_ms=lease_ms)
+    assert sorted(e.task_id for e in claimed.entries) == sorted(ids)
+    return claimed.token, scores
