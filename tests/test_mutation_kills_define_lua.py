@@ -193,3 +193,17 @@ def test_the_entries_no_companion_serves_are_stored_with_why_kept_or_withdrawn(
 
     store(served, "h3", writer="c", force=False)
     assert periodic_store.unserved() == {}
+
+
+def test_a_configuration_that_names_none_of_the_stored_entries_removes_each_of_them(
+    app: Celery,
+) -> None:
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    store([_entry(name) for name in "abcde"], "h1", writer="c", force=False)
+
+    status, changed = store([_entry("f")], "h2", writer="c", force=False)
+
+    assert status == "done"
+    assert sorted(changed) == [("new", "f"), *(("removed", name) for name in "abcde")]
+    assert sorted(periodic_store.snapshot().definitions) == ["f"]
