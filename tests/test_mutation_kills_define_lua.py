@@ -188,7 +188,8 @@ def test_the_entries_no_companion_serves_are_stored_with_why_kept_or_withdrawn(
         "bad-row": "a crontab that does not parse",
     }
     # Kept as stored where this companion cannot import it; withdrawn for all
-    assert sorted(periodic_store.snapshot().definitions) == ["a", "b", "no-module"]
+    snap = periodic_store.snapshot()
+    assert (sorted(snap.definitions), snap.unreadable) == (["a", "b", "no-module"], {})
     assert periodic_store.snapshot().definitions["no-module"] == _entry("no-module")
 
     store(served, "h3", writer="c", force=False)
