@@ -109,7 +109,11 @@ PYTHON = (
     Target(
         "companion.publish.redis_broker",
         "celery_zdelay/companion/publish/redis_broker.py",
-        ("tests/test_hardening_publish.py", *_RELEASE),
+        (
+            "tests/test_mutation_kills_redis_broker_publish.py",
+            "tests/test_hardening_publish.py",
+            *_RELEASE,
+        ),
     ),
     Target(
         "companion.publish.confirming",
