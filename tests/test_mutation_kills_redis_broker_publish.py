@@ -15,7 +15,9 @@ message alone, with Redis's reply as the reason, whichever of its commands
 gives the error back; a message over the server's ``proto-max-bulk-len``,
 read when the publisher connects, is rejected before it is sent
 (``_open_producer``, ``_publish_one``); a batch's failures are not carried
-into the next batch.
+into the next batch. The pipeline's bookkeeping keeps the owners of
+commands not yet flushed for the next flush, and fails a flush with a reply
+no message owns rather than drop it; ``broker_wait`` is a keyword argument.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,6 +36,7 @@ from kombu import Queue
 
 from celery_zdelay.companion.publish import RedisPublisher
 from celery_zdelay.companion.publish.generic import PublishOutcome
+from celery_zdelay.companion.publish.redis_broker import _ReplyKeepingPipeline
 from celery_zdelay.entry import TaskMessage
 from celery_zdelay.testing import RedisServer
 
@@ -273,3 +277,42 @@ def test_a_message_over_the_bulk_limit_read_on_connect_is_rejected_unsent(
     finally:
         publisher.close()
     assert _queued(client, "q") == ids
+
+
+def test_a_flush_leaves_the_owners_of_commands_it_did_not_send_for_the_next(
+    client: redis.Redis,
+) -> None:
+    # Given three commands owned (messages 0, 1, 2) of which two are in the pipeline,
+    client.set("bad", "not a list")
+    pipeline = client.pipeline(transaction=False)
+    pipeline.lpush("q", "a")
+    pipeline.lpush("bad", "b")
+    batch = SimpleNamespace(owners=[0, 1, 2], failures={})
+    replies = _ReplyKeepingPipeline(pipeline, batch).execute()
+    # the flush reads each reply for its own message, and keeps the third's owner.
+    assert replies[0] == 1
+    assert isinstance(replies[1], redis.exceptions.ResponseError)
+    assert batch.owners == [2]
+    assert list(batch.failures) == [1]
+    assert str(batch.failures[1]) == WRONGTYPE
+
+
+def test_a_reply_no_message_owns_fails_the_flush_instead_of_being_dropped(
+    client: redis.Redis,
+) -> None:
+    # An error reply with no owner would be lost (its message counted as
+    # published): the flush fails, and kombu gives the whole batch back.
+    client.set("bad", "not a list")
+    pipeline = client.pipeline(transaction=False)
+    pipeline.lpush("q", "a")
+    pipeline.lpush("bad", "b")
+    batch = SimpleNamespace(owners=[0], failures={})
+    with pytest.raises(ValueError, match="zip"):
+        _ReplyKeepingPipeline(pipeline, batch).execute()
+
+
+def test_the_broker_wait_is_a_keyword_argument(broker: RedisServer) -> None:
+    app = _app(f"{broker.url}/0")
+    with pytest.raises(TypeError):
+        RedisPublisher(app, 5.0)  # type: ignore[call-arg]
+    assert RedisPublisher(app=app, broker_wait=3.0).broker_wait == 3.0
