@@ -279,14 +279,20 @@ def test_a_message_over_the_bulk_limit_read_on_connect_is_rejected_unsent(
     assert _queued(client, "q") == ids
 
 
-def test_a_flush_leaves_the_owners_of_commands_it_did_not_send_for_the_next(
-    client: redis.Redis,
-) -> None:
-    # Given three commands owned (messages 0, 1, 2) of which two are in the pipeline,
+def _push_to_a_list_and_to_a_string(client: redis.Redis) -> Any:
+    """A pipeline of two pushes, the second to a key that is not a list (refused)."""
     client.set("bad", "not a list")
     pipeline = client.pipeline(transaction=False)
     pipeline.lpush("q", "a")
     pipeline.lpush("bad", "b")
+    return pipeline
+
+
+def test_a_flush_leaves_the_owners_of_commands_it_did_not_send_for_the_next(
+    client: redis.Redis,
+) -> None:
+    # Given three commands owned (messages 0, 1, 2) of which two are in the pipeline,
+    pipeline = _push_to_a_list_and_to_a_string(client)
     batch = SimpleNamespace(owners=[0, 1, 2], failures={})
     replies = _ReplyKeepingPipeline(pipeline, batch).execute()
     # the flush reads each reply for its own message, and keeps the third's owner.
@@ -302,10 +308,7 @@ def test_a_reply_no_message_owns_fails_the_flush_instead_of_being_dropped(
 ) -> None:
     # An error reply with no owner would be lost (its message counted as
     # published): the flush fails, and kombu gives the whole batch back.
-    client.set("bad", "not a list")
-    pipeline = client.pipeline(transaction=False)
-    pipeline.lpush("q", "a")
-    pipeline.lpush("bad", "b")
+    pipeline = _push_to_a_list_and_to_a_string(client)
     batch = SimpleNamespace(owners=[0], failures={})
     with pytest.raises(ValueError, match="zip"):
         _ReplyKeepingPipeline(pipeline, batch).execute()
