@@ -186,6 +186,7 @@ LUA = (
             _UNCLAIM_RECOVER,
             "tests/test_mutation_kills_deadletter_lua.py",
             "tests/test_mutation_kills_requeue_purge_lua.py",
+            "tests/test_mutation_kills_expand_lua.py",
             "tests/test_hardening_store.py",
         ),
     ),
