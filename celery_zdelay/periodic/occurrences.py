@@ -47,7 +47,7 @@ class Plan:
     #: Occurrence ms to park now, in order.
     park: list[int]
     #: Occurrences no companion parked in time, left out by the missed policy
-    #: (estimated from the period when a long outage was skipped over).
+    #: (estimated from the mean gap when a long outage was skipped over).
     skipped: int
     #: The newest occurrence considered (parked or not): the new pointer.
     pointer_ms: int
@@ -93,13 +93,17 @@ def plan(
     ahead: list[int] = []
     missed_at: list[int] = []
     skipped = 0
+    # The occurrences stepped one by one, the first at *first*.
+    stepped, first = 0, 0
     at = pointer_ms
     if inclusive:
         at = pointer_ms - interval if interval else pointer_ms - 1
     taken_over = inclusive
     for _ in range(MAX_STEPS):
-        previous, at = at, next_after(sched, at)
+        at = next_after(sched, at)
         if at <= now_ms:
+            stepped += 1
+            first = first or at
             if len(late) < keep or taken_over:
                 taken_over = False
                 late.append(at)
@@ -112,10 +116,13 @@ def plan(
                 # periods from this occurrence, so a plain interval keeps its
                 # phase (anchor + k * period) whoever jumps and whenever;
                 # calendar schedules give the same occurrences from any
-                # starting point. A calendar period is the last gap (at
-                # least 1 ms: each occurrence is strictly after the one
-                # before); close to now, it steps on (never backwards).
-                period = interval or at - previous
+                # starting point. A calendar period is the mean gap of the
+                # occurrences stepped so far (at least 1 ms: each is after
+                # the one before), so the count
+                # of an irregular calendar (minutes 0-4 of one hour a day)
+                # goes at its own rate, not at its shortest gap's; close to
+                # now, it steps on (never backwards).
+                period = interval or (at - first) // (stepped - 1)
                 periods = max(0, (now_ms - 2 * period - at) // period)
                 at += periods * period
                 skipped += periods
