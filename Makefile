@@ -104,10 +104,15 @@ clean:
 MUTANTS_DIR ?= /tmp/celery-zdelay-mutation
 MUTANTS_ARGS ?=
 
-.PHONY: mutants mutants-quick
+.PHONY: mutants mutants-kills mutants-quick
 
 mutants: $(STAMP)
 	MUTANTS_DIR=$(MUTANTS_DIR) $(BIN)/python -m mutation $(MUTANTS_ARGS)
+
+# Each target against its tests/test_mutation_kills_*.py files only (no worker or
+# companion starts): the per-target figures docs/mutation.rst gives.
+mutants-kills: $(STAMP)
+	MUTANTS_DIR=$(MUTANTS_DIR)-kills MUTANTS_JOBS=1 $(BIN)/python -m mutation --kills $(MUTANTS_ARGS)
 
 # The CI subset (a step of .ci/run): the targets with quick= tests in
 # mutation/targets.py, each against those tests only; fails under 90 % killed.

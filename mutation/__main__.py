@@ -2,6 +2,7 @@
 
 python -m mutation                 every target (make mutants)
 python -m mutation --quick         the CI subset (make mutants-quick)
+python -m mutation --kills         every target against its kill tests only (make mutants-kills)
 python -m mutation entry ack.lua   the named targets only
 python -m mutation --list          each target, its mutants and its tests
 """
@@ -20,7 +21,7 @@ from .lua_run import run_script
 from .python_mutants import run_module
 from .report import write
 from .run import pytest_command, run_tests
-from .targets import LUA, PYTHON, QUICK, Target, by_name
+from .targets import LUA, PYTHON, QUICK, Target, by_name, kill_tests
 from .tree import ROOT, copy_tree
 
 #: Where the scratch tree and the report go by default (outside the work tree).
@@ -31,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mutation", description=__doc__.split("\n")[0])
     parser.add_argument("targets", nargs="*", help="target names (default: all)")
     parser.add_argument("--quick", action="store_true", help="the small CI subset")
+    parser.add_argument(
+        "--kills",
+        action="store_true",
+        help="each target against its tests/test_mutation_kills_*.py files only",
+    )
     parser.add_argument("--list", action="store_true", help="list the targets and stop")
     parser.add_argument("--out", type=Path, default=SCRATCH / "report", help="report folder")
     parser.add_argument(
@@ -53,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         targets = [by_name(n) for n in args.targets]
     else:
         targets = [*PYTHON, *LUA]
+    if args.kills:
+        # The figures docs/mutation.rst gives: no worker or companion starts,
+        # so a killed mutant costs one pytest start.
+        targets = [replace(t, tests=kill_tests(t)) for t in targets]
+        for target in [t for t in targets if not t.tests]:
+            print(f"{target.name}: no kill tests, left out", flush=True)
+        targets = [t for t in targets if t.tests]
     if args.skip_tests:
         targets = [
             replace(t, tests=tuple(p for p in t.tests if p not in args.skip_tests)) for t in targets

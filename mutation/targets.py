@@ -303,6 +303,10 @@ LUA = (
     ),
 )
 
+#: The name every kill-test file starts with: tests that need no worker or companion
+#: (``--kills`` runs each target against these only).
+KILLS = "test_mutation_kills_"
+
 #: ``make mutants-quick`` (CI): the targets with *quick* tests, each run against those only.
 QUICK = tuple(t.name for t in (*PYTHON, *LUA) if t.quick)
 
@@ -314,3 +318,8 @@ def by_name(name: str) -> Target:
             return target
     names = ", ".join(t.name for t in (*PYTHON, *LUA))
     raise SystemExit(f"No mutation target {name!r}; the targets are: {names}.")
+
+
+def kill_tests(target: Target) -> tuple[str, ...]:
+    """*target*'s kill tests: its ``tests/test_mutation_kills_*.py`` files."""
+    return tuple(t for t in target.tests if t.split("::")[0].rsplit("/", 1)[-1].startswith(KILLS))

@@ -1,0 +1,48 @@
+"""The mutation run's targets: the figures docs/mutation.rst gives are reproducible.
+
+``make mutants-kills`` (``python -m mutation --kills``) runs each target
+against its kill tests only; those figures are only the ones the docs give
+while every kill-test file is mapped to a target and every target's kill
+tests are files that exist.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mutation.targets import KILLS, LUA, PYTHON, kill_tests
+from mutation.tree import ROOT
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_every_kill_test_file_is_run_by_a_target_and_exists() -> None:
+    mapped = {t.split("::")[0] for target in (*PYTHON, *LUA) for t in kill_tests(target)}
+    on_disk = {f"tests/{p.name}" for p in (ROOT / "tests").glob(f"{KILLS}*.py")}
+    assert mapped - on_disk == set()
+    assert on_disk - mapped == set()
+
+
+def test_kills_lists_each_target_with_its_kill_tests_only() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "mutation", "--kills", "--list"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=50,
+    ).stdout.splitlines()
+    rows = {
+        line.split()[0]: [w for w in line.split() if w.startswith("tests/")]
+        for line in listed
+        if not line.endswith("left out")
+    }
+    guard = next(t for t in LUA if t.name == "_guard.lua")
+    # Its other tests (store refusals, hardening) are in its whole list, not here.
+    assert set(guard.tests) - set(rows["_guard.lua"]) != set()
+    for tests in rows.values():
+        assert tests
+        assert all(t.split("/")[-1].startswith(KILLS) for t in tests)
