@@ -58,6 +58,7 @@ _HANDOFF = "tests/test_mutation_kills_handoff_lua.py"
 _UNCLAIM_RECOVER = "tests/test_mutation_kills_unclaim_recover_lua.py"
 _PUSH = "tests/test_mutation_kills_push_lua.py"
 _PARK_ONCE = "tests/test_mutation_kills_park_once_lua.py"
+_MARKS = "tests/test_mutation_kills_marks_lua.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -188,6 +189,34 @@ LUA = (
             "tests/test_mutation_kills_requeue_purge_lua.py",
             "tests/test_mutation_kills_expand_lua.py",
             "tests/test_hardening_store.py",
+        ),
+    ),
+    # Loaded in front of every script that removes entries (and of park_keyed,
+    # finish_key, start_run): the key and tag index exact after each removal.
+    Target(
+        "_marks.lua",
+        _STORE + "_marks.lua",
+        (
+            _MARKS,
+            _PARK_KEYED,
+            *_ACK,
+            *_STEERING[:1],
+            _REQUEUE_PURGE,
+            "tests/test_mutation_kills_deadletter_lua.py",
+            _HANDOFF,
+            _PUSH,
+            "tests/test_mutation_kills_periodic_overlap.py",
+        ),
+    ),
+    # A key holder a producer found forged (with signing) is forgotten, only as checked.
+    Target(
+        "drop_key.lua",
+        _STORE + "drop_key.lua",
+        (
+            _MARKS,
+            "tests/test_keys.py::test_a_forged_key_cannot_make_replace_cancel_a_signed_entry"
+            "_parked_under_another_key",
+            "tests/test_keys.py::test_a_forged_running_hold_cannot_make_keep_return_a_signed_entry",
         ),
     ),
     # The entry reader, loaded in front of handoff.lua: its kill tests read every form.
