@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
+from celery_zdelay.companion.metrics import Metrics
 from celery_zdelay.config import get_config
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import UnknownControlWarning, controls, rate_limits
@@ -25,6 +28,7 @@ from tests.control_support import BrokerTap, largest_overtake_s, most_in_any_win
 from tests.helpers import CeleryProcess, wait_for
 from tests.servers import LocalCluster
 from tests.support.cli import run
+from tests.support.clock import redis_ms
 from tests.support.keys import keys_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -258,6 +262,54 @@ def test_held_entries_stay_parked_in_redis_not_in_the_companion(
     (info,) = controls(app=app)
     assert (info.name, info.waiting, info.limit and info.limit.text) == ("queue:emails", 29, "1/m")
     assert sum(redis_client.zcard(keys_of(s).lease) for s in range(4)) == 0
+
+
+def _metric(samples: list[Any], name: str, **labels: str) -> float:
+    """Return the sum of the samples of *name* whose labels include *labels*."""
+    return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
+
+
+def _scrape(metrics: Metrics) -> list[Any]:
+    text = generate_latest(metrics.registry).decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def test_a_task_held_by_a_limit_counts_as_late_and_as_held_by_a_limit(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a limit of 1/m (burst 1) on emails, and two emails due now
+    app = _app(make_test_app, zdelay_rate_limits={"queue:emails": "1/m"})
+    record = app.tasks["tests.record"]
+    for i in range(2):
+        record.apply_delayed((i,), countdown=0, queue="emails")
+
+    with Companion(app) as comp:
+        metrics = Metrics(comp.store).connect(comp)
+        try:
+            # When a pass releases one with the token and holds the other...
+            comp.release_due()
+            throttled = _scrape(metrics)
+            # ...and the limit is lifted more than a second later
+            lift_at = redis_ms(redis_client) + 1_100
+            wait_for(lambda: redis_ms(redis_client) >= lift_at, timeout=10)
+            celery_zdelay.set_rate_limit("queue:emails", None, app=app)
+            comp.gate.refresh(comp.shards, force=True)
+            comp.release_due()
+            lifted = _scrape(metrics)
+        finally:
+            metrics.close()
+
+    # Then while throttled, the gauge and the counter name the limit as the reason
+    held = {"control": "queue:emails", "reason": "rate_limit"}
+    assert _metric(throttled, "zdelay_held_tasks", **held) == 1
+    assert _metric(throttled, "zdelay_held_total", **held) == 2
+    # And once out, the held one counts as late by the time it waited (the
+    # other went out at once): the lateness metrics show the throttling too
+    assert redis_client.llen("emails") == 2
+    assert _metric(lifted, "zdelay_release_lateness_seconds_count") == 2
+    assert _metric(lifted, "zdelay_release_lateness_seconds_bucket", le="1.0") == 1
+    assert _metric(lifted, "zdelay_release_lateness_seconds_sum") >= 1.1
+    assert _metric(lifted, "zdelay_held_tasks", **held) == 0
 
 
 # -- bad input ----------------------------------------------------------------------
