@@ -65,6 +65,7 @@ def test_a_limit_holds_across_three_companions_and_four_shards_and_spares_other_
             for i in range(300)
         ]
         others = [record.apply_delayed((i,), eta=instant) for i in range(300)]
+        parked_at = time.monotonic()
         due_ms = {r.id: round(instant.timestamp() * 1000) + i for i, r in enumerate(emails)}
         released = tap.wait_for("emails", 300, timeout=60)
         time.sleep(0.3)  # a duplicate would arrive right behind the last one
@@ -87,9 +88,11 @@ def test_a_limit_holds_across_three_companions_and_four_shards_and_spares_other_
     # ...in due order, but for entries in transit at the same moment in other
     # companions: none goes out more than a moment after one due after it
     assert largest_overtake_s(released, due_ms) < 1.0
-    # And the unlimited queue was not held back by the limited one
+    # And the unlimited queue was not held back by the limited one (counted from
+    # when the last of them was parked, if that was after they fell due: the
+    # 600 parks can take seconds on a loaded machine)
     assert Counter(a.task_id for a in unlimited) == Counter(r.id for r in others)
-    assert max(a.at for a in unlimited) - released[0].at < 3.0
+    assert max(a.at for a in unlimited) - max(released[0].at, parked_at) < 3.0
 
 
 def test_a_limit_holds_on_a_redis_cluster_store(
@@ -115,6 +118,7 @@ def test_a_limit_holds_on_a_redis_cluster_store(
         # When 160 emails and 100 other tasks fall due at once
         emails = [record.apply_delayed((i,), countdown=1.0, queue="emails") for i in range(160)]
         others = [record.apply_delayed((i,), countdown=1.0) for i in range(100)]
+        parked_at = time.monotonic()
         released = tap.wait_for("emails", 160, timeout=60)
         time.sleep(0.3)
         released = tap.of("emails")
@@ -125,7 +129,7 @@ def test_a_limit_holds_on_a_redis_cluster_store(
     assert released[-1].at - released[0].at >= (160 - 40) / 40 * 0.9
     assert most_in_any_window(released, 1.0) <= 40 + 40 + 20
     assert Counter(a.task_id for a in unlimited) == Counter(r.id for r in others)
-    assert max(a.at for a in unlimited) - released[0].at < 3.0
+    assert max(a.at for a in unlimited) - max(released[0].at, parked_at) < 3.0
 
 
 def test_a_companion_killed_while_throttled_loses_and_duplicates_nothing(
