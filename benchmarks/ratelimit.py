@@ -36,15 +36,23 @@ FREE_QUEUE = "bench-free"
 WINDOW_S = 5.0
 
 
-def run_ratelimit(sizes: Sizes, *, cluster: bool = False) -> dict[str, Any]:
-    seconds = max(10.0, 2 * sizes.lateness_seconds)
-    burst = RATE
-    n = int(RATE * seconds) + burst
+def run_ratelimit(
+    sizes: Sizes, *, cluster: bool = False, rate: int = RATE, seconds: float | None = None
+) -> dict[str, Any]:
+    """Measure *rate*/s over *seconds* (default 10 s quick, 60 s full) at the broker.
+
+    *rate* and *seconds* other than the defaults serve one-off runs, such as
+    P4's 100,000 tasks due at one instant under a limit (``rate=1000,
+    seconds=99``).
+    """
+    seconds = seconds or max(10.0, 2 * sizes.lateness_seconds)
+    burst = rate
+    n = int(rate * seconds) + burst
     with Resources() as res:
         server = res.redis()
         url = f"{server.url}/0"
         store = res.redis_cluster(3) if cluster else url
-        conf = {"zdelay_shards": 4, "zdelay_rate_limits": {f"queue:{DEFAULT_QUEUE}": f"{RATE}/s"}}
+        conf = {"zdelay_shards": 4, "zdelay_rate_limits": {f"queue:{DEFAULT_QUEUE}": f"{rate}/s"}}
         app = make_app(broker=url, store=store, conf=conf)
         res.callback(app.close)
         for _ in range(3):
@@ -107,9 +115,9 @@ def run_ratelimit(sizes: Sizes, *, cluster: bool = False) -> dict[str, Any]:
         while t - limited[lo] > WINDOW_S:
             lo += 1
         most = max(most, hi - lo + 1)
-    expected = RATE * WINDOW_S
+    expected = rate * WINDOW_S
     return {
-        "rate": RATE,
+        "rate": rate,
         "burst": burst,
         "store": "3-master Redis Cluster" if cluster else "one Redis (broker = store)",
         "seconds": seconds,
@@ -124,7 +132,7 @@ def run_ratelimit(sizes: Sizes, *, cluster: bool = False) -> dict[str, Any]:
             max((abs(c - expected) / expected * 100 for c in windows), default=0.0), 2
         ),
         "most_in_window": most,
-        "window_bound": int(burst + RATE * WINDOW_S),
+        "window_bound": int(burst + rate * WINDOW_S),
         "free_n": free_n,
         "free_arrived": len(free),
         "free_last_after_first_limited_s": round(free[-1] - first, 3) if free else None,
