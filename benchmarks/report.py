@@ -488,8 +488,14 @@ def _idle_verdicts(results: dict[str, Any]) -> list[Verdict]:
 
 def _ratelimit_verdicts(results: dict[str, Any]) -> list[Verdict]:
     """Release control (issue 24): the rate a global limit achieves, at the broker."""
-    entry = results.get("ratelimit")
-    what = "rate limit 200/s, 3 companions, 4 shards: achieved"
+    return _ratelimit_verdict(results, "ratelimit", "") + _ratelimit_verdict(
+        results, "ratelimit_cluster", ", 3-master Cluster store"
+    )
+
+
+def _ratelimit_verdict(results: dict[str, Any], name: str, where: str) -> list[Verdict]:
+    entry = results.get(name)
+    what = f"rate limit 200/s, 3 companions, 4 shards{where}: achieved"
     target = "within 5 % per 5 s window, never over the burst"
     if not entry:
         return []

@@ -114,6 +114,12 @@ def _ratelimit(sizes: Sizes) -> dict[str, Any]:
     return run_ratelimit(sizes)
 
 
+def _ratelimit_cluster(sizes: Sizes) -> dict[str, Any]:
+    from .ratelimit import run_ratelimit
+
+    return run_ratelimit(sizes, cluster=True)
+
+
 def _web(sizes: Sizes) -> dict[str, Any]:
     from .web import run_web, table
 
@@ -136,6 +142,10 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "contention": ("scale-out: several companions, shard leases", _contention),
     "beat": ("periodic: companion vs celery beat, failover", _beat),
     "ratelimit": ("release control: achieved rate vs a global limit", _ratelimit),
+    "ratelimit_cluster": (
+        "release control: the same limit with the store on a 3-master Redis Cluster",
+        _ratelimit_cluster,
+    ),
     "web": ("dashboard pages over 1,000,000 parked", _web),
 }
 

@@ -91,7 +91,8 @@ def validate_key(key: Any, *, what: str = "key") -> str:
     """Return *key* if it can name parked tasks, else raise ``ConfigurationError``."""
     if not isinstance(key, str):
         raise ConfigurationError(
-            f"{what}= must be a string such as 'reminder:user:7', got {type(key).__name__} "
+            f"{what}= must be a string such as "
+            f"{'reminder:user:7' if what == 'key' else 'order:42'!r}, got {type(key).__name__} "
             f"{key!r}; nothing was written."
         )
     if not key:

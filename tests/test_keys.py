@@ -422,7 +422,7 @@ def test_transparent_mode_takes_key_and_tags_from_headers(
         ({"on_key": "keep"}, "needs key"),
         ({"tags": "order:42"}, "list of strings"),
         ({"tags": ["ok", ""]}, "empty"),
-        ({"tags": [None]}, "must be a string"),
+        ({"tags": [None]}, "tag= must be a string such as 'order:42'"),
         ({"key": b"k"}, "must be a string"),
         ({"key": "k", "on_key": ""}, "not a mode"),
         ({"key": "k", "on_key": ["keep"]}, "not a mode"),

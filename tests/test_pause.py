@@ -141,6 +141,31 @@ def test_a_paused_task_name_holds_only_that_task(
     }
 
 
+def test_on_resume_the_overdue_tasks_go_out_under_the_rate_limit(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given emails limited to 1/m with a burst of 3, paused, and 20 of them overdue
+    app = _app(make_test_app, zdelay_rate_limits={"queue:emails": {"rate": "1/m", "burst": 3}})
+    celery_zdelay.pause("queue:emails", app=app)
+    for i in range(20):
+        app.tasks["tests.record"].apply_delayed((i,), countdown=0, queue="emails")
+    with Companion(app) as comp:
+        comp.release_due()
+        assert redis_client.llen("emails") == 0
+        assert controls(app=app)[0].waiting == 20
+
+        # When the queue is resumed and a companion makes two passes
+        assert celery_zdelay.resume("queue:emails", app=app) is True
+        comp.gate.refresh(comp.shards, force=True)
+        comp.release_due()
+        comp.release_due()
+
+    # Then only the burst went out, and the rest wait for tokens, still parked
+    assert redis_client.llen("emails") == 3
+    (info,) = controls(app=app)
+    assert (info.paused_since_ms, info.waiting) == (None, 17)
+
+
 def test_a_held_entry_can_still_be_cancelled(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
