@@ -420,3 +420,20 @@ def test_a_pointer_that_cannot_be_read_leaves_the_other_schedules_served(
 
     assert set(snap.definitions) == {"a", "b"}
     assert set(snap.pointers) == {"b"}
+
+
+def test_an_occurrence_without_a_valid_due_time_is_refused_before_the_tick_is_written(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Breaks if: park_once.lua's guard (zdelay_expect_park) leaves out
+    # park.lua's check of its entries: the tick would be remembered, then
+    # park.lua fail on the due time, and the occurrence never be parked.
+    server = _defined(app)
+    tick = redis_ms(redis_client) + HOUR_MS
+    task_id = occurrence_id("a", 1, tick)
+    bad = ParkRequest(task_id, Due("a", float("nan")), b'{"v":1}\nbody')
+    with pytest.raises(Exception, match="no valid due time"):
+        server.periodic.park_once(bad)
+
+    assert (_parked(redis_client), _ticks(redis_client)) == (set(), {})
+    assert server.periodic.park_once(ParkRequest(task_id, Due("a", tick), b'{"v":1}\nbody'))
