@@ -1,0 +1,673 @@
+"""A released message reaches the broker as it was parked: the generic publisher, on real brokers.
+
+Pins what ``celery_zdelay/companion/publish/generic.py`` promises, where the
+target's list (which releases through companions and workers) was too slow
+per mutant to measure (see docs/mutation.rst). Each test drives
+:class:`Publisher` directly, with no store, worker or companion, against a
+private redis-server used as the Celery broker or RabbitMQ on loopback, and
+reads what arrived: a batch goes out exactly as parked (body, headers,
+properties, routing), pipelined into one round trip on Redis; the parked
+``expires`` becomes the time left, never a stale ``expiration``; what a
+message needs (its queue, an exchange the app defines) is declared first,
+once per channel, with a warning for a queue the app does not configure;
+a message the broker refuses for its own sake is rejected alone, one
+refused for the server's state waits alone, and a failure of the broker
+mid-batch keeps what went out before it and makes the rest wait; an
+unreachable or silent broker neither hangs the publisher nor leaves a
+socket open; the connection asks for no heartbeats and waits no longer
+than the broker wait; AWS errors are told apart, the service's (wait)
+from the message's (dead-letter).
+"""
+
+from __future__ import annotations
+
+import base64
+import gc
+import json
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+from botocore.exceptions import ClientError, ParamValidationError
+from celery import Celery
+from kombu import Connection, Exchange, Producer, Queue
+from kombu.exceptions import BatchPublishError, OperationalError
+
+from celery_zdelay.companion.publish import ConfirmPublisher
+from celery_zdelay.companion.publish.generic import Publisher, broker_connection
+from celery_zdelay.entry import TaskMessage
+from celery_zdelay.testing import RedisServer
+from tests.conftest import RabbitMQ
+from tests.helpers import wait_for
+from tests.proxy import PausableProxy
+from tests.support.publish import ids, settled, task_message
+
+pytestmark = pytest.mark.timeout(60)
+
+WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+UNREACHABLE = "Broker unreachable or silent"
+
+
+def _app(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Celery:
+    app = Celery("generic-kills", broker=url, set_as_current=False)
+    app.conf.task_queues = list(queues)
+    app.conf.broker_transport_options = options or {}
+    return app
+
+
+#: kombu publishes to Redis one message at a time with retry_on_timeout (no batches).
+ONE_BY_ONE = {"retry_on_timeout": True}
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    """A private Redis of the test's own: its config and users may be changed."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def client(broker: RedisServer) -> Iterator[redis.Redis]:
+    made = broker.client(0)
+    yield made
+    made.close()
+
+
+def _publisher(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Publisher:
+    return Publisher(_app(url, *queues, options=options), broker_wait=5.0)
+
+
+def _pushed(client: redis.Redis, key: str) -> list[dict[str, Any]]:
+    """The messages kombu pushed to its list *key*, oldest first (it pushes on the left)."""
+    raw: list[bytes] = client.lrange(key, 0, -1)  # type: ignore[assignment]
+    return [json.loads(item) for item in reversed(raw)]
+
+
+def _queued(client: redis.Redis, key: str) -> list[str]:
+    return [message["headers"]["id"] for message in _pushed(client, key)]
+
+
+def _unreachable_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(UNREACHABLE)]
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+# -- what is published: exactly the parked message ------------------------------------
+
+
+def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
+    broker: RedisServer, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Breaks if: the batch is not pipelined (`batching is None`, `or`, `not`), or
+    # _BATCH_COMMANDS becomes 0 (`1 >> 30`: kombu refuses the batch).
+    publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("other"))
+    try:
+        warm = ids("w", 2)
+        first = [task_message(warm[0], "q"), task_message(warm[1], "other")]
+        assert settled(publisher.publish(first)) == ([0, 1], {}, None)
+        executes: list[int] = []
+        real_execute = redis.client.Pipeline.execute
+
+        def counting_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+            executes.append(len(self.command_stack))
+            return real_execute(self, *args, **kwargs)
+
+        monkeypatch.setattr(redis.client.Pipeline, "execute", counting_execute)
+        batch_ids = ids("a", 3)
+        batch = [
+            task_message(
+                batch_ids[0],
+                "q",
+                body=b'[[1, 2], {"k": "v"}, {}]',
+                headers={"eta": None, "retries": 2, "root_id": "r-1"},
+                properties={"reply_to": "reply-q"},
+            ),
+            task_message(batch_ids[1], "other"),
+            task_message(batch_ids[2], "q"),
+        ]
+        assert settled(publisher.publish(batch)) == ([0, 1, 2], {}, None)
+    finally:
+        publisher.close()
+    assert executes == [3]
+    assert _queued(client, "q") == [warm[0], batch_ids[0], batch_ids[2]]
+    assert _queued(client, "other") == [warm[1], batch_ids[1]]
+    pushed = _pushed(client, "q")[1]
+    parked = batch[0]
+    assert base64.b64decode(pushed["body"]) == parked.body
+    assert pushed["headers"] == parked.headers
+    assert (pushed["content-type"], pushed["content-encoding"]) == ("application/json", "utf-8")
+    properties = pushed["properties"]
+    assert properties["delivery_info"] == {"exchange": "", "routing_key": "q"}
+    assert (properties["correlation_id"], properties["reply_to"]) == (batch_ids[0], "reply-q")
+    assert (properties["delivery_mode"], properties["priority"]) == (2, 0)
+    assert "expiration" not in properties
+
+
+def test_the_parked_expires_is_published_as_the_time_left_never_a_stale_expiration(
+    broker: RedisServer, client: redis.Redis
+) -> None:
+    # Breaks if: `not expires` loses its `not`, the parse errors are not caught,
+    # `when is None` or `tzinfo is None` is inverted, `when - now` becomes `+`,
+    # or the floor `max(0.0, ...)` moves (an expired message would live a second).
+    now = datetime.now(timezone.utc)
+    ahead = now + timedelta(seconds=60)
+    plus_two = timezone(timedelta(hours=2))
+    expires = {
+        "aware": ahead.isoformat(),
+        "offset": ahead.astimezone(plus_two).isoformat(),
+        "naive": ahead.replace(tzinfo=None).isoformat(),
+        "past": (now - timedelta(seconds=30)).isoformat(),
+        "garbled": "soon",
+        "number": 5,
+    }
+    stale = {"expiration": "123"}  # Celery's own, from when it was parked
+    batch = [
+        task_message(name, "q", headers={"expires": value}, properties=stale)
+        for name, value in expires.items()
+    ]
+    batch.append(task_message("none", "q", properties=stale))
+    publisher = _publisher(f"{broker.url}/0", Queue("q"))
+    try:
+        assert settled(publisher.publish(batch)) == (list(range(len(batch))), {}, None)
+    finally:
+        publisher.close()
+    expiration = {
+        m["headers"]["id"]: m["properties"].get("expiration") for m in _pushed(client, "q")
+    }
+    for name in ("aware", "offset", "naive"):
+        assert 50_000 <= int(expiration[name]) <= 60_000, (name, expiration[name])
+    assert expiration["past"] == "0"
+    assert (expiration["garbled"], expiration["number"], expiration["none"]) == (None,) * 3
+
+
+def _get_all(url: str, queue: str, expected: int) -> list[Any]:
+    """The messages in *queue*, in order, once *expected* are there (bounded)."""
+    got: list[Any] = []
+    with Connection(url) as connection:
+        bound = Queue(queue, no_declare=True).bind(connection.default_channel)
+
+        def take() -> bool:
+            while (message := bound.get(no_ack=True)) is not None:
+                got.append(message)
+            return len(got) >= expected
+
+        wait_for(take, timeout=10, message=lambda: f"{expected} messages in {queue}")
+    return got
+
+
+def test_a_message_reaches_rabbitmq_as_parked_its_queue_declared_first(
+    rabbitmq: RabbitMQ, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Breaks if: the message's queues are not declared (the loop over
+    # `message.declare` or `_entities` emptied, `name not in declared` or
+    # `entity is not None` inverted): RabbitMQ drops what no queue takes.
+    # Also: a queue the app does not configure is published to with one warning
+    # per channel (the warning's `startswith("queue:")` check).
+    other = f"{rabbitmq.queue}-b"
+    with Connection(rabbitmq.url) as connection:
+        Queue(other).bind(connection.default_channel).declare()
+    caplog.set_level(logging.WARNING)
+    publisher = Publisher(_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
+    mine, theirs = ids("m", 2), ids("o", 2)
+    batch = [
+        task_message(
+            mine[0],
+            rabbitmq.queue,
+            priority=3,
+            headers={"retries": 1},
+            properties={"reply_to": "replies"},
+        ),
+        task_message(theirs[0], other),
+        task_message(mine[1], rabbitmq.queue),
+        task_message(theirs[1], other),
+        # To an exchange of RabbitMQ's own, routed nowhere: published, no warning.
+        task_message("nowhere", "", exchange="amq.topic", routing_key="nobody.listens"),
+    ]
+    try:
+        assert settled(publisher.publish(batch)) == ([0, 1, 2, 3, 4], {}, None)
+    finally:
+        publisher.close()
+    got = _get_all(rabbitmq.url, rabbitmq.queue, 2)
+    assert [m.headers["id"] for m in got] == mine
+    first, parked = got[0], batch[0]
+    assert first.body == parked.body.decode()
+    assert first.headers == parked.headers
+    assert (first.content_type, first.content_encoding) == ("application/json", "utf-8")
+    assert first.delivery_info["routing_key"] == rabbitmq.queue
+    assert first.delivery_info["exchange"] == ""
+    props = first.properties
+    assert (props["correlation_id"], props["reply_to"]) == (mine[0], "replies")
+    assert (props["delivery_mode"], props["priority"]) == (2, 3)
+    assert [m.headers["id"] for m in _get_all(rabbitmq.url, other, 2)] == theirs
+    warned = [r.getMessage() for r in caplog.records if "is not configured" in r.getMessage()]
+    assert warned == [
+        f"Queue {other} is not configured on this companion (task_queues) and "
+        "task_create_missing_queues is off; publishing without declaring it"
+    ]
+
+
+def test_a_message_sent_to_an_exchange_by_name_declares_it_as_the_app_defines_it(
+    rabbitmq: RabbitMQ,
+) -> None:
+    # Breaks if: `if exchange:` loses its test, the app's exchange is looked up
+    # with `!=`, or the lookup keeps no match (`[:0]`) or reads a second (`[1]`).
+    name = f"{rabbitmq.queue}-topic"
+    topic = Exchange(name, type="topic")
+    app = _app(
+        rabbitmq.url,
+        Queue(rabbitmq.queue),
+        Queue(f"{rabbitmq.queue}-b", topic, routing_key="a.#"),
+    )
+    publisher = Publisher(app, broker_wait=5.0)
+    try:
+        sent = task_message("by-name", "", exchange=name, routing_key="a.b")
+        assert settled(publisher.publish([sent])) == ([0], {}, None)
+    finally:
+        publisher.close()
+    with Connection(rabbitmq.url) as connection:
+        try:
+            # It exists, as a topic exchange: declaring it so again is accepted.
+            topic.bind(connection.default_channel).declare()
+        finally:
+            Exchange(name).bind(connection.default_channel).delete()
+
+
+def test_the_generic_publisher_asks_for_no_returns_it_would_never_read(
+    rabbitmq: RabbitMQ,
+) -> None:
+    # Breaks if: `mandatory = True` on the generic publisher: RabbitMQ would
+    # return the unroutable message, and nothing here reads returns.
+    publisher = Publisher(_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
+    returned: list[Any] = []
+    try:
+        assert publisher.publish([task_message("warm", rabbitmq.queue)]).accepted == [0]
+        assert publisher._producer is not None
+        channel = publisher._producer.channel
+        channel.events["basic_return"].add(lambda *args: returned.append(args))
+        stray = task_message("stray", "", exchange="amq.direct", routing_key="nobody")
+        assert settled(publisher.publish([stray])) == ([0], {}, None)
+        # A round trip on the same channel: RabbitMQ sends a return before its answer.
+        channel.exchange_declare("amq.direct", "direct", passive=True)
+    finally:
+        publisher.close()
+    assert returned == []
+
+
+# -- one message's refusal is its own ---------------------------------------------------
+
+
+def test_one_by_one_a_message_redis_refuses_is_rejected_alone(
+    broker: RedisServer, client: redis.Redis
+) -> None:
+    # Breaks if: the per-message `except` catches nothing, a refusal is taken
+    # for the broker's state (`server_state(...) is None`, the connection-error
+    # checks inverted), or `continue` becomes `break` after a rejection.
+    client.set("bad", "a string where a queue should be")
+    publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
+    good = ids("g", 4)
+    batch = [
+        task_message(good[0], "q"),
+        task_message("lost", "bad"),
+        task_message(good[1], "q"),
+        task_message(good[2], "q"),
+    ]
+    try:
+        accepted, rejected, error = settled(publisher.publish(batch))
+        assert (accepted, list(rejected), error) == ([0, 2, 3], [1], None)
+        assert rejected[1].startswith("publish refused: ResponseError: ")
+        assert rejected[1].endswith(WRONGTYPE)
+        # The refusal was that message's: the next batch goes out on the same connection.
+        assert settled(publisher.publish([task_message(good[3], "q")])) == ([0], {}, None)
+    finally:
+        publisher.close()
+    assert _queued(client, "q") == good
+    assert client.get("bad") == b"a string where a queue should be"
+
+
+def test_one_by_one_a_push_refused_for_the_servers_state_waits_alone(
+    broker: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Breaks if: the refusal's warning is not logged for the batch's first one
+    # (`outcome.error is None` inverted), or `continue` becomes `break`.
+    client.acl_setuser(
+        "limited",
+        enabled=True,
+        passwords=["+secret"],
+        keys=["q*", "_kombu*", "unacked*"],
+        commands=["+@all"],
+    )
+    url = f"redis://limited:secret@127.0.0.1:{broker.port}/0"
+    publisher = _publisher(url, Queue("q"), Queue("forbidden"), options=ONE_BY_ONE)
+    good = ids("n", 2)
+    caplog.set_level(logging.WARNING)
+    try:
+        batch = [task_message(good[0], "q"), task_message("held", "forbidden")]
+        batch.append(task_message(good[1], "q"))
+        accepted, rejected, error = settled(publisher.publish(batch))
+        assert (accepted, rejected) == ([0, 2], {})
+        assert isinstance(error, redis.exceptions.NoPermissionError)
+        refusals = [r for r in caplog.records if "refused a push for now" in r.getMessage()]
+        assert len(refusals) == 1
+        client.acl_setuser("limited", enabled=True, keys=["forbidden*"])
+        assert settled(publisher.publish([batch[1]])) == ([0], {}, None)
+    finally:
+        publisher.close()
+    assert _queued(client, "q") == good
+    assert _queued(client, "forbidden") == ["held"]
+
+
+def test_a_pipelined_batch_kombu_fails_as_a_whole_waits_as_a_whole(
+    broker: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Breaks if: kombu's BatchPublishError is not counted as the broker's state
+    # (the `or` of `_is_connection_error` made `and`, publish's `if` negated), or
+    # publish's `except` catches nothing (the error escapes the companion's loop).
+    publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("bad"))
+    batch = [task_message(i, "q") for i in ids("p", 2)]
+    batch.insert(1, task_message("lost", "bad"))
+    try:
+        # Given its queues declared while they were lists, one then turned into a string,
+        assert publisher.publish(batch).accepted == [0, 1, 2]
+        client.delete("bad")
+        client.set("bad", "not a list")
+        caplog.set_level(logging.WARNING)
+        accepted, rejected, error = settled(publisher.publish(batch))
+    finally:
+        publisher.close()
+    # Delivery is uncertain: nothing counts, the whole batch waits.
+    assert (accepted, rejected) == ([], {})
+    assert isinstance(error, BatchPublishError)
+    assert _unreachable_lines(caplog) == [f"{UNREACHABLE}, 3 messages wait: {error!r}"]
+    assert _errors(caplog) == []
+
+
+class _CutAt(Publisher):
+    """A publisher whose broker connection fails as it publishes the message *cut*."""
+
+    cut = "cut"
+
+    def _publish_one(self, producer: Producer, message: TaskMessage) -> None:
+        if message.task_id == self.cut:
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        super()._publish_one(producer, message)
+
+
+def test_a_failure_mid_batch_keeps_what_went_out_before_it_and_the_rest_waits(
+    broker: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Breaks if: a connection error is rejected as the message's (`connection is
+    # None` inverted, the connection_errors check negated), the count of
+    # messages that wait adds what was accepted or rejected (`-` made `+`), or
+    # what went out before the failure is not counted (given back, it would be
+    # published again on every pass).
+    client.set("bad", "not a list")
+    app = _app(f"{broker.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
+    publisher = _CutAt(app, broker_wait=5.0)
+    good = ids("c", 3)
+    caplog.set_level(logging.WARNING)
+    batch = [
+        task_message(good[0], "q"),
+        task_message("lost", "bad"),
+        task_message(good[1], "q"),
+        task_message("cut", "q"),
+        task_message(good[2], "q"),
+    ]
+    try:
+        accepted, rejected, error = settled(publisher.publish(batch))
+    finally:
+        publisher.close()
+    assert (accepted, list(rejected)) == ([0, 2], [1])
+    assert isinstance(error, redis.exceptions.ConnectionError)
+    assert _unreachable_lines(caplog) == [f"{UNREACHABLE}, 2 messages wait: {error!r}"]
+    assert _queued(client, "q") == good[:2]
+
+
+# -- an unreachable or silent broker ---------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_an_unreachable_broker_is_tried_twice_then_the_batch_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Breaks if: ensure_connection's max_retries moves (0: no second try; 2:
+    # a third, four seconds later), or an empty batch is said to hold one
+    # waiting message (the floor of the count).
+    caplog.set_level(logging.WARNING)
+    publisher = _publisher(f"redis://127.0.0.1:{_closed_port()}/0", Queue("q"))
+    started = time.monotonic()
+    outcome = publisher.publish([task_message(i, "q") for i in ids("u", 3)])
+    took = time.monotonic() - started
+    assert (outcome.accepted, outcome.rejected) == ([], {})
+    assert isinstance(outcome.error, OperationalError)
+    # kombu waits two seconds before its one retry.
+    assert 1.5 <= took < 5.0, took
+    assert publisher.publish([]).accepted == []
+    assert _unreachable_lines(caplog) == [
+        f"{UNREACHABLE}, 3 messages wait: {outcome.error!r}",
+        f"{UNREACHABLE}, 0 messages wait: {outcome.error!r}",
+    ]
+    assert _errors(caplog) == []
+
+
+@pytest.mark.parametrize("options", [{}, ONE_BY_ONE], ids=["pipelined", "one-by-one"])
+@pytest.mark.timeout(40)
+def test_a_silent_redis_broker_makes_the_batch_wait_and_leaves_no_socket_open(
+    broker: RedisServer,
+    client: redis.Redis,
+    options: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Breaks if: the socket timeout is not set on a Redis transport (`!=
+    # "redis"`: the batch hangs), kombu retries the publish (`retry=True`), or
+    # the dropped connection is not let go (`connection is not None` inverted).
+    with PausableProxy("127.0.0.1", broker.port) as proxy:
+        app = _app(f"redis://127.0.0.1:{proxy.port}/0", Queue("q"), options=options)
+        publisher = Publisher(app, broker_wait=1.0)
+        assert publisher.publish([task_message("warm", "q")]).accepted == [0]
+        proxy.pause()
+        caplog.set_level(logging.WARNING)
+        gc.disable()  # the collector would close the socket some time later
+        try:
+            outcome = publisher.publish([task_message(i, "q") for i in ids("s", 2)])
+            assert (outcome.accepted, outcome.rejected) == ([], {})
+            assert _unreachable_lines(caplog) == [
+                f"{UNREACHABLE}, 2 messages wait: {outcome.error!r}"
+            ]
+            wait_for(lambda: proxy.open_clients() == 0, timeout=10, message="sockets closed")
+        finally:
+            gc.enable()
+            proxy.resume()
+        # Once the broker answers again, a new connection publishes.
+        try:
+            assert settled(publisher.publish([task_message("after", "q")])) == ([0], {}, None)
+        finally:
+            publisher.close()
+    assert _queued(client, "q")[-1] == "after"
+
+
+class _Stopped(BaseException):
+    """As Celery's shutdown raises in the companion's main thread (not an Exception)."""
+
+
+def test_a_publisher_stopped_mid_connect_leaves_no_socket_open(broker: RedisServer) -> None:
+    # Breaks if: _ensure_producer's `except BaseException` catches nothing: a
+    # stop that is not an Exception skips publish's own cleanup.
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    with PausableProxy("127.0.0.1", broker.port) as proxy:
+        proxy.pause()
+        publisher = _publisher(f"redis://127.0.0.1:{proxy.port}/0", Queue("q"))
+        # Sent to the main thread, so its blocked read is interrupted at once.
+        main = threading.main_thread().ident
+        assert main is not None
+        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGUSR1))
+        gc.disable()
+        try:
+            timer.start()
+            with pytest.raises(_Stopped):
+                publisher.publish([task_message("never", "q")])
+            assert publisher._connection is None
+            wait_for(lambda: proxy.open_clients() == 0, timeout=10, message="sockets closed")
+        finally:
+            timer.cancel()
+            gc.enable()
+            signal.signal(signal.SIGUSR1, previous)
+            proxy.resume()
+
+
+@pytest.mark.timeout(30)
+def test_a_silent_rabbitmq_is_let_go_without_waiting_for_its_goodbye(
+    rabbitmq: RabbitMQ,
+) -> None:
+    # Breaks if: a broken connection is closed politely (`_drop` with
+    # `polite=True`, or `if polite` negated): py-amqp waits for the silent
+    # broker's Close-Ok forever.
+    with Connection(rabbitmq.url) as probe:
+        host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
+    with PausableProxy(host, port) as proxy:
+        app = _app(proxy.url(rabbitmq.url), Queue(rabbitmq.queue))
+        publisher = ConfirmPublisher(app, broker_wait=1.0)
+        try:
+            assert publisher.publish([task_message("warm", rabbitmq.queue)]).accepted == [0]
+            proxy.pause()
+            started = time.monotonic()
+            outcome = publisher.publish([task_message("silent", rabbitmq.queue)])
+            assert isinstance(outcome.error, TimeoutError)
+            assert time.monotonic() - started < 10
+            assert publisher._connection is None
+        finally:
+            proxy.resume()
+            publisher.close()
+
+
+def test_close_lets_go_of_the_connection_and_the_next_batch_opens_another(
+    broker: RedisServer, client: redis.Redis
+) -> None:
+    # Breaks if: _let_go skips a live connection (`connection is not None`
+    # inverted), or `_producer is None` is inverted (no producer, or a new
+    # connection for every batch).
+    publisher = _publisher(f"{broker.url}/0", Queue("q"))
+    mine = client.client_id()
+
+    def others() -> list[str]:
+        return [c["id"] for c in client.client_list() if int(c["id"]) != mine]
+
+    gc.disable()
+    try:
+        assert publisher.publish([task_message("one", "q")]).accepted == [0]
+        assert publisher.publish([task_message("two", "q")]).accepted == [0]
+        assert others() != []
+        publisher.close()
+        assert publisher._connection is None
+        wait_for(lambda: others() == [], timeout=10, message="the publisher's connection closed")
+    finally:
+        gc.enable()
+    assert settled(publisher.publish([task_message("three", "q")])) == ([0], {}, None)
+    publisher.close()
+    assert _queued(client, "q") == ["one", "two", "three"]
+
+
+# -- the connection, the broker wait, and AWS's errors ------------------------------
+
+
+def test_the_broker_connection_sends_no_heartbeats_and_waits_at_most_the_broker_wait() -> None:
+    # Breaks if: heartbeat=0 moves (RabbitMQ would close a companion that sleeps
+    # without draining), or the socket timeout goes to the wrong transports.
+    amqp_app = _app("amqp://guest:guest@127.0.0.1:5672//", options={"confirm_publish": True})
+    connection = broker_connection(amqp_app, 3.0)
+    assert (connection.heartbeat, connection.connect_timeout) == (0, 3.0)
+    assert connection.transport_options == {}
+    redis_url = "redis://127.0.0.1:6379/0"
+    assert broker_connection(_app(redis_url), 3.0).transport_options == {"socket_timeout": 3.0}
+    chosen = broker_connection(_app(redis_url, options={"socket_timeout": 7}), 3.0)
+    assert chosen.transport_options == {"socket_timeout": 7}
+
+
+def test_the_broker_wait_is_capped_at_thirty_seconds_and_a_keyword() -> None:
+    # Breaks if: MAX_BROKER_WAIT moves.
+    app = _app("redis://127.0.0.1:6379/0")
+    assert Publisher(app, broker_wait=3600).broker_wait == 30.0
+    assert Publisher(app, broker_wait=2.5).broker_wait == 2.5
+    with pytest.raises(TypeError):
+        Publisher(app, 5.0)  # type: ignore[misc]
+
+
+def _aws(code: str | None, status: int | None) -> ClientError:
+    response: dict[str, Any] = {}
+    if code is not None:
+        response["Error"] = {"Code": code, "Message": "test"}
+    if status is not None:
+        response["ResponseMetadata"] = {"HTTPStatusCode": status}
+    return ClientError(response, "SendMessage")  # type: ignore[arg-type]
+
+
+class _LooksLikeAws(Exception):
+    """Not botocore's: its response is not read."""
+
+    def __init__(self) -> None:
+        super().__init__("throttled?")
+        self.response = {
+            "Error": {"Code": "Throttling"},
+            "ResponseMetadata": {"HTTPStatusCode": 503},
+        }
+
+
+@pytest.mark.parametrize(
+    ("error", "waits"),
+    [
+        (_aws("Throttling", 400), True),
+        (_aws("KMS.ThrottlingException", 400), True),
+        (_aws("InvalidParameterValue", 400), False),
+        (_aws("InvalidParameterValue", 500), True),
+        (_aws("InvalidParameterValue", 499), False),
+        (_aws("InvalidParameterValue", None), False),
+        (_aws("ServiceUnavailable", None), True),
+        (_aws(None, 503), True),
+        (_aws(None, None), False),
+        (_LooksLikeAws(), False),
+        (ParamValidationError(report="MessageGroupId must be a string"), False),
+    ],
+    ids=[
+        "throttled",
+        "kms-throttled",
+        "bad-parameter",
+        "http-500",
+        "http-499",
+        "no-status",
+        "unavailable-no-status",
+        "no-code-503",
+        "empty",
+        "not-botocore",
+        "param-validation",
+    ],
+)
+def test_an_aws_error_waits_when_it_is_the_services_and_is_dead_lettered_when_the_messages(
+    error: BaseException, waits: bool
+) -> None:
+    # Breaks if: a comparison, `and`/`or` or `not` of _is_service_outage or
+    # _refused_before_sending moves (a throttled SQS would dead-letter, a
+    # message SQS refuses would block its shard forever).
+    publisher = Publisher(_app("sqs://key:secret@127.0.0.1:1"), broker_wait=1.0)
+    assert publisher._is_connection_error(error) is waits
+    # On an SQS connection kombu counts every botocore error as a connection
+    # error; a message botocore refuses before sending is still the message's.
+    publisher._connection = broker_connection(publisher.app, 1.0)
+    if isinstance(error, ParamValidationError):
+        assert publisher._is_connection_error(error) is False
