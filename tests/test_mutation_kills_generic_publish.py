@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import gc
-import json
 import logging
 import signal
 import socket
@@ -36,7 +35,6 @@ from typing import Any
 import pytest
 import redis
 from botocore.exceptions import ClientError, ParamValidationError
-from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.exceptions import BatchPublishError, OperationalError
 
@@ -47,19 +45,20 @@ from celery_zdelay.testing import RedisServer
 from tests.conftest import RabbitMQ
 from tests.helpers import wait_for
 from tests.proxy import PausableProxy
-from tests.support.publish import ids, settled, task_message
+from tests.support.publish import (
+    broker_app,
+    rabbitmq_messages,
+    redis_pushed,
+    redis_queued,
+    settled,
+    task_ids,
+    task_message,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 UNREACHABLE = "Broker unreachable or silent"
-
-
-def _app(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Celery:
-    app = Celery("generic-kills", broker=url, set_as_current=False)
-    app.conf.task_queues = list(queues)
-    app.conf.broker_transport_options = options or {}
-    return app
 
 
 #: kombu publishes to Redis one message at a time with retry_on_timeout (no batches).
@@ -81,17 +80,7 @@ def client(broker: RedisServer) -> Iterator[redis.Redis]:
 
 
 def _publisher(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Publisher:
-    return Publisher(_app(url, *queues, options=options), broker_wait=5.0)
-
-
-def _pushed(client: redis.Redis, key: str) -> list[dict[str, Any]]:
-    """The messages kombu pushed to its list *key*, oldest first (it pushes on the left)."""
-    raw: list[bytes] = client.lrange(key, 0, -1)  # type: ignore[assignment]
-    return [json.loads(item) for item in reversed(raw)]
-
-
-def _queued(client: redis.Redis, key: str) -> list[str]:
-    return [message["headers"]["id"] for message in _pushed(client, key)]
+    return Publisher(broker_app(url, *queues, options=options), broker_wait=5.0)
 
 
 def _unreachable_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -112,7 +101,7 @@ def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
     # _BATCH_COMMANDS becomes 0 (`1 >> 30`: kombu refuses the batch).
     publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("other"))
     try:
-        warm = ids("w", 2)
+        warm = task_ids("w", 2)
         first = [task_message(warm[0], "q"), task_message(warm[1], "other")]
         assert settled(publisher.publish(first)) == ([0, 1], {}, None)
         executes: list[int] = []
@@ -123,7 +112,7 @@ def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
             return real_execute(self, *args, **kwargs)
 
         monkeypatch.setattr(redis.client.Pipeline, "execute", counting_execute)
-        batch_ids = ids("a", 3)
+        batch_ids = task_ids("a", 3)
         batch = [
             task_message(
                 batch_ids[0],
@@ -139,9 +128,9 @@ def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
     finally:
         publisher.close()
     assert executes == [3]
-    assert _queued(client, "q") == [warm[0], batch_ids[0], batch_ids[2]]
-    assert _queued(client, "other") == [warm[1], batch_ids[1]]
-    pushed = _pushed(client, "q")[1]
+    assert redis_queued(client, "q") == [warm[0], batch_ids[0], batch_ids[2]]
+    assert redis_queued(client, "other") == [warm[1], batch_ids[1]]
+    pushed = redis_pushed(client, "q")[1]
     parked = batch[0]
     assert base64.b64decode(pushed["body"]) == parked.body
     assert pushed["headers"] == parked.headers
@@ -182,27 +171,12 @@ def test_the_parked_expires_is_published_as_the_time_left_never_a_stale_expirati
     finally:
         publisher.close()
     expiration = {
-        m["headers"]["id"]: m["properties"].get("expiration") for m in _pushed(client, "q")
+        m["headers"]["id"]: m["properties"].get("expiration") for m in redis_pushed(client, "q")
     }
     for name in ("aware", "offset", "naive"):
         assert 50_000 <= int(expiration[name]) <= 60_000, (name, expiration[name])
     assert expiration["past"] == "0"
     assert (expiration["garbled"], expiration["number"], expiration["none"]) == (None,) * 3
-
-
-def _get_all(url: str, queue: str, expected: int) -> list[Any]:
-    """The messages in *queue*, in order, once *expected* are there (bounded)."""
-    got: list[Any] = []
-    with Connection(url) as connection:
-        bound = Queue(queue, no_declare=True).bind(connection.default_channel)
-
-        def take() -> bool:
-            while (message := bound.get(no_ack=True)) is not None:
-                got.append(message)
-            return len(got) >= expected
-
-        wait_for(take, timeout=10, message=lambda: f"{expected} messages in {queue}")
-    return got
 
 
 def test_a_message_reaches_rabbitmq_as_parked_its_queue_declared_first(
@@ -217,8 +191,8 @@ def test_a_message_reaches_rabbitmq_as_parked_its_queue_declared_first(
     with Connection(rabbitmq.url) as connection:
         Queue(other).bind(connection.default_channel).declare()
     caplog.set_level(logging.WARNING)
-    publisher = Publisher(_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
-    mine, theirs = ids("m", 2), ids("o", 2)
+    publisher = Publisher(broker_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
+    mine, theirs = task_ids("m", 2), task_ids("o", 2)
     batch = [
         task_message(
             mine[0],
@@ -237,7 +211,7 @@ def test_a_message_reaches_rabbitmq_as_parked_its_queue_declared_first(
         assert settled(publisher.publish(batch)) == ([0, 1, 2, 3, 4], {}, None)
     finally:
         publisher.close()
-    got = _get_all(rabbitmq.url, rabbitmq.queue, 2)
+    got = rabbitmq_messages(rabbitmq.url, rabbitmq.queue, 2)
     assert [m.headers["id"] for m in got] == mine
     first, parked = got[0], batch[0]
     assert first.body == parked.body.decode()
@@ -248,7 +222,7 @@ def test_a_message_reaches_rabbitmq_as_parked_its_queue_declared_first(
     props = first.properties
     assert (props["correlation_id"], props["reply_to"]) == (mine[0], "replies")
     assert (props["delivery_mode"], props["priority"]) == (2, 3)
-    assert [m.headers["id"] for m in _get_all(rabbitmq.url, other, 2)] == theirs
+    assert [m.headers["id"] for m in rabbitmq_messages(rabbitmq.url, other, 2)] == theirs
     warned = [r.getMessage() for r in caplog.records if "is not configured" in r.getMessage()]
     assert warned == [
         f"Queue {other} is not configured on this companion (task_queues) and "
@@ -263,7 +237,7 @@ def test_a_message_sent_to_an_exchange_by_name_declares_it_as_the_app_defines_it
     # with `!=`, or the lookup keeps no match (`[:0]`) or reads a second (`[1]`).
     name = f"{rabbitmq.queue}-topic"
     topic = Exchange(name, type="topic")
-    app = _app(
+    app = broker_app(
         rabbitmq.url,
         Queue(rabbitmq.queue),
         Queue(f"{rabbitmq.queue}-b", topic, routing_key="a.#"),
@@ -287,7 +261,7 @@ def test_the_generic_publisher_asks_for_no_returns_it_would_never_read(
 ) -> None:
     # Breaks if: `mandatory = True` on the generic publisher: RabbitMQ would
     # return the unroutable message, and nothing here reads returns.
-    publisher = Publisher(_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
+    publisher = Publisher(broker_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
     returned: list[Any] = []
     try:
         assert publisher.publish([task_message("warm", rabbitmq.queue)]).accepted == [0]
@@ -314,7 +288,7 @@ def test_one_by_one_a_message_redis_refuses_is_rejected_alone(
     # checks inverted), or `continue` becomes `break` after a rejection.
     client.set("bad", "a string where a queue should be")
     publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
-    good = ids("g", 4)
+    good = task_ids("g", 4)
     batch = [
         task_message(good[0], "q"),
         task_message("lost", "bad"),
@@ -330,7 +304,7 @@ def test_one_by_one_a_message_redis_refuses_is_rejected_alone(
         assert settled(publisher.publish([task_message(good[3], "q")])) == ([0], {}, None)
     finally:
         publisher.close()
-    assert _queued(client, "q") == good
+    assert redis_queued(client, "q") == good
     assert client.get("bad") == b"a string where a queue should be"
 
 
@@ -348,7 +322,7 @@ def test_one_by_one_a_push_refused_for_the_servers_state_waits_alone(
     )
     url = f"redis://limited:secret@127.0.0.1:{broker.port}/0"
     publisher = _publisher(url, Queue("q"), Queue("forbidden"), options=ONE_BY_ONE)
-    good = ids("n", 2)
+    good = task_ids("n", 2)
     caplog.set_level(logging.WARNING)
     try:
         batch = [task_message(good[0], "q"), task_message("held", "forbidden")]
@@ -362,8 +336,8 @@ def test_one_by_one_a_push_refused_for_the_servers_state_waits_alone(
         assert settled(publisher.publish([batch[1]])) == ([0], {}, None)
     finally:
         publisher.close()
-    assert _queued(client, "q") == good
-    assert _queued(client, "forbidden") == ["held"]
+    assert redis_queued(client, "q") == good
+    assert redis_queued(client, "forbidden") == ["held"]
 
 
 def test_a_pipelined_batch_kombu_fails_as_a_whole_waits_as_a_whole(
@@ -373,7 +347,7 @@ def test_a_pipelined_batch_kombu_fails_as_a_whole_waits_as_a_whole(
     # (the `or` of `_is_connection_error` made `and`, publish's `if` negated), or
     # publish's `except` catches nothing (the error escapes the companion's loop).
     publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("bad"))
-    batch = [task_message(i, "q") for i in ids("p", 2)]
+    batch = [task_message(i, "q") for i in task_ids("p", 2)]
     batch.insert(1, task_message("lost", "bad"))
     try:
         # Given its queues declared while they were lists, one then turned into a string,
@@ -411,9 +385,9 @@ def test_a_failure_mid_batch_keeps_what_went_out_before_it_and_the_rest_waits(
     # what went out before the failure is not counted (given back, it would be
     # published again on every pass).
     client.set("bad", "not a list")
-    app = _app(f"{broker.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
+    app = broker_app(f"{broker.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
     publisher = _CutAt(app, broker_wait=5.0)
-    good = ids("c", 3)
+    good = task_ids("c", 3)
     caplog.set_level(logging.WARNING)
     batch = [
         task_message(good[0], "q"),
@@ -429,7 +403,7 @@ def test_a_failure_mid_batch_keeps_what_went_out_before_it_and_the_rest_waits(
     assert (accepted, list(rejected)) == ([0, 2], [1])
     assert isinstance(error, redis.exceptions.ConnectionError)
     assert _unreachable_lines(caplog) == [f"{UNREACHABLE}, 2 messages wait: {error!r}"]
-    assert _queued(client, "q") == good[:2]
+    assert redis_queued(client, "q") == good[:2]
 
 
 # -- an unreachable or silent broker ---------------------------------------------------
@@ -450,7 +424,7 @@ def test_an_unreachable_broker_is_tried_twice_then_the_batch_waits(
     caplog.set_level(logging.WARNING)
     publisher = _publisher(f"redis://127.0.0.1:{_closed_port()}/0", Queue("q"))
     started = time.monotonic()
-    outcome = publisher.publish([task_message(i, "q") for i in ids("u", 3)])
+    outcome = publisher.publish([task_message(i, "q") for i in task_ids("u", 3)])
     took = time.monotonic() - started
     assert (outcome.accepted, outcome.rejected) == ([], {})
     assert isinstance(outcome.error, OperationalError)
@@ -476,14 +450,14 @@ def test_a_silent_redis_broker_makes_the_batch_wait_and_leaves_no_socket_open(
     # "redis"`: the batch hangs), kombu retries the publish (`retry=True`), or
     # the dropped connection is not let go (`connection is not None` inverted).
     with PausableProxy("127.0.0.1", broker.port) as proxy:
-        app = _app(f"redis://127.0.0.1:{proxy.port}/0", Queue("q"), options=options)
+        app = broker_app(f"redis://127.0.0.1:{proxy.port}/0", Queue("q"), options=options)
         publisher = Publisher(app, broker_wait=1.0)
         assert publisher.publish([task_message("warm", "q")]).accepted == [0]
         proxy.pause()
         caplog.set_level(logging.WARNING)
         gc.disable()  # the collector would close the socket some time later
         try:
-            outcome = publisher.publish([task_message(i, "q") for i in ids("s", 2)])
+            outcome = publisher.publish([task_message(i, "q") for i in task_ids("s", 2)])
             assert (outcome.accepted, outcome.rejected) == ([], {})
             assert _unreachable_lines(caplog) == [
                 f"{UNREACHABLE}, 2 messages wait: {outcome.error!r}"
@@ -497,7 +471,7 @@ def test_a_silent_redis_broker_makes_the_batch_wait_and_leaves_no_socket_open(
             assert settled(publisher.publish([task_message("after", "q")])) == ([0], {}, None)
         finally:
             publisher.close()
-    assert _queued(client, "q")[-1] == "after"
+    assert redis_queued(client, "q")[-1] == "after"
 
 
 class _Stopped(BaseException):
@@ -542,7 +516,7 @@ def test_a_silent_rabbitmq_is_let_go_without_waiting_for_its_goodbye(
     with Connection(rabbitmq.url) as probe:
         host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
     with PausableProxy(host, port) as proxy:
-        app = _app(proxy.url(rabbitmq.url), Queue(rabbitmq.queue))
+        app = broker_app(proxy.url(rabbitmq.url), Queue(rabbitmq.queue))
         publisher = ConfirmPublisher(app, broker_wait=1.0)
         try:
             assert publisher.publish([task_message("warm", rabbitmq.queue)]).accepted == [0]
@@ -581,7 +555,7 @@ def test_close_lets_go_of_the_connection_and_the_next_batch_opens_another(
         gc.enable()
     assert settled(publisher.publish([task_message("three", "q")])) == ([0], {}, None)
     publisher.close()
-    assert _queued(client, "q") == ["one", "two", "three"]
+    assert redis_queued(client, "q") == ["one", "two", "three"]
 
 
 # -- the connection, the broker wait, and AWS's errors ------------------------------
@@ -590,19 +564,21 @@ def test_close_lets_go_of_the_connection_and_the_next_batch_opens_another(
 def test_the_broker_connection_sends_no_heartbeats_and_waits_at_most_the_broker_wait() -> None:
     # Breaks if: heartbeat=0 moves (RabbitMQ would close a companion that sleeps
     # without draining), or the socket timeout goes to the wrong transports.
-    amqp_app = _app("amqp://guest:guest@127.0.0.1:5672//", options={"confirm_publish": True})
+    amqp_app = broker_app("amqp://guest:guest@127.0.0.1:5672//", options={"confirm_publish": True})
     connection = broker_connection(amqp_app, 3.0)
     assert (connection.heartbeat, connection.connect_timeout) == (0, 3.0)
     assert connection.transport_options == {}
     redis_url = "redis://127.0.0.1:6379/0"
-    assert broker_connection(_app(redis_url), 3.0).transport_options == {"socket_timeout": 3.0}
-    chosen = broker_connection(_app(redis_url, options={"socket_timeout": 7}), 3.0)
+    assert broker_connection(broker_app(redis_url), 3.0).transport_options == {
+        "socket_timeout": 3.0
+    }
+    chosen = broker_connection(broker_app(redis_url, options={"socket_timeout": 7}), 3.0)
     assert chosen.transport_options == {"socket_timeout": 7}
 
 
 def test_the_broker_wait_is_capped_at_thirty_seconds_and_a_keyword() -> None:
     # Breaks if: MAX_BROKER_WAIT moves.
-    app = _app("redis://127.0.0.1:6379/0")
+    app = broker_app("redis://127.0.0.1:6379/0")
     assert Publisher(app, broker_wait=3600).broker_wait == 30.0
     assert Publisher(app, broker_wait=2.5).broker_wait == 2.5
     with pytest.raises(TypeError):
@@ -629,42 +605,30 @@ class _LooksLikeAws(Exception):
         }
 
 
-@pytest.mark.parametrize(
-    ("error", "waits"),
-    [
-        (_aws("Throttling", 400), True),
-        (_aws("KMS.ThrottlingException", 400), True),
-        (_aws("InvalidParameterValue", 400), False),
-        (_aws("InvalidParameterValue", 500), True),
-        (_aws("InvalidParameterValue", 499), False),
-        (_aws("InvalidParameterValue", None), False),
-        (_aws("ServiceUnavailable", None), True),
-        (_aws(None, 503), True),
-        (_aws(None, None), False),
-        (_LooksLikeAws(), False),
-        (ParamValidationError(report="MessageGroupId must be a string"), False),
-    ],
-    ids=[
-        "throttled",
-        "kms-throttled",
-        "bad-parameter",
-        "http-500",
-        "http-499",
-        "no-status",
-        "unavailable-no-status",
-        "no-code-503",
-        "empty",
-        "not-botocore",
-        "param-validation",
-    ],
-)
+#: Whether each error waits (the service's) or is dead-lettered (the message's).
+AWS_ERRORS: dict[str, tuple[BaseException, bool]] = {
+    "throttled": (_aws("Throttling", 400), True),
+    "kms-throttled": (_aws("KMS.ThrottlingException", 400), True),
+    "bad-parameter": (_aws("InvalidParameterValue", 400), False),
+    "http-500": (_aws("InvalidParameterValue", 500), True),
+    "http-499": (_aws("InvalidParameterValue", 499), False),
+    "no-status": (_aws("InvalidParameterValue", None), False),
+    "unavailable-no-status": (_aws("ServiceUnavailable", None), True),
+    "no-code-503": (_aws(None, 503), True),
+    "empty": (_aws(None, None), False),
+    "not-botocore": (_LooksLikeAws(), False),
+    "param-validation": (ParamValidationError(report="MessageGroupId must be a string"), False),
+}
+
+
+@pytest.mark.parametrize(("error", "waits"), list(AWS_ERRORS.values()), ids=list(AWS_ERRORS))
 def test_an_aws_error_waits_when_it_is_the_services_and_is_dead_lettered_when_the_messages(
     error: BaseException, waits: bool
 ) -> None:
     # Breaks if: a comparison, `and`/`or` or `not` of _is_service_outage or
     # _refused_before_sending moves (a throttled SQS would dead-letter, a
     # message SQS refuses would block its shard forever).
-    publisher = Publisher(_app("sqs://key:secret@127.0.0.1:1"), broker_wait=1.0)
+    publisher = Publisher(broker_app("sqs://key:secret@127.0.0.1:1"), broker_wait=1.0)
     assert publisher._is_connection_error(error) is waits
     # On an SQS connection kombu counts every botocore error as a connection
     # error; a message botocore refuses before sending is still the message's.
