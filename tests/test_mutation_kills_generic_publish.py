@@ -558,6 +558,30 @@ def test_close_lets_go_of_the_connection_and_the_next_batch_opens_another(
     assert redis_queued(client, "q") == ["one", "two", "three"]
 
 
+#: An AMQP Connection.Close method frame's start: type 1, channel 0, then class 10 method 50.
+AMQP_CONNECTION_CLOSE = (b"\x01\x00\x00", b"\x00\x0a\x00\x32")
+
+
+def test_close_says_goodbye_to_a_broker_that_answers(rabbitmq: RabbitMQ) -> None:
+    # Breaks if: close() lets go without the AMQP goodbye (`polite=False`):
+    # RabbitMQ logs every companion that stops as a client that vanished.
+    publisher = Publisher(broker_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
+    assert publisher.publish([task_message("one", rabbitmq.queue)]).accepted == [0]
+    assert publisher._connection is not None
+    transport = publisher._connection.connection.transport
+    written: list[bytes] = []
+    real_write = transport._write
+
+    def recording_write(data: bytes) -> Any:
+        written.append(bytes(data))
+        return real_write(data)
+
+    transport._write = recording_write
+    publisher.close()
+    kind, method = AMQP_CONNECTION_CLOSE
+    assert any(frame.startswith(kind) and frame[7:11] == method for frame in written), written
+
+
 # -- the connection, the broker wait, and AWS's errors ------------------------------
 
 
