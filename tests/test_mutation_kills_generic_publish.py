@@ -250,7 +250,9 @@ def test_a_message_sent_to_an_exchange_by_name_declares_it_as_the_app_defines_it
         publisher.close()
     with Connection(rabbitmq.url) as connection:
         try:
-            # It exists, as a topic exchange: declaring it so again is accepted.
+            # It exists (a passive declare only checks), as a topic exchange:
+            # declaring it so again is accepted.
+            Exchange(name, type="topic", passive=True).bind(connection.default_channel).declare()
             topic.bind(connection.default_channel).declare()
         finally:
             Exchange(name).bind(connection.default_channel).delete()
