@@ -106,6 +106,7 @@ PYTHON = (
         "celery_zdelay/companion/publish/generic.py",
         (
             "tests/test_mutation_kills_generic_publish.py",
+            "tests/test_mutation_kills_generic_publish_connection.py",
             "tests/test_hardening_publish.py",
             *_RELEASE,
         ),

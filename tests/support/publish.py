@@ -11,6 +11,7 @@ import json
 import uuid
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
 from kombu import Connection, Queue
@@ -20,6 +21,7 @@ from celery_zdelay.entry import TaskMessage
 from tests.helpers import wait_for
 
 __all__ = [
+    "UNREACHABLE",
     "broker_app",
     "rabbitmq_messages",
     "redis_pushed",
@@ -27,7 +29,11 @@ __all__ = [
     "settled",
     "task_ids",
     "task_message",
+    "unreachable_lines",
 ]
+
+#: How a publisher's warning starts when its batch waits for the broker.
+UNREACHABLE = "Broker unreachable or silent"
 
 
 def broker_app(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Celery:
@@ -100,3 +106,8 @@ def rabbitmq_messages(url: str, queue: str, expected: int) -> list[Any]:
         wait_for(take, timeout=10, message=lambda: f"{expected} messages in {queue} ({got})")
         take()
     return got
+
+
+def unreachable_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The publisher's warnings that its batch waits for the broker, in order."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(UNREACHABLE)]
