@@ -276,6 +276,13 @@ def test_the_broker_wait_is_capped_at_thirty_seconds_and_a_keyword() -> None:
         Publisher(app, 5.0)  # type: ignore[misc]
 
 
+def test_the_broker_url_the_companion_logs_is_the_write_brokers_without_its_password() -> None:
+    # Breaks if: broker_url loses its @property (the start-up line would show a method).
+    app = broker_app("amqp://guest:secret@127.0.0.1:5672//")
+    app.conf.broker_write_url = "amqp://writer:secret@127.0.0.1:5673//"
+    assert Publisher(app).broker_url == "amqp://writer:**@127.0.0.1:5673//"
+
+
 def _aws(code: str | None, status: int | None) -> ClientError:
     response: dict[str, Any] = {}
     if code is not None:
