@@ -17,21 +17,24 @@ the broker wait (at most 30 s); AWS errors are told apart, the service's
 from __future__ import annotations
 
 import gc
+import importlib.util
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import kombu.exceptions
 import pytest
 import redis
 from botocore.exceptions import ClientError, ParamValidationError
 from kombu import Connection, Queue
 from kombu.exceptions import OperationalError
 
-from celery_zdelay.companion.publish import ConfirmPublisher
+from celery_zdelay.companion.publish import ConfirmPublisher, generic
 from celery_zdelay.companion.publish.generic import Publisher, broker_connection
 from celery_zdelay.testing import RedisServer
 from tests.conftest import RabbitMQ
@@ -333,3 +336,31 @@ def test_an_aws_error_waits_when_it_is_the_services_and_is_dead_lettered_when_th
     publisher._connection = broker_connection(publisher.app, 1.0)
     if isinstance(error, ParamValidationError):
         assert publisher._is_connection_error(error) is False
+
+
+def test_without_botocore_no_error_is_aws_s_and_every_other_is_told_apart_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaks if: the ImportError of botocore (an extra: SQS only) is not
+    # caught, or is read as an outage (every error would wait).
+    monkeypatch.setitem(sys.modules, "botocore.exceptions", None)
+    publisher = Publisher(broker_app("redis://127.0.0.1:6379/0"), broker_wait=1.0)
+    assert publisher._is_connection_error(_LooksLikeAws()) is False
+    assert publisher._is_connection_error(ValueError("the message's")) is False
+    assert publisher._is_connection_error(TimeoutError("the broker's")) is True
+
+
+def test_the_publisher_imports_with_a_kombu_that_has_no_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaks if: the ImportError of kombu < 5.7's missing BatchPublishError is
+    # not caught (the companion would not start on those kombu versions).
+    monkeypatch.delattr(kombu.exceptions, "BatchPublishError")
+    name = "celery_zdelay.companion.publish._generic_on_old_kombu"
+    spec = importlib.util.spec_from_file_location(name, generic.__file__)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    assert module._BATCH_ERRORS == ()
