@@ -105,7 +105,12 @@ PYTHON = (
     Target(
         "companion.publish",
         "celery_zdelay/companion/publish/generic.py",
-        ("tests/test_hardening_publish.py", *_RELEASE),
+        (
+            "tests/test_mutation_kills_generic_publish.py",
+            "tests/test_mutation_kills_generic_publish_connection.py",
+            "tests/test_hardening_publish.py",
+            *_RELEASE,
+        ),
     ),
     Target(
         "companion.publish.redis_broker",

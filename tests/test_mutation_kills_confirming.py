@@ -17,65 +17,29 @@ multiples, out of order, and nacks, and forgets settled answers.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from celery_zdelay.companion.publish import ConfirmPublisher, Confirms, supports_confirms
-from celery_zdelay.companion.publish.generic import PublishOutcome
-from celery_zdelay.entry import TaskMessage
 from tests.conftest import RabbitMQ
-from tests.helpers import wait_for
 from tests.proxy import PausableProxy
+from tests.support.publish import (
+    broker_app,
+    rabbitmq_messages,
+    settled,
+    task_ids,
+    task_message,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _app(url: str, *queues: Queue) -> Celery:
-    app = Celery("confirm-kills", broker=url, set_as_current=False)
-    app.conf.task_queues = list(queues)
-    return app
-
-
-def _message(
-    task_id: str, queue: str, *, exchange: str = "", routing_key: str | None = None
-) -> TaskMessage:
-    """A task message for *queue*, which it names to be declared."""
-    return TaskMessage(
-        body=b'[["%s"], {}, {}]' % task_id.encode(),
-        content_type="application/json",
-        content_encoding="utf-8",
-        headers={"lang": "py", "task": "tests.add", "id": task_id},
-        properties={"correlation_id": task_id, "delivery_mode": 2},
-        priority=0,
-        exchange=exchange,
-        routing_key=queue if routing_key is None else routing_key,
-        declare=[queue] if queue else [],
-    )
-
-
-def _ids(prefix: str, n: int) -> list[str]:
-    return [f"{prefix}-{i}-{uuid.uuid4().hex[:6]}" for i in range(n)]
-
-
 def _drain(url: str, queue: str, expected: int) -> list[str]:
     """The ids of the messages in *queue*, in order, once *expected* are there (bounded)."""
-    ids: list[str] = []
-    with Connection(url) as connection:
-        bound = Queue(queue, no_declare=True).bind(connection.default_channel)
-
-        def take() -> bool:
-            while (message := bound.get(no_ack=True)) is not None:
-                ids.append(message.headers["id"])
-            return len(ids) >= expected
-
-        wait_for(take, timeout=10, message=lambda: f"{expected} messages in {queue} ({ids})")
-        take()
-    return ids
+    return [m.headers["id"] for m in rabbitmq_messages(url, queue, expected)]
 
 
 def _delete_queue(url: str, name: str) -> None:
@@ -86,31 +50,27 @@ def _delete_queue(url: str, name: str) -> None:
 @pytest.fixture
 def publisher(rabbitmq: RabbitMQ) -> Iterator[ConfirmPublisher]:
     """A confirm publisher for the test's own queue, closed afterwards."""
-    made = ConfirmPublisher(_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
+    made = ConfirmPublisher(broker_app(rabbitmq.url, Queue(rabbitmq.queue)), broker_wait=5.0)
     yield made
     made.close()
-
-
-def _settled(outcome: PublishOutcome) -> tuple[list[int], dict[int, str], BaseException | None]:
-    return outcome.accepted, outcome.rejected, outcome.error
 
 
 def test_a_batch_is_accepted_message_by_message_once_confirmed(
     rabbitmq: RabbitMQ, publisher: ConfirmPublisher
 ) -> None:
-    first, second = _ids("a", 3), _ids("b", 2)
-    outcome = publisher.publish([_message(i, rabbitmq.queue) for i in first])
-    assert _settled(outcome) == ([0, 1, 2], {}, None)
+    first, second = task_ids("a", 3), task_ids("b", 2)
+    outcome = publisher.publish([task_message(i, rabbitmq.queue) for i in first])
+    assert settled(outcome) == ([0, 1, 2], {}, None)
     # The next batch on the same channel: its sequence numbers go on from the first's.
-    outcome = publisher.publish([_message(i, rabbitmq.queue) for i in second])
-    assert _settled(outcome) == ([0, 1], {}, None)
+    outcome = publisher.publish([task_message(i, rabbitmq.queue) for i in second])
+    assert settled(outcome) == ([0, 1], {}, None)
     assert _drain(rabbitmq.url, rabbitmq.queue, 5) == first + second
 
 
 def test_a_batch_goes_out_in_one_write_and_the_connection_is_left_as_it_was(
     rabbitmq: RabbitMQ, publisher: ConfirmPublisher
 ) -> None:
-    assert publisher.publish([_message(_ids("w", 1)[0], rabbitmq.queue)]).accepted == [0]
+    assert publisher.publish([task_message(task_ids("w", 1)[0], rabbitmq.queue)]).accepted == [0]
     assert publisher._connection is not None
     amqp_connection: Any = publisher._connection.connection
     transport = amqp_connection.transport
@@ -135,8 +95,8 @@ def test_a_batch_goes_out_in_one_write_and_the_connection_is_left_as_it_was(
     transport._write = counting_write
     amqp_connection.drain_events = recording_drain
     try:
-        outcome = publisher.publish([_message(i, rabbitmq.queue) for i in _ids("one", 5)])
-        assert _settled(outcome) == ([0, 1, 2, 3, 4], {}, None)
+        outcome = publisher.publish([task_message(i, rabbitmq.queue) for i in task_ids("one", 5)])
+        assert settled(outcome) == ([0, 1, 2, 3, 4], {}, None)
         assert len(writes) == 1
         assert 0 not in polls
         # The transport and the connection's properties are given back as they were.
@@ -152,14 +112,14 @@ def test_a_message_to_a_missing_exchange_is_refused_alone_and_the_rest_go_out(
     rabbitmq: RabbitMQ, publisher: ConfirmPublisher
 ) -> None:
     missing = f"{rabbitmq.queue}-missing"
-    good = _ids("g", 3)
+    good = task_ids("g", 3)
     batch = [
-        _message(good[0], rabbitmq.queue),
-        _message("lost-1", rabbitmq.queue, exchange=missing),
-        _message("lost-2", rabbitmq.queue, exchange=missing),
-        _message(good[1], rabbitmq.queue),
+        task_message(good[0], rabbitmq.queue),
+        task_message("lost-1", rabbitmq.queue, exchange=missing),
+        task_message("lost-2", rabbitmq.queue, exchange=missing),
+        task_message(good[1], rabbitmq.queue),
     ]
-    accepted, rejected, error = _settled(publisher.publish(batch))
+    accepted, rejected, error = settled(publisher.publish(batch))
     assert (accepted, error) == ([0, 3], None)
     assert set(rejected) == {1, 2}
     # Checked once per batch: the second message names the first's refusal.
@@ -167,7 +127,7 @@ def test_a_message_to_a_missing_exchange_is_refused_alone_and_the_rest_go_out(
     assert rejected[1].startswith("refused by the broker: ")
     assert missing in rejected[1]
     # The channel the broker closed was replaced: the next batch goes out.
-    assert _settled(publisher.publish([_message(good[2], rabbitmq.queue)])) == ([0], {}, None)
+    assert settled(publisher.publish([task_message(good[2], rabbitmq.queue)])) == ([0], {}, None)
     assert _drain(rabbitmq.url, rabbitmq.queue, 3) == good
 
 
@@ -176,13 +136,13 @@ def test_a_channel_the_broker_closed_is_let_go_not_kept_open(
 ) -> None:
     # A long-running companion meets refusals again and again: each one must
     # not keep a channel of the connection (there are at most 2047).
-    assert publisher.publish([_message("open", rabbitmq.queue)]).accepted == [0]
+    assert publisher.publish([task_message("open", rabbitmq.queue)]).accepted == [0]
     assert publisher._connection is not None
     channels = publisher._connection.connection.channels
     before = len(channels)
     missing = f"{rabbitmq.queue}-missing"
     for i in range(3):
-        outcome = publisher.publish([_message(f"lost-{i}", rabbitmq.queue, exchange=missing)])
+        outcome = publisher.publish([task_message(f"lost-{i}", rabbitmq.queue, exchange=missing)])
         assert list(outcome.rejected) == [0]
         assert len(channels) == before
 
@@ -195,15 +155,15 @@ def test_a_nacked_message_is_neither_accepted_nor_rejected_and_the_rest_still_co
         rabbitmq.queue, queue_arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
     )
     other = f"{rabbitmq.queue}-b"
-    publisher = ConfirmPublisher(_app(rabbitmq.url, full, Queue(other)), broker_wait=5.0)
+    publisher = ConfirmPublisher(broker_app(rabbitmq.url, full, Queue(other)), broker_wait=5.0)
     try:
-        ids = _ids("n", 4)
-        batch = [_message(i, rabbitmq.queue) for i in ids[:3]] + [_message(ids[3], other)]
+        ids = task_ids("n", 4)
+        batch = [task_message(i, rabbitmq.queue) for i in ids[:3]] + [task_message(ids[3], other)]
         outcome = publisher.publish(batch)
     finally:
         publisher.close()
     # The acked message after the nacked ones is accepted too (else published again).
-    assert _settled(outcome) == ([0, 3], {}, None)
+    assert settled(outcome) == ([0, 3], {}, None)
     assert _drain(rabbitmq.url, rabbitmq.queue, 1) == ids[:1]
     assert _drain(rabbitmq.url, other, 1) == ids[3:]
 
@@ -218,7 +178,7 @@ def test_a_message_is_refused_for_the_first_thing_the_broker_refuses(
             connection.default_channel
         ).declare()
     missing = f"{rabbitmq.queue}-missing"
-    outcome = publisher.publish([_message("twice", rabbitmq.queue, exchange=missing)])
+    outcome = publisher.publish([task_message("twice", rabbitmq.queue, exchange=missing)])
     assert (outcome.accepted, outcome.error) == ([], None)
     assert list(outcome.rejected) == [0]
     assert "x-max-length" in outcome.rejected[0]
@@ -227,7 +187,7 @@ def test_a_message_is_refused_for_the_first_thing_the_broker_refuses(
 
 def test_the_broker_wait_is_a_keyword_argument(rabbitmq: RabbitMQ) -> None:
     with pytest.raises(TypeError):
-        ConfirmPublisher(_app(rabbitmq.url), 5.0)  # type: ignore[misc]
+        ConfirmPublisher(broker_app(rabbitmq.url), 5.0)  # type: ignore[misc]
 
 
 def test_no_confirm_within_the_broker_wait_gives_the_whole_batch_back(
@@ -236,12 +196,12 @@ def test_no_confirm_within_the_broker_wait_gives_the_whole_batch_back(
     with Connection(rabbitmq.url) as probe:
         host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
     with PausableProxy(host, port) as proxy:
-        app = _app(proxy.url(rabbitmq.url), Queue(rabbitmq.queue))
+        app = broker_app(proxy.url(rabbitmq.url), Queue(rabbitmq.queue))
         publisher = ConfirmPublisher(app, broker_wait=1.0)
         try:
-            assert publisher.publish([_message("warm", rabbitmq.queue)]).accepted == [0]
+            assert publisher.publish([task_message("warm", rabbitmq.queue)]).accepted == [0]
             proxy.pause()
-            outcome = publisher.publish([_message(i, rabbitmq.queue) for i in _ids("s", 3)])
+            outcome = publisher.publish([task_message(i, rabbitmq.queue) for i in task_ids("s", 3)])
         finally:
             proxy.resume()
             publisher.close()
@@ -255,7 +215,7 @@ def test_the_timeout_counts_the_confirms_of_the_batch_that_came(
 ) -> None:
     # Given a batch of three whose first message was confirmed (a real one)
     # and two that never will be (counted as published, never sent),
-    assert publisher.publish([_message("first", rabbitmq.queue)]).accepted == [0]
+    assert publisher.publish([task_message("first", rabbitmq.queue)]).accepted == [0]
     confirms = publisher._confirms
     confirms.next()
     confirms.next()
@@ -271,14 +231,14 @@ def test_a_channel_closed_mid_batch_gives_the_batch_back_as_a_timeout(
     # Given an exchange checked on this channel and deleted afterwards,
     name = f"{rabbitmq.queue}-x"
     routed = Queue(rabbitmq.queue, Exchange(name, type="direct"), routing_key="k")
-    publisher = ConfirmPublisher(_app(rabbitmq.url, routed), broker_wait=5.0)
+    publisher = ConfirmPublisher(broker_app(rabbitmq.url, routed), broker_wait=5.0)
     try:
-        first = _message("before", rabbitmq.queue, exchange=name, routing_key="k")
-        assert _settled(publisher.publish([first])) == ([0], {}, None)
+        first = task_message("before", rabbitmq.queue, exchange=name, routing_key="k")
+        assert settled(publisher.publish([first])) == ([0], {}, None)
         with Connection(rabbitmq.url) as connection:
             Exchange(name).bind(connection.default_channel).delete()
         # when a batch is published to it, the broker closes the channel:
-        later = [_message(i, rabbitmq.queue, exchange=name, routing_key="k") for i in "xyz"]
+        later = [task_message(i, rabbitmq.queue, exchange=name, routing_key="k") for i in "xyz"]
         outcome = publisher.publish(later)
     finally:
         publisher.close()
@@ -295,13 +255,13 @@ def test_an_unroutable_message_naming_no_queue_is_rejected_as_unroutable(
     with Connection(rabbitmq.url) as connection:
         Exchange(name, type="direct").bind(connection.default_channel).declare()
     try:
-        good = _ids("u", 2)
+        good = task_ids("u", 2)
         batch = [
-            _message(good[0], rabbitmq.queue),
-            _message("unroutable", "", exchange=name, routing_key="nobody"),
-            _message(good[1], rabbitmq.queue),
+            task_message(good[0], rabbitmq.queue),
+            task_message("unroutable", "", exchange=name, routing_key="nobody"),
+            task_message(good[1], rabbitmq.queue),
         ]
-        accepted, rejected, error = _settled(publisher.publish(batch))
+        accepted, rejected, error = settled(publisher.publish(batch))
     finally:
         with Connection(rabbitmq.url) as connection:
             Exchange(name).bind(connection.default_channel).delete()
@@ -315,14 +275,14 @@ def test_an_unroutable_message_naming_no_queue_is_rejected_as_unroutable(
 def test_a_message_whose_queue_was_deleted_waits_and_goes_out_once_it_is_declared_again(
     rabbitmq: RabbitMQ, publisher: ConfirmPublisher
 ) -> None:
-    before, after = _ids("q", 2)
-    assert _settled(publisher.publish([_message(before, rabbitmq.queue)])) == ([0], {}, None)
+    before, after = task_ids("q", 2)
+    assert settled(publisher.publish([task_message(before, rabbitmq.queue)])) == ([0], {}, None)
     assert _drain(rabbitmq.url, rabbitmq.queue, 1) == [before]
     _delete_queue(rabbitmq.url, rabbitmq.queue)
     # Returned (mandatory): given back, neither accepted nor rejected,
-    assert _settled(publisher.publish([_message(after, rabbitmq.queue)])) == ([], {}, None)
+    assert settled(publisher.publish([task_message(after, rabbitmq.queue)])) == ([], {}, None)
     # and on the next pass its queue is declared again and it goes out.
-    assert _settled(publisher.publish([_message(after, rabbitmq.queue)])) == ([0], {}, None)
+    assert settled(publisher.publish([task_message(after, rabbitmq.queue)])) == ([0], {}, None)
     assert _drain(rabbitmq.url, rabbitmq.queue, 1) == [after]
 
 
@@ -331,27 +291,27 @@ def test_a_message_returned_again_after_its_queue_was_declared_is_rejected(
 ) -> None:
     # Its queue exists, but its routing key reaches no queue: declaring
     # again does not help, so the second return is final.
-    stray = _message("stray", rabbitmq.queue, routing_key=f"{rabbitmq.queue}-none")
-    assert _settled(publisher.publish([stray])) == ([], {}, None)
-    accepted, rejected, error = _settled(publisher.publish([stray]))
+    stray = task_message("stray", rabbitmq.queue, routing_key=f"{rabbitmq.queue}-none")
+    assert settled(publisher.publish([stray])) == ([], {}, None)
+    accepted, rejected, error = settled(publisher.publish([stray]))
     assert (accepted, error) == ([], None)
     assert list(rejected) == [0]
     assert rejected[0].startswith("unroutable:")
     # Once accepted, a message is not remembered as returned.
-    good = _message("good", rabbitmq.queue)
+    good = task_message("good", rabbitmq.queue)
     for _ in range(2):
-        assert _settled(publisher.publish([good])) == ([0], {}, None)
+        assert settled(publisher.publish([good])) == ([0], {}, None)
 
 
 def test_a_new_connection_declares_every_queue_again(
     rabbitmq: RabbitMQ, publisher: ConfirmPublisher
 ) -> None:
-    before, after = _ids("c", 2)
-    assert _settled(publisher.publish([_message(before, rabbitmq.queue)])) == ([0], {}, None)
+    before, after = task_ids("c", 2)
+    assert settled(publisher.publish([task_message(before, rabbitmq.queue)])) == ([0], {}, None)
     _delete_queue(rabbitmq.url, rabbitmq.queue)
     publisher.close()
     # A fresh connection knows nothing declared: the queue is declared at once.
-    assert _settled(publisher.publish([_message(after, rabbitmq.queue)])) == ([0], {}, None)
+    assert settled(publisher.publish([task_message(after, rabbitmq.queue)])) == ([0], {}, None)
     assert _drain(rabbitmq.url, rabbitmq.queue, 1) == [after]
 
 
@@ -362,8 +322,8 @@ def test_a_queue_the_app_does_not_configure_is_published_to_with_a_warning(
     with Connection(rabbitmq.url) as connection:
         Queue(other).bind(connection.default_channel).declare()
     caplog.set_level(logging.WARNING)
-    ids = _ids("o", 1)
-    assert _settled(publisher.publish([_message(ids[0], other)])) == ([0], {}, None)
+    ids = task_ids("o", 1)
+    assert settled(publisher.publish([task_message(ids[0], other)])) == ([0], {}, None)
     assert f"Queue {other} is not configured on this companion" in caplog.text
     assert _drain(rabbitmq.url, other, 1) == ids
 

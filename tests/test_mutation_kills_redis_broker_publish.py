@@ -22,23 +22,19 @@ no message owns rather than drop it; ``broker_wait`` is a keyword argument.
 
 from __future__ import annotations
 
-import json
 import logging
-import uuid
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 from kombu import Queue
 
 from celery_zdelay.companion.publish import RedisPublisher
-from celery_zdelay.companion.publish.generic import PublishOutcome
 from celery_zdelay.companion.publish.redis_broker import _ReplyKeepingPipeline
-from celery_zdelay.entry import TaskMessage
 from celery_zdelay.testing import RedisServer
+from tests.support.publish import broker_app, redis_queued, settled, task_ids, task_message
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,43 +45,6 @@ SMALL_BULK_LIMIT = 1024 * 1024
 PRIORITY_SEP = "\x06\x16"
 
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
-
-
-def _app(url: str, *queues: Queue) -> Celery:
-    app = Celery("redis-broker-kills", broker=url, set_as_current=False)
-    app.conf.task_queues = list(queues)
-    return app
-
-
-def _message(
-    task_id: str, queue: str, *, priority: int = 0, body: bytes | None = None
-) -> TaskMessage:
-    """A task message for *queue*, which it names to be declared."""
-    return TaskMessage(
-        body=b'[["%s"], {}, {}]' % task_id.encode() if body is None else body,
-        content_type="application/json",
-        content_encoding="utf-8",
-        headers={"lang": "py", "task": "tests.add", "id": task_id},
-        properties={"correlation_id": task_id, "delivery_mode": 2},
-        priority=priority,
-        exchange="",
-        routing_key=queue,
-        declare=[queue],
-    )
-
-
-def _ids(prefix: str, n: int) -> list[str]:
-    return [f"{prefix}-{i}-{uuid.uuid4().hex[:6]}" for i in range(n)]
-
-
-def _queued(client: redis.Redis, key: str) -> list[str]:
-    """The task ids in kombu's list *key*, oldest first (kombu pushes on the left)."""
-    raw: list[bytes] = client.lrange(key, 0, -1)  # type: ignore[assignment]
-    return [json.loads(item)["headers"]["id"] for item in reversed(raw)]
-
-
-def _settled(outcome: PublishOutcome) -> tuple[list[int], dict[int, str], BaseException | None]:
-    return outcome.accepted, outcome.rejected, outcome.error
 
 
 @pytest.fixture
@@ -103,7 +62,7 @@ def client(broker: RedisServer) -> Iterator[redis.Redis]:
 
 
 def _publisher(url: str, *queues: Queue) -> RedisPublisher:
-    return RedisPublisher(_app(url, *queues), broker_wait=5.0)
+    return RedisPublisher(broker_app(url, *queues), broker_wait=5.0)
 
 
 @pytest.fixture
@@ -117,9 +76,9 @@ def test_a_batch_is_pushed_to_kombus_list_in_order_in_one_round_trip_and_accepte
     publisher: RedisPublisher, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first batch connects (reading the server's bulk limit) and declares both queues.
-    warm = _ids("w", 2)
-    first = [_message(warm[0], "q"), _message(warm[1], "other")]
-    assert _settled(publisher.publish(first)) == ([0, 1], {}, None)
+    warm = task_ids("w", 2)
+    first = [task_message(warm[0], "q"), task_message(warm[1], "other")]
+    assert settled(publisher.publish(first)) == ([0, 1], {}, None)
     executes: list[int] = []
     real_execute = redis.client.Pipeline.execute
 
@@ -128,48 +87,52 @@ def test_a_batch_is_pushed_to_kombus_list_in_order_in_one_round_trip_and_accepte
         return real_execute(self, *args, **kwargs)
 
     monkeypatch.setattr(redis.client.Pipeline, "execute", counting_execute)
-    ids = _ids("a", 4)
-    batch = [_message(ids[0], "q"), _message(ids[1], "other"), *(_message(i, "q") for i in ids[2:])]
-    assert _settled(publisher.publish(batch)) == ([0, 1, 2, 3], {}, None)
+    ids = task_ids("a", 4)
+    batch = [
+        task_message(ids[0], "q"),
+        task_message(ids[1], "other"),
+        *(task_message(i, "q") for i in ids[2:]),
+    ]
+    assert settled(publisher.publish(batch)) == ([0, 1, 2, 3], {}, None)
     assert executes == [4]
-    assert _queued(client, "q") == [warm[0], ids[0], *ids[2:]]
-    assert _queued(client, "other") == [warm[1], ids[1]]
+    assert redis_queued(client, "q") == [warm[0], ids[0], *ids[2:]]
+    assert redis_queued(client, "other") == [warm[1], ids[1]]
 
 
 def test_a_message_with_a_priority_is_pushed_to_its_steps_own_list(
     publisher: RedisPublisher, client: redis.Redis
 ) -> None:
-    ids = _ids("p", 4)
-    batch = [_message(i, "q", priority=p) for i, p in zip(ids, [0, 5, 9, 2], strict=True)]
-    assert _settled(publisher.publish(batch)) == ([0, 1, 2, 3], {}, None)
+    ids = task_ids("p", 4)
+    batch = [task_message(i, "q", priority=p) for i, p in zip(ids, [0, 5, 9, 2], strict=True)]
+    assert settled(publisher.publish(batch)) == ([0, 1, 2, 3], {}, None)
     # kombu's steps are 0, 3, 6 and 9: 5 goes to 3's list, 2 to the queue's own.
-    assert _queued(client, "q") == [ids[0], ids[3]]
-    assert _queued(client, f"q{PRIORITY_SEP}3") == [ids[1]]
-    assert _queued(client, f"q{PRIORITY_SEP}9") == [ids[2]]
+    assert redis_queued(client, "q") == [ids[0], ids[3]]
+    assert redis_queued(client, f"q{PRIORITY_SEP}3") == [ids[1]]
+    assert redis_queued(client, f"q{PRIORITY_SEP}9") == [ids[2]]
 
 
 def test_a_wrongtype_queue_rejects_its_message_alone_with_redis_reply(
     publisher: RedisPublisher, client: redis.Redis
 ) -> None:
     client.set("bad", "a string where a queue should be")
-    ids = _ids("g", 4)
+    ids = task_ids("g", 4)
     batch = [
-        _message(ids[0], "q"),
-        _message("lost-1", "bad"),
-        _message(ids[1], "q"),
-        _message("lost-2", "bad"),
-        _message(ids[2], "other"),
+        task_message(ids[0], "q"),
+        task_message("lost-1", "bad"),
+        task_message(ids[1], "q"),
+        task_message("lost-2", "bad"),
+        task_message(ids[2], "other"),
     ]
-    accepted, rejected, error = _settled(publisher.publish(batch))
+    accepted, rejected, error = settled(publisher.publish(batch))
     assert (accepted, error) == ([0, 2, 4], None)
     reason = f"refused by Redis: ResponseError: {WRONGTYPE}"
     assert rejected == {1: reason, 3: reason}
-    assert _queued(client, "q") == ids[:2]
-    assert _queued(client, "other") == [ids[2]]
+    assert redis_queued(client, "q") == ids[:2]
+    assert redis_queued(client, "other") == [ids[2]]
     assert client.get("bad") == b"a string where a queue should be"
     # The refusals were this batch's: the next one, good, is all accepted.
-    assert _settled(publisher.publish([_message(ids[3], "q")])) == ([0], {}, None)
-    assert _queued(client, "q") == [*ids[:2], ids[3]]
+    assert settled(publisher.publish([task_message(ids[3], "q")])) == ([0], {}, None)
+    assert redis_queued(client, "q") == [*ids[:2], ids[3]]
 
 
 def test_a_refusal_is_its_own_message_when_messages_send_several_commands(
@@ -180,22 +143,22 @@ def test_a_refusal_is_its_own_message_when_messages_send_several_commands(
     expiring = Queue("exp", queue_arguments={"x-expires": 60_000})
     publisher = _publisher(f"{broker.url}/0", expiring, Queue("q"))
     client.set("bad", "not a list")
-    ids = _ids("e", 4)
+    ids = task_ids("e", 4)
     batch = [
-        _message(ids[0], "exp"),
-        _message(ids[1], "exp"),
-        _message("lost", "bad"),
-        _message(ids[2], "q"),
-        _message(ids[3], "exp"),
+        task_message(ids[0], "exp"),
+        task_message(ids[1], "exp"),
+        task_message("lost", "bad"),
+        task_message(ids[2], "q"),
+        task_message(ids[3], "exp"),
     ]
     try:
-        accepted, rejected, error = _settled(publisher.publish(batch))
+        accepted, rejected, error = settled(publisher.publish(batch))
     finally:
         publisher.close()
     assert (accepted, error) == ([0, 1, 3, 4], None)
     assert rejected == {2: f"refused by Redis: ResponseError: {WRONGTYPE}"}
-    assert _queued(client, "exp") == [ids[0], ids[1], ids[3]]
-    assert _queued(client, "q") == [ids[2]]
+    assert redis_queued(client, "exp") == [ids[0], ids[1], ids[3]]
+    assert redis_queued(client, "q") == [ids[2]]
     assert 0 < client.pttl("exp") <= 60_000
 
 
@@ -209,19 +172,19 @@ def test_the_first_refusal_of_a_message_is_its_reason(
     )
     url = f"redis://limited:secret@127.0.0.1:{broker.port}/0"
     publisher = _publisher(url, Queue("bad", queue_arguments={"x-expires": 60_000}), Queue("q"))
-    ids = _ids("f", 2)
+    ids = task_ids("f", 2)
     try:
-        assert _settled(publisher.publish([_message("declared", "bad")])) == ([0], {}, None)
+        assert settled(publisher.publish([task_message("declared", "bad")])) == ([0], {}, None)
         client.delete("bad")
         client.set("bad", "not a list")
         client.acl_setuser("limited", enabled=True, commands=["-pexpire"])
-        outcome = publisher.publish([_message(ids[0], "q"), _message("lost", "bad")])
+        outcome = publisher.publish([task_message(ids[0], "q"), task_message("lost", "bad")])
     finally:
         publisher.close()
     # its LPUSH is refused for the message (WRONGTYPE), then its PEXPIREs for
     # the user's rights (NOPERM, which would wait): the first refusal counts.
-    assert _settled(outcome) == ([0], {1: f"refused by Redis: ResponseError: {WRONGTYPE}"}, None)
-    assert _queued(client, "q") == ids[:1]
+    assert settled(outcome) == ([0], {1: f"refused by Redis: ResponseError: {WRONGTYPE}"}, None)
+    assert redis_queued(client, "q") == ids[:1]
 
 
 def test_a_push_refused_for_the_servers_state_waits_and_its_error_is_given_back(
@@ -237,22 +200,26 @@ def test_a_push_refused_for_the_servers_state_waits_and_its_error_is_given_back(
     )
     url = f"redis://limited:secret@127.0.0.1:{broker.port}/0"
     publisher = _publisher(url, Queue("q"), Queue("forbidden"))
-    ids = _ids("n", 3)
+    ids = task_ids("n", 3)
     caplog.set_level(logging.WARNING)
     try:
-        batch = [_message(ids[0], "q"), _message(ids[1], "forbidden"), _message(ids[2], "q")]
-        accepted, rejected, error = _settled(publisher.publish(batch))
+        batch = [
+            task_message(ids[0], "q"),
+            task_message(ids[1], "forbidden"),
+            task_message(ids[2], "q"),
+        ]
+        accepted, rejected, error = settled(publisher.publish(batch))
         # then the refused message is neither accepted nor rejected: it waits,
         assert (accepted, rejected) == ([0, 2], {})
         assert isinstance(error, redis.exceptions.NoPermissionError)
         assert "Redis broker refused a push for now, it waits" in caplog.text
         # and once the user may write it, it goes out on the same connection.
         client.acl_setuser("limited", enabled=True, keys=["forbidden*"])
-        assert _settled(publisher.publish([_message(ids[1], "forbidden")])) == ([0], {}, None)
+        assert settled(publisher.publish([task_message(ids[1], "forbidden")])) == ([0], {}, None)
     finally:
         publisher.close()
-    assert _queued(client, "q") == [ids[0], ids[2]]
-    assert _queued(client, "forbidden") == [ids[1]]
+    assert redis_queued(client, "q") == [ids[0], ids[2]]
+    assert redis_queued(client, "forbidden") == [ids[1]]
 
 
 def test_a_message_over_the_bulk_limit_read_on_connect_is_rejected_unsent(
@@ -261,11 +228,11 @@ def test_a_message_over_the_bulk_limit_read_on_connect_is_rejected_unsent(
     # Given a server whose proto-max-bulk-len was lowered before the publisher connected,
     client.config_set("proto-max-bulk-len", SMALL_BULK_LIMIT)
     publisher = _publisher(f"{broker.url}/0", Queue("q"))
-    ids = _ids("b", 3)
+    ids = task_ids("b", 3)
     # a body whose base64 alone is over it (786 433 bytes: 1 048 580 as base64)
-    big = _message("big", "q", body=b"x" * (SMALL_BULK_LIMIT // 4 * 3 + 1))
+    big = task_message("big", "q", body=b"x" * (SMALL_BULK_LIMIT // 4 * 3 + 1))
     try:
-        outcome = publisher.publish([_message(ids[0], "q"), big, _message(ids[1], "q")])
+        outcome = publisher.publish([task_message(ids[0], "q"), big, task_message(ids[1], "q")])
         # is rejected with the reason, not sent: the others go out, and so does the next batch.
         assert (outcome.accepted, outcome.error) == ([0, 2], None)
         assert list(outcome.rejected) == [1]
@@ -273,10 +240,10 @@ def test_a_message_over_the_bulk_limit_read_on_connect_is_rejected_unsent(
             "publish refused: MessageTooLarge: the message is 1048580 bytes, "
             "over the Redis broker's proto-max-bulk-len (1048576 bytes)"
         )
-        assert _settled(publisher.publish([_message(ids[2], "q")])) == ([0], {}, None)
+        assert settled(publisher.publish([task_message(ids[2], "q")])) == ([0], {}, None)
     finally:
         publisher.close()
-    assert _queued(client, "q") == ids
+    assert redis_queued(client, "q") == ids
 
 
 def _push_to_a_list_and_to_a_string(client: redis.Redis) -> Any:
@@ -315,7 +282,7 @@ def test_a_reply_no_message_owns_fails_the_flush_instead_of_being_dropped(
 
 
 def test_the_broker_wait_is_a_keyword_argument(broker: RedisServer) -> None:
-    app = _app(f"{broker.url}/0")
+    app = broker_app(f"{broker.url}/0")
     with pytest.raises(TypeError):
         RedisPublisher(app, 5.0)  # type: ignore[call-arg]
     assert RedisPublisher(app=app, broker_wait=3.0).broker_wait == 3.0

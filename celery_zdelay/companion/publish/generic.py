@@ -250,8 +250,8 @@ class Publisher:
         if exchange:
             # A message sent to an exchange by name (no queue): declare it as
             # the app's queues define it, so a fresh channel knows its type.
-            known = [q.exchange for q in queues.values() if q.exchange.name == exchange][:1]
-            needed.append((f"exchange:{exchange}", known[0] if known else None))
+            known = next((q.exchange for q in queues.values() if q.exchange.name == exchange), None)
+            needed.append((f"exchange:{exchange}", known))
         return needed
 
     def _is_connection_error(self, exc: BaseException) -> bool:

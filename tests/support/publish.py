@@ -1,0 +1,113 @@
+"""Task messages as the companion hands them to a publisher, and what a publisher said.
+
+The publishers' kill tests (generic, Redis broker, confirming) drive a
+publisher directly with these, against a real broker, with no store,
+worker or companion.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Connection, Queue
+
+from celery_zdelay.companion.publish.generic import PublishOutcome
+from celery_zdelay.entry import TaskMessage
+from tests.helpers import wait_for
+
+__all__ = [
+    "UNREACHABLE",
+    "broker_app",
+    "rabbitmq_messages",
+    "redis_pushed",
+    "redis_queued",
+    "settled",
+    "task_ids",
+    "task_message",
+    "unreachable_lines",
+]
+
+#: How a publisher's warning starts when its batch waits for the broker.
+UNREACHABLE = "Broker unreachable or silent"
+
+
+def broker_app(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Celery:
+    """An app on the broker *url* that configures *queues* (and transport *options*)."""
+    app = Celery("publish-kills", broker=url, set_as_current=False)
+    app.conf.task_queues = list(queues)
+    app.conf.broker_transport_options = options or {}
+    return app
+
+
+def task_message(
+    task_id: str,
+    queue: str,
+    *,
+    exchange: str = "",
+    routing_key: str | None = None,
+    priority: int = 0,
+    body: bytes | None = None,
+    headers: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+) -> TaskMessage:
+    """A task message for *queue* (routed by its name unless *routing_key*), which it
+    names to be declared; *headers* and *properties* are added to the usual ones."""
+    return TaskMessage(
+        body=b'[["%s"], {}, {}]' % task_id.encode() if body is None else body,
+        content_type="application/json",
+        content_encoding="utf-8",
+        headers={"lang": "py", "task": "tests.add", "id": task_id, **(headers or {})},
+        properties={"correlation_id": task_id, "delivery_mode": 2, **(properties or {})},
+        priority=priority,
+        exchange=exchange,
+        routing_key=queue if routing_key is None else routing_key,
+        declare=[queue] if queue else [],
+    )
+
+
+def task_ids(prefix: str, n: int) -> list[str]:
+    """*n* task ids of the test's own, starting with *prefix*."""
+    return [f"{prefix}-{i}-{uuid.uuid4().hex[:6]}" for i in range(n)]
+
+
+def settled(outcome: PublishOutcome) -> tuple[list[int], dict[int, str], BaseException | None]:
+    """(accepted, rejected, error): the whole of a publisher's answer, to compare at once."""
+    return outcome.accepted, outcome.rejected, outcome.error
+
+
+def redis_pushed(client: redis.Redis, key: str) -> list[dict[str, Any]]:
+    """The messages kombu pushed to its list *key* on a Redis broker, oldest first
+    (kombu pushes on the left)."""
+    raw: list[bytes] = client.lrange(key, 0, -1)  # type: ignore[assignment]
+    return [json.loads(item) for item in reversed(raw)]
+
+
+def redis_queued(client: redis.Redis, key: str) -> list[str]:
+    """The task ids in kombu's list *key*, oldest first."""
+    return [message["headers"]["id"] for message in redis_pushed(client, key)]
+
+
+def rabbitmq_messages(url: str, queue: str, expected: int) -> list[Any]:
+    """The messages taken from RabbitMQ's *queue*, in order, once *expected* are there (bounded)."""
+    got: list[Any] = []
+    with Connection(url) as connection:
+        bound = Queue(queue, no_declare=True).bind(connection.default_channel)
+
+        def take() -> bool:
+            while (message := bound.get(no_ack=True)) is not None:
+                got.append(message)
+            return len(got) >= expected
+
+        wait_for(take, timeout=10, message=lambda: f"{expected} messages in {queue} ({got})")
+        take()
+    return got
+
+
+def unreachable_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The publisher's warnings that its batch waits for the broker, in order."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(UNREACHABLE)]
