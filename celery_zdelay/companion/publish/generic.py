@@ -65,6 +65,9 @@ class Publisher:
 
     #: Publish with AMQP's "mandatory" flag: the broker returns what no queue takes.
     mandatory = False
+    #: Index (into the batch) of the message being handed to kombu: set
+    #: before each one, read only while kombu has it.
+    _current: int
 
     def __init__(self, app: Celery, *, broker_wait: float = MAX_BROKER_WAIT) -> None:
         self.app = app
@@ -74,8 +77,6 @@ class Publisher:
         self.broker_wait = min(broker_wait, MAX_BROKER_WAIT)
         self._connection: Connection | None = None
         self._producer: Producer | None = None
-        #: Index (into the batch) of the message being handed to kombu.
-        self._current = -1
 
     @property
     def broker_url(self) -> str:
