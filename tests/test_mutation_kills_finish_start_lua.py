@@ -58,7 +58,9 @@ def store(app: Celery) -> Store:
     return store_for(app)
 
 
-def _park(store: Store, task_id: str, due_ms: int, key: str, on_key: str = "until_finished") -> None:
+def _park(
+    store: Store, task_id: str, due_ms: int, key: str, on_key: str = "until_finished"
+) -> None:
     mark = Mark(key, on_key, (), HOUR)
     park_marked(store, [ParkRequest(task_id, Due("a", due_ms), PAYLOAD, mark=mark)])
 
