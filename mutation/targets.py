@@ -163,6 +163,9 @@ _STEERING = (
 )
 #: Held tasks (pauses, rate limits) listed, rescheduled and cancelled.
 _HELD = "tests/test_held_steering.py"
+_OVERLAP_KILLS = "tests/test_mutation_kills_periodic_overlap.py"
+_FINISH_START = "tests/test_mutation_kills_finish_start_lua.py"
+_FORGET_ALLOWED = "tests/test_mutation_kills_forget_lane_allowed_lua.py"
 
 LUA = (
     # Loaded in front of every script: the scripts' kill tests exercise it.
@@ -329,6 +332,26 @@ LUA = (
     ),
     Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
     Target("park_once.lua", _PERIODIC + "park_once.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
+    # until_finished keys: a worker frees only its own hold, never a parked-again id's.
+    Target(
+        "finish_key.lua",
+        _STORE + "finish_key.lua",
+        (_FINISH_START, _OVERLAP_KILLS, "tests/test_keys.py"),
+    ),
+    # Overlap policies: a periodic run takes its schedule's key, or waits, or is skipped.
+    Target(
+        "start_run.lua",
+        _STORE + "start_run.lua",
+        (_FINISH_START, _OVERLAP_KILLS, "tests/test_periodic_overlap.py"),
+    ),
+    # A held set is forgotten only once empty, in one step with the count.
+    Target(
+        "forget_lane.lua",
+        _STORE + "forget_lane.lua",
+        (_FORGET_ALLOWED, _HELD, "tests/test_pause.py", "tests/test_rate_limits.py"),
+    ),
+    # The ACL pre-check: a script refused before its first write, naming the command.
+    Target("allowed.lua", _STORE + "allowed.lua", (_FORGET_ALLOWED, "tests/test_acl.py")),
     # The last run of each schedule, recorded once and only over an older one.
     Target(
         "record_runs.lua",
