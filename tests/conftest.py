@@ -57,6 +57,14 @@ def broker_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+def broker_client(broker_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of :func:`broker_server`'s database 0, where kombu's lists live."""
+    client = broker_server.client(0)
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def cluster() -> Iterator[LocalCluster]:
     """A private 3-master Redis Cluster."""
     with LocalCluster() as local_cluster:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -37,7 +36,9 @@ from celery_zdelay.testing import RedisServer
 from tests.conftest import RabbitMQ
 from tests.support.logs import error_lines
 from tests.support.publish import (
+    ONE_BY_ONE,
     UNREACHABLE,
+    WRONGTYPE,
     broker_app,
     rabbitmq_messages,
     redis_pushed,
@@ -50,26 +51,6 @@ from tests.support.publish import (
 
 pytestmark = pytest.mark.timeout(60)
 
-WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
-
-
-#: kombu publishes to Redis one message at a time with retry_on_timeout (no batches).
-ONE_BY_ONE = {"retry_on_timeout": True}
-
-
-@pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    """A private Redis of the test's own: its config and users may be changed."""
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-def client(broker: RedisServer) -> Iterator[redis.Redis]:
-    made = broker.client(0)
-    yield made
-    made.close()
-
 
 def _publisher(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Publisher:
     return Publisher(broker_app(url, *queues, options=options), broker_wait=5.0)
@@ -79,11 +60,11 @@ def _publisher(url: str, *queues: Queue, options: dict[str, Any] | None = None) 
 
 
 def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
-    broker: RedisServer, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    broker_server: RedisServer, broker_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Breaks if: the batch is not pipelined (`batching is None`, `or`, `not`), or
     # _BATCH_COMMANDS becomes 0 (`1 >> 30`: kombu refuses the batch).
-    publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("other"))
+    publisher = _publisher(f"{broker_server.url}/0", Queue("q"), Queue("other"))
     try:
         warm = task_ids("w", 2)
         first = [task_message(warm[0], "q"), task_message(warm[1], "other")]
@@ -112,9 +93,9 @@ def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
     finally:
         publisher.close()
     assert executes == [3]
-    assert redis_queued(client, "q") == [warm[0], batch_ids[0], batch_ids[2]]
-    assert redis_queued(client, "other") == [warm[1], batch_ids[1]]
-    pushed = redis_pushed(client, "q")[1]
+    assert redis_queued(broker_client, "q") == [warm[0], batch_ids[0], batch_ids[2]]
+    assert redis_queued(broker_client, "other") == [warm[1], batch_ids[1]]
+    pushed = redis_pushed(broker_client, "q")[1]
     parked = batch[0]
     assert base64.b64decode(pushed["body"]) == parked.body
     assert pushed["headers"] == parked.headers
@@ -127,7 +108,7 @@ def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
 
 
 def test_the_parked_expires_is_published_as_the_time_left_never_a_stale_expiration(
-    broker: RedisServer, client: redis.Redis
+    broker_server: RedisServer, broker_client: redis.Redis
 ) -> None:
     # Breaks if: `not expires` loses its `not`, the parse errors are not caught,
     # `when is None` or `tzinfo is None` is inverted, `when - now` becomes `+`,
@@ -149,13 +130,14 @@ def test_the_parked_expires_is_published_as_the_time_left_never_a_stale_expirati
         for name, value in expires.items()
     ]
     batch.append(task_message("none", "q", properties=stale))
-    publisher = _publisher(f"{broker.url}/0", Queue("q"))
+    publisher = _publisher(f"{broker_server.url}/0", Queue("q"))
     try:
         assert settled(publisher.publish(batch)) == (list(range(len(batch))), {}, None)
     finally:
         publisher.close()
     expiration = {
-        m["headers"]["id"]: m["properties"].get("expiration") for m in redis_pushed(client, "q")
+        m["headers"]["id"]: m["properties"].get("expiration")
+        for m in redis_pushed(broker_client, "q")
     }
     for name in ("aware", "offset", "naive"):
         assert 50_000 <= int(expiration[name]) <= 60_000, (name, expiration[name])
@@ -267,13 +249,13 @@ def test_the_generic_publisher_asks_for_no_returns_it_would_never_read(
 
 
 def test_one_by_one_a_message_redis_refuses_is_rejected_alone(
-    broker: RedisServer, client: redis.Redis
+    broker_server: RedisServer, broker_client: redis.Redis
 ) -> None:
     # Breaks if: the per-message `except` catches nothing, a refusal is taken
     # for the broker's state (`server_state(...) is None`, the connection-error
     # checks inverted), or `continue` becomes `break` after a rejection.
-    client.set("bad", "a string where a queue should be")
-    publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
+    broker_client.set("bad", "a string where a queue should be")
+    publisher = _publisher(f"{broker_server.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
     good = task_ids("g", 4)
     batch = [
         task_message(good[0], "q"),
@@ -290,23 +272,23 @@ def test_one_by_one_a_message_redis_refuses_is_rejected_alone(
         assert settled(publisher.publish([task_message(good[3], "q")])) == ([0], {}, None)
     finally:
         publisher.close()
-    assert redis_queued(client, "q") == good
-    assert client.get("bad") == b"a string where a queue should be"
+    assert redis_queued(broker_client, "q") == good
+    assert broker_client.get("bad") == b"a string where a queue should be"
 
 
 def test_one_by_one_a_push_refused_for_the_servers_state_waits_alone(
-    broker: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+    broker_server: RedisServer, broker_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Breaks if: the refusal's warning is not logged for the batch's first one
     # (`outcome.error is None` inverted), or `continue` becomes `break`.
-    client.acl_setuser(
+    broker_client.acl_setuser(
         "limited",
         enabled=True,
         passwords=["+secret"],
         keys=["q*", "_kombu*", "unacked*"],
         commands=["+@all"],
     )
-    url = f"redis://limited:secret@127.0.0.1:{broker.port}/0"
+    url = f"redis://limited:secret@127.0.0.1:{broker_server.port}/0"
     publisher = _publisher(url, Queue("q"), Queue("forbidden"), options=ONE_BY_ONE)
     good = task_ids("n", 2)
     caplog.set_level(logging.WARNING)
@@ -318,28 +300,28 @@ def test_one_by_one_a_push_refused_for_the_servers_state_waits_alone(
         assert isinstance(error, redis.exceptions.NoPermissionError)
         refusals = [r for r in caplog.records if "refused a push for now" in r.getMessage()]
         assert len(refusals) == 1
-        client.acl_setuser("limited", enabled=True, keys=["forbidden*"])
+        broker_client.acl_setuser("limited", enabled=True, keys=["forbidden*"])
         assert settled(publisher.publish([batch[1]])) == ([0], {}, None)
     finally:
         publisher.close()
-    assert redis_queued(client, "q") == good
-    assert redis_queued(client, "forbidden") == ["held"]
+    assert redis_queued(broker_client, "q") == good
+    assert redis_queued(broker_client, "forbidden") == ["held"]
 
 
 def test_a_pipelined_batch_kombu_fails_as_a_whole_waits_as_a_whole(
-    broker: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+    broker_server: RedisServer, broker_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Breaks if: kombu's BatchPublishError is not counted as the broker's state
     # (the `or` of `_is_connection_error` made `and`, publish's `if` negated), or
     # publish's `except` catches nothing (the error escapes the companion's loop).
-    publisher = _publisher(f"{broker.url}/0", Queue("q"), Queue("bad"))
+    publisher = _publisher(f"{broker_server.url}/0", Queue("q"), Queue("bad"))
     batch = [task_message(i, "q") for i in task_ids("p", 2)]
     batch.insert(1, task_message("lost", "bad"))
     try:
         # Given its queues declared while they were lists, one then turned into a string,
         assert publisher.publish(batch).accepted == [0, 1, 2]
-        client.delete("bad")
-        client.set("bad", "not a list")
+        broker_client.delete("bad")
+        broker_client.set("bad", "not a list")
         caplog.set_level(logging.WARNING)
         accepted, rejected, error = settled(publisher.publish(batch))
     finally:
@@ -363,15 +345,15 @@ class _CutAt(Publisher):
 
 
 def test_a_failure_mid_batch_keeps_what_went_out_before_it_and_the_rest_waits(
-    broker: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+    broker_server: RedisServer, broker_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Breaks if: a connection error is rejected as the message's (`connection is
     # None` inverted, the connection_errors check negated), the count of
     # messages that wait adds what was accepted or rejected (`-` made `+`), or
     # what went out before the failure is not counted (given back, it would be
     # published again on every pass).
-    client.set("bad", "not a list")
-    app = broker_app(f"{broker.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
+    broker_client.set("bad", "not a list")
+    app = broker_app(f"{broker_server.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
     publisher = _CutAt(app, broker_wait=5.0)
     good = task_ids("c", 3)
     caplog.set_level(logging.WARNING)
@@ -389,7 +371,7 @@ def test_a_failure_mid_batch_keeps_what_went_out_before_it_and_the_rest_waits(
     assert (accepted, list(rejected)) == ([0, 2], [1])
     assert isinstance(error, redis.exceptions.ConnectionError)
     assert unreachable_lines(caplog) == [f"{UNREACHABLE}, 2 messages wait: {error!r}"]
-    assert redis_queued(client, "q") == good[:2]
+    assert redis_queued(broker_client, "q") == good[:2]
 
 
 class _Unforeseen(Publisher):
@@ -400,11 +382,11 @@ class _Unforeseen(Publisher):
 
 
 def test_an_unforeseen_error_keeps_the_batch_and_logs_its_traceback(
-    broker: RedisServer, caplog: pytest.LogCaptureFixture
+    broker_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Breaks if: the unforeseen error is logged without its traceback
     # (`exc_info=False`), or taken for the broker's state.
-    publisher = _Unforeseen(broker_app(f"{broker.url}/0", Queue("q")), broker_wait=5.0)
+    publisher = _Unforeseen(broker_app(f"{broker_server.url}/0", Queue("q")), broker_wait=5.0)
     caplog.set_level(logging.WARNING)
     try:
         outcome = publisher.publish([task_message(i, "q") for i in task_ids("b", 2)])

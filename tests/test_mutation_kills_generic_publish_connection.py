@@ -24,7 +24,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import kombu.exceptions
@@ -42,6 +41,7 @@ from tests.helpers import wait_for
 from tests.proxy import PausableProxy
 from tests.support.logs import error_lines
 from tests.support.publish import (
+    ONE_BY_ONE,
     UNREACHABLE,
     broker_app,
     redis_queued,
@@ -52,24 +52,6 @@ from tests.support.publish import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-
-#: kombu publishes to Redis one message at a time with retry_on_timeout (no batches).
-ONE_BY_ONE = {"retry_on_timeout": True}
-
-
-@pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    """A private Redis of the test's own: its config and users may be changed."""
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-def client(broker: RedisServer) -> Iterator[redis.Redis]:
-    made = broker.client(0)
-    yield made
-    made.close()
 
 
 def _publisher(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Publisher:
@@ -111,15 +93,15 @@ def test_an_unreachable_broker_is_tried_twice_then_the_batch_waits(
 @pytest.mark.parametrize("options", [{}, ONE_BY_ONE], ids=["pipelined", "one-by-one"])
 @pytest.mark.timeout(40)
 def test_a_silent_redis_broker_makes_the_batch_wait_and_leaves_no_socket_open(
-    broker: RedisServer,
-    client: redis.Redis,
+    broker_server: RedisServer,
+    broker_client: redis.Redis,
     options: dict[str, Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Breaks if: the socket timeout is not set on a Redis transport (`!=
     # "redis"`: the batch hangs), kombu retries the publish (`retry=True`), or
     # the dropped connection is not let go (`connection is not None` inverted).
-    with PausableProxy("127.0.0.1", broker.port) as proxy:
+    with PausableProxy("127.0.0.1", broker_server.port) as proxy:
         app = broker_app(f"redis://127.0.0.1:{proxy.port}/0", Queue("q"), options=options)
         publisher = Publisher(app, broker_wait=1.0)
         assert publisher.publish([task_message("warm", "q")]).accepted == [0]
@@ -141,21 +123,21 @@ def test_a_silent_redis_broker_makes_the_batch_wait_and_leaves_no_socket_open(
             assert settled(publisher.publish([task_message("after", "q")])) == ([0], {}, None)
         finally:
             publisher.close()
-    assert redis_queued(client, "q")[-1] == "after"
+    assert redis_queued(broker_client, "q")[-1] == "after"
 
 
 class _Stopped(BaseException):
     """As Celery's shutdown raises in the companion's main thread (not an Exception)."""
 
 
-def test_a_publisher_stopped_mid_connect_leaves_no_socket_open(broker: RedisServer) -> None:
+def test_a_publisher_stopped_mid_connect_leaves_no_socket_open(broker_server: RedisServer) -> None:
     # Breaks if: _ensure_producer's `except BaseException` catches nothing: a
     # stop that is not an Exception skips publish's own cleanup.
     def stop(signum: int, frame: Any) -> None:
         raise _Stopped
 
     previous = signal.signal(signal.SIGUSR1, stop)
-    with PausableProxy("127.0.0.1", broker.port) as proxy:
+    with PausableProxy("127.0.0.1", broker_server.port) as proxy:
         proxy.pause()
         publisher = _publisher(f"redis://127.0.0.1:{proxy.port}/0", Queue("q"))
         # Sent to the main thread, so its blocked read is interrupted at once.
@@ -202,16 +184,16 @@ def test_a_silent_rabbitmq_is_let_go_without_waiting_for_its_goodbye(
 
 
 def test_close_lets_go_of_the_connection_and_the_next_batch_opens_another(
-    broker: RedisServer, client: redis.Redis
+    broker_server: RedisServer, broker_client: redis.Redis
 ) -> None:
     # Breaks if: _let_go skips a live connection (`connection is not None`
     # inverted), or `_producer is None` is inverted (no producer, or a new
     # connection for every batch).
-    publisher = _publisher(f"{broker.url}/0", Queue("q"))
-    mine = client.client_id()
+    publisher = _publisher(f"{broker_server.url}/0", Queue("q"))
+    mine = broker_client.client_id()
 
     def others() -> list[str]:
-        return [c["id"] for c in client.client_list() if int(c["id"]) != mine]
+        return [c["id"] for c in broker_client.client_list() if int(c["id"]) != mine]
 
     gc.disable()
     try:
@@ -225,7 +207,7 @@ def test_close_lets_go_of_the_connection_and_the_next_batch_opens_another(
         gc.enable()
     assert settled(publisher.publish([task_message("three", "q")])) == ([0], {}, None)
     publisher.close()
-    assert redis_queued(client, "q") == ["one", "two", "three"]
+    assert redis_queued(broker_client, "q") == ["one", "two", "three"]
 
 
 #: An AMQP Connection.Close method frame's start: type 1, channel 0, then class 10 method 50.

@@ -34,7 +34,14 @@ from kombu import Queue
 from celery_zdelay.companion.publish import RedisPublisher
 from celery_zdelay.companion.publish.redis_broker import _ReplyKeepingPipeline
 from celery_zdelay.testing import RedisServer
-from tests.support.publish import broker_app, redis_queued, settled, task_ids, task_message
+from tests.support.publish import (
+    WRONGTYPE,
+    broker_app,
+    redis_queued,
+    settled,
+    task_ids,
+    task_message,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,36 +51,20 @@ SMALL_BULK_LIMIT = 1024 * 1024
 #: kombu's separator between a queue's name and its priority step.
 PRIORITY_SEP = "\x06\x16"
 
-WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
-
-
-@pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    """A private Redis of the test's own: its config and users may be changed."""
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-def client(broker: RedisServer) -> Iterator[redis.Redis]:
-    made = broker.client(0)
-    yield made
-    made.close()
-
 
 def _publisher(url: str, *queues: Queue) -> RedisPublisher:
     return RedisPublisher(broker_app(url, *queues), broker_wait=5.0)
 
 
 @pytest.fixture
-def publisher(broker: RedisServer) -> Iterator[RedisPublisher]:
-    made = _publisher(f"{broker.url}/0", Queue("q"), Queue("other"))
+def publisher(broker_server: RedisServer) -> Iterator[RedisPublisher]:
+    made = _publisher(f"{broker_server.url}/0", Queue("q"), Queue("other"))
     yield made
     made.close()
 
 
 def test_a_batch_is_pushed_to_kombus_list_in_order_in_one_round_trip_and_accepted(
-    publisher: RedisPublisher, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    publisher: RedisPublisher, broker_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first batch connects (reading the server's bulk limit) and declares both queues.
     warm = task_ids("w", 2)
@@ -95,26 +86,26 @@ def test_a_batch_is_pushed_to_kombus_list_in_order_in_one_round_trip_and_accepte
     ]
     assert settled(publisher.publish(batch)) == ([0, 1, 2, 3], {}, None)
     assert executes == [4]
-    assert redis_queued(client, "q") == [warm[0], ids[0], *ids[2:]]
-    assert redis_queued(client, "other") == [warm[1], ids[1]]
+    assert redis_queued(broker_client, "q") == [warm[0], ids[0], *ids[2:]]
+    assert redis_queued(broker_client, "other") == [warm[1], ids[1]]
 
 
 def test_a_message_with_a_priority_is_pushed_to_its_steps_own_list(
-    publisher: RedisPublisher, client: redis.Redis
+    publisher: RedisPublisher, broker_client: redis.Redis
 ) -> None:
     ids = task_ids("p", 4)
     batch = [task_message(i, "q", priority=p) for i, p in zip(ids, [0, 5, 9, 2], strict=True)]
     assert settled(publisher.publish(batch)) == ([0, 1, 2, 3], {}, None)
     # kombu's steps are 0, 3, 6 and 9: 5 goes to 3's list, 2 to the queue's own.
-    assert redis_queued(client, "q") == [ids[0], ids[3]]
-    assert redis_queued(client, f"q{PRIORITY_SEP}3") == [ids[1]]
-    assert redis_queued(client, f"q{PRIORITY_SEP}9") == [ids[2]]
+    assert redis_queued(broker_client, "q") == [ids[0], ids[3]]
+    assert redis_queued(broker_client, f"q{PRIORITY_SEP}3") == [ids[1]]
+    assert redis_queued(broker_client, f"q{PRIORITY_SEP}9") == [ids[2]]
 
 
 def test_a_wrongtype_queue_rejects_its_message_alone_with_redis_reply(
-    publisher: RedisPublisher, client: redis.Redis
+    publisher: RedisPublisher, broker_client: redis.Redis
 ) -> None:
-    client.set("bad", "a string where a queue should be")
+    broker_client.set("bad", "a string where a queue should be")
     ids = task_ids("g", 4)
     batch = [
         task_message(ids[0], "q"),
@@ -127,22 +118,22 @@ def test_a_wrongtype_queue_rejects_its_message_alone_with_redis_reply(
     assert (accepted, error) == ([0, 2, 4], None)
     reason = f"refused by Redis: ResponseError: {WRONGTYPE}"
     assert rejected == {1: reason, 3: reason}
-    assert redis_queued(client, "q") == ids[:2]
-    assert redis_queued(client, "other") == [ids[2]]
-    assert client.get("bad") == b"a string where a queue should be"
+    assert redis_queued(broker_client, "q") == ids[:2]
+    assert redis_queued(broker_client, "other") == [ids[2]]
+    assert broker_client.get("bad") == b"a string where a queue should be"
     # The refusals were this batch's: the next one, good, is all accepted.
     assert settled(publisher.publish([task_message(ids[3], "q")])) == ([0], {}, None)
-    assert redis_queued(client, "q") == [*ids[:2], ids[3]]
+    assert redis_queued(broker_client, "q") == [*ids[:2], ids[3]]
 
 
 def test_a_refusal_is_its_own_message_when_messages_send_several_commands(
-    broker: RedisServer, client: redis.Redis
+    broker_server: RedisServer, broker_client: redis.Redis
 ) -> None:
     # A queue with x-expires: each push is an LPUSH and a PEXPIRE per
     # priority step, five commands for one message.
     expiring = Queue("exp", queue_arguments={"x-expires": 60_000})
-    publisher = _publisher(f"{broker.url}/0", expiring, Queue("q"))
-    client.set("bad", "not a list")
+    publisher = _publisher(f"{broker_server.url}/0", expiring, Queue("q"))
+    broker_client.set("bad", "not a list")
     ids = task_ids("e", 4)
     batch = [
         task_message(ids[0], "exp"),
@@ -157,48 +148,48 @@ def test_a_refusal_is_its_own_message_when_messages_send_several_commands(
         publisher.close()
     assert (accepted, error) == ([0, 1, 3, 4], None)
     assert rejected == {2: f"refused by Redis: ResponseError: {WRONGTYPE}"}
-    assert redis_queued(client, "exp") == [ids[0], ids[1], ids[3]]
-    assert redis_queued(client, "q") == [ids[2]]
-    assert 0 < client.pttl("exp") <= 60_000
+    assert redis_queued(broker_client, "exp") == [ids[0], ids[1], ids[3]]
+    assert redis_queued(broker_client, "q") == [ids[2]]
+    assert 0 < broker_client.pttl("exp") <= 60_000
 
 
 def test_the_first_refusal_of_a_message_is_its_reason(
-    broker: RedisServer, client: redis.Redis
+    broker_server: RedisServer, broker_client: redis.Redis
 ) -> None:
     # Given an expiring queue declared while it was a list, then turned into
     # a string, and a user who may no longer run PEXPIRE,
-    client.acl_setuser(
+    broker_client.acl_setuser(
         "limited", enabled=True, passwords=["+secret"], keys=["*"], commands=["+@all"]
     )
-    url = f"redis://limited:secret@127.0.0.1:{broker.port}/0"
+    url = f"redis://limited:secret@127.0.0.1:{broker_server.port}/0"
     publisher = _publisher(url, Queue("bad", queue_arguments={"x-expires": 60_000}), Queue("q"))
     ids = task_ids("f", 2)
     try:
         assert settled(publisher.publish([task_message("declared", "bad")])) == ([0], {}, None)
-        client.delete("bad")
-        client.set("bad", "not a list")
-        client.acl_setuser("limited", enabled=True, commands=["-pexpire"])
+        broker_client.delete("bad")
+        broker_client.set("bad", "not a list")
+        broker_client.acl_setuser("limited", enabled=True, commands=["-pexpire"])
         outcome = publisher.publish([task_message(ids[0], "q"), task_message("lost", "bad")])
     finally:
         publisher.close()
     # its LPUSH is refused for the message (WRONGTYPE), then its PEXPIREs for
     # the user's rights (NOPERM, which would wait): the first refusal counts.
     assert settled(outcome) == ([0], {1: f"refused by Redis: ResponseError: {WRONGTYPE}"}, None)
-    assert redis_queued(client, "q") == ids[:1]
+    assert redis_queued(broker_client, "q") == ids[:1]
 
 
 def test_a_push_refused_for_the_servers_state_waits_and_its_error_is_given_back(
-    broker: RedisServer, client: redis.Redis, caplog: pytest.LogCaptureFixture
+    broker_server: RedisServer, broker_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given a user who may not write one queue,
-    client.acl_setuser(
+    broker_client.acl_setuser(
         "limited",
         enabled=True,
         passwords=["+secret"],
         keys=["q*", "_kombu*", "unacked*"],
         commands=["+@all"],
     )
-    url = f"redis://limited:secret@127.0.0.1:{broker.port}/0"
+    url = f"redis://limited:secret@127.0.0.1:{broker_server.port}/0"
     publisher = _publisher(url, Queue("q"), Queue("forbidden"))
     ids = task_ids("n", 3)
     caplog.set_level(logging.WARNING)
@@ -214,20 +205,20 @@ def test_a_push_refused_for_the_servers_state_waits_and_its_error_is_given_back(
         assert isinstance(error, redis.exceptions.NoPermissionError)
         assert "Redis broker refused a push for now, it waits" in caplog.text
         # and once the user may write it, it goes out on the same connection.
-        client.acl_setuser("limited", enabled=True, keys=["forbidden*"])
+        broker_client.acl_setuser("limited", enabled=True, keys=["forbidden*"])
         assert settled(publisher.publish([task_message(ids[1], "forbidden")])) == ([0], {}, None)
     finally:
         publisher.close()
-    assert redis_queued(client, "q") == [ids[0], ids[2]]
-    assert redis_queued(client, "forbidden") == [ids[1]]
+    assert redis_queued(broker_client, "q") == [ids[0], ids[2]]
+    assert redis_queued(broker_client, "forbidden") == [ids[1]]
 
 
 def test_a_message_over_the_bulk_limit_read_on_connect_is_rejected_unsent(
-    broker: RedisServer, client: redis.Redis
+    broker_server: RedisServer, broker_client: redis.Redis
 ) -> None:
     # Given a server whose proto-max-bulk-len was lowered before the publisher connected,
-    client.config_set("proto-max-bulk-len", SMALL_BULK_LIMIT)
-    publisher = _publisher(f"{broker.url}/0", Queue("q"))
+    broker_client.config_set("proto-max-bulk-len", SMALL_BULK_LIMIT)
+    publisher = _publisher(f"{broker_server.url}/0", Queue("q"))
     ids = task_ids("b", 3)
     # a body whose base64 alone is over it (786 433 bytes: 1 048 580 as base64)
     big = task_message("big", "q", body=b"x" * (SMALL_BULK_LIMIT // 4 * 3 + 1))
@@ -243,23 +234,23 @@ def test_a_message_over_the_bulk_limit_read_on_connect_is_rejected_unsent(
         assert settled(publisher.publish([task_message(ids[2], "q")])) == ([0], {}, None)
     finally:
         publisher.close()
-    assert redis_queued(client, "q") == ids
+    assert redis_queued(broker_client, "q") == ids
 
 
-def _push_to_a_list_and_to_a_string(client: redis.Redis) -> Any:
+def _push_to_a_list_and_to_a_string(broker_client: redis.Redis) -> Any:
     """A pipeline of two pushes, the second to a key that is not a list (refused)."""
-    client.set("bad", "not a list")
-    pipeline = client.pipeline(transaction=False)
+    broker_client.set("bad", "not a list")
+    pipeline = broker_client.pipeline(transaction=False)
     pipeline.lpush("q", "a")
     pipeline.lpush("bad", "b")
     return pipeline
 
 
 def test_a_flush_leaves_the_owners_of_commands_it_did_not_send_for_the_next(
-    client: redis.Redis,
+    broker_client: redis.Redis,
 ) -> None:
     # Given three commands owned (messages 0, 1, 2) of which two are in the pipeline,
-    pipeline = _push_to_a_list_and_to_a_string(client)
+    pipeline = _push_to_a_list_and_to_a_string(broker_client)
     batch = SimpleNamespace(owners=[0, 1, 2], failures={})
     replies = _ReplyKeepingPipeline(pipeline, batch).execute()
     # the flush reads each reply for its own message, and keeps the third's owner.
@@ -271,18 +262,18 @@ def test_a_flush_leaves_the_owners_of_commands_it_did_not_send_for_the_next(
 
 
 def test_a_reply_no_message_owns_fails_the_flush_instead_of_being_dropped(
-    client: redis.Redis,
+    broker_client: redis.Redis,
 ) -> None:
     # An error reply with no owner would be lost (its message counted as
     # published): the flush fails, and kombu gives the whole batch back.
-    pipeline = _push_to_a_list_and_to_a_string(client)
+    pipeline = _push_to_a_list_and_to_a_string(broker_client)
     batch = SimpleNamespace(owners=[0], failures={})
     with pytest.raises(ValueError, match="zip"):
         _ReplyKeepingPipeline(pipeline, batch).execute()
 
 
-def test_the_broker_wait_is_a_keyword_argument(broker: RedisServer) -> None:
-    app = broker_app(f"{broker.url}/0")
+def test_the_broker_wait_is_a_keyword_argument(broker_server: RedisServer) -> None:
+    app = broker_app(f"{broker_server.url}/0")
     with pytest.raises(TypeError):
         RedisPublisher(app, 5.0)  # type: ignore[call-arg]
     assert RedisPublisher(app=app, broker_wait=3.0).broker_wait == 3.0

@@ -34,6 +34,10 @@ __all__ = [
 
 #: How a publisher's warning starts when its batch waits for the broker.
 UNREACHABLE = "Broker unreachable or silent"
+#: What Redis answers a command on a key of another type.
+WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+#: kombu publishes to Redis one message at a time with retry_on_timeout (no batches).
+ONE_BY_ONE = {"retry_on_timeout": True}
 
 
 def broker_app(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Celery:
