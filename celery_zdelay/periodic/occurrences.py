@@ -118,10 +118,10 @@ def plan(
                 # calendar schedules give the same occurrences from any
                 # starting point. A calendar period is the mean gap of the
                 # occurrences stepped so far (at least 1 ms: each is after
-                # the one before), so the count
-                # of an irregular calendar (minutes 0-4 of one hour a day)
-                # goes at its own rate, not at its shortest gap's; close to
-                # now, it steps on (never backwards).
+                # the one before), so an uneven calendar (minutes 0-4 of one
+                # hour a day) is counted at its own rate, not at its
+                # shortest gap's; close to now, it steps on (never
+                # backwards).
                 period = interval or (at - first) // (stepped - 1)
                 periods = max(0, (now_ms - 2 * period - at) // period)
                 at += periods * period
