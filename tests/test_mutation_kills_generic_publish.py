@@ -40,6 +40,9 @@ from tests.support.publish import (
     UNREACHABLE,
     WRONGTYPE,
     broker_app,
+    generic_publisher,
+    limited_user_url,
+    pipeline_executes,
     rabbitmq_messages,
     redis_pushed,
     redis_queued,
@@ -47,13 +50,10 @@ from tests.support.publish import (
     task_ids,
     task_message,
     unreachable_lines,
+    warmed_up,
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _publisher(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Publisher:
-    return Publisher(broker_app(url, *queues, options=options), broker_wait=5.0)
 
 
 # -- what is published: exactly the parked message ------------------------------------
@@ -64,19 +64,10 @@ def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
 ) -> None:
     # Breaks if: the batch is not pipelined (`batching is None`, `or`, `not`), or
     # _BATCH_COMMANDS becomes 0 (`1 >> 30`: kombu refuses the batch).
-    publisher = _publisher(f"{broker_server.url}/0", Queue("q"), Queue("other"))
+    publisher = generic_publisher(f"{broker_server.url}/0", Queue("q"), Queue("other"))
     try:
-        warm = task_ids("w", 2)
-        first = [task_message(warm[0], "q"), task_message(warm[1], "other")]
-        assert settled(publisher.publish(first)) == ([0, 1], {}, None)
-        executes: list[int] = []
-        real_execute = redis.client.Pipeline.execute
-
-        def counting_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-            executes.append(len(self.command_stack))
-            return real_execute(self, *args, **kwargs)
-
-        monkeypatch.setattr(redis.client.Pipeline, "execute", counting_execute)
+        warm = warmed_up(publisher)
+        executes = pipeline_executes(monkeypatch)
         batch_ids = task_ids("a", 3)
         batch = [
             task_message(
@@ -130,7 +121,7 @@ def test_the_parked_expires_is_published_as_the_time_left_never_a_stale_expirati
         for name, value in expires.items()
     ]
     batch.append(task_message("none", "q", properties=stale))
-    publisher = _publisher(f"{broker_server.url}/0", Queue("q"))
+    publisher = generic_publisher(f"{broker_server.url}/0", Queue("q"))
     try:
         assert settled(publisher.publish(batch)) == (list(range(len(batch))), {}, None)
     finally:
@@ -255,7 +246,9 @@ def test_one_by_one_a_message_redis_refuses_is_rejected_alone(
     # for the broker's state (`server_state(...) is None`, the connection-error
     # checks inverted), or `continue` becomes `break` after a rejection.
     broker_client.set("bad", "a string where a queue should be")
-    publisher = _publisher(f"{broker_server.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE)
+    publisher = generic_publisher(
+        f"{broker_server.url}/0", Queue("q"), Queue("bad"), options=ONE_BY_ONE
+    )
     good = task_ids("g", 4)
     batch = [
         task_message(good[0], "q"),
@@ -281,15 +274,8 @@ def test_one_by_one_a_push_refused_for_the_servers_state_waits_alone(
 ) -> None:
     # Breaks if: the refusal's warning is not logged for the batch's first one
     # (`outcome.error is None` inverted), or `continue` becomes `break`.
-    broker_client.acl_setuser(
-        "limited",
-        enabled=True,
-        passwords=["+secret"],
-        keys=["q*", "_kombu*", "unacked*"],
-        commands=["+@all"],
-    )
-    url = f"redis://limited:secret@127.0.0.1:{broker_server.port}/0"
-    publisher = _publisher(url, Queue("q"), Queue("forbidden"), options=ONE_BY_ONE)
+    url = limited_user_url(broker_client, broker_server.port, ["q*", "_kombu*", "unacked*"])
+    publisher = generic_publisher(url, Queue("q"), Queue("forbidden"), options=ONE_BY_ONE)
     good = task_ids("n", 2)
     caplog.set_level(logging.WARNING)
     try:
@@ -314,7 +300,7 @@ def test_a_pipelined_batch_kombu_fails_as_a_whole_waits_as_a_whole(
     # Breaks if: kombu's BatchPublishError is not counted as the broker's state
     # (the `or` of `_is_connection_error` made `and`, publish's `if` negated), or
     # publish's `except` catches nothing (the error escapes the companion's loop).
-    publisher = _publisher(f"{broker_server.url}/0", Queue("q"), Queue("bad"))
+    publisher = generic_publisher(f"{broker_server.url}/0", Queue("q"), Queue("bad"))
     batch = [task_message(i, "q") for i in task_ids("p", 2)]
     batch.insert(1, task_message("lost", "bad"))
     try:

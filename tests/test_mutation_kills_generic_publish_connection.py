@@ -44,6 +44,7 @@ from tests.support.publish import (
     ONE_BY_ONE,
     UNREACHABLE,
     broker_app,
+    generic_publisher,
     redis_queued,
     settled,
     task_ids,
@@ -52,10 +53,6 @@ from tests.support.publish import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _publisher(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Publisher:
-    return Publisher(broker_app(url, *queues, options=options), broker_wait=5.0)
 
 
 # -- an unreachable or silent broker ---------------------------------------------------
@@ -74,7 +71,7 @@ def test_an_unreachable_broker_is_tried_twice_then_the_batch_waits(
     # a third, four seconds later), or an empty batch is said to hold one
     # waiting message (the floor of the count).
     caplog.set_level(logging.WARNING)
-    publisher = _publisher(f"redis://127.0.0.1:{_closed_port()}/0", Queue("q"))
+    publisher = generic_publisher(f"redis://127.0.0.1:{_closed_port()}/0", Queue("q"))
     started = time.monotonic()
     outcome = publisher.publish([task_message(i, "q") for i in task_ids("u", 3)])
     took = time.monotonic() - started
@@ -139,7 +136,7 @@ def test_a_publisher_stopped_mid_connect_leaves_no_socket_open(broker_server: Re
     previous = signal.signal(signal.SIGUSR1, stop)
     with PausableProxy("127.0.0.1", broker_server.port) as proxy:
         proxy.pause()
-        publisher = _publisher(f"redis://127.0.0.1:{proxy.port}/0", Queue("q"))
+        publisher = generic_publisher(f"redis://127.0.0.1:{proxy.port}/0", Queue("q"))
         # Sent to the main thread, so its blocked read is interrupted at once.
         main = threading.main_thread().ident
         assert main is not None
@@ -189,7 +186,7 @@ def test_close_lets_go_of_the_connection_and_the_next_batch_opens_another(
     # Breaks if: _let_go skips a live connection (`connection is not None`
     # inverted), or `_producer is None` is inverted (no producer, or a new
     # connection for every batch).
-    publisher = _publisher(f"{broker_server.url}/0", Queue("q"))
+    publisher = generic_publisher(f"{broker_server.url}/0", Queue("q"))
     mine = broker_client.client_id()
 
     def others() -> list[str]:

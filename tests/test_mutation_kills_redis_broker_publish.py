@@ -37,10 +37,13 @@ from celery_zdelay.testing import RedisServer
 from tests.support.publish import (
     WRONGTYPE,
     broker_app,
+    limited_user_url,
+    pipeline_executes,
     redis_queued,
     settled,
     task_ids,
     task_message,
+    warmed_up,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,17 +70,8 @@ def test_a_batch_is_pushed_to_kombus_list_in_order_in_one_round_trip_and_accepte
     publisher: RedisPublisher, broker_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first batch connects (reading the server's bulk limit) and declares both queues.
-    warm = task_ids("w", 2)
-    first = [task_message(warm[0], "q"), task_message(warm[1], "other")]
-    assert settled(publisher.publish(first)) == ([0, 1], {}, None)
-    executes: list[int] = []
-    real_execute = redis.client.Pipeline.execute
-
-    def counting_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        executes.append(len(self.command_stack))
-        return real_execute(self, *args, **kwargs)
-
-    monkeypatch.setattr(redis.client.Pipeline, "execute", counting_execute)
+    warm = warmed_up(publisher)
+    executes = pipeline_executes(monkeypatch)
     ids = task_ids("a", 4)
     batch = [
         task_message(ids[0], "q"),
@@ -158,10 +152,7 @@ def test_the_first_refusal_of_a_message_is_its_reason(
 ) -> None:
     # Given an expiring queue declared while it was a list, then turned into
     # a string, and a user who may no longer run PEXPIRE,
-    broker_client.acl_setuser(
-        "limited", enabled=True, passwords=["+secret"], keys=["*"], commands=["+@all"]
-    )
-    url = f"redis://limited:secret@127.0.0.1:{broker_server.port}/0"
+    url = limited_user_url(broker_client, broker_server.port, ["*"])
     publisher = _publisher(url, Queue("bad", queue_arguments={"x-expires": 60_000}), Queue("q"))
     ids = task_ids("f", 2)
     try:
@@ -182,14 +173,7 @@ def test_a_push_refused_for_the_servers_state_waits_and_its_error_is_given_back(
     broker_server: RedisServer, broker_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given a user who may not write one queue,
-    broker_client.acl_setuser(
-        "limited",
-        enabled=True,
-        passwords=["+secret"],
-        keys=["q*", "_kombu*", "unacked*"],
-        commands=["+@all"],
-    )
-    url = f"redis://limited:secret@127.0.0.1:{broker_server.port}/0"
+    url = limited_user_url(broker_client, broker_server.port, ["q*", "_kombu*", "unacked*"])
     publisher = _publisher(url, Queue("q"), Queue("forbidden"))
     ids = task_ids("n", 3)
     caplog.set_level(logging.WARNING)

@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 from kombu import Connection, Queue
 
-from celery_zdelay.companion.publish.generic import PublishOutcome
+from celery_zdelay.companion.publish.generic import Publisher, PublishOutcome
 from celery_zdelay.entry import TaskMessage
 from tests.helpers import wait_for
 
@@ -115,3 +115,37 @@ def rabbitmq_messages(url: str, queue: str, expected: int) -> list[Any]:
 def unreachable_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The publisher's warnings that its batch waits for the broker, in order."""
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(UNREACHABLE)]
+
+
+def generic_publisher(url: str, *queues: Queue, options: dict[str, Any] | None = None) -> Publisher:
+    """The generic publisher of an app on broker *url* with *queues*, waiting 5 s at most."""
+    return Publisher(broker_app(url, *queues, options=options), broker_wait=5.0)
+
+
+def warmed_up(publisher: Publisher) -> list[str]:
+    """Publish a first batch to queues "q" and "other" (connected, both declared): its ids."""
+    warm = task_ids("w", 2)
+    first = [task_message(warm[0], "q"), task_message(warm[1], "other")]
+    assert settled(publisher.publish(first)) == ([0, 1], {}, None)
+    return warm
+
+
+def pipeline_executes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the command count of each redis-py pipeline ``execute`` (a round trip)."""
+    executes: list[int] = []
+    real_execute = redis.client.Pipeline.execute
+
+    def counting_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        executes.append(len(self.command_stack))
+        return real_execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counting_execute)
+    return executes
+
+
+def limited_user_url(client: redis.Redis, port: int, keys: list[str]) -> str:
+    """Make the broker user "limited" (every command, only *keys*): its URL on *port*."""
+    client.acl_setuser(
+        "limited", enabled=True, passwords=["+secret"], keys=keys, commands=["+@all"]
+    )
+    return f"redis://limited:secret@127.0.0.1:{port}/0"

@@ -16,6 +16,7 @@ from celery import Celery
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
+from celery_zdelay.keys import Mark
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
@@ -147,3 +148,19 @@ def claim_parked(
     claimed = store.claim(0, limit=len(ids), lease_ms=lease_ms)
     assert sorted(e.task_id for e in claimed.entries) == sorted(ids)
     return claimed.token, scores
+
+
+#: A parked message's bytes where only the store reads them (no worker runs it).
+PAYLOAD = b'{"v":1}\nbody'
+
+
+def marked_request(
+    task_id: str,
+    ms: int,
+    key: str | None = None,
+    on_key: str = "keep",
+    tags: tuple[str, ...] = (),
+    hold_ms: int = 0,
+) -> ParkRequest:
+    """A request parking *task_id* at *ms* with a key (its mode and hold) and tags."""
+    return ParkRequest(task_id, Due("a", ms), PAYLOAD, mark=Mark(key, on_key, tags, hold_ms))
