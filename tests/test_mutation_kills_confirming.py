@@ -25,9 +25,9 @@ from kombu import Connection, Exchange, Queue
 
 from celery_zdelay.companion.publish import ConfirmPublisher, Confirms, supports_confirms
 from tests.conftest import RabbitMQ
-from tests.proxy import PausableProxy
 from tests.support.publish import (
     broker_app,
+    rabbitmq_behind_a_proxy,
     rabbitmq_messages,
     settled,
     task_ids,
@@ -193,18 +193,9 @@ def test_the_broker_wait_is_a_keyword_argument(rabbitmq: RabbitMQ) -> None:
 def test_no_confirm_within_the_broker_wait_gives_the_whole_batch_back(
     rabbitmq: RabbitMQ,
 ) -> None:
-    with Connection(rabbitmq.url) as probe:
-        host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
-    with PausableProxy(host, port) as proxy:
-        app = broker_app(proxy.url(rabbitmq.url), Queue(rabbitmq.queue))
-        publisher = ConfirmPublisher(app, broker_wait=1.0)
-        try:
-            assert publisher.publish([task_message("warm", rabbitmq.queue)]).accepted == [0]
-            proxy.pause()
-            outcome = publisher.publish([task_message(i, rabbitmq.queue) for i in task_ids("s", 3)])
-        finally:
-            proxy.resume()
-            publisher.close()
+    with rabbitmq_behind_a_proxy(rabbitmq) as (proxy, publisher):
+        proxy.pause()
+        outcome = publisher.publish([task_message(i, rabbitmq.queue) for i in task_ids("s", 3)])
     assert (outcome.accepted, outcome.rejected) == ([], {})
     assert isinstance(outcome.error, TimeoutError)
     assert str(outcome.error) == "RabbitMQ confirmed 0 of 3 messages within 1s"

@@ -30,10 +30,10 @@ import kombu.exceptions
 import pytest
 import redis
 from botocore.exceptions import ClientError, ParamValidationError
-from kombu import Connection, Queue
+from kombu import Queue
 from kombu.exceptions import OperationalError
 
-from celery_zdelay.companion.publish import ConfirmPublisher, generic
+from celery_zdelay.companion.publish import generic
 from celery_zdelay.companion.publish.generic import Publisher, broker_connection
 from celery_zdelay.testing import RedisServer
 from tests.conftest import RabbitMQ
@@ -45,6 +45,7 @@ from tests.support.publish import (
     UNREACHABLE,
     broker_app,
     generic_publisher,
+    rabbitmq_behind_a_proxy,
     redis_queued,
     settled,
     task_ids,
@@ -162,22 +163,13 @@ def test_a_silent_rabbitmq_is_let_go_without_waiting_for_its_goodbye(
     # Breaks if: a broken connection is closed politely (`_drop` with
     # `polite=True`, or `if polite` negated): py-amqp waits for the silent
     # broker's Close-Ok forever.
-    with Connection(rabbitmq.url) as probe:
-        host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
-    with PausableProxy(host, port) as proxy:
-        app = broker_app(proxy.url(rabbitmq.url), Queue(rabbitmq.queue))
-        publisher = ConfirmPublisher(app, broker_wait=1.0)
-        try:
-            assert publisher.publish([task_message("warm", rabbitmq.queue)]).accepted == [0]
-            proxy.pause()
-            started = time.monotonic()
-            outcome = publisher.publish([task_message("silent", rabbitmq.queue)])
-            assert isinstance(outcome.error, TimeoutError)
-            assert time.monotonic() - started < 10
-            assert publisher._connection is None
-        finally:
-            proxy.resume()
-            publisher.close()
+    with rabbitmq_behind_a_proxy(rabbitmq) as (proxy, publisher):
+        proxy.pause()
+        started = time.monotonic()
+        outcome = publisher.publish([task_message("silent", rabbitmq.queue)])
+        assert isinstance(outcome.error, TimeoutError)
+        assert time.monotonic() - started < 10
+        assert publisher._connection is None
 
 
 def test_close_lets_go_of_the_connection_and_the_next_batch_opens_another(

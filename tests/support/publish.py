@@ -7,8 +7,10 @@ worker or companion.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from kombu import Connection, Queue
 from celery_zdelay.companion.publish.generic import Publisher, PublishOutcome
 from celery_zdelay.entry import TaskMessage
 from tests.helpers import wait_for
+from tests.proxy import PausableProxy
 
 __all__ = [
     "UNREACHABLE",
@@ -149,3 +152,25 @@ def limited_user_url(client: redis.Redis, port: int, keys: list[str]) -> str:
         "limited", enabled=True, passwords=["+secret"], keys=keys, commands=["+@all"]
     )
     return f"redis://limited:secret@127.0.0.1:{port}/0"
+
+
+@contextlib.contextmanager
+def rabbitmq_behind_a_proxy(rabbitmq: Any) -> Iterator[tuple[PausableProxy, Publisher]]:
+    """A confirm publisher reaching *rabbitmq* through a proxy a test can pause.
+
+    It has published one message (connected); on leaving, the proxy is
+    resumed and the publisher closed.
+    """
+    from celery_zdelay.companion.publish.confirming import ConfirmPublisher
+
+    with Connection(rabbitmq.url) as probe:
+        host, port = probe.hostname or "127.0.0.1", int(probe.port or 5672)
+    with PausableProxy(host, port) as proxy:
+        app = broker_app(proxy.url(rabbitmq.url), Queue(rabbitmq.queue))
+        publisher = ConfirmPublisher(app, broker_wait=1.0)
+        try:
+            assert publisher.publish([task_message("warm", rabbitmq.queue)]).accepted == [0]
+            yield proxy, publisher
+        finally:
+            proxy.resume()
+            publisher.close()
