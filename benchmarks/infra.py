@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -126,19 +124,6 @@ class CeleryProcess:
         self.log_path.unlink(missing_ok=True)
 
 
-def _cluster_port() -> int:
-    """A free port below 55536: a cluster node also listens on port + 10000."""
-    while True:
-        port = random.randint(20000, 50000)
-        try:
-            for candidate in (port, port + 10000):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", candidate))
-        except OSError:
-            continue
-        return port
-
-
 @dataclass
 class Resources:
     """Servers and processes of one benchmark, stopped in reverse order at exit."""
@@ -159,41 +144,10 @@ class Resources:
 
     def redis_cluster(self, masters: int = 3) -> str:
         """Start a Redis Cluster of *masters* private nodes, no replicas; return a node's URL."""
-        nodes = []
-        for _ in range(masters):
-            server = RedisServer(
-                port=_cluster_port(),
-                cluster_enabled="yes",
-                cluster_config_file="nodes.conf",
-                cluster_node_timeout="2000",
-            )
-            self.stack.callback(server.stop)
-            nodes.append(server.start())
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{node.port}" for node in nodes),
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        for node in nodes:
-            client = node.client()
-            try:
-                wait_for(
-                    lambda c=client: c.execute_command("CLUSTER INFO").get("cluster_state") == "ok",
-                    timeout=30,
-                    what="the cluster to converge",
-                )
-            finally:
-                client.close()
-        return nodes[0].url
+        # The test suite's cluster (tests/servers.py): benchmarks run from a checkout.
+        from tests.servers import LocalCluster
+
+        return self.stack.enter_context(LocalCluster(masters)).url
 
     def redis_app(self) -> tuple[str, Celery, redis.Redis]:
         """A private Redis as broker and store: its URL, the benchmark app on it, a client."""
