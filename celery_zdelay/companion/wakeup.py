@@ -61,7 +61,8 @@ class Wakeup:
         # depend on it, and the release loop cannot restart it.
         pause = 0.1
         while not self._closing.is_set():
-            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]
+            # Typed from redis-py 8 on, untyped before: the ignore covers both.
+            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
             try:
                 pubsub.subscribe(*self._channels)
                 confirmed = 0

@@ -128,8 +128,9 @@ def _sentinel_master(url: str, options: dict[str, Any], retry: Retry) -> redis.R
         options.setdefault("password", password)
     if username is not None:
         options.setdefault("username", username)
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **options)  # type: ignore[no-untyped-call]
-    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    # redis-py 8 annotates Sentinel, earlier releases do not: the ignore covers both.
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **options)  # type: ignore[no-untyped-call, unused-ignore]
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         master_name, db=db, retry=retry, retry_on_error=list(UNAVAILABLE)
     )
     return master
