@@ -17,7 +17,8 @@ LOCK ?= constraints/dev.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types pytest docs servers matrix install clean chromium prometheus wheel-check celery-suite
+.PHONY: demo test lint types pytest docs servers matrix install clean chromium prometheus wheel-check celery-suite \
+	test-fast lock latest oldest flake-hunt model-check
 
 # Python 3.10-3.13 as pyenv installs them, for tox (its shims serve one version);
 # the machine image has them (its python3 is pyenv's 3.11).
@@ -74,6 +75,39 @@ docs: $(STAMP)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 test: lint types pytest docs
+
+# Every layer but "system" (tests/support/layers.py marks each test by what it
+# uses: unit, no server; store, a real Redis; system, processes, brokers,
+# browsers, clusters): lint, types and those tests, for a quick answer.
+test-fast: lint types $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not system" $(PYTEST_ARGS)
+
+# Refresh the development lock on purpose (.ci/lock.py): constraints/dev.txt
+# and the tox matrix's constraints/matrix-py3XX.txt, from a fresh resolve.
+lock:
+	PYTHON=$(PYTHON) $(PYTHON) .ci/lock.py
+
+# The newest release of every dependency, unpinned, in .venv-latest: lint,
+# types and the fast tests; names the package when they break (.ci/latest.py).
+latest:
+	PYTHON=$(PYTHON) $(PYTHON) .ci/latest.py
+
+# The oldest release each range in pyproject.toml allows (constraints/oldest.txt)
+# on the oldest Python: the fast tests against the installed wheel (tox env).
+oldest: $(STAMP)
+	PATH="$(PYENV_BINS)$$PATH" $(BIN)/tox run -e py310-oldest --skip-missing-interpreters false
+
+# The tests marked "timing" (they race a clock, a pause or another process),
+# many times over with a CPU burner beside them (tests/support/flaky.py): a
+# test that fails once here has a root cause to find. FLAKE_ROUNDS sets how many.
+FLAKE_ROUNDS ?= 5
+flake-hunt: $(STAMP) chromium prometheus
+	$(BIN)/python -m tests.support.flaky --rounds $(FLAKE_ROUNDS) -- -n 2 -m timing
+
+# The model-based test of the store's states (tests/test_state_model.py), deep:
+# many more examples than the CI profile make test runs.
+model-check: $(STAMP)
+	ZDELAY_MODEL_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider tests/test_state_model.py
 
 servers: $(STAMP)
 	@for server in $(STORE_SERVERS); do \

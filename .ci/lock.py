@@ -7,9 +7,12 @@ in a scratch virtualenv (the newest release of everything the ranges in
 pyproject.toml allow), and writes:
 
 * ``constraints/dev.txt``: every package of that environment, pinned;
-* ``constraints/matrix.txt``: the same less the packages whose versions the
-  tox matrix chooses per env (Celery's family, redis-py, Django's), so the
-  matrix pins the tools and varies only what it is there to vary.
+* ``constraints/matrix-py3XX.txt``, one per Python of the tox matrix: the
+  ``test`` extra resolved on that Python (a newest release may have left an
+  older Python behind), less the packages whose versions the tox matrix
+  chooses per env (Celery's family, redis-py, Django's), so the matrix pins
+  the tools and varies only what it is there to vary. ``make oldest`` uses
+  the 3.10 one beneath constraints/oldest.txt.
 
 ``make latest`` runs the core suite on what a fresh resolve gives instead, and
 names the package that breaks it.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,7 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_LOCK = ROOT / "constraints" / "dev.txt"
-MATRIX_LOCK = ROOT / "constraints" / "matrix.txt"
+#: The Pythons of tox's matrix, as pyenv installs them (see the Makefile).
+MATRIX_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 
 #: What tox's envs choose for themselves (tox.ini): each Celery minor brings
 #: its kombu, amqp, billiard and vine; celery[redis] the redis-py it accepts;
@@ -51,17 +56,30 @@ MATRIX_VARIES = frozenset(
 
 
 def _name(pin: str) -> str:
-    return pin.split("==", 1)[0].strip().lower().replace("_", "-")
+    return re.sub(r"[-_.]+", "-", pin.split("==", 1)[0].strip().lower())
 
 
-def resolve(python: str) -> list[str]:
-    """Install ``.[dev]`` unconstrained in a scratch venv and return its pins."""
+def matrix_lock(version: str) -> Path:
+    """The tox matrix's lock for Python *version* ("3.10")."""
+    return ROOT / "constraints" / f"matrix-py{version.replace('.', '')}.txt"
+
+
+def pyenv_python(version: str) -> str:
+    """pyenv's interpreter of *version* ("3.10"), as tox finds it."""
+    found = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python"))
+    if not found:
+        raise SystemExit(f"no Python {version} under ~/.pyenv/versions: install it with pyenv")
+    return str(found[-1])
+
+
+def resolve(python: str, extra: str = "dev") -> list[str]:
+    """Install ``.[extra]`` unconstrained in a scratch venv and return its pins."""
     with tempfile.TemporaryDirectory(prefix="zdelay-lock-") as scratch:
         venv = Path(scratch) / "venv"
         subprocess.run([python, "-m", "venv", str(venv)], check=True)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
         subprocess.run([*pip, "install", "--quiet", "--upgrade", "pip"], check=True)
-        subprocess.run([*pip, "install", "--quiet", f"{ROOT}[dev]"], check=True)
+        subprocess.run([*pip, "install", "--quiet", f"{ROOT}[{extra}]"], check=True)
         frozen = subprocess.run(
             [*pip, "freeze", "--all"], check=True, capture_output=True, text=True
         ).stdout
@@ -81,23 +99,29 @@ def write(path: Path, pins: list[str], what: str, python_version: str) -> None:
     path.write_text("\n".join([*header, *pins]) + "\n")
 
 
-def main() -> int:
-    python = os.environ.get("PYTHON", sys.executable)
-    version = subprocess.run(
+def _version(python: str) -> str:
+    return subprocess.run(
         [python, "-c", "import platform; print(platform.python_version())"],
         check=True,
         capture_output=True,
         text=True,
     ).stdout.strip()
+
+
+def main() -> int:
+    python = os.environ.get("PYTHON", sys.executable)
     pins = resolve(python)
-    write(DEV_LOCK, pins, "The development lock: what make test's .venv installs.", version)
     write(
-        MATRIX_LOCK,
-        [pin for pin in pins if _name(pin) not in MATRIX_VARIES],
-        "The tox matrix's lock: dev.txt less what each env varies (.ci/lock.py).",
-        version,
+        DEV_LOCK, pins, "The development lock: what make test's .venv installs.", _version(python)
     )
     print(f"{DEV_LOCK.relative_to(ROOT)}: {len(pins)} pins")
+    for version in MATRIX_PYTHONS:
+        interpreter = pyenv_python(version)
+        pins = [pin for pin in resolve(interpreter, "test") if _name(pin) not in MATRIX_VARIES]
+        path = matrix_lock(version)
+        what = f"The tox matrix's lock for Python {version}: the test extra less what envs vary."
+        write(path, pins, what, _version(interpreter))
+        print(f"{path.relative_to(ROOT)}: {len(pins)} pins")
     return 0
 
 

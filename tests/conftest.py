@@ -26,7 +26,12 @@ from tests.support.store import Stock, stock
 
 #: Fixtures kept in the module of their concern: ``browser``, ``page`` and
 #: ``viewport``; ``django_db``.
-pytest_plugins = ["tests.support.browser", "tests.support.django", "tests.support.django_beat"]
+pytest_plugins = [
+    "tests.support.browser",
+    "tests.support.django",
+    "tests.support.django_beat",
+    "tests.support.layers",
+]
 
 #: Shared RabbitMQ of the machine (CI has it; local runs skip without it).
 RABBITMQ_URL = os.environ.get("ZDELAY_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
