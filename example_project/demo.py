@@ -8,7 +8,8 @@ ran), or paid in the very last second (the cancel task ran anyway, looked
 at the order again and left it alone).
 
 Uses ``REDIS_URL`` when set, else a private Redis it starts and stops; the
-SQLite database lives in a temporary directory. ``SHOP_PAYMENT_WINDOW_SECONDS``
+SQLite database lives in a temporary directory; the worker's and companion's
+logs stay in ``.zdelay-demo/`` of the clone. ``SHOP_PAYMENT_WINDOW_SECONDS``
 sets the window (default here: 3). The companion also serves the shop's
 periodic clean-up (``CELERY_BEAT_SCHEDULE``, no celery beat): every
 ``SHOP_SWEEP_SECONDS`` (default here: 1; hourly in production).
@@ -47,12 +48,36 @@ START_TIMEOUT = 60.0
 END_TIMEOUT = 60.0
 #: Where the shop serves the celery-zdelay dashboard (example_project/urls.py).
 DASHBOARD_URL = "http://127.0.0.1:8000/admin/zdelay/"
-DASHBOARD_HINT = f"""
-Dashboard of what is parked, for staff users: {DASHBOARD_URL}
-  Serve the shop to see it (REDIS_URL names the Redis it reads):
-    export DJANGO_SETTINGS_MODULE=example_project.settings
-    python -m django migrate && python -m django createsuperuser
-    python -m django runserver 127.0.0.1:8000"""
+#: Where the worker's and companion's logs stay after the demo exits.
+LOG_DIR = ROOT / ".zdelay-demo"
+
+
+def python_command() -> str:
+    """The interpreter running the demo, as a user would type it from the clone."""
+    executable = Path(sys.executable)
+    with contextlib.suppress(ValueError):
+        return str(executable.relative_to(ROOT))
+    return str(executable)
+
+
+def dashboard_hint(own_redis: bool) -> str:
+    """How to see the dashboard; the private Redis and database are gone by then."""
+    python = python_command()
+    redis_note = (
+        "  The demo's private Redis and its SQLite database are gone now that it has\n"
+        "  exited: set REDIS_URL (e.g. redis://127.0.0.1:6379/0) to run it on a Redis\n"
+        "  that keeps what the companion serves, and to use the commands below.\n"
+        if own_redis
+        else ""
+    )
+    return (
+        f"\nDashboard of what is parked, for staff users: {DASHBOARD_URL}\n"
+        f"{redis_note}"
+        "  Serve the shop to see it (REDIS_URL names the Redis it reads):\n"
+        "    export DJANGO_SETTINGS_MODULE=example_project.settings\n"
+        f"    {python} -m django migrate && {python} -m django createsuperuser\n"
+        f"    {python} -m django runserver 127.0.0.1:8000"
+    )
 
 
 @contextlib.contextmanager
@@ -69,7 +94,7 @@ def redis_url() -> Iterator[str]:
 
 
 def start(role: str, *args: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    print(f"Starting the {role}: celery -A example_project {' '.join(args)}  (log: {log.name})")
+    print(f"Starting the {role}: celery -A example_project {' '.join(args)}  (log: {log})")
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "example_project", *args],
@@ -81,6 +106,7 @@ def start(role: str, *args: str, env: dict[str, str], log: Path) -> subprocess.P
 
 
 def main() -> int:
+    own_redis = not os.environ.get("REDIS_URL")
     with redis_url() as url, tempfile.TemporaryDirectory(prefix="zdelay-shop-") as tmp:
         os.environ.update(
             REDIS_URL=url,
@@ -96,7 +122,8 @@ def main() -> int:
         call_command("migrate", verbosity=0)
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-        logs = {"worker": Path(tmp) / "worker.log", "companion": Path(tmp) / "companion.log"}
+        LOG_DIR.mkdir(exist_ok=True)
+        logs = {"worker": LOG_DIR / "worker.log", "companion": LOG_DIR / "companion.log"}
         processes = [
             start(
                 "worker",
@@ -116,7 +143,7 @@ def main() -> int:
         status = 1
         try:
             wait_until_ready(logs["companion"])
-            status = run_story()
+            status = run_story(own_redis=own_redis)
         finally:
             for process in processes:
                 process.terminate()
@@ -168,7 +195,7 @@ def plans(window: float) -> list[Plan]:
     return story
 
 
-def run_story() -> int:
+def run_story(*, own_redis: bool) -> int:
     from django.conf import settings
     from django.utils import timezone
 
@@ -237,7 +264,7 @@ def run_story() -> int:
             print(f"Gave up waiting after {END_TIMEOUT:g} s for the cancel tasks to run")
             break
         time.sleep(0.1)
-    return report(orders, story, notes, started, demo_late)
+    return report(orders, story, notes, started, demo_late, own_redis=own_redis)
 
 
 def _place(orders: list[Any]) -> Callable[[], None]:
@@ -258,6 +285,8 @@ def report(
     notes: dict[int, str],
     started: float,
     demo_late: dict[int, float],
+    *,
+    own_redis: bool,
 ) -> int:
     from example_project.shop.models import Order
 
@@ -305,7 +334,7 @@ def report(
     )
     print(f"The story took {time.monotonic() - started:.1f} s.")
     sweeps = report_sweeps()
-    print(DASHBOARD_HINT)
+    print(dashboard_hint(own_redis))
 
     failures = []
     early = [ms for ms in lateness_ms if ms < 0]
@@ -344,9 +373,14 @@ def report_sweeps() -> int:
         f"\nPeriodic clean-up shop-sweep, every {settings.SHOP_SWEEP_SECONDS:g} s, served by "
         f"the companion (no celery beat): {len(sweeps)} runs"
     )
+    if len(sweeps) > 3:
+        print(f"  the last 3 of {len(sweeps)} runs:")
     for sweep in sweeps[-3:]:
         print(f"  {sweep.task_id}  ran {sweep.ran_at:%H:%M:%S.%f}"[:-3])
-    print("  (celery -A example_project zdelay periodic list shows its next run)")
+    print(
+        f"  ({python_command()} -m celery -A example_project zdelay periodic list shows its "
+        "next run, on a Redis that is still there: see REDIS_URL below)"
+    )
     return len(sweeps)
 
 

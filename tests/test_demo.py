@@ -9,6 +9,7 @@ planned and the periodic clean-up ran.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,13 +26,13 @@ EARLY_CANCELS = """
 import datetime, sys
 from example_project import demo
 story = demo.run_story
-def run_story_with_early_cancels():
+def run_story_with_early_cancels(**options):
     from example_project.shop import orders
     parked = orders.cancel_unpaid.apply_delayed_on_commit
     def early(args, *, eta, **options):
         return parked(args, eta=eta - datetime.timedelta(milliseconds=400), **options)
     orders.cancel_unpaid.apply_delayed_on_commit = early
-    return story()
+    return story(**options)
 demo.run_story = run_story_with_early_cancels
 sys.exit(demo.main())
 """
@@ -73,6 +74,25 @@ def test_the_demo_tells_its_story_and_exits_0() -> None:
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     assert "orders in the expected state                12" in done.stdout
     assert "FAILED" not in done.stdout
+
+
+def test_what_the_demo_prints_to_try_next_works_after_it_exits() -> None:
+    """The old demo printed log names in a directory it had deleted, a bare
+    ``python`` that is not the clone's .venv, and commands for a Redis that
+    was gone; "3 runs" listed were the last 3 of more, unlabelled."""
+    done = _demo(SHOP_SWEEP_SECONDS="0.5")
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+    logs = re.findall(r"\(log: (\S+)\)", done.stdout)
+    assert len(logs) == 2
+    for log in logs:
+        assert Path(log).is_file(), log
+        assert Path(log).stat().st_size > 0, log
+    for command in re.findall(r"^\s+(\S+) -m django ", done.stdout, re.MULTILINE):
+        assert (ROOT / command).is_file() or Path(command).is_file(), command
+    assert "private Redis and its SQLite database are gone" in done.stdout
+    runs = int(re.search(r"no celery beat\): (\d+) runs", done.stdout)[1])
+    if runs > 3:
+        assert f"the last 3 of {runs} runs:" in done.stdout
 
 
 def test_the_demo_fails_when_the_periodic_clean_up_never_runs() -> None:
