@@ -11,8 +11,10 @@ pyproject.toml allow), and writes:
   ``test`` extra resolved on that Python (a newest release may have left an
   older Python behind), less the packages whose versions the tox matrix
   chooses per env (Celery's family, redis-py, Django's), so the matrix pins
-  the tools and varies only what it is there to vary. ``make oldest`` uses
-  the 3.10 one beneath constraints/oldest.txt.
+  the tools and varies only what it is there to vary;
+* ``constraints/oldest-py310.txt``: every range of the package's dependencies
+  and feature extras at its floor (uv's lowest-direct resolution), on the
+  oldest Python, with the test tools as locked: what ``make oldest`` runs on.
 
 ``make latest`` runs the core suite on what a fresh resolve gives instead, and
 names the package that breaks it.
@@ -27,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_LOCK = ROOT / "constraints" / "dev.txt"
@@ -89,6 +93,48 @@ def resolve(python: str, extra: str = "dev") -> list[str]:
     )
 
 
+#: The extras a user installs for the package's features (not the test tools):
+#: their floors are proven with the runtime dependencies' by make oldest.
+FEATURE_EXTRAS = ("prometheus", "django", "django-beat", "web", "otel")
+OLDEST_LOCK = ROOT / "constraints" / "oldest-py310.txt"
+
+
+def floors() -> list[str]:
+    """The ranges a user's install resolves from: dependencies and feature extras."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = list(project["dependencies"])
+    for extra in FEATURE_EXTRAS:
+        specs.extend(project["optional-dependencies"][extra])
+    return sorted(set(specs))
+
+
+def lowest(python: str) -> list[str]:
+    """The lowest versions of :func:`floors` that resolve together on *python*.
+
+    uv's lowest-direct resolution: each declared range at its floor (or the
+    lowest release above it that its neighbours accept), what they pull in at
+    its newest.
+    """
+    with tempfile.TemporaryDirectory(prefix="zdelay-lock-") as scratch:
+        venv = Path(scratch) / "venv"
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+        subprocess.run([*pip, "install", "--quiet", "uv"], check=True)
+        requirements = Path(scratch) / "floors.in"
+        requirements.write_text("\n".join(floors()) + "\n")
+        compiled = subprocess.run(
+            [
+                *(str(venv / "bin" / "uv"), "pip", "compile", str(requirements), "--quiet"),
+                *("--resolution", "lowest-direct", "--python", python),
+                *("--no-header", "--no-annotate"),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    return sorted((line for line in compiled.splitlines() if "==" in line), key=_name)
+
+
 def write(path: Path, pins: list[str], what: str, python_version: str) -> None:
     today = datetime.date.today().isoformat()
     header = [
@@ -122,6 +168,13 @@ def main() -> int:
         what = f"The tox matrix's lock for Python {version}: the test extra less what envs vary."
         write(path, pins, what, _version(interpreter))
         print(f"{path.relative_to(ROOT)}: {len(pins)} pins")
+    interpreter = pyenv_python(MATRIX_PYTHONS[0])
+    oldest = lowest(interpreter)
+    named = {_name(pin) for pin in oldest}
+    tools = [pin for pin in resolve(interpreter, "test") if _name(pin) not in named]
+    what = "The oldest releases pyproject.toml's ranges allow, the test tools as locked."
+    write(OLDEST_LOCK, sorted([*oldest, *tools], key=_name), what, _version(interpreter))
+    print(f"{OLDEST_LOCK.relative_to(ROOT)}: {len(oldest)} at their floor")
     return 0
 
 
