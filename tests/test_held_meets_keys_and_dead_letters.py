@@ -1,0 +1,151 @@
+"""A task held back by a pause meets a key, a requeue and a purge, and stays one task.
+
+A held task waits in its control's held set (``hold.lua``), not in the due
+set, with its payload in the msg hash as ever. Every script that asks
+whether an id is parked asks ``_where.lua``, which knows that state: these
+tests pin each such question against a held entry, on a real Redis with an
+in-process companion making release passes (no worker: what reaches the
+``emails`` broker list is what runs).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+import celery_zdelay
+from celery_zdelay.companion import Companion
+from celery_zdelay.parking import store_for
+from celery_zdelay.store import Store, admin
+from celery_zdelay.store.dead_reason import DeadReason
+from celery_zdelay.store.keys import held_key
+from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from tests.conftest import AppFactory
+from tests.helpers import wait_for
+from tests.support.keys import keys_of
+
+pytestmark = pytest.mark.timeout(90)
+
+QUEUES = [{"name": "celery"}, {"name": "emails"}]
+PAUSED = "queue:emails"
+HOUR = 3_600_000
+REASON = DeadReason(reason="bad signature", due_ms=1_700_000_000_000, companion="c-test")
+
+
+def _app(make_test_app: AppFactory, shards: int = 1) -> Celery:
+    return make_test_app(conf={"zdelay_shards": shards}, queues=QUEUES)
+
+
+def _places(client: redis.Redis, store: Store, task_id: str) -> list[str]:
+    """Where *task_id* is: due, held (behind the emails pause), in flight; dead too."""
+    keys = keys_of(store.shard_of(task_id))
+    held = held_key("zdelay", store.shard_of(task_id), PAUSED)
+    return [
+        name
+        for name, key in (("due", keys.due), ("held", held), ("lease", keys.lease))
+        if client.zscore(key, task_id) is not None
+    ] + (["dead"] if client.zscore(keys.dead, task_id) is not None else [])
+
+
+def _hold(app: Celery) -> None:
+    """One companion pass: what is due on the paused queue moves to its held set."""
+    with Companion(app) as comp:
+        comp.release_due()
+
+
+def _released_after_resume(app: Celery, client: redis.Redis) -> list[tuple[str, Any]]:
+    """Resume the emails queue, release everything parked; return (id, args) sent to it."""
+    celery_zdelay.resume(PAUSED, app=app)
+    store = store_for(app)
+    with Companion(app) as comp:
+
+        def all_out() -> bool:
+            comp.release_due()
+            return not any(
+                client.zcard(key)
+                for shard in store.shards
+                for key in (
+                    keys_of(shard).due,
+                    keys_of(shard).lease,
+                    held_key("zdelay", shard, PAUSED),
+                )
+            )
+
+        wait_for(all_out, timeout=30, message="every parked task released")
+    sent = [json.loads(raw) for raw in client.lrange("emails", 0, -1)]
+    return [(m["headers"]["id"], m["headers"]["argsrepr"]) for m in sent]
+
+
+def _dead_letter(app: Celery, task_id: str, **options: Any) -> None:
+    """Park *task_id* due now, claim it as a companion would, and dead-letter it."""
+    app.tasks["tests.record"].apply_delayed(("old",), countdown=0, task_id=task_id, **options)
+    store = store_for(app)
+    shard = store.shard_of(task_id)
+    claimed = store.claim(shard, limit=10, lease_ms=HOUR)
+    assert [e.task_id for e in claimed.entries] == [task_id]
+    assert store.dead_letter(shard, claimed.token, [(task_id, REASON)]) == 1
+
+
+# -- requeue and purge of an id parked again and held -----------------------------
+
+
+def test_requeue_refuses_an_id_parked_again_and_held_so_the_new_task_runs_once(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given task X dead-lettered, then a new task parked under the same id X
+    # on the paused emails queue and held there by a companion
+    app = _app(make_test_app)
+    store = store_for(app)
+    _dead_letter(app, "X", tags=["old"])
+    celery_zdelay.pause(PAUSED, app=app)
+    app.tasks["tests.record"].apply_delayed(
+        ("new",), countdown=0, task_id="X", queue="emails", tags=["new"]
+    )
+    _hold(app)
+    assert _places(redis_client, store, "X") == ["held", "dead"]
+    payload = redis_client.hget(keys_of(0).msg, "X")
+
+    # When an operator requeues the dead X
+    requeued = admin.requeue_dead(store, ["X"])
+
+    # Then it is refused, and the new X is untouched: held, its message, its tag
+    assert requeued == [False]
+    assert _places(redis_client, store, "X") == ["held", "dead"]
+    assert redis_client.hget(keys_of(0).msg, "X") == payload
+    assert tagged_ids(store, "new") == ["X"]
+    assert tagged_ids(store, "old") == []
+    assert check_marks(store) == []
+
+    # ...and on resume the new X runs, once, with its own arguments
+    assert _released_after_resume(app, redis_client) == [("X", "('new',)")]
+    assert [d.task_id for d in admin.list_dead(store).entries] == ["X"]
+
+
+def test_purging_a_dead_id_leaves_the_held_task_parked_again_under_it(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given dead X (keyed and tagged), and a new X, keyed and tagged alike, held
+    app = _app(make_test_app)
+    store = store_for(app)
+    _dead_letter(app, "X", tags=["t"], key="k")
+    celery_zdelay.pause(PAUSED, app=app)
+    app.tasks["tests.record"].apply_delayed(
+        ("new",), countdown=0, task_id="X", queue="emails", tags=["t"], key="k"
+    )
+    _hold(app)
+    assert _places(redis_client, store, "X") == ["held", "dead"]
+
+    # When the dead X is purged
+    assert admin.purge_dead(store, ["X"]) == 1
+
+    # Then only the dead letter went: the held X keeps its message, key and tag
+    assert _places(redis_client, store, "X") == ["held"]
+    assert redis_client.hexists(keys_of(0).msg, "X")
+    assert key_holder(store, "k") == ("X", None)
+    assert tagged_ids(store, "t") == ["X"]
+    assert check_marks(store) == []
+    assert _released_after_resume(app, redis_client) == [("X", "('new',)")]
