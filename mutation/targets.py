@@ -223,7 +223,7 @@ LUA = (
         ),
     ),
     # Where an id is now (due, held, in flight), for every script that asks.
-    Target("_where.lua", _STORE + "_where.lua", (_HELD_MEETS, _REQUEUE_PURGE)),
+    Target("_where.lua", _STORE + "_where.lua", (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED)),
     # A key holder a producer found forged (with signing) is forgotten, only as checked.
     Target(
         "drop_key.lua",
@@ -255,7 +255,12 @@ LUA = (
     Target(
         "park_keyed.lua",
         _STORE + "park_keyed.lua",
-        (_PARK_KEYED, "tests/test_keys.py", "tests/test_mutation_kills_ack_lua_marks.py"),
+        (
+            _PARK_KEYED,
+            "tests/test_keys.py",
+            "tests/test_mutation_kills_ack_lua_marks.py",
+            _HELD_MEETS,
+        ),
     ),
     Target(
         "claim.lua",

@@ -23,10 +23,12 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store, admin
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.keys import held_key
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import Parked, check_marks, key_holder, park_marked, tagged_ids
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
+from tests.support.clock import redis_ms
 from tests.support.keys import keys_of
+from tests.support.store import marked_request
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -149,3 +151,134 @@ def test_purging_a_dead_id_leaves_the_held_task_parked_again_under_it(
     assert tagged_ids(store, "t") == ["X"]
     assert check_marks(store) == []
     assert _released_after_resume(app, redis_client) == [("X", "('new',)")]
+
+
+# -- a key whose holder is held --------------------------------------------------
+
+
+def _held_holder(app: Celery, client: redis.Redis, *, on_key: str = "keep") -> str:
+    """Pause the emails queue, park a task under key k there, hold it; return its id."""
+    celery_zdelay.pause(PAUSED, app=app)
+    first = app.tasks["tests.record"].apply_delayed(
+        ("first",), countdown=0, queue="emails", key="k", on_key=on_key, tags=["t"]
+    )
+    _hold(app)
+    assert _places(client, store_for(app), first.id) == ["held"]
+    return str(first.id)
+
+
+@pytest.mark.parametrize("on_key", ["replace", "debounce"])
+def test_replace_and_debounce_cancel_a_held_holder_so_one_task_runs_after_resume(
+    make_test_app: AppFactory, redis_client: redis.Redis, on_key: str
+) -> None:
+    # Given a task under key k, held behind the emails pause
+    app = _app(make_test_app)
+    store = store_for(app)
+    first = _held_holder(app, redis_client)
+
+    # When a new call under k replaces (or debounces) it, due in 0.3 s
+    before_ms = redis_ms(redis_client)
+    second = app.tasks["tests.record"].apply_delayed(
+        ("second",), countdown=0.3, queue="emails", key="k", on_key=on_key, tags=["t"]
+    )
+
+    # Then the held one is cancelled as a parked one is: out of its held set,
+    # its message, key and tag gone with it; the new one parked and holding k
+    assert second.id != first
+    assert _places(redis_client, store, first) == []
+    assert not redis_client.hexists(keys_of(0).msg, first)
+    assert _places(redis_client, store, second.id) == ["due"]
+    assert key_holder(store, "k") == (second.id, None)
+    assert tagged_ids(store, "t") == [second.id]
+    assert check_marks(store) == []
+    found = celery_zdelay.lookup(second.id, app=app)
+    assert found is not None
+    assert found.due_ms is not None
+    assert found.due_ms >= before_ms + 300
+
+    # ...and after resume exactly one task runs: the new one
+    assert _released_after_resume(app, redis_client) == [(second.id, "('second',)")]
+
+
+@pytest.mark.parametrize("on_key", ["keep", "until_finished"])
+def test_keep_and_until_finished_keep_a_held_holder_and_return_it(
+    make_test_app: AppFactory, redis_client: redis.Redis, on_key: str
+) -> None:
+    # Given a task under key k, held behind the emails pause
+    app = _app(make_test_app)
+    store = store_for(app)
+    first = _held_holder(app, redis_client, on_key=on_key)
+    due_ms = redis_client.zscore(held_key("zdelay", 0, PAUSED), first)
+    assert due_ms is not None
+
+    # When a new call under k keeps it
+    kept = app.tasks["tests.record"].apply_delayed(
+        ("second",), countdown=0, queue="emails", key="k", on_key=on_key
+    )
+
+    # Then it parks nothing and answers the held task, with its due time
+    assert kept.id == first
+    assert _places(redis_client, store, first) == ["held"]
+    assert redis_client.hlen(keys_of(0).msg) == 1
+    ms = int(due_ms) // 1024
+    parked = park_marked(store, [marked_request("other", ms, key="k", on_key=on_key)])
+    assert parked == [Parked(task_id=first, due_ms=ms, parked=False)]
+    assert key_holder(store, "k") == (first, None)
+    assert check_marks(store) == []
+    assert _released_after_resume(app, redis_client) == [(first, "('first',)")]
+
+
+def test_a_held_task_parked_again_under_its_own_id_and_key_leaves_its_held_set(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a task under key k, held behind the emails pause
+    app = _app(make_test_app)
+    store = store_for(app)
+    first = _held_holder(app, redis_client, on_key="replace")
+
+    # When it is parked again under its own id and key, due in an hour
+    again = app.tasks["tests.record"].apply_delayed(
+        ("again",), countdown=3600, queue="emails", key="k", on_key="replace", task_id=first
+    )
+
+    # Then it is in the due set only, never also in its held set
+    assert again.id == first
+    assert _places(redis_client, store, first) == ["due"]
+    assert key_holder(store, "k") == (first, None)
+    assert check_marks(store) == []
+    celery_zdelay.resume(PAUSED, app=app)
+    _hold(app)
+    assert redis_client.llen("emails") == 0
+
+
+def test_apply_delayed_many_replaces_held_holders_on_four_shards(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given 4 shards and 8 keys, each holder held behind the emails pause
+    app = _app(make_test_app, shards=4)
+    store = store_for(app)
+    record = app.tasks["tests.record"]
+    celery_zdelay.pause(PAUSED, app=app)
+    keys = [f"k{i}" for i in range(8)]
+    first = record.apply_delayed_many(
+        [("first", i) for i in range(8)], countdown=0, queue="emails", keys=keys
+    )
+    _hold(app)
+    assert len({store.shard_of(r.id) for r in first}) > 1
+    assert all(_places(redis_client, store, r.id) == ["held"] for r in first)
+
+    # When one apply_delayed_many call replaces all of them (one transaction)
+    second = record.apply_delayed_many(
+        [("second", i) for i in range(8)],
+        countdown=0,
+        queue="emails",
+        keys=keys,
+        on_key="replace",
+    )
+
+    # Then every held holder is gone and each key holds its new task
+    assert all(_places(redis_client, store, r.id) == [] for r in first)
+    assert [key_holder(store, k) for k in keys] == [(r.id, None) for r in second]
+    assert check_marks(store) == []
+    released = _released_after_resume(app, redis_client)
+    assert sorted(released) == sorted((r.id, f"('second', {i})") for i, r in enumerate(second))
