@@ -223,7 +223,11 @@ LUA = (
         ),
     ),
     # Where an id is now (due, held, in flight), for every script that asks.
-    Target("_where.lua", _STORE + "_where.lua", (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED)),
+    Target(
+        "_where.lua",
+        _STORE + "_where.lua",
+        (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED, _FINISH_START),
+    ),
     # A key holder a producer found forged (with signing) is forgotten, only as checked.
     Target(
         "drop_key.lua",
@@ -349,7 +353,7 @@ LUA = (
     Target(
         "finish_key.lua",
         _STORE + "finish_key.lua",
-        (_FINISH_START, _OVERLAP_KILLS, "tests/test_keys.py"),
+        (_FINISH_START, _OVERLAP_KILLS, "tests/test_keys.py", _HELD_MEETS),
     ),
     # Overlap policies: a periodic run takes its schedule's key, or waits, or is skipped.
     Target(

@@ -23,7 +23,14 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store, admin
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.keys import held_key
-from celery_zdelay.store.marks import Parked, check_marks, key_holder, park_marked, tagged_ids
+from celery_zdelay.store.marks import (
+    Parked,
+    check_marks,
+    finish_key,
+    key_holder,
+    park_marked,
+    tagged_ids,
+)
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
 from tests.support.clock import redis_ms
@@ -282,3 +289,40 @@ def test_apply_delayed_many_replaces_held_holders_on_four_shards(
     assert check_marks(store) == []
     released = _released_after_resume(app, redis_client)
     assert sorted(released) == sorted((r.id, f"('second', {i})") for i, r in enumerate(second))
+
+
+# -- a run's end meets its task parked again and held -------------------------------
+
+
+def test_a_run_ending_keeps_the_key_of_its_task_parked_again_and_held(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given an until_finished task X under key k, released and running (its
+    # hold in the index), which parks itself again under X (a retry), and
+    # that retry held behind the emails pause
+    app = _app(make_test_app)
+    store = store_for(app)
+    record = app.tasks["tests.record"]
+    run = record.apply_delayed(
+        ("run",), countdown=0, queue="emails", key="k", on_key="until_finished"
+    )
+    _hold(app)
+    assert redis_client.llen("emails") == 1
+    assert key_holder(store, "k") is not None
+    celery_zdelay.pause(PAUSED, app=app)
+    record.apply_delayed(
+        ("retry",), countdown=0, queue="emails", key="k", on_key="until_finished", task_id=run.id
+    )
+    _hold(app)
+    assert _places(redis_client, store, run.id) == ["held"]
+    assert key_holder(store, "k") == (run.id, None)
+
+    # When the first run ends (the worker frees the key of the run it ran)
+    freed = finish_key(store, "k", run.id)
+
+    # Then the key stays with the held retry: a keep call parks nothing
+    assert freed is False
+    assert key_holder(store, "k") == (run.id, None)
+    other = record.apply_delayed(("other",), countdown=0, queue="emails", key="k", on_key="keep")
+    assert other.id == run.id
+    assert check_marks(store) == []

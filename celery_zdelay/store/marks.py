@@ -120,7 +120,9 @@ def _scripts(store: Store) -> _Scripts:
         )
         found = _Scripts(
             park_keyed=store.client.register_script(park_keyed),
-            finish_key=store.client.register_script(guarded(_lua("_marks") + _lua("finish_key"))),
+            finish_key=store.client.register_script(
+                guarded(_lua("_marks") + _lua("_where") + _lua("finish_key"))
+            ),
             start_run=store.client.register_script(guarded(_lua("_marks") + _lua("start_run"))),
             drop_key=store.client.register_script(guarded(_lua("drop_key"))),
         )
@@ -309,7 +311,11 @@ def finish_key(store: Store, key: str, task_id: str) -> bool:
     """Free *key* after task *task_id* (``until_finished``) ran; return whether it held it."""
     keys = store.keys(store.shard_of(key))
     with store_errors(store.url):
-        return bool(_scripts(store).finish_key(keys=[keys.marks, keys.due], args=[key, task_id]))
+        return bool(
+            _scripts(store).finish_key(
+                keys=[keys.marks, keys.due, keys.lease, keys.msg], args=[key, task_id]
+            )
+        )
 
 
 def start_run(
