@@ -20,6 +20,7 @@ from celery import Celery
 import celery_zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.store import Store, admin
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.keys import held_key
@@ -326,3 +327,22 @@ def test_a_run_ending_keeps_the_key_of_its_task_parked_again_and_held(
     other = record.apply_delayed(("other",), countdown=0, queue="emails", key="k", on_key="keep")
     assert other.id == run.id
     assert check_marks(store) == []
+
+
+def test_a_held_periodic_occurrence_is_not_taken_for_released(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given an occurrence parked on the paused emails queue and held there
+    app = _app(make_test_app)
+    celery_zdelay.pause(PAUSED, app=app)
+    tick = app.tasks["tests.record"].apply_delayed(("tick",), countdown=0, queue="emails")
+    _hold(app)
+    assert _places(redis_client, store_for(app), tick.id) == ["held"]
+    periodic = PeriodicStore(store_for(app))
+
+    # Then the companion that parked it does not record it as run (it waits)
+    assert periodic.released_among([("every-second", tick.id)]) == set()
+
+    # ...until it is released
+    _released_after_resume(app, redis_client)
+    assert periodic.released_among([("every-second", tick.id)]) == {tick.id}
