@@ -166,6 +166,8 @@ _HELD = "tests/test_held_steering.py"
 _OVERLAP_KILLS = "tests/test_mutation_kills_periodic_overlap.py"
 _FINISH_START = "tests/test_mutation_kills_finish_start_lua.py"
 _FORGET_ALLOWED = "tests/test_mutation_kills_forget_lane_allowed_lua.py"
+#: A held task meets a key, a requeue, a purge: where an id is (_where.lua).
+_HELD_MEETS = "tests/test_held_meets_keys_and_dead_letters.py"
 
 LUA = (
     # Loaded in front of every script: the scripts' kill tests exercise it.
@@ -220,6 +222,12 @@ LUA = (
             "tests/test_mutation_kills_periodic_overlap.py",
         ),
     ),
+    # Where an id is now (due, held, in flight), for every script that asks.
+    Target(
+        "_where.lua",
+        _STORE + "_where.lua",
+        (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED, _FINISH_START),
+    ),
     # A key holder a producer found forged (with signing) is forgotten, only as checked.
     Target(
         "drop_key.lua",
@@ -251,7 +259,12 @@ LUA = (
     Target(
         "park_keyed.lua",
         _STORE + "park_keyed.lua",
-        (_PARK_KEYED, "tests/test_keys.py", "tests/test_mutation_kills_ack_lua_marks.py"),
+        (
+            _PARK_KEYED,
+            "tests/test_keys.py",
+            "tests/test_mutation_kills_ack_lua_marks.py",
+            _HELD_MEETS,
+        ),
     ),
     Target(
         "claim.lua",
@@ -310,8 +323,8 @@ LUA = (
         ("tests/test_mutation_kills_reschedule_held_lua.py", *_STEERING, _HELD),
     ),
     # Dead letters requeued (payload, keys, tags) or purged (template counts).
-    Target("requeue.lua", _STORE + "requeue.lua", (_REQUEUE_PURGE, *_ADMIN)),
-    Target("purge.lua", _STORE + "purge.lua", (_REQUEUE_PURGE, *_ADMIN)),
+    Target("requeue.lua", _STORE + "requeue.lua", (_REQUEUE_PURGE, _HELD_MEETS, *_ADMIN)),
+    Target("purge.lua", _STORE + "purge.lua", (_REQUEUE_PURGE, _HELD_MEETS, *_ADMIN)),
     Target(
         "own.lua",
         _STORE + "own.lua",
@@ -340,7 +353,7 @@ LUA = (
     Target(
         "finish_key.lua",
         _STORE + "finish_key.lua",
-        (_FINISH_START, _OVERLAP_KILLS, "tests/test_keys.py"),
+        (_FINISH_START, _OVERLAP_KILLS, "tests/test_keys.py", _HELD_MEETS),
     ),
     # Overlap policies: a periodic run takes its schedule's key, or waits, or is skipped.
     Target(

@@ -81,7 +81,9 @@ def _released(store: Store, task_id: str, key: str, *, acked: bool = True) -> No
 def _finish_reply(store: Store, key: str, task_id: str) -> object:
     """finish_key.lua's reply itself (:func:`finish_key` makes it a bool)."""
     keys = store.keys(store.shard_of(key))
-    return _scripts(store).finish_key(keys=[keys.marks, keys.due], args=[key, task_id])
+    return _scripts(store).finish_key(
+        keys=[keys.marks, keys.due, keys.lease, keys.msg], args=[key, task_id]
+    )
 
 
 def _marks(client: redis.Redis) -> dict[str, str]:

@@ -417,8 +417,12 @@ def test_a_call_without_its_entry_count_or_mark_records_is_refused_before_any_wr
     with pytest.raises(redis.ResponseError, match="park_keyed: no entry count"):
         store.client.evalsha(sha, numkeys, *keys, *args[:-1], "two")
     # One mark record short: the last entry's fields would be read as records
+    # (the call names no held set: 0 before the entry count)
+    assert args[-2] == 0
     with pytest.raises(redis.ResponseError, match="park_keyed: 1 mark records for"):
-        store.client.evalsha(sha, numkeys, *keys, *args[:-2], 1)
+        store.client.evalsha(sha, numkeys, *keys, *args[:-3], 0, 1)
+    with pytest.raises(redis.ResponseError, match="park_keyed: no held set count"):
+        store.client.evalsha(sha, numkeys, *keys, *args[:-2], 2)
     with pytest.raises(redis.ResponseError, match="park_keyed: 3 mark records for"):
         store.client.evalsha(sha, numkeys, *keys, *args[:-1], 3)
 

@@ -320,9 +320,11 @@ class PeriodicStore:
     def released_among(self, occurrences: Sequence[tuple[str, str]]) -> set[str]:
         """Return which of (name, id) occurrences were released: gone from their shard.
 
-        Gone means neither parked, in flight (leased), dead-lettered, nor
-        withdrawn by the missed policy (remembered as missed): only
-        released is left.
+        Gone means neither parked, held back by a pause or rate limit, in
+        flight (leased), dead-lettered, nor withdrawn by the missed policy
+        (remembered as missed): only released is left. A held entry is in a
+        held set, not the due set or the lease, with its message still
+        stored: the message says parked, wherever it waits.
         """
         store = self.store
         with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
@@ -330,11 +332,12 @@ class PeriodicStore:
                 keys = store.keys(store.shard_of(task_id))
                 for where in (keys.due, keys.lease, keys.dead, self.keys.missed_prefix + name):
                     pipe.zscore(where, task_id)
+                pipe.hexists(keys.msg, task_id)
             found = pipe.execute()
         return {
             task_id
             for i, (_, task_id) in enumerate(occurrences)
-            if all(score is None for score in found[4 * i : 4 * i + 4])
+            if all(score is None for score in found[5 * i : 5 * i + 4]) and not found[5 * i + 4]
         }
 
     def advance(

@@ -25,11 +25,13 @@ from importlib import resources
 from typing import Any, cast
 
 from redis.commands.core import Script
+from redis.exceptions import WatchError
 
 from ..entry import decode_entry
 from ..errors import EntryError
 from ..keys import TAGS_HEADER
 from .client import store_errors
+from .keys import held_key, lanes_key
 from .scripts import guarded
 from .store import ParkRequest, Store
 
@@ -56,6 +58,8 @@ logger = logging.getLogger(__name__)
 _MODES = {"k": "keep", "r": "replace", "d": "debounce", "u": "until_finished"}
 #: Members read per round trip when listing a tag or checking a shard.
 _PAGE = 1000
+#: What park_keyed.lua answers when an entry is held in a held set not given.
+_LANES_CHANGED = -2
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ def _scripts(store: Store) -> _Scripts:
         # park.lua runs inside park_keyed.lua as a function: one script, one step.
         park_keyed = guarded(
             _lua("_marks")
+            + _lua("_where")
             + "local function zdelay_park()\n"
             + _lua("park")
             + "\nend\n"
@@ -115,7 +120,9 @@ def _scripts(store: Store) -> _Scripts:
         )
         found = _Scripts(
             park_keyed=store.client.register_script(park_keyed),
-            finish_key=store.client.register_script(guarded(_lua("_marks") + _lua("finish_key"))),
+            finish_key=store.client.register_script(
+                guarded(_lua("_marks") + _lua("_where") + _lua("finish_key"))
+            ),
             start_run=store.client.register_script(guarded(_lua("_marks") + _lua("start_run"))),
             drop_key=store.client.register_script(guarded(_lua("drop_key"))),
         )
@@ -147,15 +154,11 @@ def park_marked(store: Store, requests: Sequence[ParkRequest]) -> list[Parked]:
         store._check_sizes(requests)
         if len(by_shard) == 1 or store.cluster:
             replies = [
-                _park_call(store, script, shard, [requests[i] for i in indexes], store.client)
+                _park_on_shard(store, script, shard, [requests[i] for i in indexes])
                 for shard, indexes in by_shard.items()
             ]
         else:
-            with store.client.pipeline(transaction=True) as pipe:
-                for shard, indexes in by_shard.items():
-                    others = [s for s in by_shard if s != shard]
-                    _park_call(store, script, shard, [requests[i] for i in indexes], pipe, others)
-                replies = pipe.execute()
+            replies = _park_on_shards(store, script, by_shard, requests)
     parked: list[Parked | None] = [None] * len(requests)
     for indexes, reply in zip(by_shard.values(), replies, strict=True):
         for n, index in enumerate(indexes):
@@ -217,20 +220,86 @@ def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
                 _scripts(store).drop_key(keys=[keys.marks], args=[key, value])
 
 
+def _park_on_shard(
+    store: Store, script: Script, shard: int, requests: Sequence[ParkRequest]
+) -> Any:
+    """park_keyed.lua on one shard, with the held sets last seen there.
+
+    None at first: a holder in the due set, the common case, needs no read
+    of them. The script answers ``[-2]``, having written nothing, when an
+    entry it must move or answer is held in a set not given: then they are
+    read (one name per control: this ends).
+    """
+    lanes = store.known_lanes(shard)
+    while True:
+        reply = _park_call(store, script, shard, requests, store.client, lanes)
+        if not _lanes_changed(reply):
+            return reply
+        lanes = store.lanes(shard)
+
+
+def _park_on_shards(
+    store: Store,
+    script: Script,
+    by_shard: dict[int, list[int]],
+    requests: Sequence[ParkRequest],
+) -> list[Any]:
+    """park_keyed.lua on several shards of one server, in one transaction.
+
+    A call told to read the held sets again could not be made again alone
+    (the others' writes are done), so the held sets are read first, under
+    WATCH: a set added before EXEC aborts the transaction, and it is tried
+    again with the sets read anew.
+    """
+    prefix = store.config.key_prefix
+    with store.client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(*(lanes_key(prefix, shard) for shard in by_shard))
+                lanes = {shard: store.lanes(shard) for shard in by_shard}
+                pipe.multi()
+                for shard, indexes in by_shard.items():
+                    others = [s for s in by_shard if s != shard]
+                    _park_call(
+                        store,
+                        script,
+                        shard,
+                        [requests[i] for i in indexes],
+                        pipe,
+                        lanes[shard],
+                        others,
+                    )
+                return list(pipe.execute())
+            except WatchError:
+                continue
+
+
+def _lanes_changed(reply: Any) -> bool:
+    return len(reply) == 1 and int(reply[0]) == _LANES_CHANGED
+
+
 def _park_call(
     store: Store,
     script: Script,
     shard: int,
     requests: Sequence[ParkRequest],
     client: Any,
+    lanes: Sequence[str],
     check_shards: Sequence[int] = (),
 ) -> Any:
     keys, args = store.park_arguments(shard, requests, check_shards)
     shard_keys = store.keys(shard)
+    prefix = store.config.key_prefix
     records = [request.mark.record() if request.mark else "-0\n" for request in requests]
     return script(
-        keys=[*keys, shard_keys.marks, shard_keys.tagged],
-        args=[*args, *records, len(requests)],
+        keys=[
+            *keys,
+            lanes_key(prefix, shard),
+            *(held_key(prefix, shard, lane) for lane in lanes),
+            shard_keys.marks,
+            shard_keys.tagged,
+        ],
+        args=[*args, *records, *lanes, len(lanes), len(requests)],
         client=client,
     )
 
@@ -242,7 +311,11 @@ def finish_key(store: Store, key: str, task_id: str) -> bool:
     """Free *key* after task *task_id* (``until_finished``) ran; return whether it held it."""
     keys = store.keys(store.shard_of(key))
     with store_errors(store.url):
-        return bool(_scripts(store).finish_key(keys=[keys.marks, keys.due], args=[key, task_id]))
+        return bool(
+            _scripts(store).finish_key(
+                keys=[keys.marks, keys.due, keys.lease, keys.msg], args=[key, task_id]
+            )
+        )
 
 
 def start_run(

@@ -42,6 +42,9 @@ _READERS = ("handoff",)
 #: Scripts that remove entries, loaded with ``_marks.lua`` in front: an
 #: entry's key and tags leave in the script that removes it.
 _MARKED = ("handoff", "push", "ack", "deadletter", "cancel", "requeue")
+#: Scripts that ask where an id is now (due, held, in flight), loaded with
+#: ``_where.lua`` in front: one answer for all, so none misses a state.
+_LOCATING = ("requeue",)
 
 
 @cache
@@ -49,9 +52,12 @@ def script_source(name: str, before: str = "") -> str:
     """Return the Lua source of script *name*, with the Lua *before* run in front of it.
 
     Every script gets the checks of ``_guard.lua`` in front (they run before
-    its first write); readers of entries also get ``_expand.lua``, and
-    scripts that remove entries ``_marks.lua``.
+    its first write); readers of entries also get ``_expand.lua``, scripts
+    that remove entries ``_marks.lua``, and those that ask where an id is
+    ``_where.lua``.
     """
+    if name in _LOCATING:
+        before = _lua_file("_where") + before
     if name in _MARKED:
         before = _lua_file("_marks") + before
     if name in _READERS:

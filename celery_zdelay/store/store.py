@@ -378,6 +378,10 @@ class Store:
                     return None if reply < 0 else reply
                 lanes = self.lanes(shard)
 
+    def known_lanes(self, shard: int) -> list[str]:
+        """Return the held-set names of *shard* last read by :meth:`lanes` (none before)."""
+        return self._lanes_seen.get(shard, [])
+
     def lanes(self, shard: int) -> list[str]:
         """Return the names of the controls with a held set on *shard*, sorted."""
         with store_errors(self.url):

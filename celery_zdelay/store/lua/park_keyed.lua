@@ -3,22 +3,42 @@
 -- number of producers parking one key leave exactly what its mode says.
 -- Entries without either are parked by park.lua alone, at no extra cost.
 --
+-- A holder held back by a pause or rate limit (hold.lua) is a parked
+-- holder like one in the due set: replace and debounce take it out of its
+-- held set, keep and until_finished answer it. Where each id is comes from
+-- zdelay_where (_where.lua), which needs the names of the shard's held sets
+-- to move one: the caller passes those it knows, and is told to read them
+-- again (-2) when an id it must move is in a set it did not name.
+--
 -- KEYS[1..7] as park.lua (KEYS[6] the call marker)
 -- KEYS[8..]  other shards' keys to check, as park.lua
+-- then       lanes set    (names of the controls with a held set on this shard)
+-- then       held zsets   one per control name of ARGV (see below), in that order
 -- KEYS[#KEYS - 1] marks hash   (see _marks.lua)
 -- KEYS[#KEYS]     tagged zset  (see _marks.lua)
 -- ARGV as park.lua, then one mark record per entry (see _marks.lua), then
---      the number of entries
+--      the control names of the held zsets, then their number, then the
+--      number of entries
 -- returns three per entry, in argument order: the id of the entry parked
 --         for it afterwards (its own, or for a key the entry holding it),
 --         that entry's due ms (-1 when it is no longer parked: released
---         and running), 1 when this call parked it, else 0
+--         and running), 1 when this call parked it, else 0;
+--         or {-2}, having written nothing, when an entry to move or answer
+--         is held in a set not given (read the lanes set and call again)
 if redis.replicate_commands then redis.replicate_commands() end
 
 local tagged = table.remove(KEYS)
 local marks = table.remove(KEYS)
 local n = tonumber(table.remove(ARGV))
 if not n then error({err = 'ERR celery-zdelay park_keyed: no entry count'}) end
+local n_lanes = tonumber(table.remove(ARGV))
+if not n_lanes then error({err = 'ERR celery-zdelay park_keyed: no held set count'}) end
+local lane_names, kheld = {}, {}
+for i = n_lanes, 1, -1 do
+  lane_names[i] = table.remove(ARGV)
+  kheld[i] = table.remove(KEYS)
+end
+local klanes = table.remove(KEYS)
 local records = {}
 for e = n, 1, -1 do records[e] = table.remove(ARGV) end
 
@@ -28,7 +48,8 @@ local kdone = redis.call('GET', kmarker)
 if kdone then return cjson.decode(kdone) end
 
 zdelay_expect_park()
-zdelay_expect(marks, 'hash', tagged, 'zset')
+zdelay_expect(marks, 'hash', tagged, 'zset', klanes, 'set')
+for _, key in ipairs(kheld) do zdelay_expect(key, 'zset') end
 local k_templates = tonumber(ARGV[3])
 local kfirst = 4 + 2 * k_templates
 if #ARGV - kfirst + 1 ~= 5 * n then
@@ -36,8 +57,25 @@ if #ARGV - kfirst + 1 ~= 5 * n then
 end
 local know = zdelay_now_ms()
 
+-- Where a parked id is (_where.lua): state, the set that has it, its due
+-- score. An id held in a set not given is found again once the caller has
+-- read the lanes (lanes_stale); a payload no set has, with every set given,
+-- is a stray nothing releases: not parked.
+local kplace = {due = kdue, lease = KEYS[3], msg = kmsg, held = kheld}
+local lanes_stale, lanes_complete = false, nil
+local function placed(id)
+  local state, from, score = zdelay_where(kplace, id)
+  if state == 'held' and not from then
+    if lanes_complete == nil then lanes_complete = zdelay_lanes_given(klanes, lane_names) end
+    if not lanes_complete then lanes_stale = true end
+    return nil
+  end
+  return state, from, score
+end
+
 -- Who holds each key as the batch goes: {id, until ms or nil, index of an
--- entry of this batch or nil}, false when free. A hold that ended is free.
+-- entry of this batch or nil, where a parked holder is: state, set, due
+-- score}, false when free. A hold that ended is free.
 local holders = {}
 local function holder_of(key)
   local h = holders[key]
@@ -45,13 +83,14 @@ local function holder_of(key)
     local id, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
     if id and until_ms and until_ms <= know then id = nil end
     h = id and {id, until_ms} or false
+    if h and until_ms == nil then h[4], h[5], h[6] = placed(id) end
     holders[key] = h
   end
   return h
 end
 
 local parks, keyof, tagsof, replaced = {}, {}, {}, {}
-local forget, forgotten = {}, {}
+local forget, forgotten, unheld = {}, {}, {}
 for e = 1, n do
   local id = ARGV[kfirst + 5 * (e - 1)]
   local mode, _, key, tags = zdelay_mark_parse(records[e])
@@ -68,12 +107,19 @@ for e = 1, n do
     elseif h then
       if h[3] then
         parks[h[3]] = false  -- an earlier entry of this batch: never parked
-      elseif h[2] == nil and h[1] ~= id and redis.call('ZSCORE', kdue, h[1]) then
-        -- The parked holder goes; one being released cannot be stopped.
-        replaced[#replaced + 1] = h[1]
+      elseif h[2] == nil and h[1] ~= id and (h[4] == 'due' or h[4] == 'held') then
+        -- The parked holder goes, waiting or held back; one being released
+        -- cannot be stopped.
+        replaced[#replaced + 1] = {h[1], h[5]}
       end
     end
     if parks[e] then holders[key] = {id, nil, e} end
+  end
+  if parks[e] and not unheld[id] and redis.call('HEXISTS', kmsg, id) == 1 then
+    -- Parked again under its id while held: it leaves its held set, as
+    -- park.lua takes an id being released out of the lease (never two places).
+    local state, from = placed(id)
+    if state == 'held' then unheld[id] = from end
   end
   if parks[e] and not forgotten[id] and redis.call('HEXISTS', marks, 'i:' .. id) == 1 then
     -- Parked again under its id: its earlier key and tags give way.
@@ -81,15 +127,17 @@ for e = 1, n do
     forget[#forget + 1] = id
   end
 end
-for _, id in ipairs(replaced) do
+if lanes_stale then return {-2} end
+for _, item in ipairs(replaced) do
+  local id = item[1]
   if not forgotten[id] then forgotten[id] = true; forget[#forget + 1] = id end
 end
 
 -- Reads for the writes below, all before the first of them.
 local kplan = zdelay_marks_plan(marks, tagged, forget, 'cancel', know)
 local kreleased = {}
-for _, id in ipairs(replaced) do
-  zdelay_count(kreleased, zdelay_template_id(redis.call('HGET', kmsg, id)), -1)
+for _, item in ipairs(replaced) do
+  zdelay_count(kreleased, zdelay_template_id(redis.call('HGET', kmsg, item[1])), -1)
 end
 local krefs = zdelay_refs_plan(ktemplates, kreleased)
 local used = {}
@@ -102,10 +150,11 @@ end
 
 -- Writes: the replaced entries leave, the others are parked, then indexed.
 zdelay_marks_apply(marks, tagged, kplan)
-for _, id in ipairs(replaced) do
-  redis.call('ZREM', kdue, id)
-  redis.call('HDEL', kmsg, id)
+for _, item in ipairs(replaced) do
+  redis.call('ZREM', item[2], item[1])  -- its due set or held set
+  redis.call('HDEL', kmsg, item[1])
 end
+for id, from in pairs(unheld) do redis.call('ZREM', from, id) end
 zdelay_refs_apply(ktemplates, krefs)
 
 -- ARGV is Redis's table (the global cannot be reassigned): park.lua reads
@@ -163,9 +212,9 @@ for e = 1, n do
     id = h[1]
     if h[3] then
       ms = due_of[h[3]]
-    else
-      local score = redis.call('ZSCORE', kdue, id)
-      if score then ms = math.floor(tonumber(score) / 1024) end
+    elseif h[6] then
+      -- Waiting or held back: its due ms (one being released has none).
+      ms = math.floor(tonumber(h[6]) / 1024)
     end
     flag = 0
   end

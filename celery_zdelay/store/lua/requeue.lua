@@ -10,22 +10,25 @@
 -- ARGV[1] wake channel (best effort, after the writes: see zdelay_wake in _guard.lua)
 -- ARGV[2..] ids
 -- returns one flag per id: 1 requeued; 0 not dead-lettered, without payload,
---         or parked again under the same id (waiting, or being released)
+--         or parked again under the same id (waiting, held back by a pause or
+--         rate limit, or being released: see zdelay_where in _where.lua)
 if redis.replicate_commands then redis.replicate_commands() end
 local dead, dead_msg, due, msg, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local marks, tagged = KEYS[6], KEYS[7]
 zdelay_expect(dead, 'zset', dead_msg, 'hash', due, 'zset', msg, 'hash', lease, 'zset')
 local now_ms = zdelay_now_ms()
+local place = {due = due, lease = lease, msg = msg}
 local result = {}
 local chosen = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
   local stored = redis.call('HGET', dead_msg, id)
   result[i - 1] = 0
-  -- An id parked again since it died keeps its new entry, whether it is
-  -- waiting or in flight: overwriting the payload of an in-flight entry
-  -- would let its release acknowledge (delete) the requeued one.
-  if stored and not redis.call('ZSCORE', due, id) and not redis.call('ZSCORE', lease, id) then
+  -- An id parked again since it died keeps its new entry, wherever it is:
+  -- overwriting the payload of an in-flight entry would let its release
+  -- acknowledge (delete) the requeued one, and a held one would be released
+  -- with the old message while the new one was lost.
+  if stored and not zdelay_where(place, id) then
     local nl = string.find(stored, '\n', 1, true)
     local payload = nl and string.sub(stored, nl + 1) or ''
     if payload ~= '' then
