@@ -16,10 +16,9 @@ from typing import Any, TypeVar
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
-from .._format import parse_duration_ms
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
-from ..schedule import Due, due_from
+from ..schedule import Due, parse_when
 from ..store import Store, admin
 
 __all__ = [
@@ -100,17 +99,8 @@ def _parse_when(ctx: click.Context, param: click.Parameter, value: str | None) -
     """Read ``now``, a duration from now (``15m``, ``-10s``) or an ISO 8601 time."""
     if value is None:
         return None
-    text = value.strip()
-    if text.lower() == "now":
-        return Due("r", 0)
-    offset = parse_duration_ms(text)
     try:
-        if offset is not None:
-            # Bounded as countdown= is: a duration past the furthest due time
-            # the store holds would overflow the datetimes bulk commands use.
-            due_from(countdown=offset / 1000)
-            return Due("r", offset)
-        return due_from(eta=text)
+        return parse_when(value)
     except ConfigurationError as exc:
         raise click.BadParameter(
             f"{value!r}: use now, a duration such as 30s, 15m, 1h30m or -10m, "

@@ -27,11 +27,11 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from .. import limits, steering
-from .._format import ago, count, duration, parse_duration_ms, relative_due, utc
+from .._format import ago, count, duration, relative_due, utc
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
 from ..keys import validate_tag
-from ..schedule import Due, due_from
+from ..schedule import Due, due_from, parse_delay, parse_when
 from ..store import Store, admin
 from ..store.client import store_errors
 from ..store.marks import tag_count
@@ -661,9 +661,10 @@ def _filters(args: Any, now_ms: Callable[[], int]) -> tuple[queries.Filters, lis
             continue
         try:
             bounds.append(_when_ms(text, now_ms))
-        except ConfigurationError:
+        except ConfigurationError as exc:
             problems.append(
-                f"{name}: use a duration from now (15m, -1h, 2d) or an ISO 8601 time, got {text!r}"
+                f"{name}: use a duration from now (15m, -1h, 2d) or an ISO 8601 time, "
+                f"got {text[:60]!r} ({exc})"
             )
             bounds.append(None)
     tag = (args.get("tag") or "").strip()
@@ -692,11 +693,8 @@ def _filter_query(args: Any) -> dict[str, str]:
 
 
 def _when_ms(text: str, now_ms: Callable[[], int]) -> int:
-    offset = parse_duration_ms(text)
-    if offset is not None:
-        return now_ms() + offset
-    due = due_from(eta=text)
-    return due.ms
+    due = parse_when(text)
+    return now_ms() + due.ms if due.mode == "r" else due.ms
 
 
 #: The operations of the control page's forms.
@@ -738,13 +736,10 @@ def _due_from_form(form: Any) -> Due:
     if bool(delay) == bool(eta):
         raise ConfigurationError("give either a delay (such as 15m) or a date, not both")
     if delay:
-        ms = parse_duration_ms(delay)
-        if ms is None:
-            raise ConfigurationError(f"{delay!r} is not a delay: use 30s, 15m, 1h30m or 2d")
-        # Checked as countdown= is: a delay beyond the furthest due time the
-        # store's scores hold is refused, not sent to the store.
-        due_from(countdown=ms / 1000)
-        return Due("r", ms)
+        due = parse_delay(delay)
+        if due is None:
+            raise ConfigurationError(f"{delay[:60]!r} is not a delay: use 30s, 15m, 1h30m or 2d")
+        return due
     return due_from(eta=eta)
 
 
