@@ -18,6 +18,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
+from ..names import validate_task_id
 from ..schedule import Due, parse_when
 from ..store import Store, admin
 
@@ -38,6 +39,7 @@ __all__ = [
     "json_option",
     "limit_option",
     "open_store",
+    "parse_ids",
     "parse_shards",
     "resolve_due",
     "when_option",
@@ -106,6 +108,18 @@ def _parse_when(ctx: click.Context, param: click.Parameter, value: str | None) -
             f"{value!r}: use now, a duration such as 30s, 15m, 1h30m or -10m, "
             f"or an ISO 8601 time such as 2025-06-01T09:00:00Z ({exc})"
         ) from None
+
+
+def parse_ids(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Check the ids given as arguments by the rule of :mod:`celery_zdelay.names`."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, tuple):
+            return tuple(validate_task_id(task_id, done="changed") for task_id in value)
+        return validate_task_id(value, done="changed")
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def parse_shards(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:

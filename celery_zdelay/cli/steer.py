@@ -22,6 +22,7 @@ from ._base import (
     ZDelayCommand,
     cli_user,
     exit_codes,
+    parse_ids,
     when_option,
 )
 from .companion import zdelay
@@ -132,7 +133,7 @@ def _as_when(due: Due | None) -> Any:
 
 
 @zdelay.command(cls=ZDelayCommand, epilog=_CANCEL_EPILOG, context_settings=CONTEXT_SETTINGS)
-@click.argument("task_ids", nargs=-1, metavar="[ID...]")
+@click.argument("task_ids", nargs=-1, metavar="[ID...]", callback=parse_ids)
 @_filter_options("Cancel")
 @click.pass_context
 def cancel(
@@ -190,7 +191,7 @@ def _parse_countdown(ctx: click.Context, param: click.Parameter, value: str | No
 
 
 @zdelay.command(cls=ZDelayCommand, epilog=_RESCHEDULE_EPILOG, context_settings=CONTEXT_SETTINGS)
-@click.argument("task_id", metavar="[ID]", required=False)
+@click.argument("task_id", metavar="[ID]", required=False, callback=parse_ids)
 @click.option(
     "--countdown",
     metavar="DURATION",

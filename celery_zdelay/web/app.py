@@ -31,6 +31,7 @@ from .._format import ago, count, duration, relative_due, utc
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
 from ..keys import validate_tag
+from ..names import validate_task_id
 from ..schedule import Due, due_from, parse_delay, parse_when
 from ..store import Store, admin
 from ..store.client import store_errors
@@ -332,6 +333,10 @@ class Dashboard:
         task_id = ctx.request.args.get("id", "")
         if not task_id:
             raise BadRequest("Give the task id: entry?id=...")
+        try:
+            validate_task_id(task_id, done="changed")
+        except ConfigurationError as exc:
+            raise BadRequest(str(exc)) from None
         with ctx.timer():
             detail = queries.entry_detail(self.store, task_id)
             now_ms = self.store.time_ms()
@@ -435,7 +440,7 @@ class Dashboard:
         if op not in ("requeue", "purge"):
             raise BadRequest(f"Unknown action {op!r}: use requeue or purge.")
         everything = form.get("scope") == "all"
-        ids = queries.as_ids(form.getlist("ids"))
+        ids = _form_ids(form)
         app, by = self.celery_app, _who(ctx)
         # Through the steering module, as the CLI: the same audit line.
         with ctx.timer():
@@ -545,7 +550,7 @@ class Dashboard:
     def _targets(self, form: Any) -> list[str] | None:
         """Return every id an action applies to, or None when more than MAX_BULK match."""
         if form.get("scope") != "filter":
-            ids = queries.as_ids(form.getlist("ids"))
+            ids = _form_ids(form)
             return ids if len(ids) <= MAX_BULK else None
         filters, problems = _filters(form, self.store.time_ms)
         if problems:
@@ -685,6 +690,19 @@ def _filters(args: Any, now_ms: Callable[[], int]) -> tuple[queries.Filters, lis
         ),
         problems,
     )
+
+
+def _form_ids(form: Any) -> list[str]:
+    """Return the ids an action names, each checked as an id (:mod:`celery_zdelay.names`).
+
+    Raises:
+        BadRequest: one breaks the rule; nothing was changed.
+    """
+    ids = queries.as_ids(form.getlist("ids"))
+    try:
+        return [validate_task_id(task_id, done="changed") for task_id in ids]
+    except ConfigurationError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def _filter_query(args: Any) -> dict[str, str]:
