@@ -6,7 +6,6 @@ same way ("in 29m 58s", "overdue 3s", "12s ago").
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Sequence
 from datetime import datetime, timezone
 
@@ -16,15 +15,11 @@ __all__ = [
     "count",
     "counted",
     "duration",
-    "parse_duration_ms",
     "relative_due",
     "shard_ranges",
     "table",
     "utc",
 ]
-
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
 def duration(ms: int) -> str:
@@ -89,27 +84,6 @@ def clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     return text[: max(width - 3, 0)] + "..."
-
-
-def parse_duration_ms(text: str) -> int | None:
-    """Return ``30s``, ``1h30m``, ``-10m``, ``1.5h`` in ms; ``None`` if *text* is not one."""
-    body = text.strip()
-    sign = 1
-    if body.startswith(("+", "-")):
-        sign = -1 if body[0] == "-" else 1
-        body = body[1:]
-    if not body:
-        return None
-    total = 0.0
-    position = 0
-    for match in _DURATION.finditer(body):
-        if match.start() != position:
-            return None
-        total += float(match.group(1)) * _UNITS_MS[match.group(2)]
-        position = match.end()
-    if position != len(body):
-        return None
-    return sign * round(total)
 
 
 def table(

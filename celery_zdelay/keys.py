@@ -35,6 +35,7 @@ from redis.exceptions import RedisError
 
 from .config import get_config
 from .errors import ConfigurationError, ZDelayError
+from .names import MAX_NAME_LENGTH, validate_name, validate_task_id
 from .store.keys import shard_of
 
 __all__ = [
@@ -66,7 +67,7 @@ ON_KEY_MODES: Mapping[str, str] = {
 #: Default ``on_key``: a second call with the same key parks nothing.
 DEFAULT_ON_KEY = "keep"
 #: Longest key or tag, in characters: each is stored with every entry using it.
-MAX_KEY_LENGTH = 200
+MAX_KEY_LENGTH = MAX_NAME_LENGTH
 #: Most tags on one task.
 MAX_TAGS = 32
 
@@ -88,26 +89,12 @@ class Mark:
 
 
 def validate_key(key: Any, *, what: str = "key") -> str:
-    """Return *key* if it can name parked tasks, else raise ``ConfigurationError``."""
-    if not isinstance(key, str):
-        raise ConfigurationError(
-            f"{what}= must be a string such as "
-            f"{'reminder:user:7' if what == 'key' else 'order:42'!r}, got {type(key).__name__} "
-            f"{key!r}; nothing was written."
-        )
-    if not key:
-        raise ConfigurationError(f"{what}= is empty; give a non-empty string. Nothing was written.")
-    if len(key) > MAX_KEY_LENGTH:
-        raise ConfigurationError(
-            f"{what}= is {len(key)} characters long, more than {MAX_KEY_LENGTH}: use an id "
-            f"rather than the data itself. Nothing was written."
-        )
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise ConfigurationError(
-            f"{what}= {key!r} holds a control character (newline, tab...): use printable "
-            "characters only. Nothing was written."
-        )
-    return key
+    """Return *key* if it can name parked tasks, else raise ``ConfigurationError``.
+
+    The rule is :func:`celery_zdelay.names.validate_name`, the same for ids,
+    keys, tags and limit keys.
+    """
+    return validate_name(key, what=what)
 
 
 def validate_tag(tag: Any) -> str:
@@ -195,7 +182,9 @@ def task_id_for(key: str, shards: int) -> str:
 
 
 def check_task_id(task_id: str, key: str, shards: int) -> None:
-    """Raise when a caller's own *task_id* cannot live on the shard of *key*."""
+    """Raise when a caller's own *task_id* is not an id (see :mod:`celery_zdelay.names`)
+    or cannot live on the shard of *key*."""
+    validate_task_id(task_id)
     if shard_of(task_id, shards) != shard_of(key, shards):
         raise ConfigurationError(
             f"task_id={task_id!r} and key={key!r} fall on different shards "

@@ -35,6 +35,7 @@ from .keys import (
     set_headers,
     task_id_for,
 )
+from .names import validate_task_id
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
 from .store import ParkRequest, Store, admin
@@ -76,6 +77,7 @@ def park_task(
 ) -> Any:
     """Park one call of *task*; the body of ``Task.apply_delayed``."""
     app = task._get_app()
+    _check_given_id(options)
     key = _take_marks(app, options)
     if _runs_now(app):
         return task.apply_async(args, kwargs, countdown=countdown, eta=eta, **options)
@@ -90,6 +92,30 @@ def park_task(
         # The key was held: the caller gets the entry that holds it.
         return task.AsyncResult(parked[0])
     return result
+
+
+def _check_given_id(options: Any) -> None:
+    """Check a caller's own ``task_id=`` before Celery builds the message.
+
+    :func:`park_requests` checks every id, these included; a lone surrogate
+    would fail in kombu first, with a ``UnicodeEncodeError``.
+    """
+    if options.get("task_id") is not None:
+        validate_task_id(options["task_id"])
+
+
+def _members(sig: Signature) -> Iterator[Signature]:
+    """Yield *sig* and every signature of its canvas (group, chain, chord header and body)."""
+    yield sig
+    children: list[Any] = []
+    if isinstance(sig, chord):
+        children = [*sig.tasks, sig.body]
+    elif isinstance(sig, (group, _chain)):
+        children = list(sig.tasks)
+    for child in children:
+        member = maybe_signature(child)
+        if isinstance(member, Signature):
+            yield from _members(member)
 
 
 def _take_marks(app: Celery, options: dict[str, Any]) -> str | None:
@@ -219,6 +245,9 @@ def apply_delayed(
             "task.apply_delayed_many or celery_zdelay.send_delayed, not on a signature or "
             "canvas, which may park several messages. Nothing was parked."
         )
+    _check_given_id(options)
+    for member in _members(signature):
+        _check_given_id(member.options)
     app = app or signature._app or signature.app
     if countdown is None and eta is None:
         countdown = signature.options.get("countdown")
@@ -248,6 +277,7 @@ def send_delayed(
     **options: Any,
 ) -> Any:
     """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=`` too)."""
+    _check_given_id(options)
     key = _take_marks(app, options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)
@@ -374,11 +404,22 @@ def _announce(
 
 
 def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:
-    """Return the store requests that park captured *messages* of *app* at *due*."""
+    """Return the store requests that park captured *messages* of *app* at *due*.
+
+    Every park path (a task's call, ``send_delayed``, a canvas, a batch,
+    transparent mode, periodic ticks) comes through here: each id is checked
+    by the rule of :mod:`celery_zdelay.names` before anything is written, as
+    the key and tags are (:func:`~celery_zdelay.keys.mark_from_headers`).
+
+    Raises:
+        ConfigurationError: an id, key or tag breaks that rule; nothing of
+            *messages* is parked.
+    """
     parking = producing(app)
     encoder = parking.encoder
     requests = []
     for message in messages:
+        validate_task_id(message.task_id)
         if parking.config.worker_dedupe:
             mark_parked(message.headers)
         if message.headers.get("eta") is not None:

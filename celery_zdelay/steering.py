@@ -29,6 +29,7 @@ from .app_state import store_for
 from .config import get_config
 from .errors import ConfigurationError
 from .keys import validate_tag
+from .names import validate_task_id
 from .schedule import Due, due_from
 from .store import Store, admin
 from .store.client import store_errors
@@ -81,6 +82,7 @@ def cancel_ids(
     Plain task ids are cancelled in one call per shard; only the ids not
     found that way are looked up as canvas result ids.
     """
+    task_ids = _checked(task_ids)
     app = _app(app)
     store = store_for(app)
     found = store.cancel(list(task_ids))
@@ -120,6 +122,7 @@ def reschedule(
     :data:`~celery_zdelay.signals.tasks_rescheduled` is sent with *by* (who
     moved it, for receivers and audit trails).
     """
+    (task_id,) = _checked([task_id])
     app = _app(app)
     due = due_from(countdown, eta)
     store = store_for(app)
@@ -144,6 +147,7 @@ def reschedule_ids(
     The dashboard's bulk form of :func:`reschedule`: the ids were selected
     first, so an entry moved into the selection is not moved twice.
     """
+    task_ids = _checked(task_ids)
     app = _app(app)
     store = store_for(app)
     moved = []
@@ -168,6 +172,7 @@ def lookup(task_id: str, *, app: Celery | None = None) -> ParkedTask | None:
     task parked for it (``task_id`` then names that task). None means the
     task was released (or cancelled), or never parked.
     """
+    (task_id,) = _checked([task_id])
     store = store_for(_app(app))
     found = find(store, task_id)
     if found is not None:
@@ -256,6 +261,7 @@ def requeue_dead(
     An id is not requeued when it is not dead-lettered, has no message, or
     was parked again since (see :func:`celery_zdelay.store.admin.requeue_dead`).
     """
+    task_ids = _checked(task_ids)
     app = _app(app)
     flags = admin.requeue_dead(store_for(app), task_ids)
     for task_id, done in zip(task_ids, flags, strict=True):
@@ -277,6 +283,8 @@ def purge_dead(
     task_ids: Sequence[str] | None = None, *, app: Celery | None = None, by: str | None = None
 ) -> int:
     """Delete dead-lettered entries (*task_ids*, or all) for good; return how many were."""
+    if task_ids is not None:
+        task_ids = _checked(task_ids)
     app = _app(app)
     purged = admin.purge_dead(store_for(app), task_ids)
     if purged and task_ids is None:
@@ -294,6 +302,15 @@ def audit_line(app: Celery, message: str, *args: Any, by: str | None, **extra: A
     """
     if get_config(app).audit_log:
         audit.info(message + _by_text(by), *args, extra=extra)
+
+
+def _checked(task_ids: Sequence[str]) -> list[str]:
+    """Return *task_ids*, each checked as an id (:mod:`celery_zdelay.names`).
+
+    No task is parked under an id that breaks the rule, and an id that
+    reached an audit line with a newline would forge a second line.
+    """
+    return [validate_task_id(task_id, done="changed") for task_id in task_ids]
 
 
 def _app(app: Celery | None) -> Celery:

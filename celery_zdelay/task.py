@@ -59,8 +59,10 @@ class DelayedTaskMixin:
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
             celery_zdelay.ConfigurationError: a key or tag is not a
-                non-empty string of at most 200 printable characters, or
-                *on_key* is not a mode; nothing was parked.
+                non-empty string of at most 200 printable characters, the
+                ``task_id=`` holds a control character (see
+                :mod:`celery_zdelay.names`), or *on_key* is not a mode;
+                nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
         for name, value in (("key", key), ("on_key", on_key), ("tags", tags)):

@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
-from .._format import parse_duration_ms
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
-from ..schedule import Due, due_from
+from ..names import validate_task_id
+from ..schedule import Due, parse_when
 from ..store import Store, admin
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "json_option",
     "limit_option",
     "open_store",
+    "parse_ids",
     "parse_shards",
     "resolve_due",
     "when_option",
@@ -100,22 +101,25 @@ def _parse_when(ctx: click.Context, param: click.Parameter, value: str | None) -
     """Read ``now``, a duration from now (``15m``, ``-10s``) or an ISO 8601 time."""
     if value is None:
         return None
-    text = value.strip()
-    if text.lower() == "now":
-        return Due("r", 0)
-    offset = parse_duration_ms(text)
     try:
-        if offset is not None:
-            # Bounded as countdown= is: a duration past the furthest due time
-            # the store holds would overflow the datetimes bulk commands use.
-            due_from(countdown=offset / 1000)
-            return Due("r", offset)
-        return due_from(eta=text)
+        return parse_when(value)
     except ConfigurationError as exc:
         raise click.BadParameter(
             f"{value!r}: use now, a duration such as 30s, 15m, 1h30m or -10m, "
             f"or an ISO 8601 time such as 2025-06-01T09:00:00Z ({exc})"
         ) from None
+
+
+def parse_ids(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Check the ids given as arguments by the rule of :mod:`celery_zdelay.names`."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, tuple):
+            return tuple(validate_task_id(task_id, done="changed") for task_id in value)
+        return validate_task_id(value, done="changed")
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def parse_shards(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:

@@ -22,6 +22,7 @@ from ._base import (
     json_option,
     limit_option,
     open_store,
+    parse_ids,
 )
 from .companion import zdelay
 
@@ -92,7 +93,7 @@ def dead_list(ctx: click.Context, limit: int, as_json: bool) -> None:
 @dead.command(
     "requeue", cls=ZDelayCommand, epilog=_DEAD_REQUEUE_EPILOG, context_settings=CONTEXT_SETTINGS
 )
-@click.argument("task_ids", nargs=-1, metavar="[ID...]")
+@click.argument("task_ids", nargs=-1, metavar="[ID...]", callback=parse_ids)
 @click.option(
     "--all",
     "requeue_all",
@@ -129,7 +130,7 @@ def dead_requeue(ctx: click.Context, task_ids: tuple[str, ...], requeue_all: boo
 @dead.command(
     "purge", cls=ZDelayCommand, epilog=_DEAD_PURGE_EPILOG, context_settings=CONTEXT_SETTINGS
 )
-@click.argument("task_ids", nargs=-1, metavar="[ID...]")
+@click.argument("task_ids", nargs=-1, metavar="[ID...]", callback=parse_ids)
 @click.option(
     "-y",
     "--yes",

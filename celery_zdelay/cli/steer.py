@@ -10,10 +10,10 @@ import click
 from celery.bin.base import CeleryOption
 
 from .. import steering
-from .._format import counted, duration, parse_duration_ms, relative_due, utc
+from .._format import counted, duration, relative_due, utc
 from ..app_state import store_for
 from ..errors import ConfigurationError
-from ..schedule import Due, due_from
+from ..schedule import Due, due_from, parse_delay
 from ._base import (
     CONTEXT_SETTINGS,
     EXIT_NOT_FOUND,
@@ -22,6 +22,7 @@ from ._base import (
     ZDelayCommand,
     cli_user,
     exit_codes,
+    parse_ids,
     when_option,
 )
 from .companion import zdelay
@@ -132,7 +133,7 @@ def _as_when(due: Due | None) -> Any:
 
 
 @zdelay.command(cls=ZDelayCommand, epilog=_CANCEL_EPILOG, context_settings=CONTEXT_SETTINGS)
-@click.argument("task_ids", nargs=-1, metavar="[ID...]")
+@click.argument("task_ids", nargs=-1, metavar="[ID...]", callback=parse_ids)
 @_filter_options("Cancel")
 @click.pass_context
 def cancel(
@@ -179,20 +180,18 @@ def _parse_countdown(ctx: click.Context, param: click.Parameter, value: str | No
     """Read seconds (``600``) or a duration as ``list --due-before`` takes it (``5m``, ``-10s``)."""
     if value is None:
         return None
-    text = value.strip()
-    offset = parse_duration_ms(text)
-    if offset is not None:
-        return offset / 1000
+    hint = "use seconds (600) or a duration such as 30s, 15m, 1h30m or -10m"
     try:
-        return float(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r}: use seconds (600) or a duration such as 30s, 15m, 1h30m or -10m"
-        ) from None
+        delay = parse_delay(value, seconds=True)
+    except ConfigurationError as exc:
+        raise click.BadParameter(f"{exc} ({hint})") from None
+    if delay is None:
+        raise click.BadParameter(f"{value[:60]!r}: {hint}") from None
+    return delay.ms / 1000
 
 
 @zdelay.command(cls=ZDelayCommand, epilog=_RESCHEDULE_EPILOG, context_settings=CONTEXT_SETTINGS)
-@click.argument("task_id", metavar="[ID]", required=False)
+@click.argument("task_id", metavar="[ID]", required=False, callback=parse_ids)
 @click.option(
     "--countdown",
     metavar="DURATION",

@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
 from ..errors import ConfigurationError
+from ..names import refused_character
 from .clocked import ClockedAt
 
 if TYPE_CHECKING:
@@ -235,8 +236,11 @@ def from_beat_entry(
         ConfigurationError: the entry cannot be served; the message names it.
     """
     where = f"beat_schedule entry {name!r}"
-    if not name or any(ch.isspace() for ch in name):
-        raise ConfigurationError(f"{where}: a name must be non-empty and without spaces.")
+    if not name or any(ch.isspace() for ch in name) or refused_character(name) is not None:
+        # Its occurrences' task ids hold it: the rule of celery_zdelay.names applies.
+        raise ConfigurationError(
+            f"{where}: a name must be non-empty, without spaces or control characters."
+        )
     if not isinstance(entry, Mapping):
         raise ConfigurationError(f"{where} must be a dict, got {type(entry).__name__}.")
     unknown = set(entry) - set(_ENTRY_KEYS)

@@ -27,11 +27,12 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from .. import limits, steering
-from .._format import ago, count, duration, parse_duration_ms, relative_due, utc
+from .._format import ago, count, duration, relative_due, utc
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
 from ..keys import validate_tag
-from ..schedule import Due, due_from
+from ..names import validate_task_id
+from ..schedule import Due, due_from, parse_delay, parse_when
 from ..store import Store, admin
 from ..store.client import store_errors
 from ..store.marks import tag_count
@@ -332,6 +333,10 @@ class Dashboard:
         task_id = ctx.request.args.get("id", "")
         if not task_id:
             raise BadRequest("Give the task id: entry?id=...")
+        try:
+            validate_task_id(task_id, done="changed")
+        except ConfigurationError as exc:
+            raise BadRequest(str(exc)) from None
         with ctx.timer():
             detail = queries.entry_detail(self.store, task_id)
             now_ms = self.store.time_ms()
@@ -435,7 +440,7 @@ class Dashboard:
         if op not in ("requeue", "purge"):
             raise BadRequest(f"Unknown action {op!r}: use requeue or purge.")
         everything = form.get("scope") == "all"
-        ids = queries.as_ids(form.getlist("ids"))
+        ids = _form_ids(form)
         app, by = self.celery_app, _who(ctx)
         # Through the steering module, as the CLI: the same audit line.
         with ctx.timer():
@@ -545,7 +550,7 @@ class Dashboard:
     def _targets(self, form: Any) -> list[str] | None:
         """Return every id an action applies to, or None when more than MAX_BULK match."""
         if form.get("scope") != "filter":
-            ids = queries.as_ids(form.getlist("ids"))
+            ids = _form_ids(form)
             return ids if len(ids) <= MAX_BULK else None
         filters, problems = _filters(form, self.store.time_ms)
         if problems:
@@ -661,9 +666,10 @@ def _filters(args: Any, now_ms: Callable[[], int]) -> tuple[queries.Filters, lis
             continue
         try:
             bounds.append(_when_ms(text, now_ms))
-        except ConfigurationError:
+        except ConfigurationError as exc:
             problems.append(
-                f"{name}: use a duration from now (15m, -1h, 2d) or an ISO 8601 time, got {text!r}"
+                f"{name}: use a duration from now (15m, -1h, 2d) or an ISO 8601 time, "
+                f"got {text[:60]!r} ({exc})"
             )
             bounds.append(None)
     tag = (args.get("tag") or "").strip()
@@ -686,17 +692,27 @@ def _filters(args: Any, now_ms: Callable[[], int]) -> tuple[queries.Filters, lis
     )
 
 
+def _form_ids(form: Any) -> list[str]:
+    """Return the ids an action names, each checked as an id (:mod:`celery_zdelay.names`).
+
+    Raises:
+        BadRequest: one breaks the rule; nothing was changed.
+    """
+    ids = queries.as_ids(form.getlist("ids"))
+    try:
+        return [validate_task_id(task_id, done="changed") for task_id in ids]
+    except ConfigurationError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def _filter_query(args: Any) -> dict[str, str]:
     names = ("task", "queue", "id", "tag", "due_after", "due_before")
     return {name: args.get(name) for name in names if args.get(name)}
 
 
 def _when_ms(text: str, now_ms: Callable[[], int]) -> int:
-    offset = parse_duration_ms(text)
-    if offset is not None:
-        return now_ms() + offset
-    due = due_from(eta=text)
-    return due.ms
+    due = parse_when(text)
+    return now_ms() + due.ms if due.mode == "r" else due.ms
 
 
 #: The operations of the control page's forms.
@@ -738,13 +754,10 @@ def _due_from_form(form: Any) -> Due:
     if bool(delay) == bool(eta):
         raise ConfigurationError("give either a delay (such as 15m) or a date, not both")
     if delay:
-        ms = parse_duration_ms(delay)
-        if ms is None:
-            raise ConfigurationError(f"{delay!r} is not a delay: use 30s, 15m, 1h30m or 2d")
-        # Checked as countdown= is: a delay beyond the furthest due time the
-        # store's scores hold is refused, not sent to the store.
-        due_from(countdown=ms / 1000)
-        return Due("r", ms)
+        due = parse_delay(delay)
+        if due is None:
+            raise ConfigurationError(f"{delay[:60]!r} is not a delay: use 30s, 15m, 1h30m or 2d")
+        return due
     return due_from(eta=eta)
 
 

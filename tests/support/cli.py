@@ -8,8 +8,8 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_zdelay._format import parse_duration_ms
 from celery_zdelay.cli import zdelay
+from celery_zdelay.schedule import parse_delay
 from celery_zdelay.store import Store
 
 __all__ = ["assert_shows", "lines", "run", "timed"]
@@ -45,8 +45,9 @@ def assert_shows(text: str, *, at_least_ms: int, at_most_ms: int) -> None:
     bounds come from the Redis clock read around the command: however slow
     the machine, a right answer stays inside them and a wrong one does not.
     """
-    shown = parse_duration_ms(text.replace(" ", ""))
-    assert shown is not None, f"{text!r} is not a duration"
+    delay = parse_delay(text.replace(" ", ""))
+    assert delay is not None, f"{text!r} is not a duration"
+    shown = delay.ms
     assert at_least_ms >= 1000, "durations under a second are shown to the millisecond"
     assert at_least_ms // 1000 * 1000 <= shown <= at_most_ms // 1000 * 1000, (
         f"{text!r} is not between {at_least_ms} and {at_most_ms} ms"
