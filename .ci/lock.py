@@ -108,20 +108,22 @@ def floors() -> list[str]:
     return sorted(set(specs))
 
 
-def lowest(python: str) -> list[str]:
+def lowest(python: str, tools: list[str]) -> list[str]:
     """The lowest versions of :func:`floors` that resolve together on *python*.
 
     uv's lowest-direct resolution: each declared range at its floor (or the
-    lowest release above it that its neighbours accept), what they pull in at
-    its newest.
+    lowest release above it that its neighbours accept), beside the test
+    tools pinned as *tools* pins them, so what both pull in agrees.
     """
+    direct = {_name(re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0]) for spec in floors()}
+    pinned = [pin for pin in tools if _name(pin) not in direct and _name(pin) not in MATRIX_VARIES]
     with tempfile.TemporaryDirectory(prefix="zdelay-lock-") as scratch:
         venv = Path(scratch) / "venv"
         subprocess.run([python, "-m", "venv", str(venv)], check=True)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
         subprocess.run([*pip, "install", "--quiet", "uv"], check=True)
         requirements = Path(scratch) / "floors.in"
-        requirements.write_text("\n".join(floors()) + "\n")
+        requirements.write_text("\n".join([*floors(), *pinned]) + "\n")
         compiled = subprocess.run(
             [
                 *(str(venv / "bin" / "uv"), "pip", "compile", str(requirements), "--quiet"),
@@ -169,12 +171,11 @@ def main() -> int:
         write(path, pins, what, _version(interpreter))
         print(f"{path.relative_to(ROOT)}: {len(pins)} pins")
     interpreter = pyenv_python(MATRIX_PYTHONS[0])
-    oldest = lowest(interpreter)
-    named = {_name(pin) for pin in oldest}
-    tools = [pin for pin in resolve(interpreter, "test") if _name(pin) not in named]
+    lines = matrix_lock(MATRIX_PYTHONS[0]).read_text().splitlines()
+    oldest = lowest(interpreter, [line for line in lines if "==" in line])
     what = "The oldest releases pyproject.toml's ranges allow, the test tools as locked."
-    write(OLDEST_LOCK, sorted([*oldest, *tools], key=_name), what, _version(interpreter))
-    print(f"{OLDEST_LOCK.relative_to(ROOT)}: {len(oldest)} at their floor")
+    write(OLDEST_LOCK, oldest, what, _version(interpreter))
+    print(f"{OLDEST_LOCK.relative_to(ROOT)}: {len(oldest)} pins")
     return 0
 
 
