@@ -42,7 +42,7 @@ _SIGNING = (
     "tests/test_hardening_signing.py",
     "tests/test_entry_format.py",
 )
-_RELEASE = ("tests/test_release.py", "tests/test_handoff.py")
+_RELEASE = ("tests/companion/test_release.py", "tests/companion/test_handoff.py")
 _WEB_SECURITY = (
     "tests/test_mutation_kills_web_hosts.py",
     "tests/test_mutation_kills_web_security.py",
@@ -74,7 +74,7 @@ PYTHON = (
     Target(
         "web.security",
         "celery_zdelay/web/security.py",
-        (*_WEB_SECURITY, "tests/test_web_other_sites.py", "tests/test_web.py"),
+        (*_WEB_SECURITY, "tests/web/test_web_other_sites.py", "tests/web/test_web.py"),
         quick=_WEB_SECURITY,
     ),
     # Periodic occurrences: each one parked once, none missed.
@@ -83,23 +83,26 @@ PYTHON = (
         "celery_zdelay/periodic/occurrences.py",
         (
             "tests/test_mutation_kills_periodic_occurrences.py",
-            "tests/test_periodic_ticks.py",
-            "tests/test_periodic_reconcile.py",
-            "tests/test_periodic_control.py",
-            "tests/test_periodic_hardening.py",
+            "tests/periodic/test_periodic_ticks.py",
+            "tests/periodic/test_periodic_reconcile.py",
+            "tests/periodic/test_periodic_control.py",
+            "tests/periodic/test_periodic_hardening.py",
         ),
     ),
     # The due score: due time then parking order, exact until 2248.
     Target(
         "due_score",
         "celery_zdelay/due_score.py",
-        ("tests/test_mutation_kills_due_score.py", "tests/test_scan_parked.py"),
+        ("tests/test_mutation_kills_due_score.py", "tests/store/test_scan_parked.py"),
     ),
     # Overlap policy: an occurrence starting while the previous run goes on is skipped or waits.
     Target(
         "periodic.overlap",
         "celery_zdelay/periodic/overlap.py",
-        ("tests/test_mutation_kills_periodic_overlap.py", "tests/test_periodic_overlap.py"),
+        (
+            "tests/test_mutation_kills_periodic_overlap.py",
+            "tests/periodic/test_periodic_overlap.py",
+        ),
     ),
     # The companion's publishers and publisher confirms: forgotten only when accepted.
     Target(
@@ -108,7 +111,7 @@ PYTHON = (
         (
             "tests/test_mutation_kills_generic_publish.py",
             "tests/test_mutation_kills_generic_publish_connection.py",
-            "tests/test_hardening_publish.py",
+            "tests/companion/publish/test_hardening_publish.py",
             *_RELEASE,
         ),
     ),
@@ -117,14 +120,18 @@ PYTHON = (
         "celery_zdelay/companion/publish/redis_broker.py",
         (
             "tests/test_mutation_kills_redis_broker_publish.py",
-            "tests/test_hardening_publish.py",
+            "tests/companion/publish/test_hardening_publish.py",
             *_RELEASE,
         ),
     ),
     Target(
         "companion.publish.confirming",
         "celery_zdelay/companion/publish/confirming.py",
-        ("tests/test_mutation_kills_confirming.py", "tests/test_hardening_publish.py", *_RELEASE),
+        (
+            "tests/test_mutation_kills_confirming.py",
+            "tests/companion/publish/test_hardening_publish.py",
+            *_RELEASE,
+        ),
     ),
     # The second-delivery guard.
     Target(
@@ -148,12 +155,12 @@ PYTHON = (
 _STORE = "celery_zdelay/store/lua/"
 _PERIODIC = "celery_zdelay/periodic/lua/"
 _PERIODIC_TESTS = (
-    "tests/test_periodic_ticks.py",
-    "tests/test_periodic_reconcile.py",
-    "tests/test_periodic_control.py",
-    "tests/test_periodic_hardening.py",
+    "tests/periodic/test_periodic_ticks.py",
+    "tests/periodic/test_periodic_reconcile.py",
+    "tests/periodic/test_periodic_control.py",
+    "tests/periodic/test_periodic_hardening.py",
 )
-_ADMIN = ("tests/test_admin.py",)
+_ADMIN = ("tests/store/test_admin.py",)
 _REQUEUE_PURGE = "tests/test_mutation_kills_requeue_purge_lua.py"
 _WITHDRAW = "tests/test_mutation_kills_withdraw_lua.py"
 _PAUSE = "tests/test_mutation_kills_pause_lua.py"
@@ -174,7 +181,7 @@ LUA = (
         _STORE + "_guard.lua",
         (
             "tests/test_mutation_kills_guard_lua.py",
-            "tests/test_store_refusals.py",
+            "tests/store/test_store_refusals.py",
             _PARK,
             _PARK_KEYED,
             *_ACK,
@@ -199,7 +206,7 @@ LUA = (
             _MARKS,
             _FINISH_START,
             _FORGET_ALLOWED,
-            "tests/test_hardening_store.py",
+            "tests/store/test_hardening_store.py",
         ),
     ),
     # Loaded in front of every script that removes entries (and of park_keyed,
@@ -256,7 +263,7 @@ LUA = (
     Target(
         "claim.lua",
         _STORE + "claim.lua",
-        (_CLAIM, "tests/test_crash_recovery.py", *_RELEASE),
+        (_CLAIM, "tests/companion/test_crash_recovery.py", *_RELEASE),
     ),
     Target(
         "handoff.lua",
@@ -272,7 +279,7 @@ LUA = (
     Target(
         "ack.lua",
         _STORE + "ack.lua",
-        (*_ACK, "tests/test_crash_recovery.py", *_RELEASE),
+        (*_ACK, "tests/companion/test_crash_recovery.py", *_RELEASE),
         quick=_ACK,
     ),
     # Release control: held entries and the rate limits' token buckets.
@@ -290,12 +297,16 @@ LUA = (
     Target(
         "unclaim.lua",
         _STORE + "unclaim.lua",
-        (_UNCLAIM_RECOVER, "tests/test_crash_recovery.py", "tests/test_hardening_publish.py"),
+        (
+            _UNCLAIM_RECOVER,
+            "tests/companion/test_crash_recovery.py",
+            "tests/companion/publish/test_hardening_publish.py",
+        ),
     ),
     Target(
         "recover.lua",
         _STORE + "recover.lua",
-        (_UNCLAIM_RECOVER, "tests/test_crash_recovery.py"),
+        (_UNCLAIM_RECOVER, "tests/companion/test_crash_recovery.py"),
     ),
     # Dead letters: what moves where, the reasons, the marks kept for a requeue.
     Target(
@@ -315,7 +326,7 @@ LUA = (
     Target(
         "own.lua",
         _STORE + "own.lua",
-        (*_OWN, "tests/test_shard_leases.py"),
+        (*_OWN, "tests/companion/test_shard_leases.py"),
         quick=_OWN,
     ),
     Target("_pointer.lua", _PERIODIC + "_pointer.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
@@ -346,7 +357,7 @@ LUA = (
     Target(
         "start_run.lua",
         _STORE + "start_run.lua",
-        (_FINISH_START, _OVERLAP_KILLS, "tests/test_periodic_overlap.py"),
+        (_FINISH_START, _OVERLAP_KILLS, "tests/periodic/test_periodic_overlap.py"),
     ),
     # A held set is forgotten only once empty, in one step with the count.
     Target(
@@ -355,12 +366,12 @@ LUA = (
         (_FORGET_ALLOWED, _HELD, "tests/test_pause.py", "tests/test_rate_limits.py"),
     ),
     # The ACL pre-check: a script refused before its first write, naming the command.
-    Target("allowed.lua", _STORE + "allowed.lua", (_FORGET_ALLOWED, "tests/test_acl.py")),
+    Target("allowed.lua", _STORE + "allowed.lua", (_FORGET_ALLOWED, "tests/store/test_acl.py")),
     # The last run of each schedule, recorded once and only over an older one.
     Target(
         "record_runs.lua",
         _PERIODIC + "record_runs.lua",
-        ("tests/test_mutation_kills_record_runs_lua.py", "tests/test_periodic_settle.py"),
+        ("tests/test_mutation_kills_record_runs_lua.py", "tests/periodic/test_periodic_settle.py"),
     ),
 )
 
