@@ -147,8 +147,8 @@ MUTANTS_ARGS ?=
 mutants: $(STAMP)
 	MUTANTS_DIR=$(MUTANTS_DIR) $(BIN)/python -m mutation $(MUTANTS_ARGS)
 
-# Each target against its tests/test_mutation_kills_*.py files only (no worker or
-# companion starts): the per-target figures docs/mutation.rst gives.
+# Each target against its kill tests only (KILL_TESTS in mutation/targets.py: no
+# worker or companion starts): the per-target figures docs/mutation.rst gives.
 mutants-kills: $(STAMP)
 	MUTANTS_DIR=$(MUTANTS_DIR)-kills MUTANTS_JOBS=1 $(BIN)/python -m mutation --kills $(MUTANTS_ARGS)
 
