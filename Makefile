@@ -29,8 +29,8 @@ MATRIX_ENVS ?= py310-celery53-core,py311-celery54-core,py312-celery55-core,py313
 #: Store servers besides the redis-server on PATH (Redis 7, which make test
 #: uses), by their names in tests/servers.py; and the tests run on each.
 STORE_SERVERS ?= redis-6.2 valkey-8
-STORE_TESTS ?= tests/test_store_servers.py tests/test_release.py tests/test_cancel_reschedule.py \
-	tests/test_handoff.py tests/test_admin.py tests/test_hardening_store.py tests/test_testing_plugin.py
+STORE_TESTS ?= tests/store/test_store_servers.py tests/companion/test_release.py tests/test_cancel_reschedule.py \
+	tests/companion/test_handoff.py tests/store/test_admin.py tests/store/test_hardening_store.py tests/testing/test_testing_plugin.py
 LINTED := celery_zdelay tests example_project benchmarks docs/examples mutation
 
 $(STAMP): pyproject.toml $(LOCK)
@@ -151,8 +151,8 @@ MUTANTS_ARGS ?=
 mutants: $(STAMP)
 	MUTANTS_DIR=$(MUTANTS_DIR) $(BIN)/python -m mutation $(MUTANTS_ARGS)
 
-# Each target against its tests/test_mutation_kills_*.py files only (no worker or
-# companion starts): the per-target figures docs/mutation.rst gives.
+# Each target against its kill tests only (KILL_TESTS in mutation/targets.py: no
+# worker or companion starts): the per-target figures docs/mutation.rst gives.
 mutants-kills: $(STAMP)
 	MUTANTS_DIR=$(MUTANTS_DIR)-kills MUTANTS_JOBS=1 $(BIN)/python -m mutation --kills $(MUTANTS_ARGS)
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kills",
         action="store_true",
-        help="each target against its tests/test_mutation_kills_*.py files only",
+        help="each target against its kill tests only (KILL_TESTS in mutation/targets.py)",
     )
     parser.add_argument("--list", action="store_true", help="list the targets and stop")
     parser.add_argument("--out", type=Path, default=SCRATCH / "report", help="report folder")

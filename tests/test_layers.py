@@ -51,9 +51,9 @@ def _collected(*args: str) -> set[str]:
     [
         ("tests/test_import_graph.py", "unit"),
         ("tests/test_cancel_reschedule.py", "store"),
-        ("tests/test_crash_recovery.py", "system"),
-        ("tests/test_web_browser.py", "system"),
-        ("tests/test_admin_cluster.py", "system"),
+        ("tests/companion/test_crash_recovery.py", "system"),
+        ("tests/web/test_web_browser.py", "system"),
+        ("tests/store/test_admin_cluster.py", "system"),
     ],
 )
 def test_known_files_fall_in_their_layer(path: str, layer: str) -> None:

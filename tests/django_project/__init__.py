@@ -1,1 +1,1 @@
-"""The Django project of ``tests/test_django.py``: settings only, real SQLite."""
+"""The Django project of ``tests/contrib/django/test_django.py``: settings only, real SQLite."""

@@ -1,6 +1,6 @@
 """Django settings of the tests' project: the auth app's tables on SQLite.
 
-``tests/test_django.py`` configures Django from these with a database file
+``tests/contrib/django/test_django.py`` configures Django from these with a database file
 of its own per test process; tests write real rows in real transactions.
 """
 

@@ -1,7 +1,7 @@
 """django-celery-beat test support: a migrated database, rows, companions on it.
 
 Shared by the tests of django-celery-beat rows as the schedule source
-(``tests/test_django_beat*.py``) and of the Django admin's history: Django
+(``tests/periodic/test_django_beat*.py``) and of the Django admin's history: Django
 runs in its own process on the database, as the admin would write to it.
 Loaded as a pytest plugin (``tests/conftest.py``) for its ``database``
 fixture.

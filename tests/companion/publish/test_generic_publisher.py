@@ -15,7 +15,7 @@ is rejected alone, one refused for the server's state waits alone; a
 failure of the broker mid-batch keeps what went out before it and makes
 the rest wait, and so does an unforeseen error, logged with its traceback.
 The broker's side (unreachable, silent, closed; AWS's errors) is in
-``test_mutation_kills_generic_publish_connection.py``.
+``tests/companion/publish/test_generic_publisher_connection.py``.
 """
 
 from __future__ import annotations

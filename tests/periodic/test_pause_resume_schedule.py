@@ -1,7 +1,7 @@
 """A pause takes back what was parked and says what it did; a resume starts afresh from now.
 
 Pins the lines of ``periodic/lua/pause.lua`` (see docs/mutation.rst) that
-``test_mutation_kills_withdraw_lua.py`` (the withdrawal itself, on three
+``tests/periodic/test_withdrawal.py`` (the withdrawal itself, on three
 shards and on a Cluster) leaves: the script's answer (1 done, 0 no such
 schedule, 2 already so), the paused set, the runs a pause gives back and
 never below zero, a pointer left as it was when nothing was taken back, a

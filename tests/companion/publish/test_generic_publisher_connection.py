@@ -1,7 +1,8 @@
 """The generic publisher and its broker: unreachable, silent, stopped, closed; AWS's errors.
 
 Pins what ``celery_zdelay/companion/publish/generic.py`` promises about the
-broker connection (its messages: ``test_mutation_kills_generic_publish.py``).
+broker connection, where mutation testing found its list too slow per mutant
+(see docs/mutation.rst; its messages: ``test_generic_publisher.py`` beside it).
 Each test drives :class:`Publisher` directly, with no store, worker or
 companion, against a private redis-server used as the Celery broker (through
 a proxy that can stop answering) or RabbitMQ on loopback: an unreachable

@@ -3,7 +3,7 @@
 Each help block in the page follows a ``.. help: <command path>`` comment.
 After changing the CLI, rewrite the blocks with::
 
-    python -m tests.test_cli_docs
+    python -m tests.cli.test_cli_docs
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.support.store import Stock, write_heartbeat
 
 pytestmark = pytest.mark.timeout(60)
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "cli.rst"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.rst"
 #: Width the help is rendered at, in the page as in a 100-column terminal.
 WIDTH = 100
 #: A help block: its comment and directive, then indented (or blank) lines.
@@ -99,7 +99,7 @@ def test_the_page_documents_every_command() -> None:
 @pytest.mark.parametrize("path", list(command_paths()))
 def test_the_page_shows_the_real_help(path: str) -> None:
     assert documented_help()[path] == rendered_help(path), (
-        f"docs/cli.rst is out of date for '{path}': run python -m tests.test_cli_docs"
+        f"docs/cli.rst is out of date for '{path}': run python -m tests.cli.test_cli_docs"
     )
 
 

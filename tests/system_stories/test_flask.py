@@ -31,7 +31,7 @@ from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(90)
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "examples" / "flask"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "flask"
 DUE = SHARD0.due
 
 

@@ -10,7 +10,7 @@ future; a configuration already stored is "same", one replaced before is
 longer names while keeping those added at run time and those it cannot
 serve; the configuration's hash, writer and time are recorded. The
 withdrawal of the old version's occurrences is pinned in
-test_mutation_kills_withdraw_lua.py.
+tests/periodic/test_withdrawal.py.
 """
 
 from __future__ import annotations
