@@ -8,7 +8,8 @@ standard event types, which Flower understands without a plugin:
   sent after the park succeeded, never for a call that was not parked;
 - a rescheduled task is ``task-sent`` again, with its new ``eta`` (Flower
   replaces the eta of a task still pending) and ``zdelay="rescheduled"``;
-- a cancelled task is ``task-revoked``, as Celery's ``revoke`` reports it;
+- a cancelled task is ``task-revoked``, as Celery's ``revoke`` reports it
+  (also one a keyed call's ``replace`` or ``debounce`` took out);
 - a dead-lettered task is ``task-rejected`` (its message was refused and
   not requeued), with the reason as an extra ``reason`` field.
 

@@ -9,7 +9,7 @@ with ``on_key`` saying what a second call does:
 - ``"debounce"``: as replace, for a *countdown* that restarts with every
   call: the task runs once, after the calls have been quiet for it;
 - ``"until_finished"``: as keep, and the key stays held after the release
-  while the task runs, until a worker reports it finished (see
+  while the task runs, until its run ends however it ends (see
   :func:`release_key`) or ``zdelay_key_hold_seconds`` passed.
 
 *Tags* (``tags=["order:42"]``) find and steer parked tasks:
@@ -194,17 +194,21 @@ def check_task_id(task_id: str, key: str, shards: int) -> None:
         )
 
 
-def release_key(task: Any) -> None:
-    """Free the ``until_finished`` key of the task that just ran in this worker.
+def release_key(task: Any, request: Any = None) -> None:
+    """Free the key the run of *request* (default: *task*'s current one) held.
 
-    Called by :meth:`celery_zdelay.DelayedTaskMixin.after_return` (successes
-    and failures); a task that is retried keeps its key until its last
-    run. The key a periodic occurrence holds for its schedule's overlap
-    policy is freed here too. Should the worker die first, the key is freed when
-    ``zdelay_key_hold_seconds`` have passed since the release.
+    The ``until_finished`` key of a released task, or the key a periodic
+    occurrence holds for its schedule's overlap policy. Called once per run
+    by the worker's run-end receivers (:mod:`celery_zdelay.worker`), however
+    the run ended. Only the holder frees a key (``finish_key.lua`` compares
+    the task id), so a call for a run that never held it changes nothing.
+    Should no call come (a worker that died), the hold ends by itself:
+    ``zdelay_key_hold_seconds`` after the release, or the schedule's
+    ``zdelay_overlap_timeout`` after the run started.
     """
-    request = task.request
-    if request.is_eager:
+    if request is None:
+        request = task.request
+    if request is None or request.is_eager:
         return
     headers = request.headers or {}
     key = getattr(request, KEY_HEADER, None) or headers.get(KEY_HEADER)

@@ -38,6 +38,7 @@ from .keys import (
 from .names import validate_task_id
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
+from .steering import announce_cancelled
 from .store import ParkRequest, Store, admin
 from .store.client import store_errors
 from .store.keys import canvas_key
@@ -389,8 +390,14 @@ def _announce(
 
     Only now, after the park: ``after_task_publish`` receivers and
     :data:`~celery_zdelay.signals.tasks_parked` (Celery's ``task-sent``
-    event) learn of parked tasks only; a kept key parked nothing.
+    event) learn of parked tasks only; a kept key parked nothing. A parked
+    task that a ``replace`` or ``debounce`` took out is announced cancelled
+    first (``REVOKED``, ``task-revoked``), as any cancel is.
     """
+    replaced = [p.replaced for p in parked if p.replaced is not None]
+    if replaced:
+        # Their callers hold their AsyncResults: they end REVOKED, as a cancel does.
+        announce_cancelled(app, replaced, None, why=" (replaced under its key)")
     done = [
         (message, p.due_ms)
         for message, p in zip(messages, parked, strict=True)

@@ -62,7 +62,8 @@ task_dead_lettered = Signal(name="zdelay_task_dead_lettered")
 tasks_held = Signal(name="zdelay_tasks_held")
 
 #: Sent after parked tasks were cancelled, whoever cancelled them (Python,
-#: the CLI, the dashboard). Sent in the process that cancelled, not the
+#: the CLI, the dashboard, or a keyed call whose ``on_key="replace"`` or
+#: ``"debounce"`` took the parked task out). Sent in the process that cancelled, not the
 #: companion. Sender: the Celery app. Arguments: ``task_ids``, the ids that
 #: were still parked and now never run (for a canvas, its result id too);
 #: ``by``, who cancelled where known (``"cli:alice"``,

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ParkedTask",
+    "announce_cancelled",
     "audit_line",
     "cancel",
     "cancel_ids",
@@ -94,7 +95,7 @@ def cancel_ids(
             # The canvas's result id never runs either: report it with its members.
             cancelled += [*members, task_id] if members else []
             results[index] = bool(members)
-    _cancelled(app, cancelled, by)
+    announce_cancelled(app, cancelled, by)
     return results
 
 
@@ -214,7 +215,7 @@ def cancel_matching(
     for start in range(0, len(ids), ADMIN_BATCH):
         chunk = ids[start : start + ADMIN_BATCH]
         done_ids = [t for t, done in zip(chunk, store.cancel(chunk), strict=True) if done]
-        _cancelled(app, done_ids, by)
+        announce_cancelled(app, done_ids, by)
         cancelled += len(done_ids)
     return cancelled
 
@@ -363,12 +364,19 @@ def _ms(when: datetime | timedelta | None, now_ms: int) -> int | None:
     return due.ms
 
 
-def _cancelled(app: Celery, task_ids: list[str], by: str | None) -> None:
-    """Audit and announce *task_ids* as cancelled (receivers: :mod:`.revocation`)."""
+def announce_cancelled(app: Celery, task_ids: list[str], by: str | None, *, why: str = "") -> None:
+    """Audit and announce *task_ids* as cancelled: parked, and now never run.
+
+    Every way a parked task is taken out before it runs reports it here, once:
+    a cancel by id, canvas or filter, and a keyed call whose ``replace`` or
+    ``debounce`` took the parked task out (*why* says so in the audit line).
+    The receivers of :data:`~celery_zdelay.signals.tasks_cancelled` record it
+    ``REVOKED`` (:mod:`.revocation`) and send ``task-revoked`` (:mod:`.events`).
+    """
     if not task_ids:
         return
     for task_id in task_ids:
-        audit_line(app, "Cancelled %s", task_id, by=by, task_id=task_id)
+        audit_line(app, "Cancelled %s%s", task_id, why, by=by, task_id=task_id)
     signals.tasks_cancelled.send(sender=app, task_ids=task_ids, by=by)
 
 

@@ -151,8 +151,10 @@ def processes() -> Iterator[list[CeleryProcess]]:
 
 @pytest.fixture
 def worker(processes: list[CeleryProcess]) -> Callable[..., CeleryProcess]:
-    def start(app: Celery, *queues: str, env: dict[str, str] | None = None) -> CeleryProcess:
-        process = start_worker(app, *queues, env=env)
+    def start(
+        app: Celery, *queues: str, env: dict[str, str] | None = None, pool: str = "solo"
+    ) -> CeleryProcess:
+        process = start_worker(app, *queues, env=env, pool=pool)
         processes.append(process)
         return process
 

@@ -205,12 +205,19 @@ class CeleryProcess:
         self.log_path.unlink(missing_ok=True)
 
 
-def start_worker(app: Celery, *queues: str, env: dict[str, str] | None = None) -> CeleryProcess:
-    """Start a solo worker consuming *queues* (default: the app's default queue)."""
+def start_worker(
+    app: Celery, *queues: str, env: dict[str, str] | None = None, pool: str = "solo"
+) -> CeleryProcess:
+    """Start a worker consuming *queues* (default: the app's default queue).
+
+    Solo by default; ``pool="prefork"`` runs one pool process beside the
+    main one (what ``revoke(terminate=True)`` and a lost pool process need).
+    """
     args = [
         "worker",
         "-P",
-        "solo",
+        pool,
+        *(["-c", "1"] if pool == "prefork" else []),
         "-l",
         "INFO",
         "-n",

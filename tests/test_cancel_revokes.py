@@ -3,7 +3,9 @@
 Given a parked task, when it is cancelled (from Python or the CLI), then its
 result says REVOKED as Celery's own ``revoke`` leaves it, and the
 application's receivers of ``tasks_cancelled`` hear of it (with who
-cancelled). A result backend that is down fails no cancel. (The
+cancelled). A result backend that is down fails no cancel. A parked task
+that a keyed call's ``replace`` or ``debounce`` takes out is cancelled too
+(issue 33 item 5: it stayed PENDING and ``.get()`` never returned). (The
 ``task-revoked`` event: ``test_events.py``.)
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.exceptions import TaskRevokedError
 from celery.result import AsyncResult
 
 import celery_zdelay
@@ -148,3 +151,62 @@ def test_a_cancel_from_the_dashboard_is_a_revoke_that_names_the_user(app: Celery
     assert reply.status_code == 303
     assert heard == [{"app": app, "task_ids": [parked.id], "by": "dashboard:alice"}]
     assert AsyncResult(parked.id, app=app).state == "REVOKED"
+
+
+@pytest.mark.parametrize("mode", ["replace", "debounce"])
+def test_a_task_replaced_by_key_ends_revoked_and_its_get_returns(app: Celery, mode: str) -> None:
+    # Breaks if: park_keyed.lua does not report the entry it took out, or
+    # parking does not announce it as a cancel.
+    record = app.tasks["tests.record"]
+    first = record.apply_delayed((1,), countdown=3600, key="reminder:7", on_key=mode)
+
+    with _cancellations() as heard:
+        second = record.apply_delayed((2,), countdown=3600, key="reminder:7", on_key=mode)
+
+    assert second.id != first.id
+    assert heard == [{"app": app, "task_ids": [first.id], "by": None}]
+    assert AsyncResult(first.id, app=app).state == "REVOKED"
+    with pytest.raises(TaskRevokedError):
+        first.get(timeout=10)
+    # The task parked now is untouched, and a keep call replaces nothing.
+    assert AsyncResult(second.id, app=app).state == "PENDING"
+    with _cancellations() as heard:
+        kept = record.apply_delayed((3,), countdown=3600, key="reminder:7", on_key="keep")
+    assert kept.id == second.id
+    assert heard == []
+
+
+def test_apply_delayed_many_revokes_each_task_its_keys_replaced_once(app: Celery) -> None:
+    record = app.tasks["tests.record"]
+    old = record.apply_delayed_many([(1,), (2,)], countdown=3600, keys=["a", "b"])
+
+    with _cancellations() as heard:
+        new = record.apply_delayed_many(
+            [(3,), (4,), (5,), (6,)],
+            countdown=3600,
+            keys=["a", "b", "b", None],
+            on_key="replace",
+        )
+
+    # The two parked tasks are cancelled once each; the first call of "b" in
+    # the batch was never parked (its caller got the last call's result).
+    (event,) = heard
+    assert sorted(event["task_ids"]) == sorted(r.id for r in old)
+    assert all(AsyncResult(r.id, app=app).state == "REVOKED" for r in old)
+    assert new[1].id == new[2].id
+    assert all(AsyncResult(r.id, app=app).state == "PENDING" for r in new)
+
+
+def test_a_key_replaced_in_transparent_mode_revokes_what_apply_async_returned(
+    make_test_app: AppFactory,
+) -> None:
+    app = make_test_app(conf={"zdelay_threshold": 1})
+    record = app.tasks["tests.record"]
+    headers = {"zdelay_key": "k", "zdelay_on_key": "replace"}
+    first = record.apply_async((1,), countdown=3600, headers=headers)
+
+    with _cancellations() as heard:
+        record.apply_async((2,), countdown=3600, headers=headers)
+
+    assert heard[0]["task_ids"] == [first.id]
+    assert AsyncResult(first.id, app=app).state == "REVOKED"

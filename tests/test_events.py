@@ -97,6 +97,21 @@ def test_a_cancelled_task_is_revoked(evented: Celery) -> None:
     assert revoked["terminated"] is False
 
 
+def test_a_task_replaced_by_key_is_revoked_once(evented: Celery) -> None:
+    # Breaks if: a keyed replace takes a parked task out without announcing it.
+    record = evented.tasks["tests.record"]
+    first = record.apply_delayed((1,), countdown=600, key="k", on_key="debounce")
+    with EventsSeen(evented) as seen:
+        second = record.apply_delayed((2,), countdown=600, key="k", on_key="debounce")
+        seen.wait_for(lambda: seen.of_type("task-sent"), what="task-sent")
+        seen.wait_for(lambda: seen.of_type("task-revoked"), what="task-revoked")
+        assert events.flush(evented)
+        seen.wait_for(seen.marker_back, what="marker")
+    (revoked,) = seen.of_type("task-revoked")
+    assert revoked["uuid"] == first.id
+    assert [e["uuid"] for e in seen.of_type("task-sent")] == [second.id]
+
+
 def test_a_rescheduled_task_is_sent_again_with_its_new_eta(evented: Celery) -> None:
     # Breaks if: announce_rescheduled is not connected, or a reschedule path
     # (by id, by ids as the dashboard does, by filter) sends no signal.

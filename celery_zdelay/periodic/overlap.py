@@ -12,8 +12,8 @@ the message headers, and the worker decides just before the task runs
 (:func:`start_run`, from :meth:`celery_zdelay.DelayedTaskMixin.before_start`).
 The run holds the schedule's key as an ``until_finished`` key is held after
 its release (``store/lua/start_run.lua``): the same record in the same
-index, freed by the same hook when the task returns
-(:func:`celery_zdelay.keys.release_key`), and by itself once
+index, freed by the same receivers however the run ends
+(:func:`celery_zdelay.keys.release_key`, from :mod:`celery_zdelay.worker`), and by itself once
 ``zdelay_overlap_timeout`` (by default ``zdelay_key_hold_seconds``) passed,
 so a SIGKILLed worker does not block the schedule for ever.
 """

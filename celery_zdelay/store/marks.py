@@ -20,7 +20,7 @@ import logging
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, cast
 
@@ -73,6 +73,9 @@ class Parked:
     due_ms: int | None
     #: Whether this call parked the request's own entry.
     parked: bool
+    #: The id of the parked entry this request's ``replace`` or ``debounce``
+    #: took out (it never runs: the caller reports it cancelled), or None.
+    replaced: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -163,10 +166,12 @@ def park_marked(store: Store, requests: Sequence[ParkRequest]) -> list[Parked]:
     for indexes, reply in zip(by_shard.values(), replies, strict=True):
         for n, index in enumerate(indexes):
             task_id, due_ms, flag = reply[3 * n : 3 * n + 3]
+            took_out = reply[3 * len(indexes) + n] if len(reply) > 3 * len(indexes) else ""
             parked[index] = Parked(
                 task_id=_text(task_id),
                 due_ms=None if int(due_ms) < 0 else int(due_ms),
                 parked=bool(int(flag)),
+                replaced=_text(took_out) or None,
             )
     return cast("list[Parked]", parked)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from celery.exceptions import Reject
+from celery.exceptions import Ignore, Reject
 from kombu import Exchange, Queue
 
 from tests.support.clock import redis_ms
@@ -197,3 +197,24 @@ def _register_tasks(app: Celery, record_url: str) -> None:
         if self.request.retries == 0:
             raise self.retry(countdown=countdown)
         return "retried"
+
+    @app.task(name="tests.end_by", shared=False, bind=True, acks_late=True)
+    def end_by(self: Any, how: str, seconds: float = 0) -> str:
+        """Run for *seconds*, then end as *how* says: return, fail, ignore or reject.
+
+        ``reject`` gives the message up (``Reject(requeue=False)``),
+        ``reject_once`` gives it back to the broker the first time
+        (``Reject(requeue=True)``) and returns the second.
+        """
+        record_run(self, "started")
+        time.sleep(seconds)
+        record_run(self, how)
+        if how == "fail":
+            raise ValueError("tests.end_by fails as asked")
+        if how == "ignore":
+            raise Ignore()
+        if how == "reject":
+            raise Reject("given up", requeue=False)
+        if how == "reject_once" and recorder.incr(f"zdelay-test:rejected:{self.request.id}") == 1:
+            raise Reject("requeue me once", requeue=True)
+        return how

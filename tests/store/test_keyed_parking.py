@@ -382,6 +382,8 @@ def test_a_retried_call_answers_what_the_first_did_and_parks_nothing_again(
         store, [marked_request("a", at + 1, "k", "replace", ("t",)), marked_request("b", at, "k")]
     )
     assert first == [Parked("a", at + 1, True), Parked("a", at + 1, False)]
+    # The replace took the holder out: the caller reports it cancelled.
+    assert [p.replaced for p in first] == ["holder", None]
     park_call = calls[-1]
     marker = str(park_call[2 + 5])
     assert redis_client.pttl(marker) > 60_000
@@ -398,6 +400,8 @@ def test_a_retried_call_answers_what_the_first_did_and_parks_nothing_again(
         "a",
         at + 1,
         0,
+        "holder",
+        "",
     ]
     assert redis_client.zcard(SHARD0.due) == 0
     assert _marks(redis_client) == {}

@@ -22,7 +22,10 @@
 -- returns three per entry, in argument order: the id of the entry parked
 --         for it afterwards (its own, or for a key the entry holding it),
 --         that entry's due ms (-1 when it is no longer parked: released
---         and running), 1 when this call parked it, else 0;
+--         and running), 1 when this call parked it, else 0; then, after
+--         those, one per entry in argument order: the id of the parked
+--         entry its replace or debounce took out (so the caller reports it
+--         cancelled), or '' for none;
 --         or {-2}, having written nothing, when an entry to move or answer
 --         is held in a set not given (read the lanes set and call again)
 if redis.replicate_commands then redis.replicate_commands() end
@@ -89,7 +92,7 @@ local function holder_of(key)
   return h
 end
 
-local parks, keyof, tagsof, replaced = {}, {}, {}, {}
+local parks, keyof, tagsof, replaced, took_out = {}, {}, {}, {}, {}
 local forget, forgotten, unheld = {}, {}, {}
 for e = 1, n do
   local id = ARGV[kfirst + 5 * (e - 1)]
@@ -111,6 +114,7 @@ for e = 1, n do
         -- The parked holder goes, waiting or held back; one being released
         -- cannot be stopped.
         replaced[#replaced + 1] = {h[1], h[5]}
+        took_out[e] = h[1]
       end
     end
     if parks[e] then holders[key] = {id, nil, e} end
@@ -222,5 +226,6 @@ for e = 1, n do
   result[#result + 1] = ms
   result[#result + 1] = flag
 end
+for e = 1, n do result[#result + 1] = took_out[e] or '' end
 redis.call('SET', kmarker, cjson.encode(result), 'PX', all_args[2])
 return result
