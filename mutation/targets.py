@@ -168,6 +168,8 @@ _FINISH_START = "tests/test_mutation_kills_finish_start_lua.py"
 _FORGET_ALLOWED = "tests/test_mutation_kills_forget_lane_allowed_lua.py"
 #: A held task meets a key, a requeue, a purge: where an id is (_where.lua).
 _HELD_MEETS = "tests/test_held_meets_keys_and_dead_letters.py"
+#: A held task parked again under its id: one entry, released once.
+_HELD_AGAIN = "tests/test_held_parked_again.py"
 
 LUA = (
     # Loaded in front of every script: the scripts' kill tests exercise it.
@@ -226,7 +228,7 @@ LUA = (
     Target(
         "_where.lua",
         _STORE + "_where.lua",
-        (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED, _FINISH_START),
+        (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED, _FINISH_START, _HELD_AGAIN),
     ),
     # A key holder a producer found forged (with signing) is forgotten, only as checked.
     Target(
@@ -253,7 +255,7 @@ LUA = (
     Target(
         "park.lua",
         _STORE + "park.lua",
-        (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py"),
+        (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py", _HELD_AGAIN),
     ),
     # Keys and tags: one entry per key as its mode says, the index exact.
     Target(
@@ -264,6 +266,7 @@ LUA = (
             "tests/test_keys.py",
             "tests/test_mutation_kills_ack_lua_marks.py",
             _HELD_MEETS,
+            _HELD_AGAIN,
         ),
     ),
     Target(
@@ -348,7 +351,11 @@ LUA = (
         (_ADVANCE, *_PERIODIC_TESTS),
     ),
     Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
-    Target("park_once.lua", _PERIODIC + "park_once.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
+    Target(
+        "park_once.lua",
+        _PERIODIC + "park_once.lua",
+        (_PARK_ONCE, *_PERIODIC_TESTS, _HELD_AGAIN),
+    ),
     # until_finished keys: a worker frees only its own hold, never a parked-again id's.
     Target(
         "finish_key.lua",
