@@ -175,6 +175,8 @@ _FINISH_START = "tests/store/test_running_key_holds.py"
 _FORGET_ALLOWED = "tests/store/test_lanes_and_acl_precheck.py"
 #: A held task meets a key, a requeue, a purge: where an id is (_where.lua).
 _HELD_MEETS = "tests/store/test_held_meets_keys_and_dead_letters.py"
+#: A held task parked again under its id: one entry, released once.
+_HELD_AGAIN = "tests/store/test_held_parked_again.py"
 
 LUA = (
     # Loaded in front of every script: the scripts' kill tests exercise it.
@@ -233,7 +235,7 @@ LUA = (
     Target(
         "_where.lua",
         _STORE + "_where.lua",
-        (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED, _FINISH_START),
+        (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED, _FINISH_START, _HELD_AGAIN),
     ),
     # A key holder a producer found forged (with signing) is forgotten, only as checked.
     Target(
@@ -260,7 +262,7 @@ LUA = (
     Target(
         "park.lua",
         _STORE + "park.lua",
-        (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py"),
+        (_PARK, "tests/test_parked_at.py", "tests/test_bulk_parking.py", _HELD_AGAIN),
     ),
     # Keys and tags: one entry per key as its mode says, the index exact.
     Target(
@@ -271,6 +273,7 @@ LUA = (
             "tests/test_keys.py",
             "tests/store/test_acknowledged_marks.py",
             _HELD_MEETS,
+            _HELD_AGAIN,
         ),
     ),
     Target(
@@ -359,7 +362,11 @@ LUA = (
         (_ADVANCE, *_PERIODIC_TESTS),
     ),
     Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
-    Target("park_once.lua", _PERIODIC + "park_once.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
+    Target(
+        "park_once.lua",
+        _PERIODIC + "park_once.lua",
+        (_PARK_ONCE, *_PERIODIC_TESTS, _HELD_AGAIN),
+    ),
     # until_finished keys: a worker frees only its own hold, never a parked-again id's.
     Target(
         "finish_key.lua",

@@ -299,7 +299,6 @@ def _park_call(
     return script(
         keys=[
             *keys,
-            lanes_key(prefix, shard),
             *(held_key(prefix, shard, lane) for lane in lanes),
             shard_keys.marks,
             shard_keys.tagged,

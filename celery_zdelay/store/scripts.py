@@ -44,7 +44,7 @@ _READERS = ("handoff",)
 _MARKED = ("handoff", "push", "ack", "deadletter", "cancel", "requeue")
 #: Scripts that ask where an id is now (due, held, in flight), loaded with
 #: ``_where.lua`` in front: one answer for all, so none misses a state.
-_LOCATING = ("requeue",)
+_LOCATING = ("park", "requeue")
 
 
 @cache

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, WatchError
 
 from ..bulk_limit import bulk_limit
 from ..config import ZDelayConfig
@@ -42,7 +42,7 @@ __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
 #: How long a park call is remembered, so a retry after a lost reply is a
 #: no-op: longer than the producer's retries take (timeouts included).
 PARK_MARKER_MS = 120_000
-#: What reschedule.lua answers when the shard's held sets changed since they were read.
+#: What park.lua and reschedule.lua answer when the shard's held sets changed since they were read.
 _LANES_CHANGED = -2
 #: Template records kept in memory by one Store (they never change: ids are
 #: content hashes).
@@ -158,7 +158,9 @@ class Store:
 
         With several shards on one Redis server the whole call is one
         transaction: either every entry is parked or none is. On a Redis
-        Cluster each shard's part is atomic on its own.
+        Cluster each shard's part is atomic on its own. An id parked again
+        replaces its entry wherever it waits, held back by a pause or rate
+        limit included (see park.lua).
         """
         by_shard: dict[int, list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
@@ -170,18 +172,11 @@ class Store:
                 break
             if len(by_shard) == 1 or self.cluster:
                 replies = [
-                    self._park_call(shard, [requests[i] for i in indexes], self.client)
+                    self._park_on_shard(shard, [requests[i] for i in indexes])
                     for shard, indexes in by_shard.items()
                 ]
             else:
-                # A failing call inside MULTI/EXEC does not undo the calls before
-                # it, so each call checks the keys of every shard in the batch
-                # before it writes: they all fail, or none does.
-                with self.client.pipeline(transaction=True) as pipe:
-                    for shard, indexes in by_shard.items():
-                        others = [s for s in by_shard if s != shard]
-                        self._park_call(shard, [requests[i] for i in indexes], pipe, others)
-                    replies = pipe.execute()
+                replies = self._park_on_shards(by_shard, requests)
         due_ms = [0] * len(requests)
         for indexes, reply in zip(by_shard.values(), replies, strict=True):
             for index, ms in zip(indexes, reply, strict=True):
@@ -234,27 +229,66 @@ class Store:
                     "(a file or object-store key), or raise proto-max-bulk-len"
                 )
 
-    def _park_call(
-        self,
-        shard: int,
-        requests: Sequence[ParkRequest],
-        client: Any,
-        check_shards: Sequence[int] = (),
-    ) -> Any:
-        keys, args = self.park_arguments(shard, requests, check_shards)
-        return self.scripts.park(keys=keys, args=args, client=client)
+    def _park_on_shard(self, shard: int, requests: Sequence[ParkRequest]) -> Any:
+        """park.lua on one shard, with the held sets last seen there.
+
+        None at first: the first park of an id, the common case, reads no
+        held set. The script answers ``[-2]``, having written nothing, when
+        an id parked again is held in a set not given: then they are read
+        (one name per control: this ends).
+        """
+        lanes = self.known_lanes(shard)
+        while True:
+            keys, args = self.park_arguments(shard, requests, lanes=lanes)
+            reply = self.scripts.park(keys=keys, args=args, client=self.client)
+            if not (len(reply) == 1 and int(reply[0]) == _LANES_CHANGED):
+                return reply
+            lanes = self.lanes(shard)
+
+    def _park_on_shards(
+        self, by_shard: dict[int, list[int]], requests: Sequence[ParkRequest]
+    ) -> list[Any]:
+        """park.lua on several shards of one server, in one transaction.
+
+        A failing call inside MULTI/EXEC does not undo the calls before it,
+        so each call checks the keys of every shard in the batch before it
+        writes: they all fail, or none does. A call told to read the held
+        sets again could not be made again alone (the others' writes are
+        done), so they are read first, under WATCH: a held set added before
+        EXEC aborts the transaction, and it is tried again with them read anew.
+        """
+        prefix = self.config.key_prefix
+        with self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(*(lanes_key(prefix, shard) for shard in by_shard))
+                    lanes = {shard: self.lanes(shard) for shard in by_shard}
+                    pipe.multi()
+                    for shard, indexes in by_shard.items():
+                        others = [s for s in by_shard if s != shard]
+                        keys, args = self.park_arguments(
+                            shard, [requests[i] for i in indexes], others, lanes=lanes[shard]
+                        )
+                        self.scripts.park(keys=keys, args=args, client=pipe)
+                    return list(pipe.execute())
+                except WatchError:
+                    continue
 
     def park_arguments(
         self,
         shard: int,
         requests: Sequence[ParkRequest],
         check_shards: Sequence[int] = (),
+        *,
+        lanes: Sequence[str] = (),
     ) -> tuple[list[str], list[Any]]:
         """Return the KEYS and ARGV of ``park.lua`` parking *requests* on *shard*.
 
         The one place that lays them out (see park.lua), for this store's
         calls and for scripts run in front of park.lua (periodic
-        ``park_once.lua``). The keys of *check_shards* are checked, not written.
+        ``park_once.lua``). The keys of *check_shards* are checked, not
+        written; the held sets of *lanes* (control names) are given, for a
+        held id parked again to leave its set.
         """
         keys = self._keys[shard]
         checked = [
@@ -270,7 +304,7 @@ class Store:
             )
         ]
         templates = {r.template.id: r.template.record for r in requests if r.template}
-        args: list[Any] = [keys.wake, PARK_MARKER_MS, len(templates)]
+        args: list[Any] = [keys.wake, PARK_MARKER_MS, len(templates), len(lanes), *lanes]
         for template in templates.items():
             args += template
         for request in requests:
@@ -289,6 +323,8 @@ class Store:
             keys.dests,
             keys.marker(),
             keys.templates,
+            lanes_key(self.config.key_prefix, shard),
+            *(held_key(self.config.key_prefix, shard, lane) for lane in lanes),
             *checked,
         ]
         return park_keys, args

@@ -1,9 +1,9 @@
 -- Run in front of park.lua (both after _guard.lua): park a periodic
 -- occurrence only the first time anyone parks it.
 --
--- KEYS[1..7] as park.lua
--- KEYS[8] ticks zset    occurrence id -> ms it was first parked
--- KEYS[9] periodic pointers hash, KEYS[10] periodic paused set (optional:
+-- KEYS[1..8] as park.lua, with no held set given and no other shard
+-- KEYS[9] ticks zset    occurrence id -> ms it was first parked
+-- KEYS[10] periodic pointers hash, KEYS[11] periodic paused set (optional:
 --         not on a Redis Cluster, where they are another slot): an
 --         occurrence of a version that is no longer current, or of a
 --         paused schedule, is refused, so a companion that read the
@@ -11,13 +11,16 @@
 -- ARGV as park.lua, with exactly one entry
 -- ARGV[#ARGV] (after park.lua's) ms to remember the id for (see PeriodicStore.park_once)
 -- returns {} when the id was parked before (it may be released already:
---         parking it again would run it twice) or is refused, else what
---         park.lua returns
+--         parking it again would run it twice; or it waits held back by a
+--         pause or rate limit, which the tick memory may have forgotten)
+--         or is refused, else what park.lua returns
 if redis.replicate_commands then redis.replicate_commands() end
 
-local once_ticks, once_pointers, once_paused = KEYS[8], KEYS[9], KEYS[10]
+local once_layout = zdelay_park_layout()
+local once_at = once_layout.first_other
+local once_ticks, once_pointers, once_paused = KEYS[once_at], KEYS[once_at + 1], KEYS[once_at + 2]
 -- park.lua would take them for another shard's keys to check
-KEYS[8], KEYS[9], KEYS[10] = nil, nil, nil
+KEYS[once_at], KEYS[once_at + 1], KEYS[once_at + 2] = nil, nil, nil
 -- Remembered for an hour after parking (by default): longer than any
 -- companion takes between reading a schedule's pointer and parking what
 -- follows it. (Removed from ARGV: park.lua reads entries to its end.)
@@ -28,7 +31,7 @@ ARGV[#ARGV] = nil
 -- be parked again).
 zdelay_expect_park()
 zdelay_expect(once_ticks, 'zset')
-local once_id = ARGV[4 + 2 * tonumber(ARGV[3])]
+local once_id = ARGV[once_layout.first_entry]
 if not ONCE_KEEP_MS then error('park_once needs the ms to remember an occurrence') end
 local once_now = zdelay_now_ms()
 if once_pointers then
@@ -41,6 +44,13 @@ if once_pointers then
   end
 end
 if redis.call('ZSCORE', once_ticks, once_id) then return {} end
+-- Held back by a pause or rate limit, it was parked before, however long
+-- ago (the tick memory forgets after an hour): it runs when let go.
+-- (Given no held set, park.lua could not take it out of one.)
+if redis.call('HEXISTS', KEYS[2], once_id) == 1
+    and zdelay_where({due = KEYS[1], lease = KEYS[3], msg = KEYS[2]}, once_id) == 'held' then
+  return {}
+end
 redis.call('ZREMRANGEBYSCORE', once_ticks, '-inf', once_now - ONCE_KEEP_MS)
 redis.call('ZADD', once_ticks, once_now, once_id)
 

@@ -49,25 +49,49 @@ local function zdelay_number(value)
   return number
 end
 
+-- Where park.lua's arguments (see there) are, past its fixed ones: the
+-- held sets given (KEYS[9..], their control names ARGV[5..]), then the
+-- templates and the entries (ARGV), and the other shards' keys (KEYS).
+-- One reading for every script that runs park.lua or reads its arguments
+-- (park_keyed.lua, park_once.lua).
+local function zdelay_park_layout()
+  local n_templates = tonumber(ARGV[3])
+  if not n_templates then
+    error({err = 'ERR celery-zdelay park: no template count'})
+  end
+  local n_held = tonumber(ARGV[4])
+  if not n_held then
+    error({err = 'ERR celery-zdelay park: no held set count'})
+  end
+  local held, names = {}, {}
+  for i = 1, n_held do
+    held[i], names[i] = KEYS[8 + i], ARGV[4 + i]
+  end
+  return {
+    lanes = KEYS[8], held = held, names = names,
+    first_template = 5 + n_held,
+    first_entry = 5 + n_held + 2 * n_templates,
+    first_other = 9 + n_held,
+  }
+end
+
 -- The checks of zdelay_expect_park but for the keys of park.lua's own
 -- shard: the keys of the other shards of a batch, and every entry's due time.
 -- park.lua calls this alone: its reads before its first write check the
 -- types of its own keys (see there).
 local function zdelay_expect_park_args()
-  for i = 8, #KEYS, 6 do
+  local layout = zdelay_park_layout()
+  for i = layout.first_other, #KEYS, 6 do
     zdelay_expect(KEYS[i], 'zset', KEYS[i + 1], 'hash', KEYS[i + 2], 'zset', KEYS[i + 3], 'hash',
       KEYS[i + 4], 'set', KEYS[i + 5], 'hash')
   end
-  local n_templates = tonumber(ARGV[3])
-  if not n_templates then
-    error({err = 'ERR celery-zdelay park: no template count'})
-  end
-  for i = 4 + 2 * n_templates, #ARGV, 5 do
+  for i = layout.first_entry, #ARGV, 5 do
     local mode = ARGV[i + 1]
     if not zdelay_number(ARGV[i + 2]) or (mode ~= 'r' and mode ~= 'a') then
       error({err = 'ERR celery-zdelay park: entry ' .. ARGV[i] .. ' has no valid due time'})
     end
   end
+  return layout
 end
 
 -- Raise, before any write, when park.lua's KEYS and ARGV (see there) hold
@@ -75,8 +99,10 @@ end
 -- valid due time. park_once.lua (periodic) calls it before writing its tick.
 local function zdelay_expect_park()
   zdelay_expect(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash',
-    KEYS[5], 'set', KEYS[7], 'hash')
-  zdelay_expect_park_args()
+    KEYS[5], 'set', KEYS[7], 'hash', KEYS[8], 'set')
+  local layout = zdelay_expect_park_args()
+  for _, key in ipairs(layout.held) do zdelay_expect(key, 'zset') end
+  return layout
 end
 
 -- The lease of an in-flight entry is two records: the lease zset scores it

@@ -8,19 +8,32 @@
 -- KEYS[6] call marker   unique to this park call; makes a retried call a no-op
 -- KEYS[7] templates     template id -> template record (see entry.py), and
 --                       "#" id -> how many entries refer to it (_guard.lua)
--- KEYS[8..] six per other shard of the same batch on this Redis server (its
+-- KEYS[8] lanes set     names of the controls with a held set on this shard
+-- KEYS[9..] held zsets  one per control name of ARGV[5..], in that order
+--           (those the caller knows; none at first)
+-- then six per other shard of the same batch on this Redis server (its
 --           keys 1-5 and 7): checked too, so that a batch one shard cannot
 --           take fails in every shard's call before any of them writes (a
 --           MULTI/EXEC does not undo the calls that ran before a failing one)
 -- ARGV[1] wake channel, published to when the earliest due time moves earlier
 --         (best effort, after the writes: see zdelay_wake in _guard.lua)
 -- ARGV[2] ms the call marker lives (longer than the caller's retries take)
--- ARGV[3] number of templates that follow
--- ARGV[4..] two per template: id, record (stored once; ids are content hashes)
+-- ARGV[3] number of templates
+-- ARGV[4] number of held sets given (KEYS[9..]), then their control names
+-- then two per template: id, record (stored once; ids are content hashes)
 -- then five per entry: id, mode, ms, payload, dest
 --           mode "r": due ms after the Redis clock; "a": absolute epoch ms
 --           dest "": no handoff destination
--- returns the due ms of each entry, in argument order
+-- (zdelay_park_layout in _guard.lua reads these positions)
+-- returns the due ms of each entry, in argument order; or {-2}, having
+--         written nothing, when an id parked again is held back in a held
+--         set not given (read the lanes set and call again)
+--
+-- Parking an id again replaces its entry wherever it waits: in the due set,
+-- in the lease (being released), or in the held set of a pause or rate
+-- limit (hold.lua), which it leaves in this script (an id is in one place).
+-- Only an id whose payload is stored already is looked for (zdelay_where in
+-- _where.lua): the first park of an id reads nothing more.
 --
 -- Each payload is stored with when it was parked on the Redis clock: "p":<ms>
 -- spliced first into its metadata line ({"p":<ms>,"v":1,...}), replacing
@@ -32,9 +45,8 @@ if redis.replicate_commands then redis.replicate_commands() end
 local due, msg, lease, leased, dests, marker, templates =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
-zdelay_expect_park_args()
-local n_templates = tonumber(ARGV[3])
-local first_entry = 4 + 2 * n_templates
+local layout = zdelay_expect_park_args()
+local first_template, first_entry = layout.first_template, layout.first_entry
 local now_ms = zdelay_now_ms()
 local stamp = '{"p":' .. string.format('%.0f', now_ms) .. ','
 
@@ -89,13 +101,17 @@ end
 -- all (below). A failed read is reported as the checks of _guard.lua report
 -- it, with the fix.
 local created, delta, keep, holds = {}, {}, {}, {}
+-- Held ids parked again: id -> the held set they leave. lanes_stale: one is
+-- held in a set not given (the caller reads the lanes and calls again).
+local place = {due = due, lease = lease, msg = msg, held = layout.held}
+local unheld, lanes_stale, lanes_complete = {}, false, nil
 local entries = {}
 local refs
 local lowest, wake  -- set by the first entry: its score, and whether nothing is due before it
 -- Template counts read here, for zdelay_refs_plan (false: no count).
 local counts = {}
 local function read()
-  for i = 4, 3 + 2 * n_templates, 2 do
+  for i = first_template, first_entry - 1, 2 do
     -- A template with a count is stored (zdelay_refs_apply writes and
     -- deletes the two together): for a template in use, the one read of its
     -- count answers both questions. Only without one is the record looked for.
@@ -113,8 +129,12 @@ local function read()
     -- Template reference counts: each entry adds one to its template and
     -- takes one from the payload it replaces (an id twice in one call: the
     -- first occurrence's, as it holds it by then).
-    local old = holds[id]
-    if old == nil then old = zdelay_template_id(redis.call('HGET', msg, id)) or false end
+    local old, stored = holds[id], false
+    if old == nil then
+      local payload = redis.call('HGET', msg, id)
+      stored = payload ~= false
+      old = zdelay_template_id(payload) or false
+    end
     if old then zdelay_count(delta, old, -1) end
     local new = zdelay_template_id(ARGV[i + 3]) or false
     if new then
@@ -133,6 +153,23 @@ local function read()
     -- release in flight can no longer acknowledge (and delete) the new payload.
     local leased_now = redis.call('ZSCORE', lease, id) ~= false
     any_leased = any_leased or leased_now
+    if stored and not leased_now then
+      -- Stored already and not being released: waiting in the due set, or
+      -- held back by a pause or rate limit, which it leaves as a released
+      -- one leaves the lease. (A payload no held set has, with every held
+      -- set given, is a stray: nothing to leave.)
+      local state, from = zdelay_where(place, id)
+      if state == 'held' then
+        if from then
+          unheld[id] = from
+        else
+          if lanes_complete == nil then
+            lanes_complete = zdelay_lanes_given(layout.lanes, layout.names)
+          end
+          lanes_stale = lanes_stale or not lanes_complete
+        end
+      end
+    end
     entries[#entries + 1] = {id, due_ms, score, leased_now}
   end
   if any_leased then zdelay_expect(leased, 'hash') end
@@ -143,6 +180,7 @@ if not read_ok then
   zdelay_expect_park()  -- raises the error that says the fix, for a key of another type
   error(read_error, 0)
 end
+if lanes_stale then return {-2} end
 
 -- The first write: a set of another type fails it before anything is written.
 local named, names = {}, {}
@@ -179,7 +217,7 @@ if not redis.call('SET', marker, table.concat(result, ','), 'NX', 'PX', ARGV[2])
   return previous
 end
 
-for i = 4, 3 + 2 * n_templates, 2 do
+for i = first_template, first_entry - 1, 2 do
   if created[ARGV[i]] then redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1]) end
 end
 
@@ -189,6 +227,7 @@ for e, entry in ipairs(entries) do
     redis.call('ZREM', lease, id)
     redis.call('HDEL', leased, id)
   end
+  if unheld[id] then redis.call('ZREM', unheld[id], id) end
   redis.call('ZADD', due, entry[3], id)  -- replaces the score of an id parked before
   redis.call('HSET', msg, id, stamped(ARGV[first_entry + 5 * (e - 1) + 3]))
 end

@@ -8,17 +8,20 @@
 -- held set, keep and until_finished answer it. Where each id is comes from
 -- zdelay_where (_where.lua), which needs the names of the shard's held sets
 -- to move one: the caller passes those it knows, and is told to read them
--- again (-2) when an id it must move is in a set it did not name.
+-- again (-2) when an id it must move is in a set it did not name. A held
+-- entry parked again under its own id leaves its held set in park.lua,
+-- which is given the same held sets (found here first, so that park.lua,
+-- run after this script's writes, never has to answer -2).
 --
--- KEYS[1..7] as park.lua (KEYS[6] the call marker)
--- KEYS[8..]  other shards' keys to check, as park.lua
--- then       lanes set    (names of the controls with a held set on this shard)
+-- KEYS[1..8] as park.lua (KEYS[6] the call marker, KEYS[8] the lanes set),
+--            with no held set among them
+-- KEYS[9..]  other shards' keys to check, as park.lua
 -- then       held zsets   one per control name of ARGV (see below), in that order
 -- KEYS[#KEYS - 1] marks hash   (see _marks.lua)
 -- KEYS[#KEYS]     tagged zset  (see _marks.lua)
--- ARGV as park.lua, then one mark record per entry (see _marks.lua), then
---      the control names of the held zsets, then their number, then the
---      number of entries
+-- ARGV as park.lua with no held set (ARGV[4] 0), then one mark record per
+--      entry (see _marks.lua), then the control names of the held zsets,
+--      then their number, then the number of entries
 -- returns three per entry, in argument order: the id of the entry parked
 --         for it afterwards (its own, or for a key the entry holding it),
 --         that entry's due ms (-1 when it is no longer parked: released
@@ -41,7 +44,7 @@ for i = n_lanes, 1, -1 do
   lane_names[i] = table.remove(ARGV)
   kheld[i] = table.remove(KEYS)
 end
-local klanes = table.remove(KEYS)
+local klanes = KEYS[8]
 local records = {}
 for e = n, 1, -1 do records[e] = table.remove(ARGV) end
 
@@ -53,8 +56,8 @@ if kdone then return cjson.decode(kdone) end
 zdelay_expect_park()
 zdelay_expect(marks, 'hash', tagged, 'zset', klanes, 'set')
 for _, key in ipairs(kheld) do zdelay_expect(key, 'zset') end
-local k_templates = tonumber(ARGV[3])
-local kfirst = 4 + 2 * k_templates
+local klayout = zdelay_park_layout()
+local kfirst_template, kfirst = klayout.first_template, klayout.first_entry
 if #ARGV - kfirst + 1 ~= 5 * n then
   error({err = 'ERR celery-zdelay park_keyed: ' .. n .. ' mark records for the entries given'})
 end
@@ -120,8 +123,9 @@ for e = 1, n do
     if parks[e] then holders[key] = {id, nil, e} end
   end
   if parks[e] and not unheld[id] and redis.call('HEXISTS', kmsg, id) == 1 then
-    -- Parked again under its id while held: it leaves its held set, as
-    -- park.lua takes an id being released out of the lease (never two places).
+    -- Parked again under its id while held: it leaves its held set in
+    -- park.lua (never two places). Looked for here, before any write, so
+    -- that a held set not given is answered with -2 now.
     local state, from = placed(id)
     if state == 'held' then unheld[id] = from end
   end
@@ -158,15 +162,16 @@ for _, item in ipairs(replaced) do
   redis.call('ZREM', item[2], item[1])  -- its due set or held set
   redis.call('HDEL', kmsg, item[1])
 end
-for id, from in pairs(unheld) do redis.call('ZREM', from, id) end
 zdelay_refs_apply(ktemplates, krefs)
 
 -- ARGV is Redis's table (the global cannot be reassigned): park.lua reads
 -- it, so it holds the entries to park while zdelay_park() runs.
 local all_args = {}
 for i = 1, #ARGV do all_args[i] = ARGV[i] end
-local kept = {all_args[1], all_args[2], 0}
-for i = 4, kfirst - 1, 2 do
+-- The held sets go to park.lua in its own places (KEYS[9..], ARGV[5..]).
+local kept = {all_args[1], all_args[2], 0, n_lanes}
+for i = 1, n_lanes do kept[#kept + 1] = lane_names[i] end
+for i = kfirst_template, kfirst - 1, 2 do
   if used[all_args[i]] then
     kept[#kept + 1] = all_args[i]
     kept[#kept + 1] = all_args[i + 1]
@@ -185,6 +190,7 @@ local due_of = {}
 if #order > 0 then
   for i = #ARGV, 1, -1 do ARGV[i] = nil end
   for i = 1, #kept do ARGV[i] = kept[i] end
+  for i, key in ipairs(kheld) do table.insert(KEYS, 8 + i, key) end
   local parked_ms = zdelay_park()
   for j, e in ipairs(order) do due_of[e] = parked_ms[j] end
 end
