@@ -19,8 +19,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the tests read: themselves, the example project, the docs they check,
-#: and pyproject.toml for pytest's settings.
-COPIED = ("tests", "example_project", "docs", "benchmarks", "pyproject.toml", "README.md")
+#: pyproject.toml for pytest's settings, and the locks tests/test_locks.py checks.
+COPIED = (
+    "tests",
+    "example_project",
+    "docs",
+    "benchmarks",
+    "constraints",
+    "pyproject.toml",
+    "README.md",
+)
 IGNORED = shutil.ignore_patterns("__pycache__", "_build", "*.sqlite3", ".pytest_cache")
 
 
