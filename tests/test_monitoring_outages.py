@@ -33,7 +33,7 @@ from tests.project.otel import blocking_provider, trace_api_with
 from tests.proxy import PausableProxy
 from tests.support.events import EventsSeen
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
 #: What 20 parks may take on a loaded 2-core machine; one wait on the hanging
 #: broker per park (a connect, SEND_TIMEOUT_S) would take far longer.

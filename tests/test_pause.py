@@ -24,7 +24,7 @@ from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, largest_overtake_s
 from tests.helpers import CeleryProcess
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.timing]
 
 QUEUES = [{"name": "celery"}, {"name": "emails"}]
 

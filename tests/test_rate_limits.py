@@ -31,7 +31,7 @@ from tests.support.cli import run
 from tests.support.clock import redis_ms
 from tests.support.keys import keys_of
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.timing]
 
 QUEUES = [{"name": "celery"}, {"name": "emails"}]
 

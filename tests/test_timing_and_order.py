@@ -18,7 +18,7 @@ from tests.project import RECEIVED_KEY, RECORD_RECEIVED_ENV
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.timing]
 
 
 def _due_ms(client: redis.Redis, task_id: str) -> int:

@@ -43,7 +43,7 @@ from tests.project.otel import (
 from tests.support.browser import chromium, screenshot
 from tests.support.trace_view import waterfall_html
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ from tests.helpers import CeleryProcess
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 
+pytestmark = pytest.mark.timing
+
 #: Countdown of each task parked under the sleeping companion.
 COUNTDOWN_S = 0.1
 #: Tasks parked one after another; the p99 of 100 is the second-worst.

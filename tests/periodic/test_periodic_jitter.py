@@ -24,7 +24,7 @@ from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.keys import SHARD0
 from tests.support.periodic import occurrence_ms, start_beat_companion, tend, ticks_of
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.timing]
 
 DUE = SHARD0.due
 JITTER_MS = 800

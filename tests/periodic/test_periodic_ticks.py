@@ -29,7 +29,7 @@ from tests.support.periodic import (
     ticks_of,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
 DUE = SHARD0.due
 

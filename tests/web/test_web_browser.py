@@ -26,7 +26,7 @@ from tests.support.browser import screenshot
 from tests.support.deadletters import make_dead_letter
 from tests.web_support import serve
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.timing]
 
 HOUR_S = 3600
 

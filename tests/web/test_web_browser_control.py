@@ -28,7 +28,7 @@ from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.browser import screenshot
 from tests.web_support import serve
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.timing]
 
 WIDTH, HEIGHT = 1400, 1000
 
