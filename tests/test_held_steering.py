@@ -167,11 +167,17 @@ def test_a_held_task_rescheduled_while_still_paused_is_held_again_when_due(
 def test_a_task_held_by_a_rate_limit_is_listed_and_rescheduled_and_held_again_when_due(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
-    # Given a limit of 1/m (burst 1) and three emails due now
+    # Given a limit of 1/m (burst 1) and three emails due now, each in a
+    # millisecond of its own: on 4 shards, two due in one millisecond keep
+    # their parking order only within a shard (they were listed by shard,
+    # 1 run in 30 under load, when all three were parked with countdown=0)
     app = _app(make_test_app)
     celery_zdelay.set_rate_limit("queue:emails", "1/m", app=app)
     record = app.tasks["tests.record"]
-    emails = [record.apply_delayed((i,), countdown=0, queue="emails") for i in range(3)]
+    now_ms = redis_ms(redis_client)
+    emails = [
+        record.apply_delayed((i,), eta=_eta(now_ms - 10 + i), queue="emails") for i in range(3)
+    ]
     _hold(app)
     assert redis_client.llen("emails") == 1
     sent = json.loads(redis_client.lindex("emails", 0))["headers"]["id"]
