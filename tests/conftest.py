@@ -19,7 +19,14 @@ from kombu import Connection, Queue
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
 from celery_zdelay.testing import RedisServer
-from tests.helpers import CeleryProcess, Runs, start_companion, start_worker, unavailable
+from tests.helpers import (
+    CeleryProcess,
+    Runs,
+    start_companion,
+    start_worker,
+    stop_all,
+    unavailable,
+)
 from tests.project import close_app, make_app
 from tests.servers import LocalCluster
 from tests.support.store import Stock, stock
@@ -145,8 +152,7 @@ def processes() -> Iterator[list[CeleryProcess]]:
     """Celery subprocesses started by the test; all stopped at teardown."""
     started: list[CeleryProcess] = []
     yield started
-    for process in started:
-        process.stop()
+    stop_all(started)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -157,6 +158,9 @@ class CeleryProcess:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                # A group of its own: teardown can kill a prefork worker's
+                # pool processes with it (stop_all).
+                start_new_session=True,
             )
         return self
 
@@ -203,6 +207,36 @@ class CeleryProcess:
                 self.process.kill()
                 self.process.wait(timeout=10)
         self.log_path.unlink(missing_ok=True)
+
+
+#: At teardown, how long SIGTERMed processes get to exit before SIGKILL: the
+#: test is over, so a warm shutdown that waits for a long task proves nothing.
+TEARDOWN_GRACE = 5.0
+
+
+def stop_all(processes: list[CeleryProcess]) -> None:
+    """Stop *processes* together: SIGTERM to each, one shared grace, then SIGKILL.
+
+    One after the other, a worker finishing a long task and a companion
+    finishing its batch cost a test up to 15 s each in teardown.
+    """
+    running = [p for p in processes if p.process is not None and p.process.poll() is None]
+    for each in running:
+        assert each.process is not None
+        each.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + TEARDOWN_GRACE
+    for each in running:
+        assert each.process is not None
+        try:
+            each.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            # Its leader still runs, so the group is its own: the worker's
+            # pool processes go with it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(each.process.pid, signal.SIGKILL)
+            each.process.wait(timeout=10)
+    for each in processes:
+        each.log_path.unlink(missing_ok=True)
 
 
 def start_worker(
