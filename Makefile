@@ -2,7 +2,7 @@
 #   make demo   run the example project end to end
 #   make test   lint, type-check, build the docs and run the whole test suite
 # Each creates .venv and installs what it needs on first use. CI (.ci/run) also runs:
-#   make servers  a core subset on each other store server (Redis 6.2, Valkey 8)
+#   make servers  the store layer on each other store server (Redis 6.2, Valkey 8)
 #   make matrix   a core subset per older Celery minor, against the installed wheel
 #   make wheel-check  the built wheel alone in a clean venv with a RabbitMQ-only project
 #   make celery-suite Celery's own integration tests that send delayed work, transparent mode on
@@ -32,10 +32,10 @@ PYENV_BINS := $(shell ls -d $$HOME/.pyenv/versions/3.1[0-3].*/bin 2>/dev/null | 
 #: on that one), each on another supported Python: tox's "core" subset.
 MATRIX_ENVS ?= py310-celery53-core,py311-celery54-core,py312-celery55-core,py313-celery56-core
 #: Store servers besides the redis-server on PATH (Redis 7, which make test
-#: uses), by their names in tests/servers.py; and the tests run on each.
+#: uses), by their names in tests/servers.py: make servers runs the store layer
+#: (every test that uses a real Redis and no process: tests/support/layers.py)
+#: on each.
 STORE_SERVERS ?= redis-6.2 valkey-8
-STORE_TESTS ?= tests/store/test_store_servers.py tests/companion/test_release.py tests/test_cancel_reschedule.py \
-	tests/companion/test_handoff.py tests/store/test_admin.py tests/store/test_hardening_store.py tests/testing/test_testing_plugin.py
 LINTED := celery_zdelay tests example_project benchmarks docs/examples mutation
 
 $(STAMP): pyproject.toml $(LOCK)
@@ -122,8 +122,9 @@ servers: $(STAMP)
 	@for server in $(STORE_SERVERS); do \
 		binary=$$($(BIN)/python -m tests.servers $$server) || exit 1; \
 		echo "== the store-server tests on $$server: $$binary"; \
+		marks="store"; [ $$server != redis-6.2 ] || marks="store and not redis7"; \
 		ZDELAY_REDIS_SERVER=$$binary ZDELAY_TEST_SERVER=$$server \
-			$(BIN)/python -m pytest -n 2 -p no:cacheprovider $(STORE_TESTS) || exit 1; \
+			$(BIN)/python -m pytest $(PYTEST_XDIST) -p no:cacheprovider -m "$$marks" || exit 1; \
 	done
 
 matrix: $(STAMP) chromium

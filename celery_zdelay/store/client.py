@@ -12,6 +12,7 @@ One URL setting picks the deployment:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -219,6 +220,9 @@ _SERVER_STATE_CLASSES = {
 }
 
 
+_SCRIPT_ERROR = re.compile(r"@user_script: ?\d+: -([A-Z]+)")
+
+
 def server_state(exc: BaseException) -> str | None:
     """The reply code (``OOM``, ``READONLY``...) when *exc* is a Redis reply about
     the server's state rather than the command, else None.
@@ -234,6 +238,11 @@ def server_state(exc: BaseException) -> str | None:
     text = str(exc.args[0]) if exc.args else ""
     # redis-py prefixes pipeline errors with "Command # N (...) of pipeline caused error: ".
     text = text.rpartition("caused error: ")[2]
+    # Before Redis 7, an error inside a script comes back as a plain reply
+    # that quotes it: "@user_script: 467: -OOM command not allowed ...".
+    quoted = _SCRIPT_ERROR.search(text)
+    if quoted is not None:
+        text = text[quoted.start(1) :]
     return next((code for code in SERVER_STATES if text.startswith(code)), None)
 
 

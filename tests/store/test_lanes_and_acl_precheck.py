@@ -129,6 +129,7 @@ def acl_user(redis_server: RedisServer) -> Iterator[Callable[..., redis.Redis]]:
     admin.close()
 
 
+@pytest.mark.redis7  # ACL DRYRUN
 def test_allowed_names_the_first_refused_command_in_the_scripts_order(
     acl_user: Callable[..., redis.Redis],
 ) -> None:
@@ -155,6 +156,7 @@ def test_allowed_answers_empty_when_every_command_is_allowed(
     assert allowed(keys=["{zdelay:0}:due"], args=[]) == b""
 
 
+@pytest.mark.redis7  # ACL DRYRUN
 def test_a_user_denied_a_command_is_refused_the_script_naming_it_before_it_runs(
     acl_user: Callable[..., redis.Redis], make_test_app: AppFactory, redis_server: RedisServer
 ) -> None:
