@@ -137,7 +137,11 @@ class PeriodicServer:
         else:
             definitions, errors = definitions_from_config(self.app)
         digest = config_hash(definitions, errors)
-        if digest == self._config_hash and errors == self._config_errors and not force:
+        # Rows are read only when their change marker moved, and each read
+        # goes to Redis with that marker: rows edited back to what this
+        # companion stored before are newer than what another stored since.
+        unchanged = digest == self._config_hash and errors == self._config_errors
+        if unchanged and self._source is None and not force:
             return "same"
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
@@ -165,9 +169,18 @@ class PeriodicServer:
             keep=errors if self._source is None else None,
             withdraw=errors if self._source is not None else None,
             since=since,
+            made=None if self._source is None else self._source.made(),
         )
         self._config_hash = digest
-        if status == "older":
+        if status == "older" and self._source is not None:
+            # Read before another companion read a later edit: that is stored,
+            # and this one reads the rows again at its next check.
+            logger.info(
+                "The django-celery-beat rows this companion read (%s) are older than those "
+                "stored in Redis: serving the stored ones",
+                digest,
+            )
+        elif status == "older":
             logger.warning(
                 "This companion's beat_schedule (%s) was replaced by a newer one in Redis (%s): "
                 "serving the stored schedule. To make this configuration the current one again, "
@@ -248,6 +261,9 @@ class PeriodicServer:
             # store this companion's schedule again rather than serve nothing.
             logger.warning("No beat_schedule stored in Redis any more: storing this one again")
             self._config_hash = None
+            if self._source is not None:
+                # The rows did not change, but what was stored from them is gone.
+                self._source.read_again()
             self.reconcile()
             snap = self.periodic.snapshot()
         self._cancel(snap)

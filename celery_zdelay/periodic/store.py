@@ -199,6 +199,7 @@ class PeriodicStore:
         keep: Mapping[str, str] | None = None,
         withdraw: Mapping[str, str] | None = None,
         since: Mapping[str, int | str] | None = None,
+        made: int | None = None,
     ) -> tuple[str, list[tuple[str, str]]]:
         """Store a ``beat_schedule``; return ("same"|"older"|"done", [(kind, name), ...]).
 
@@ -211,9 +212,19 @@ class PeriodicStore:
         alike). *since* maps names to the last time they ran elsewhere
         (celery beat): an entry stored for the first time goes on from
         then, not from now; ``"=<ms>"`` does so for a changed entry too.
+        *made* is when the source made this configuration (django-celery-beat's
+        change marker, epoch microseconds): it is then stored unless one made
+        later is, whatever either holds; without it (a ``beat_schedule``) a
+        configuration replaced once is refused (see ``define.lua``).
         """
         since = since or {}
-        args: list[Any] = ["config", config_hash, "1" if force else "0", writer]
+        args: list[Any] = [
+            "config",
+            config_hash,
+            "1" if force else "0",
+            writer,
+            "" if made is None else made,
+        ]
         for definition in definitions:
             args += [definition.name, definition.body(), since.get(definition.name, "")]
         for marker, unserved in (("", keep), ("!", withdraw)):
@@ -230,13 +241,13 @@ class PeriodicStore:
     def put(self, definition: Definition, *, writer: str) -> bool:
         """Add or replace one definition; return whether it changed."""
         _, changed = self._define_call(
-            ["put", "", "0", writer, definition.name, definition.body(), ""]
+            ["put", "", "0", writer, "", definition.name, definition.body(), ""]
         )
         return bool(changed)
 
     def drop(self, names: Iterable[str]) -> list[str]:
         """Remove definitions (their parked occurrences are withdrawn); return those removed."""
-        _, changed = self._define_call(["drop", "", "0", "", *names])
+        _, changed = self._define_call(["drop", "", "0", "", "", *names])
         return [name for _, name in changed]
 
     def _define_call(self, args: list[Any]) -> tuple[str, list[tuple[str, str]]]:

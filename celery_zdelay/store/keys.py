@@ -105,7 +105,8 @@ class PeriodicKeys:
     paused: str
     #: SET of occurrence ids to cancel (definitions removed, changed, paused).
     cancel: str
-    #: HASH: hash, written_by, written_ms of the stored beat_schedule.
+    #: HASH: hash, written_by, written_ms (and made, for django-celery-beat's
+    #: rows: their change marker) of the stored beat_schedule.
     meta: str
     #: SET of beat_schedule hashes replaced by a newer one.
     superseded: str
