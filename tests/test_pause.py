@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -22,7 +23,9 @@ from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import UnknownControlWarning, controls
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, largest_overtake_s
-from tests.helpers import CeleryProcess
+from tests.helpers import CeleryProcess, Runs, wait_for
+from tests.support.clock import redis_ms
+from tests.support.periodic import occurrence_ms, start_beat_companion, tick_counts, ticks_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -227,3 +230,58 @@ def test_metrics_tell_held_by_a_pause_from_held_by_a_limit(
     assert samples[("zdelay_held_total", "task:tests.add", "rate_limit")] == 3
     assert samples[("zdelay_held_tasks", "queue:emails", "pause")] == 3
     assert samples[("zdelay_held_tasks", "task:tests.add", "rate_limit")] == 2
+
+
+@pytest.mark.parametrize("missed", ["once", "skip", "all"])
+def test_a_paused_queue_holds_periodic_ticks_by_the_schedules_missed_policy(
+    make_test_app: AppFactory,
+    redis_client: redis.Redis,
+    worker: Callable[..., CeleryProcess],
+    processes: list[CeleryProcess],
+    runs: Runs,
+    missed: str,
+) -> None:
+    # Given a schedule ticking 4 times a second on the emails queue, served
+    # by two companions, on 4 shards
+    app = _app(make_test_app)
+    worker(app, "emails")
+    schedule = {
+        "fast": {
+            "task": "tests.record",
+            "schedule": 0.25,
+            "args": ["fast"],
+            "options": {"queue": "emails"},
+            "zdelay_missed": missed,
+        }
+    }
+    processes += [start_beat_companion(app, schedule) for _ in range(2)]
+    wait_for(lambda: len(ticks_of(runs.all(), "fast")) >= 3, timeout=60, message="3 ticks")
+
+    # When the queue is paused for 6 s, then resumed
+    celery_zdelay.pause("queue:emails", app=app)
+    paused_ms = redis_ms(redis_client)
+    wait_for(lambda: redis_ms(redis_client) > paused_ms + 6000, timeout=20, interval=0.1)
+    assert celery_zdelay.resume("queue:emails", app=app) is True
+    resumed_ms = redis_ms(redis_client)
+
+    # Then the schedule goes on after the resume
+    def ticks_after_resume() -> list[dict[str, Any]]:
+        ticks = ticks_of(runs.all(), "fast")
+        return [t for t in ticks if occurrence_ms(t["id"]) > resumed_ms + 1000]
+
+    wait_for(lambda: len(ticks_after_resume()) >= 3, timeout=30, message="ticks after resume")
+    # and of the ticks held back (due 2.5 s or more before the resume: held
+    # long enough for any companion to have seen them), the policy decides:
+    # one for the pause (once), none (skip), each (all)
+    held_then_run = [
+        t
+        for t in ticks_of(runs.all(), "fast")
+        if t["redis_ms"] >= resumed_ms and occurrence_ms(t["id"]) < resumed_ms - 2500
+    ]
+    print(f"zdelay_missed={missed!r}: {len(held_then_run)} held ticks ran after the resume")
+    if missed == "all":
+        assert len(held_then_run) >= 10
+    else:
+        assert len(held_then_run) == {"once": 1, "skip": 0}[missed]
+        assert tick_counts(app, "fast")["missed"] >= 10
+    assert runs.duplicates() == {}

@@ -35,7 +35,7 @@ from .definition import Definition, config_hash, definitions_from_config
 from .django_beat import DjangoBeatSource, SourceUnavailableError, uses_django_beat
 from .occurrences import plan
 from .overlap import overlap_headers
-from .store import LATE_MS, PeriodicStore, Snapshot
+from .store import LATE_MS, WAITING_HELD, PeriodicStore, Snapshot
 from .takeover import since_for
 
 if TYPE_CHECKING:
@@ -275,6 +275,11 @@ class PeriodicServer:
             for ms, task_id in pointer.parked:
                 if ms > last_run:
                     pending[task_id] = (name, ms)
+        for name, held in snap.held.items():
+            # Held back longer than the pointer remembers: its run, after a
+            # resume, is recorded all the same.
+            for ms, task_id in held:
+                pending.setdefault(task_id, (name, ms))
         self._settle_parked(pending, snap)
         self._pending = pending
         self._next_pending_ms = min((ms for _, ms in pending.values()), default=None)
@@ -390,41 +395,71 @@ class PeriodicServer:
         self.periodic.forget_cancelled(snap.to_cancel)
 
     def _sort_out_missed(self, definition: Definition, snap: Snapshot) -> bool:
-        """Apply the missed policy to occurrences parked ahead that an outage left behind.
+        """Apply the missed policy to occurrences that were not released in time.
 
         Occurrences parked ahead before every companion (or the broker) went
-        away are still parked when one comes back, long after their time.
-        They are missed ticks like those no companion parked, and
-        ``zdelay_missed`` counts them together: ``once`` keeps the first
-        still parked and withdraws the others, ``skip`` withdraws them all,
-        ``all`` keeps them all. Returns whether the policy was applied to
-        this gap already, here or by another companion (so the plan adds no
-        missed run).
+        away are still parked when one comes back, long after their time;
+        occurrences of a paused queue or task (or beyond a rate limit) are
+        held back, due, until the resume. Not released within
+        :data:`STALE_MS` of their time, they are missed ticks like those no
+        companion parked, and ``zdelay_missed`` counts them together, with
+        every other occurrence of the schedule held back meanwhile (it
+        belongs to the same gap): ``once`` keeps the first and withdraws the
+        others, ``skip`` withdraws them all, ``all`` keeps them all. So a
+        resume runs one tick for the pause, not every tick it held. Returns
+        whether the policy was applied to this gap already, here or by
+        another companion (so the plan adds no missed run).
 
         A starting companion does this before it releases anything
         (:attr:`first_pass`), so the others are withdrawn before they run.
         """
         pointer = snap.pointers.get(definition.name)
-        if pointer is None or definition.missed == "all":
+        if pointer is None:
             return False
         last_run = snap.runs.get(definition.name, (-1, 0))[0]
-        stale = sorted(
-            (ms, task_id)
+        # Those late enough to ask about, and those found held before (a
+        # pause may outlast what the pointer remembers).
+        known = {task_id: ms for ms, task_id in snap.held.get(definition.name, [])}
+        asked = {
+            task_id: ms
             for ms, task_id in pointer.parked
             if last_run < ms
-            and ms + definition.offset_ms(ms) <= snap.now_ms - STALE_MS
+            and ms + definition.offset_ms(ms) <= snap.now_ms - LATE_MS
+            and task_id not in self._settled
+        }
+        asked.update(known)
+        if not asked:
+            return False
+        where = self.periodic.waiting_among(list(asked))
+        held = {t for t, place in where.items() if place == WAITING_HELD}
+        if held != set(known):
+            self.periodic.note_held(
+                definition.name,
+                {t: asked[t] for t in held - set(known)},
+                forget=set(known) - held,
+            )
+        if definition.missed == "all":
+            return False
+        stale = sorted(
+            (ms, task_id)
+            for task_id, ms in asked.items()
+            if ms + definition.offset_ms(ms) <= snap.now_ms - STALE_MS
             and task_id not in self._settled
         )
         if not stale:
             return False
-        still = self.periodic.parked_among([task_id for _, task_id in stale])
-        self._settled |= {task_id for _, task_id in stale if task_id not in still}
-        waiting = [task_id for _, task_id in stale if task_id in still]
-        if not waiting:
+        self._settled |= {task_id for _, task_id in stale if task_id not in where}
+        if not any(task_id in where for _, task_id in stale):
             # Released or withdrawn by another companion back from the same
             # outage (it ran its first pass first): it applied the policy to
             # this gap, so no missed run is added here either.
             return True
+        # The gap: the missed ones still waiting, and what is held with them.
+        waiting = [
+            task_id
+            for ms, task_id in sorted({*stale, *((asked[t], t) for t in held)})
+            if task_id in where
+        ]
         kept = waiting[:1] if definition.missed == "once" else []
         withdrawn = waiting[len(kept) :]
         found = self.periodic.store.cancel(withdrawn) if withdrawn else []
@@ -432,15 +467,14 @@ class PeriodicServer:
         # Those this companion took back: another one back from the same
         # outage finds them gone and counts none.
         self.periodic.count(definition.name, "missed", sum(found))
-        ms_of = {task_id: ms for ms, task_id in stale}
         self.periodic.note_missed(
             definition.name,
-            [(ms_of[t], t) for t, was in zip(withdrawn, found, strict=True) if was],
+            [(asked[t], t) for t, was in zip(withdrawn, found, strict=True) if was],
         )
         logger.warning(
-            "Periodic task %r: %d occurrences parked ahead were not released within %d ms of "
-            "their time (no companion or no broker); zdelay_missed=%r runs %d of them, "
-            "withdrew %d",
+            "Periodic task %r: %d occurrences were not released within %d ms of their time "
+            "(no companion, no broker, or held back by a pause or a rate limit); "
+            "zdelay_missed=%r runs %d of them, withdrew %d",
             definition.name,
             len(waiting),
             STALE_MS,

@@ -18,11 +18,15 @@ from typing import Any, cast
 
 from ..store import ParkRequest, Store
 from ..store.client import store_errors
-from ..store.keys import periodic_keys
+from ..store.keys import held_key, periodic_keys
 from ..store.scripts import guarded, script_source
 from .definition import Definition
 
-__all__ = ["COUNTERS", "PeriodicStore", "Pointer", "Snapshot"]
+__all__ = ["COUNTERS", "WAITING_DUE", "WAITING_HELD", "PeriodicStore", "Pointer", "Snapshot"]
+
+#: Where an occurrence waits (see :meth:`PeriodicStore.waiting_among`).
+WAITING_DUE = "due"
+WAITING_HELD = "held"
 
 #: Ticks counted per schedule: ``missed`` (due while no companion or broker
 #: served it, left out by ``zdelay_missed``), ``skipped_overlap`` (released
@@ -100,6 +104,9 @@ class Snapshot:
     last_ids: dict[str, str] = field(default_factory=dict)
     #: name -> {counter: ticks} (see :data:`COUNTERS`).
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: name -> [(occurrence ms, id)] of occurrences found held back by a
+    #: pause or a rate limit (see :meth:`PeriodicStore.note_held`).
+    held: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 @cache
@@ -154,7 +161,8 @@ class PeriodicStore:
                 pipe.hgetall(k.meta)
                 pipe.hgetall(k.runs)
                 pipe.hgetall(k.counts)
-                defs, pointers, paused, cancel, meta, runs, counts = pipe.execute()
+                pipe.zrange(k.held, 0, -1, withscores=True)
+                defs, pointers, paused, cancel, meta, runs, counts, held = pipe.execute()
             seconds, micros = self.store.client.time()
         snap = Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
         for raw_name, body in defs.items():
@@ -179,6 +187,9 @@ class PeriodicStore:
                     snap.last_ids[_text(raw_name)] = run["id"]
             except (ValueError, KeyError, TypeError):
                 continue
+        for raw_member, ms in held:
+            name, _, task_id = _text(raw_member).partition("\n")
+            snap.held.setdefault(name, []).append((int(ms), task_id))
         for raw_field, raw_count in counts.items():
             name, _, counter = _text(raw_field).partition("\n")
             try:
@@ -319,34 +330,88 @@ class PeriodicStore:
 
     def parked_among(self, task_ids: Sequence[str]) -> set[str]:
         """Return which of *task_ids* are still parked (waiting in a due set)."""
+        return {t for t, where in self.waiting_among(task_ids).items() if where == WAITING_DUE}
+
+    def waiting_among(self, task_ids: Sequence[str]) -> dict[str, str]:
+        """Return which of *task_ids* wait to be released, and where.
+
+        :data:`WAITING_DUE`: parked in a due set; :data:`WAITING_HELD`: due,
+        and held back by a pause or a rate limit (a held set of its shard).
+        Neither: released, in flight, withdrawn or never parked.
+        """
         store = self.store
-        found: set[str] = set()
-        with store_errors(store.url):
-            for task_id in task_ids:
-                due = store.keys(store.shard_of(task_id)).due
-                if store.client.zscore(due, task_id) is not None:
-                    found.add(task_id)
-        return found
+        ids = list(task_ids)
+        if not ids:
+            return {}
+        lanes = self._lanes_of(ids)
+        with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
+            for task_id in ids:
+                shard = store.shard_of(task_id)
+                pipe.zscore(store.keys(shard).due, task_id)
+                for lane in lanes[shard]:
+                    pipe.zscore(held_key(store.config.key_prefix, shard, lane), task_id)
+            found = pipe.execute()
+        waiting: dict[str, str] = {}
+        at = 0
+        for task_id in ids:
+            scores = found[at : at + 1 + len(lanes[store.shard_of(task_id)])]
+            at += len(scores)
+            if scores[0] is not None:
+                waiting[task_id] = WAITING_DUE
+            elif any(score is not None for score in scores[1:]):
+                waiting[task_id] = WAITING_HELD
+        return waiting
+
+    def _lanes_of(self, task_ids: Sequence[str]) -> dict[int, list[str]]:
+        """The names of the held sets of the shards of *task_ids*."""
+        store = self.store
+        return {shard: store.lanes(shard) for shard in {store.shard_of(t) for t in task_ids}}
 
     def released_among(self, occurrences: Sequence[tuple[str, str]]) -> set[str]:
         """Return which of (name, id) occurrences were released: gone from their shard.
 
-        Gone means neither parked, in flight (leased), dead-lettered, nor
-        withdrawn by the missed policy (remembered as missed): only
-        released is left.
+        Gone means neither parked, held back (by a pause or a rate limit: it
+        has not run), in flight (leased), dead-lettered, nor withdrawn by
+        the missed policy (remembered as missed): only released is left.
         """
         store = self.store
+        if not occurrences:
+            return set()
+        lanes = self._lanes_of([task_id for _, task_id in occurrences])
+        places: list[int] = []
         with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
             for name, task_id in occurrences:
-                keys = store.keys(store.shard_of(task_id))
-                for where in (keys.due, keys.lease, keys.dead, self.keys.missed_prefix + name):
-                    pipe.zscore(where, task_id)
+                shard = store.shard_of(task_id)
+                keys = store.keys(shard)
+                where = [keys.due, keys.lease, keys.dead, self.keys.missed_prefix + name]
+                where += [held_key(store.config.key_prefix, shard, lane) for lane in lanes[shard]]
+                for key in where:
+                    pipe.zscore(key, task_id)
+                places.append(len(where))
             found = pipe.execute()
-        return {
-            task_id
-            for i, (_, task_id) in enumerate(occurrences)
-            if all(score is None for score in found[4 * i : 4 * i + 4])
-        }
+        released: set[str] = set()
+        at = 0
+        for (_, task_id), count in zip(occurrences, places, strict=True):
+            if all(score is None for score in found[at : at + count]):
+                released.add(task_id)
+            at += count
+        return released
+
+    def note_held(self, name: str, held: Mapping[str, int], *, forget: Iterable[str] = ()) -> None:
+        """Remember occurrences of *name* found held back (id -> ms); forget *forget*.
+
+        A pause can hold an occurrence longer than its schedule's pointer
+        remembers it (:data:`REMEMBER_PARKED_MS`): the missed policy still
+        counts it in the gap (see ``PeriodicServer._sort_out_missed``).
+        """
+        gone = [f"{name}\n{task_id}" for task_id in forget]
+        with store_errors(self.store.url):
+            if held:
+                self.store.client.zadd(
+                    self.keys.held, {f"{name}\n{task_id}": ms for task_id, ms in held.items()}
+                )
+            if gone:
+                self.store.client.zrem(self.keys.held, *gone)
 
     def advance(
         self,

@@ -116,6 +116,9 @@ class PeriodicKeys:
     counts: str
     #: Followed by a schedule's name: ZSET of its missed occurrence ids -> their ms.
     missed_prefix: str
+    #: ZSET "<name>\n<occurrence id>" -> occurrence ms: occurrences found held
+    #: back by a pause or a rate limit, until released or withdrawn.
+    held: str
 
 
 def periodic_keys(prefix: str) -> PeriodicKeys:
@@ -132,6 +135,7 @@ def periodic_keys(prefix: str) -> PeriodicKeys:
         runs=f"{tag}:runs",
         counts=f"{tag}:counts",
         missed_prefix=f"{tag}:missed:",
+        held=f"{tag}:held",
     )
 
 
