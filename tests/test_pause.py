@@ -25,7 +25,14 @@ from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, largest_overtake_s
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.clock import redis_ms
-from tests.support.periodic import occurrence_ms, start_beat_companion, tick_counts, ticks_of
+from tests.support.periodic import (
+    occurrence_ms,
+    server_for,
+    start_beat_companion,
+    tend,
+    tick_counts,
+    ticks_of,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -285,3 +292,42 @@ def test_a_paused_queue_holds_periodic_ticks_by_the_schedules_missed_policy(
         assert len(held_then_run) == {"once": 1, "skip": 0}[missed]
         assert tick_counts(app, "fast")["missed"] >= 10
     assert runs.duplicates() == {}
+
+
+def test_a_pause_longer_than_a_schedules_memory_of_its_ticks_is_still_one_gap(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a schedule every 250 ms on the paused emails queue, whose pointer
+    # remembers its ticks for 1.5 s only (an hour-long pause of a
+    # schedule, in short)
+    app = _app(make_test_app)
+    celery_zdelay.pause("queue:emails", app=app)
+    server = server_for(
+        app,
+        {"fast": {"task": "tests.record", "schedule": 0.25, "options": {"queue": "emails"}}},
+    )
+    server.periodic.remember_parked_ms = 1500
+    server.reconcile()
+    start = redis_ms(redis_client)
+
+    # When a companion holds its ticks back and plans for 5 s
+    with Companion(app) as comp:
+        comp.gate.refresh(comp.shards, force=True)
+
+        def passes() -> bool:
+            tend(server)
+            comp.release_due()
+            return redis_ms(redis_client) > start + 5000
+
+        wait_for(passes, timeout=30, interval=0.1)
+
+    # Then of the ticks held back for over 2 s, one waits (zdelay_missed="once"),
+    # though the pointer forgot it long ago
+    held = [
+        i.decode()
+        for shard in range(4)
+        for i in redis_client.zrange(f"{{zdelay:{shard}}}:held:queue:emails", 0, -1)
+    ]
+    old = [t for t in held if occurrence_ms(t) < redis_ms(redis_client) - 2000]
+    assert len(old) == 1, held
+    assert tick_counts(app, "fast")["missed"] >= 4

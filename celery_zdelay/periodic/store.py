@@ -131,6 +131,8 @@ class PeriodicStore:
         self._record_runs = client.register_script(guarded(_lua("record_runs")))
         #: See :data:`TICK_MEMORY_MS`.
         self.tick_memory_ms = TICK_MEMORY_MS
+        #: See :data:`REMEMBER_PARKED_MS`.
+        self.remember_parked_ms = REMEMBER_PARKED_MS
 
     def _shard_keys(self) -> list[str]:
         """The keys a change withdraws occurrences from, in the same script (see _withdraw.lua).
@@ -431,7 +433,7 @@ class PeriodicStore:
         are remembered for :meth:`claim_missed`.
         """
         k = self.keys
-        args: list[Any] = [name, version, pointer_ms, now_ms - REMEMBER_PARKED_MS, missed]
+        args: list[Any] = [name, version, pointer_ms, now_ms - self.remember_parked_ms, missed]
         args.append(len(missed_ids))
         for ms, task_id in [*missed_ids, *parked]:
             args += [ms, task_id]
