@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import celery_zdelay
+from celery_zdelay import periodic
 from celery_zdelay.companion import Companion
 from celery_zdelay.companion.gate import REFRESH_SECONDS
 from celery_zdelay.companion.metrics import Metrics
@@ -331,3 +332,57 @@ def test_a_pause_longer_than_a_schedules_memory_of_its_ticks_is_still_one_gap(
     old = [t for t in held if occurrence_ms(t) < redis_ms(redis_client) - 2000]
     assert len(old) == 1, held
     assert tick_counts(app, "fast")["missed"] >= 4
+
+
+def _held_ticks(redis_client: redis.Redis, prefix: str) -> set[str]:
+    """Ids starting with *prefix* held back on the 4 shards for the emails queue."""
+    held = set()
+    for shard in range(4):
+        for raw in redis_client.zrange(f"{{zdelay:{shard}}}:held:queue:emails", 0, -1):
+            if raw.decode().startswith(prefix):
+                held.add(raw.decode())
+    return held
+
+
+@pytest.mark.parametrize("change", ["pause", "change", "remove"])
+def test_a_schedule_paused_changed_or_removed_takes_back_its_held_ticks(
+    make_test_app: AppFactory, redis_client: redis.Redis, change: str
+) -> None:
+    # Given a schedule every 250 ms on the paused emails queue (each held tick
+    # kept, zdelay_missed="all"), whose pointer remembers its ticks for 1.5 s,
+    # and ticks held back for over 3 s
+    app = _app(make_test_app)
+    celery_zdelay.pause("queue:emails", app=app)
+    entry = {"task": "tests.record", "schedule": 0.25, "options": {"queue": "emails"}}
+    server = server_for(app, {"fast": {**entry, "zdelay_missed": "all"}})
+    server.periodic.remember_parked_ms = 1500
+    server.reconcile()
+    start = redis_ms(redis_client)
+    with Companion(app) as comp:
+        comp.gate.refresh(comp.shards, force=True)
+
+        def passes() -> bool:
+            tend(server)
+            comp.release_due()
+            return redis_ms(redis_client) > start + 3500
+
+        wait_for(passes, timeout=30, interval=0.1)
+    held = _held_ticks(redis_client, "periodic:fast:v1:")
+    remembered = {i for _, i in server.periodic.snapshot().pointers["fast"].parked}
+    assert held - remembered
+    assert held & remembered
+
+    # When the schedule is paused, changed or removed
+    if change == "pause":
+        assert periodic.pause("fast", app=app)
+    elif change == "change":
+        periodic.add("fast", app=app, args=["new"], missed="all", **entry)
+    else:
+        assert periodic.remove("fast", app=app)
+
+    # Then the ticks its pointer remembers are taken back when the call
+    # returns, and those held for longer at the next pass of a companion:
+    # none is left to run at the resume
+    assert _held_ticks(redis_client, "periodic:fast:v1:") == held - remembered
+    tend(server)
+    assert _held_ticks(redis_client, "periodic:fast:v1:") == set()

@@ -68,7 +68,12 @@ RECONCILE_CHECK_SECONDS = 5.0
 def occurrence_id(name: str, version: int, occurrence_ms: int) -> str:
     """Return the task id of one occurrence: the same in every companion."""
     when = datetime.fromtimestamp(occurrence_ms / 1000, tz=timezone.utc)
-    return f"periodic:{name}:v{version}:{when.isoformat(timespec='milliseconds')[:-6]}Z"
+    return f"{_version_prefix(name, version)}{when.isoformat(timespec='milliseconds')[:-6]}Z"
+
+
+def _version_prefix(name: str, version: int) -> str:
+    """What the ids of one version's occurrences start with."""
+    return f"periodic:{name}:v{version}:"
 
 
 class PeriodicServer:
@@ -267,6 +272,7 @@ class PeriodicServer:
             self.reconcile()
             snap = self.periodic.snapshot()
         self._cancel(snap)
+        self._withdraw_held_of_the_past(snap)
         # Built aside, then swapped in: note_released may read it meanwhile
         # (the companion's release loop, while this runs in its own thread).
         pending: dict[str, tuple[str, int]] = {}
@@ -393,6 +399,38 @@ class PeriodicServer:
             if was_parked:
                 logger.info("Cancelled periodic occurrence %s", task_id, extra={"task_id": task_id})
         self.periodic.forget_cancelled(snap.to_cancel)
+
+    def _withdraw_held_of_the_past(self, snap: Snapshot) -> None:
+        """Withdraw held occurrences of a schedule removed, paused or changed since.
+
+        A change, removal or pause withdraws what its schedule's pointer
+        remembers, held ones included (``define.lua``, ``pause.lua``); an
+        occurrence held back longer than that is known from
+        ``{zdelay:periodic}:held`` only, and goes here, at the next pass.
+        """
+        past: dict[str, list[str]] = {}
+        for name, held in snap.held.items():
+            pointer = snap.pointers.get(name)
+            current = (
+                None
+                if pointer is None or name in snap.paused or name not in snap.definitions
+                else _version_prefix(name, pointer.version)
+            )
+            for _, task_id in held:
+                if current is None or not task_id.startswith(current):
+                    past.setdefault(name, []).append(task_id)
+        if not past:
+            return
+        ids = [task_id for gone in past.values() for task_id in gone]
+        for task_id, was in zip(ids, self.periodic.store.cancel(ids), strict=True):
+            if was:
+                logger.info(
+                    "Cancelled periodic occurrence %s held back since its schedule changed",
+                    task_id,
+                    extra={"task_id": task_id},
+                )
+        for name, gone in past.items():
+            self.periodic.note_held(name, {}, forget=gone)
 
     def _sort_out_missed(self, definition: Definition, snap: Snapshot) -> bool:
         """Apply the missed policy to occurrences that were not released in time.

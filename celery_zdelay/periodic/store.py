@@ -301,12 +301,12 @@ class PeriodicStore:
     def cancel_listed(self) -> list[str]:
         """Cancel the occurrences listed in the cancel set on their shards; return those cancelled.
 
-        Only a Redis Cluster store lists any (elsewhere a change withdraws
-        them itself): the caller of a change runs this before it returns,
-        and every companion on its next pass.
+        A change lists what its script could not take back itself: on a
+        Redis Cluster store every occurrence (the shards are other slots),
+        elsewhere those it did not find parked or leased, which may be held
+        back by a pause or a rate limit. The caller of a change runs this
+        before it returns, and every companion on its next pass.
         """
-        if not self.store.cluster:
-            return []
         with store_errors(self.store.url):
             ids = sorted(_text(i) for i in self.store.client.smembers(self.keys.cancel))
         if not ids:

@@ -133,6 +133,8 @@ local withdraw = periodic_withdraw_plan(shards, ids)
 local taken = {}
 if #shards > 0 then
   taken = periodic_withdraw_apply(withdraw)
+  -- Held back by a pause or a rate limit, they would run at the resume.
+  for _, id in ipairs(periodic_withdraw_rest(withdraw, ids)) do redis.call('SADD', cancel, id) end
 else
   -- A cluster: every companion (and the caller, before it returns) cancels these.
   for _, id in ipairs(ids) do redis.call('SADD', cancel, id) end
