@@ -290,7 +290,9 @@ class PeriodicServer:
         self._pending = pending
         self._next_pending_ms = min((ms for _, ms in pending.values()), default=None)
         parked = 0
-        self._settled &= set(pending)
+        # Kept while a pointer remembers them: each is asked about once.
+        remembered = {task_id for p in snap.pointers.values() for _, task_id in p.parked}
+        self._settled &= remembered | set(pending)
         for name, definition in snap.definitions.items():
             if name in snap.paused:
                 continue
@@ -455,20 +457,23 @@ class PeriodicServer:
         if pointer is None:
             return False
         last_run = snap.runs.get(definition.name, (-1, 0))[0]
-        # Those late enough to ask about, and those found held before (a
-        # pause may outlast what the pointer remembers).
+        # Those late enough to ask about, once each, and those found held
+        # before (a pause may outlast what the pointer remembers). Also those
+        # before the last run: under two companions, one that had not seen a
+        # pause yet may release a tick after the one the other held.
         known = {task_id: ms for ms, task_id in snap.held.get(definition.name, [])}
         asked = {
             task_id: ms
             for ms, task_id in pointer.parked
-            if last_run < ms
-            and ms + definition.offset_ms(ms) <= snap.now_ms - LATE_MS
+            if ms + definition.offset_ms(ms) <= snap.now_ms - LATE_MS
             and task_id not in self._settled
         }
         asked.update(known)
         if not asked:
             return False
         where = self.periodic.waiting_among(list(asked))
+        # Released, in flight or withdrawn: not asked about again.
+        self._settled |= {t for t in asked if t not in where and t not in known}
         held = {t for t, place in where.items() if place == WAITING_HELD}
         if held != set(known):
             self.periodic.note_held(
@@ -478,15 +483,17 @@ class PeriodicServer:
             )
         if definition.missed == "all":
             return False
+        # Missed: not released within STALE_MS of its time. One gone that
+        # was before the last run ran in its time; one after it that is gone
+        # was released late, or withdrawn by another companion's pass.
         stale = sorted(
             (ms, task_id)
             for task_id, ms in asked.items()
             if ms + definition.offset_ms(ms) <= snap.now_ms - STALE_MS
-            and task_id not in self._settled
+            and (task_id in where or last_run < ms)
         )
         if not stale:
             return False
-        self._settled |= {task_id for _, task_id in stale if task_id not in where}
         if not any(task_id in where for _, task_id in stale):
             # Released or withdrawn by another companion back from the same
             # outage (it ran its first pass first): it applied the policy to

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from ..store import ParkRequest, Store
 from ..store.client import store_errors
-from ..store.keys import held_key, periodic_keys
+from ..store.keys import held_key, lanes_key, periodic_keys
 from ..store.scripts import guarded, script_source
 from .definition import Definition
 
@@ -365,9 +365,17 @@ class PeriodicStore:
         return waiting
 
     def _lanes_of(self, task_ids: Sequence[str]) -> dict[int, list[str]]:
-        """The names of the held sets of the shards of *task_ids*."""
+        """The names of the held sets of the shards of *task_ids* (one round trip)."""
         store = self.store
-        return {shard: store.lanes(shard) for shard in {store.shard_of(t) for t in task_ids}}
+        shards = sorted({store.shard_of(t) for t in task_ids})
+        with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.smembers(lanes_key(store.config.key_prefix, shard))
+            found = pipe.execute()
+        return {
+            shard: sorted(_text(n) for n in names)
+            for shard, names in zip(shards, found, strict=True)
+        }
 
     def released_among(self, occurrences: Sequence[tuple[str, str]]) -> set[str]:
         """Return which of (name, id) occurrences were released: gone from their shard.
