@@ -104,6 +104,8 @@ class PeriodicServer:
         self._next_pending_ms: int | None = None
         #: Occurrences found released after their time: not looked up again.
         self._settled: set[str] = set()
+        #: Schedules with missed occurrences still waiting or held (logged once).
+        self._gaps: set[str] = set()
         #: Set once the first pass is over: a starting companion releases
         #: only after it, so what an outage left parked is sorted out first.
         self.first_pass = threading.Event()
@@ -493,6 +495,8 @@ class PeriodicServer:
             and (task_id in where or last_run < ms)
         )
         if not stale:
+            if not held:
+                self._gaps.discard(definition.name)
             return False
         if not any(task_id in where for _, task_id in stale):
             # Released or withdrawn by another companion back from the same
@@ -516,7 +520,11 @@ class PeriodicServer:
             definition.name,
             [(asked[t], t) for t, was in zip(withdrawn, found, strict=True) if was],
         )
-        logger.warning(
+        # Once per gap: a pause goes on withdrawing what it holds, pass by pass.
+        level = logging.INFO if definition.name in self._gaps else logging.WARNING
+        self._gaps.add(definition.name)
+        logger.log(
+            level,
             "Periodic task %r: %d occurrences were not released within %d ms of their time "
             "(no companion, no broker, or held back by a pause or a rate limit); "
             "zdelay_missed=%r runs %d of them, withdrew %d",
