@@ -386,3 +386,39 @@ def test_a_schedule_paused_changed_or_removed_takes_back_its_held_ticks(
     assert _held_ticks(redis_client, "periodic:fast:v1:") == held - remembered
     tend(server)
     assert _held_ticks(redis_client, "periodic:fast:v1:") == set()
+
+
+def test_a_rate_limit_a_schedule_cannot_keep_up_with_holds_one_tick_per_gap(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a schedule every 250 ms on the emails queue, limited to 1 a minute
+    app = _app(make_test_app, zdelay_rate_limits={"queue:emails": {"rate": "1/m", "burst": 1}})
+    server = server_for(
+        app,
+        {"fast": {"task": "tests.record", "schedule": 0.25, "options": {"queue": "emails"}}},
+    )
+    server.reconcile()
+    start = redis_ms(redis_client)
+
+    # When a companion releases and plans for 4 s
+    with Companion(app) as comp:
+
+        def passes() -> bool:
+            tend(server)
+            comp.release_due()
+            return redis_ms(redis_client) > start + 4000
+
+        wait_for(passes, timeout=30, interval=0.1)
+
+    # Then one tick went out with the token, and of those held back for over
+    # 2 s one waits for the next token (zdelay_missed="once"); the others were
+    # withdrawn as missed
+    assert redis_client.llen("emails") == 1
+    held = [
+        i.decode()
+        for shard in range(4)
+        for i in redis_client.zrange(f"{{zdelay:{shard}}}:held:queue:emails", 0, -1)
+    ]
+    old = [t for t in held if occurrence_ms(t) < redis_ms(redis_client) - 2000]
+    assert len(old) == 1, held
+    assert tick_counts(app, "fast")["missed"] >= 4
