@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -15,6 +16,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import celery_zdelay
+from celery_zdelay import periodic
 from celery_zdelay.companion import Companion
 from celery_zdelay.companion.gate import REFRESH_SECONDS
 from celery_zdelay.companion.metrics import Metrics
@@ -22,7 +24,16 @@ from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import UnknownControlWarning, controls
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, largest_overtake_s
-from tests.helpers import CeleryProcess
+from tests.helpers import CeleryProcess, Runs, wait_for
+from tests.support.clock import redis_ms
+from tests.support.periodic import (
+    occurrence_ms,
+    server_for,
+    start_beat_companion,
+    tend,
+    tick_counts,
+    ticks_of,
+)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.timing]
 
@@ -227,3 +238,187 @@ def test_metrics_tell_held_by_a_pause_from_held_by_a_limit(
     assert samples[("zdelay_held_total", "task:tests.add", "rate_limit")] == 3
     assert samples[("zdelay_held_tasks", "queue:emails", "pause")] == 3
     assert samples[("zdelay_held_tasks", "task:tests.add", "rate_limit")] == 2
+
+
+@pytest.mark.parametrize("missed", ["once", "skip", "all"])
+def test_a_paused_queue_holds_periodic_ticks_by_the_schedules_missed_policy(
+    make_test_app: AppFactory,
+    redis_client: redis.Redis,
+    worker: Callable[..., CeleryProcess],
+    processes: list[CeleryProcess],
+    runs: Runs,
+    missed: str,
+) -> None:
+    # Given a schedule ticking 4 times a second on the emails queue, served
+    # by two companions, on 4 shards
+    app = _app(make_test_app)
+    worker(app, "emails")
+    schedule = {
+        "fast": {
+            "task": "tests.record",
+            "schedule": 0.25,
+            "args": ["fast"],
+            "options": {"queue": "emails"},
+            "zdelay_missed": missed,
+        }
+    }
+    processes += [start_beat_companion(app, schedule) for _ in range(2)]
+    wait_for(lambda: len(ticks_of(runs.all(), "fast")) >= 3, timeout=60, message="3 ticks")
+
+    # When the queue is paused for 6 s, then resumed
+    celery_zdelay.pause("queue:emails", app=app)
+    paused_ms = redis_ms(redis_client)
+    wait_for(lambda: redis_ms(redis_client) > paused_ms + 6000, timeout=20, interval=0.1)
+    assert celery_zdelay.resume("queue:emails", app=app) is True
+    resumed_ms = redis_ms(redis_client)
+
+    # Then the schedule goes on after the resume
+    def ticks_after_resume() -> list[dict[str, Any]]:
+        ticks = ticks_of(runs.all(), "fast")
+        return [t for t in ticks if occurrence_ms(t["id"]) > resumed_ms + 1000]
+
+    wait_for(lambda: len(ticks_after_resume()) >= 3, timeout=30, message="ticks after resume")
+    # and of the ticks held back (due 2.5 s or more before the resume: held
+    # long enough for any companion to have seen them), the policy decides:
+    # one for the pause (once), none (skip), each (all)
+    held_then_run = [
+        t
+        for t in ticks_of(runs.all(), "fast")
+        if t["redis_ms"] >= resumed_ms and occurrence_ms(t["id"]) < resumed_ms - 2500
+    ]
+    print(f"zdelay_missed={missed!r}: {len(held_then_run)} held ticks ran after the resume")
+    if missed == "all":
+        assert len(held_then_run) >= 10
+    else:
+        assert len(held_then_run) == {"once": 1, "skip": 0}[missed]
+        assert tick_counts(app, "fast")["missed"] >= 10
+    assert runs.duplicates() == {}
+
+
+def test_a_pause_longer_than_a_schedules_memory_of_its_ticks_is_still_one_gap(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a schedule every 250 ms on the paused emails queue, whose pointer
+    # remembers its ticks for 1.5 s only (an hour-long pause of a
+    # schedule, in short)
+    app = _app(make_test_app)
+    celery_zdelay.pause("queue:emails", app=app)
+    server = server_for(
+        app,
+        {"fast": {"task": "tests.record", "schedule": 0.25, "options": {"queue": "emails"}}},
+    )
+    server.periodic.remember_parked_ms = 1500
+    server.reconcile()
+    start = redis_ms(redis_client)
+
+    # When a companion holds its ticks back and plans for 5 s
+    with Companion(app) as comp:
+        comp.gate.refresh(comp.shards, force=True)
+
+        def passes() -> bool:
+            tend(server)
+            comp.release_due()
+            return redis_ms(redis_client) > start + 5000
+
+        wait_for(passes, timeout=30, interval=0.1)
+
+    # Then of the ticks held back for over 2 s, one waits (zdelay_missed="once"),
+    # though the pointer forgot it long ago
+    held = [
+        i.decode()
+        for shard in range(4)
+        for i in redis_client.zrange(f"{{zdelay:{shard}}}:held:queue:emails", 0, -1)
+    ]
+    old = [t for t in held if occurrence_ms(t) < redis_ms(redis_client) - 2000]
+    assert len(old) == 1, held
+    assert tick_counts(app, "fast")["missed"] >= 4
+
+
+def _held_ticks(redis_client: redis.Redis, prefix: str) -> set[str]:
+    """Ids starting with *prefix* held back on the 4 shards for the emails queue."""
+    held = set()
+    for shard in range(4):
+        for raw in redis_client.zrange(f"{{zdelay:{shard}}}:held:queue:emails", 0, -1):
+            if raw.decode().startswith(prefix):
+                held.add(raw.decode())
+    return held
+
+
+@pytest.mark.parametrize("change", ["pause", "change", "remove"])
+def test_a_schedule_paused_changed_or_removed_takes_back_its_held_ticks(
+    make_test_app: AppFactory, redis_client: redis.Redis, change: str
+) -> None:
+    # Given a schedule every 250 ms on the paused emails queue (each held tick
+    # kept, zdelay_missed="all"), whose pointer remembers its ticks for 1.5 s,
+    # and ticks held back for over 3 s
+    app = _app(make_test_app)
+    celery_zdelay.pause("queue:emails", app=app)
+    entry = {"task": "tests.record", "schedule": 0.25, "options": {"queue": "emails"}}
+    server = server_for(app, {"fast": {**entry, "zdelay_missed": "all"}})
+    server.periodic.remember_parked_ms = 1500
+    server.reconcile()
+    start = redis_ms(redis_client)
+    with Companion(app) as comp:
+        comp.gate.refresh(comp.shards, force=True)
+
+        def passes() -> bool:
+            tend(server)
+            comp.release_due()
+            return redis_ms(redis_client) > start + 3500
+
+        wait_for(passes, timeout=30, interval=0.1)
+    held = _held_ticks(redis_client, "periodic:fast:v1:")
+    remembered = {i for _, i in server.periodic.snapshot().pointers["fast"].parked}
+    assert held - remembered
+    assert held & remembered
+
+    # When the schedule is paused, changed or removed
+    if change == "pause":
+        assert periodic.pause("fast", app=app)
+    elif change == "change":
+        periodic.add("fast", app=app, args=["new"], missed="all", **entry)
+    else:
+        assert periodic.remove("fast", app=app)
+
+    # Then the ticks its pointer remembers are taken back when the call
+    # returns, and those held for longer at the next pass of a companion:
+    # none is left to run at the resume
+    assert _held_ticks(redis_client, "periodic:fast:v1:") == held - remembered
+    tend(server)
+    assert _held_ticks(redis_client, "periodic:fast:v1:") == set()
+
+
+def test_a_rate_limit_a_schedule_cannot_keep_up_with_holds_one_tick_per_gap(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a schedule every 250 ms on the emails queue, limited to 1 a minute
+    app = _app(make_test_app, zdelay_rate_limits={"queue:emails": {"rate": "1/m", "burst": 1}})
+    server = server_for(
+        app,
+        {"fast": {"task": "tests.record", "schedule": 0.25, "options": {"queue": "emails"}}},
+    )
+    server.reconcile()
+    start = redis_ms(redis_client)
+
+    # When a companion releases and plans for 4 s
+    with Companion(app) as comp:
+
+        def passes() -> bool:
+            tend(server)
+            comp.release_due()
+            return redis_ms(redis_client) > start + 4000
+
+        wait_for(passes, timeout=30, interval=0.1)
+
+    # Then one tick went out with the token, and of those held back for over
+    # 2 s one waits for the next token (zdelay_missed="once"); the others were
+    # withdrawn as missed
+    assert redis_client.llen("emails") == 1
+    held = [
+        i.decode()
+        for shard in range(4)
+        for i in redis_client.zrange(f"{{zdelay:{shard}}}:held:queue:emails", 0, -1)
+    ]
+    old = [t for t in held if occurrence_ms(t) < redis_ms(redis_client) - 2000]
+    assert len(old) == 1, held
+    assert tick_counts(app, "fast")["missed"] >= 4

@@ -44,7 +44,7 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
@@ -71,6 +71,8 @@ _NAMES = {"django", DATABASE_SCHEDULER, DATABASE_SCHEDULER.replace(":", ".")}
 
 #: Keys of a row's ``headers`` JSON read as its overlap policy (not sent).
 OVERLAP_KEYS = ("zdelay_overlap", "zdelay_overlap_timeout")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 #: Seconds per django-celery-beat interval period.
 _PERIOD_SECONDS = {
@@ -145,6 +147,31 @@ class DjangoBeatSource:
         # Not kept until the rows are read: a read that fails is tried again.
         self._seen_change = last
         return True
+
+    def made(self) -> int | None:
+        """When the rows as last read were made: their change marker, epoch microseconds.
+
+        Configurations of rows are ordered by it, not by what they hold (see
+        ``define.lua``): a row edited back to what it was is a new edit. None
+        when no save ever set the marker.
+        """
+        last = self._last_change
+        if last is None:
+            return None
+        if last.tzinfo is None:
+            # Django without USE_TZ: the marker is naive, in its TIME_ZONE.
+            from django.utils import timezone as django_timezone
+
+            last = django_timezone.make_aware(last)
+        return (last - _EPOCH) // timedelta(microseconds=1)
+
+    def read_again(self) -> None:
+        """Have the next :meth:`changed` say yes: the rows are read again.
+
+        For a Redis that lost what was stored: the rows did not change, but
+        they must be stored again.
+        """
+        self._read_once = False
 
     def definitions(self) -> tuple[list[Definition], dict[str, str]]:
         """Return the definitions of the enabled rows, and the errors by name."""
@@ -224,8 +251,9 @@ class DjangoBeatSource:
         ``total_run_count``, and a ``one_off`` row disabled. Updated with
         ``QuerySet.update``, which sends no ``post_save``: the change marker
         does not move, so the schedule is not read again for a run (a
-        disabled one-off row is dropped at the next edit or restart; it has
-        run its one run already). Each run written is removed from *runs*:
+        disabled one-off row is dropped at the next edit: rows read at the
+        same marker are not stored over each other; it has run its one run
+        already). Each run written is removed from *runs*:
         when the database fails midway, what is left is what to write later
         (none counted twice).
         """

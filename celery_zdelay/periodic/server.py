@@ -35,7 +35,7 @@ from .definition import Definition, config_hash, definitions_from_config
 from .django_beat import DjangoBeatSource, SourceUnavailableError, uses_django_beat
 from .occurrences import plan
 from .overlap import overlap_headers
-from .store import LATE_MS, PeriodicStore, Snapshot
+from .store import LATE_MS, WAITING_HELD, PeriodicStore, Snapshot
 from .takeover import since_for
 
 if TYPE_CHECKING:
@@ -68,7 +68,12 @@ RECONCILE_CHECK_SECONDS = 5.0
 def occurrence_id(name: str, version: int, occurrence_ms: int) -> str:
     """Return the task id of one occurrence: the same in every companion."""
     when = datetime.fromtimestamp(occurrence_ms / 1000, tz=timezone.utc)
-    return f"periodic:{name}:v{version}:{when.isoformat(timespec='milliseconds')[:-6]}Z"
+    return f"{_version_prefix(name, version)}{when.isoformat(timespec='milliseconds')[:-6]}Z"
+
+
+def _version_prefix(name: str, version: int) -> str:
+    """What the ids of one version's occurrences start with."""
+    return f"periodic:{name}:v{version}:"
 
 
 class PeriodicServer:
@@ -99,6 +104,8 @@ class PeriodicServer:
         self._next_pending_ms: int | None = None
         #: Occurrences found released after their time: not looked up again.
         self._settled: set[str] = set()
+        #: Schedules with missed occurrences still waiting or held (logged once).
+        self._gaps: set[str] = set()
         #: Set once the first pass is over: a starting companion releases
         #: only after it, so what an outage left parked is sorted out first.
         self.first_pass = threading.Event()
@@ -137,7 +144,11 @@ class PeriodicServer:
         else:
             definitions, errors = definitions_from_config(self.app)
         digest = config_hash(definitions, errors)
-        if digest == self._config_hash and errors == self._config_errors and not force:
+        # Rows are read only when their change marker moved, and each read
+        # goes to Redis with that marker: rows edited back to what this
+        # companion stored before are newer than what another stored since.
+        unchanged = digest == self._config_hash and errors == self._config_errors
+        if unchanged and self._source is None and not force:
             return "same"
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
@@ -165,9 +176,18 @@ class PeriodicServer:
             keep=errors if self._source is None else None,
             withdraw=errors if self._source is not None else None,
             since=since,
+            made=None if self._source is None else self._source.made(),
         )
         self._config_hash = digest
-        if status == "older":
+        if status == "older" and self._source is not None:
+            # Read before another companion read a later edit: that is stored,
+            # and this one reads the rows again at its next check.
+            logger.info(
+                "The django-celery-beat rows this companion read (%s) are older than those "
+                "stored in Redis: serving the stored ones",
+                digest,
+            )
+        elif status == "older":
             logger.warning(
                 "This companion's beat_schedule (%s) was replaced by a newer one in Redis (%s): "
                 "serving the stored schedule. To make this configuration the current one again, "
@@ -248,9 +268,13 @@ class PeriodicServer:
             # store this companion's schedule again rather than serve nothing.
             logger.warning("No beat_schedule stored in Redis any more: storing this one again")
             self._config_hash = None
+            if self._source is not None:
+                # The rows did not change, but what was stored from them is gone.
+                self._source.read_again()
             self.reconcile()
             snap = self.periodic.snapshot()
         self._cancel(snap)
+        self._withdraw_held_of_the_past(snap)
         # Built aside, then swapped in: note_released may read it meanwhile
         # (the companion's release loop, while this runs in its own thread).
         pending: dict[str, tuple[str, int]] = {}
@@ -259,11 +283,18 @@ class PeriodicServer:
             for ms, task_id in pointer.parked:
                 if ms > last_run:
                     pending[task_id] = (name, ms)
+        for name, held in snap.held.items():
+            # Held back longer than the pointer remembers: its run, after a
+            # resume, is recorded all the same.
+            for ms, task_id in held:
+                pending.setdefault(task_id, (name, ms))
         self._settle_parked(pending, snap)
         self._pending = pending
         self._next_pending_ms = min((ms for _, ms in pending.values()), default=None)
         parked = 0
-        self._settled &= set(pending)
+        # Kept while a pointer remembers them: each is asked about once.
+        remembered = {task_id for p in snap.pointers.values() for _, task_id in p.parked}
+        self._settled &= remembered | set(pending)
         for name, definition in snap.definitions.items():
             if name in snap.paused:
                 continue
@@ -373,42 +404,111 @@ class PeriodicServer:
                 logger.info("Cancelled periodic occurrence %s", task_id, extra={"task_id": task_id})
         self.periodic.forget_cancelled(snap.to_cancel)
 
+    def _withdraw_held_of_the_past(self, snap: Snapshot) -> None:
+        """Withdraw held occurrences of a schedule removed, paused or changed since.
+
+        A change, removal or pause withdraws what its schedule's pointer
+        remembers, held ones included (``define.lua``, ``pause.lua``); an
+        occurrence held back longer than that is known from
+        ``{zdelay:periodic}:held`` only, and goes here, at the next pass.
+        """
+        past: dict[str, list[str]] = {}
+        for name, held in snap.held.items():
+            pointer = snap.pointers.get(name)
+            current = (
+                None
+                if pointer is None or name in snap.paused or name not in snap.definitions
+                else _version_prefix(name, pointer.version)
+            )
+            for _, task_id in held:
+                if current is None or not task_id.startswith(current):
+                    past.setdefault(name, []).append(task_id)
+        if not past:
+            return
+        ids = [task_id for gone in past.values() for task_id in gone]
+        for task_id, was in zip(ids, self.periodic.store.cancel(ids), strict=True):
+            if was:
+                logger.info(
+                    "Cancelled periodic occurrence %s held back since its schedule changed",
+                    task_id,
+                    extra={"task_id": task_id},
+                )
+        for name, gone in past.items():
+            self.periodic.note_held(name, {}, forget=gone)
+
     def _sort_out_missed(self, definition: Definition, snap: Snapshot) -> bool:
-        """Apply the missed policy to occurrences parked ahead that an outage left behind.
+        """Apply the missed policy to occurrences that were not released in time.
 
         Occurrences parked ahead before every companion (or the broker) went
-        away are still parked when one comes back, long after their time.
-        They are missed ticks like those no companion parked, and
-        ``zdelay_missed`` counts them together: ``once`` keeps the first
-        still parked and withdraws the others, ``skip`` withdraws them all,
-        ``all`` keeps them all. Returns whether the policy was applied to
-        this gap already, here or by another companion (so the plan adds no
-        missed run).
+        away are still parked when one comes back, long after their time;
+        occurrences of a paused queue or task (or beyond a rate limit) are
+        held back, due, until the resume. Not released within
+        :data:`STALE_MS` of their time, they are missed ticks like those no
+        companion parked, and ``zdelay_missed`` counts them together, with
+        every other occurrence of the schedule held back meanwhile (it
+        belongs to the same gap): ``once`` keeps the first and withdraws the
+        others, ``skip`` withdraws them all, ``all`` keeps them all. So a
+        resume runs one tick for the pause, not every tick it held. Returns
+        whether the policy was applied to this gap already, here or by
+        another companion (so the plan adds no missed run).
 
         A starting companion does this before it releases anything
         (:attr:`first_pass`), so the others are withdrawn before they run.
         """
         pointer = snap.pointers.get(definition.name)
-        if pointer is None or definition.missed == "all":
+        if pointer is None:
             return False
         last_run = snap.runs.get(definition.name, (-1, 0))[0]
+        # Those late enough to ask about, once each, and those found held
+        # before (a pause may outlast what the pointer remembers). Also those
+        # before the last run: under two companions, one that had not seen a
+        # pause yet may release a tick after the one the other held.
+        known = {task_id: ms for ms, task_id in snap.held.get(definition.name, [])}
+        asked = {
+            task_id: ms
+            for ms, task_id in pointer.parked
+            if ms + definition.offset_ms(ms) <= snap.now_ms - LATE_MS
+            and task_id not in self._settled
+        }
+        asked.update(known)
+        if not asked:
+            return False
+        where = self.periodic.waiting_among(list(asked))
+        # Released, in flight or withdrawn: not asked about again.
+        self._settled |= {t for t in asked if t not in where and t not in known}
+        held = {t for t, place in where.items() if place == WAITING_HELD}
+        if held != set(known):
+            self.periodic.note_held(
+                definition.name,
+                {t: asked[t] for t in held - set(known)},
+                forget=set(known) - held,
+            )
+        if definition.missed == "all":
+            return False
+        # Missed: not released within STALE_MS of its time. One gone that
+        # was before the last run ran in its time; one after it that is gone
+        # was released late, or withdrawn by another companion's pass.
         stale = sorted(
             (ms, task_id)
-            for ms, task_id in pointer.parked
-            if last_run < ms
-            and ms + definition.offset_ms(ms) <= snap.now_ms - STALE_MS
-            and task_id not in self._settled
+            for task_id, ms in asked.items()
+            if ms + definition.offset_ms(ms) <= snap.now_ms - STALE_MS
+            and (task_id in where or last_run < ms)
         )
         if not stale:
+            if not held:
+                self._gaps.discard(definition.name)
             return False
-        still = self.periodic.parked_among([task_id for _, task_id in stale])
-        self._settled |= {task_id for _, task_id in stale if task_id not in still}
-        waiting = [task_id for _, task_id in stale if task_id in still]
-        if not waiting:
+        if not any(task_id in where for _, task_id in stale):
             # Released or withdrawn by another companion back from the same
             # outage (it ran its first pass first): it applied the policy to
             # this gap, so no missed run is added here either.
             return True
+        # The gap: the missed ones still waiting, and what is held with them.
+        waiting = [
+            task_id
+            for ms, task_id in sorted({*stale, *((asked[t], t) for t in held)})
+            if task_id in where
+        ]
         kept = waiting[:1] if definition.missed == "once" else []
         withdrawn = waiting[len(kept) :]
         found = self.periodic.store.cancel(withdrawn) if withdrawn else []
@@ -416,15 +516,18 @@ class PeriodicServer:
         # Those this companion took back: another one back from the same
         # outage finds them gone and counts none.
         self.periodic.count(definition.name, "missed", sum(found))
-        ms_of = {task_id: ms for ms, task_id in stale}
         self.periodic.note_missed(
             definition.name,
-            [(ms_of[t], t) for t, was in zip(withdrawn, found, strict=True) if was],
+            [(asked[t], t) for t, was in zip(withdrawn, found, strict=True) if was],
         )
-        logger.warning(
-            "Periodic task %r: %d occurrences parked ahead were not released within %d ms of "
-            "their time (no companion or no broker); zdelay_missed=%r runs %d of them, "
-            "withdrew %d",
+        # Once per gap: a pause goes on withdrawing what it holds, pass by pass.
+        level = logging.INFO if definition.name in self._gaps else logging.WARNING
+        self._gaps.add(definition.name)
+        logger.log(
+            level,
+            "Periodic task %r: %d occurrences were not released within %d ms of their time "
+            "(no companion, no broker, or held back by a pause or a rate limit); "
+            "zdelay_missed=%r runs %d of them, withdrew %d",
             definition.name,
             len(waiting),
             STALE_MS,

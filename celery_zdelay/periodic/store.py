@@ -18,11 +18,15 @@ from typing import Any, cast
 
 from ..store import ParkRequest, Store
 from ..store.client import store_errors
-from ..store.keys import periodic_keys
+from ..store.keys import held_key, lanes_key, periodic_keys
 from ..store.scripts import guarded, script_source
 from .definition import Definition
 
-__all__ = ["COUNTERS", "PeriodicStore", "Pointer", "Snapshot"]
+__all__ = ["COUNTERS", "WAITING_DUE", "WAITING_HELD", "PeriodicStore", "Pointer", "Snapshot"]
+
+#: Where an occurrence waits (see :meth:`PeriodicStore.waiting_among`).
+WAITING_DUE = "due"
+WAITING_HELD = "held"
 
 #: Ticks counted per schedule: ``missed`` (due while no companion or broker
 #: served it, left out by ``zdelay_missed``), ``skipped_overlap`` (released
@@ -100,6 +104,9 @@ class Snapshot:
     last_ids: dict[str, str] = field(default_factory=dict)
     #: name -> {counter: ticks} (see :data:`COUNTERS`).
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: name -> [(occurrence ms, id)] of occurrences found held back by a
+    #: pause or a rate limit (see :meth:`PeriodicStore.note_held`).
+    held: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 @cache
@@ -124,6 +131,8 @@ class PeriodicStore:
         self._record_runs = client.register_script(guarded(_lua("record_runs")))
         #: See :data:`TICK_MEMORY_MS`.
         self.tick_memory_ms = TICK_MEMORY_MS
+        #: See :data:`REMEMBER_PARKED_MS`.
+        self.remember_parked_ms = REMEMBER_PARKED_MS
 
     def _shard_keys(self) -> list[str]:
         """The keys a change withdraws occurrences from, in the same script (see _withdraw.lua).
@@ -154,7 +163,8 @@ class PeriodicStore:
                 pipe.hgetall(k.meta)
                 pipe.hgetall(k.runs)
                 pipe.hgetall(k.counts)
-                defs, pointers, paused, cancel, meta, runs, counts = pipe.execute()
+                pipe.zrange(k.held, 0, -1, withscores=True)
+                defs, pointers, paused, cancel, meta, runs, counts, held = pipe.execute()
             seconds, micros = self.store.client.time()
         snap = Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
         for raw_name, body in defs.items():
@@ -179,6 +189,9 @@ class PeriodicStore:
                     snap.last_ids[_text(raw_name)] = run["id"]
             except (ValueError, KeyError, TypeError):
                 continue
+        for raw_member, ms in held:
+            name, _, task_id = _text(raw_member).partition("\n")
+            snap.held.setdefault(name, []).append((int(ms), task_id))
         for raw_field, raw_count in counts.items():
             name, _, counter = _text(raw_field).partition("\n")
             try:
@@ -199,6 +212,7 @@ class PeriodicStore:
         keep: Mapping[str, str] | None = None,
         withdraw: Mapping[str, str] | None = None,
         since: Mapping[str, int | str] | None = None,
+        made: int | None = None,
     ) -> tuple[str, list[tuple[str, str]]]:
         """Store a ``beat_schedule``; return ("same"|"older"|"done", [(kind, name), ...]).
 
@@ -211,9 +225,19 @@ class PeriodicStore:
         alike). *since* maps names to the last time they ran elsewhere
         (celery beat): an entry stored for the first time goes on from
         then, not from now; ``"=<ms>"`` does so for a changed entry too.
+        *made* is when the source made this configuration (django-celery-beat's
+        change marker, epoch microseconds): it is then stored unless one made
+        later is, whatever either holds; without it (a ``beat_schedule``) a
+        configuration replaced once is refused (see ``define.lua``).
         """
         since = since or {}
-        args: list[Any] = ["config", config_hash, "1" if force else "0", writer]
+        args: list[Any] = [
+            "config",
+            config_hash,
+            "1" if force else "0",
+            writer,
+            "" if made is None else made,
+        ]
         for definition in definitions:
             args += [definition.name, definition.body(), since.get(definition.name, "")]
         for marker, unserved in (("", keep), ("!", withdraw)):
@@ -230,13 +254,13 @@ class PeriodicStore:
     def put(self, definition: Definition, *, writer: str) -> bool:
         """Add or replace one definition; return whether it changed."""
         _, changed = self._define_call(
-            ["put", "", "0", writer, definition.name, definition.body(), ""]
+            ["put", "", "0", writer, "", definition.name, definition.body(), ""]
         )
         return bool(changed)
 
     def drop(self, names: Iterable[str]) -> list[str]:
         """Remove definitions (their parked occurrences are withdrawn); return those removed."""
-        _, changed = self._define_call(["drop", "", "0", "", *names])
+        _, changed = self._define_call(["drop", "", "0", "", "", *names])
         return [name for _, name in changed]
 
     def _define_call(self, args: list[Any]) -> tuple[str, list[tuple[str, str]]]:
@@ -277,12 +301,12 @@ class PeriodicStore:
     def cancel_listed(self) -> list[str]:
         """Cancel the occurrences listed in the cancel set on their shards; return those cancelled.
 
-        Only a Redis Cluster store lists any (elsewhere a change withdraws
-        them itself): the caller of a change runs this before it returns,
-        and every companion on its next pass.
+        A change lists what its script could not take back itself: on a
+        Redis Cluster store every occurrence (the shards are other slots),
+        elsewhere those it did not find parked or leased, which may be held
+        back by a pause or a rate limit. The caller of a change runs this
+        before it returns, and every companion on its next pass.
         """
-        if not self.store.cluster:
-            return []
         with store_errors(self.store.url):
             ids = sorted(_text(i) for i in self.store.client.smembers(self.keys.cancel))
         if not ids:
@@ -308,37 +332,96 @@ class PeriodicStore:
 
     def parked_among(self, task_ids: Sequence[str]) -> set[str]:
         """Return which of *task_ids* are still parked (waiting in a due set)."""
+        return {t for t, where in self.waiting_among(task_ids).items() if where == WAITING_DUE}
+
+    def waiting_among(self, task_ids: Sequence[str]) -> dict[str, str]:
+        """Return which of *task_ids* wait to be released, and where.
+
+        :data:`WAITING_DUE`: parked in a due set; :data:`WAITING_HELD`: due,
+        and held back by a pause or a rate limit (a held set of its shard).
+        Neither: released, in flight, withdrawn or never parked.
+        """
         store = self.store
-        found: set[str] = set()
-        with store_errors(store.url):
-            for task_id in task_ids:
-                due = store.keys(store.shard_of(task_id)).due
-                if store.client.zscore(due, task_id) is not None:
-                    found.add(task_id)
-        return found
+        ids = list(task_ids)
+        if not ids:
+            return {}
+        lanes = self._lanes_of(ids)
+        with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
+            for task_id in ids:
+                shard = store.shard_of(task_id)
+                pipe.zscore(store.keys(shard).due, task_id)
+                for lane in lanes[shard]:
+                    pipe.zscore(held_key(store.config.key_prefix, shard, lane), task_id)
+            found = pipe.execute()
+        waiting: dict[str, str] = {}
+        at = 0
+        for task_id in ids:
+            scores = found[at : at + 1 + len(lanes[store.shard_of(task_id)])]
+            at += len(scores)
+            if scores[0] is not None:
+                waiting[task_id] = WAITING_DUE
+            elif any(score is not None for score in scores[1:]):
+                waiting[task_id] = WAITING_HELD
+        return waiting
+
+    def _lanes_of(self, task_ids: Sequence[str]) -> dict[int, list[str]]:
+        """The names of the held sets of the shards of *task_ids* (one round trip)."""
+        store = self.store
+        shards = sorted({store.shard_of(t) for t in task_ids})
+        with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.smembers(lanes_key(store.config.key_prefix, shard))
+            found = pipe.execute()
+        return {
+            shard: sorted(_text(n) for n in names)
+            for shard, names in zip(shards, found, strict=True)
+        }
 
     def released_among(self, occurrences: Sequence[tuple[str, str]]) -> set[str]:
         """Return which of (name, id) occurrences were released: gone from their shard.
 
-        Gone means neither parked, held back by a pause or rate limit, in
-        flight (leased), dead-lettered, nor withdrawn by the missed policy
-        (remembered as missed): only released is left. A held entry is in a
-        held set, not the due set or the lease, with its message still
-        stored: the message says parked, wherever it waits.
+        Gone means neither parked, held back (by a pause or a rate limit: it
+        has not run), in flight (leased), dead-lettered, nor withdrawn by
+        the missed policy (remembered as missed): only released is left.
         """
         store = self.store
+        if not occurrences:
+            return set()
+        lanes = self._lanes_of([task_id for _, task_id in occurrences])
+        places: list[int] = []
         with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
             for name, task_id in occurrences:
-                keys = store.keys(store.shard_of(task_id))
-                for where in (keys.due, keys.lease, keys.dead, self.keys.missed_prefix + name):
-                    pipe.zscore(where, task_id)
-                pipe.hexists(keys.msg, task_id)
+                shard = store.shard_of(task_id)
+                keys = store.keys(shard)
+                where = [keys.due, keys.lease, keys.dead, self.keys.missed_prefix + name]
+                where += [held_key(store.config.key_prefix, shard, lane) for lane in lanes[shard]]
+                for key in where:
+                    pipe.zscore(key, task_id)
+                places.append(len(where))
             found = pipe.execute()
-        return {
-            task_id
-            for i, (_, task_id) in enumerate(occurrences)
-            if all(score is None for score in found[5 * i : 5 * i + 4]) and not found[5 * i + 4]
-        }
+        released: set[str] = set()
+        at = 0
+        for (_, task_id), count in zip(occurrences, places, strict=True):
+            if all(score is None for score in found[at : at + count]):
+                released.add(task_id)
+            at += count
+        return released
+
+    def note_held(self, name: str, held: Mapping[str, int], *, forget: Iterable[str] = ()) -> None:
+        """Remember occurrences of *name* found held back (id -> ms); forget *forget*.
+
+        A pause can hold an occurrence longer than its schedule's pointer
+        remembers it (:data:`REMEMBER_PARKED_MS`): the missed policy still
+        counts it in the gap (see ``PeriodicServer._sort_out_missed``).
+        """
+        gone = [f"{name}\n{task_id}" for task_id in forget]
+        with store_errors(self.store.url):
+            if held:
+                self.store.client.zadd(
+                    self.keys.held, {f"{name}\n{task_id}": ms for task_id, ms in held.items()}
+                )
+            if gone:
+                self.store.client.zrem(self.keys.held, *gone)
 
     def advance(
         self,
@@ -358,7 +441,7 @@ class PeriodicStore:
         are remembered for :meth:`claim_missed`.
         """
         k = self.keys
-        args: list[Any] = [name, version, pointer_ms, now_ms - REMEMBER_PARKED_MS, missed]
+        args: list[Any] = [name, version, pointer_ms, now_ms - self.remember_parked_ms, missed]
         args.append(len(missed_ids))
         for ms, task_id in [*missed_ids, *parked]:
             args += [ms, task_id]

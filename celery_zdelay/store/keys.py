@@ -105,7 +105,8 @@ class PeriodicKeys:
     paused: str
     #: SET of occurrence ids to cancel (definitions removed, changed, paused).
     cancel: str
-    #: HASH: hash, written_by, written_ms of the stored beat_schedule.
+    #: HASH: hash, written_by, written_ms (and made, for django-celery-beat's
+    #: rows: their change marker) of the stored beat_schedule.
     meta: str
     #: SET of beat_schedule hashes replaced by a newer one.
     superseded: str
@@ -115,6 +116,9 @@ class PeriodicKeys:
     counts: str
     #: Followed by a schedule's name: ZSET of its missed occurrence ids -> their ms.
     missed_prefix: str
+    #: ZSET "<name>\n<occurrence id>" -> occurrence ms: occurrences found held
+    #: back by a pause or a rate limit, until released or withdrawn.
+    held: str
 
 
 def periodic_keys(prefix: str) -> PeriodicKeys:
@@ -131,6 +135,7 @@ def periodic_keys(prefix: str) -> PeriodicKeys:
         runs=f"{tag}:runs",
         counts=f"{tag}:counts",
         missed_prefix=f"{tag}:missed:",
+        held=f"{tag}:held",
     )
 
 

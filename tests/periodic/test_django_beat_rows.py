@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_zdelay import periodic
@@ -311,3 +312,120 @@ def test_a_rows_headers_carry_its_overlap_policy_to_real_workers(
         assert max(waited) >= 1.5, waited
     started = Counter(r["id"] for r in ticks_of(runs.all(), "slow_row") if r["result"] == "started")
     assert max(started.values()) == 1
+
+
+def _save(database: str, change: str) -> float:
+    """Run *change* on the rows as the admin saves them; return when it was committed (epoch s)."""
+    saved: float = django_run(
+        database,
+        f"""
+        import time
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+        {change}
+        print(json.dumps(time.time()))
+        """,
+    )
+    return saved
+
+
+def _first_run_after(runs: Runs, marker: str, saved: float, what: str) -> float:
+    """Seconds from *saved* to the first run with *marker* after it (waits up to the bound)."""
+    wait_for(
+        lambda: [r for r in runs_with(runs, marker) if r["wall"] > saved],
+        timeout=EDIT_BOUND_S + 10,
+        message=what,
+    )
+    took = min(r["wall"] for r in runs_with(runs, marker) if r["wall"] > saved) - saved
+    print(f"{what}: {took:.2f} s after the save")
+    return took
+
+
+def test_a_row_edited_back_re_enabled_or_re_created_takes_effect_within_the_bound(
+    make_test_app: AppFactory,
+    database: str,
+    processes: list[CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+) -> None:
+    # Given two rows every second, served by two companions
+    add_interval_row(database, "ticker", 1, ["a"], task="tests.record")
+    add_interval_row(database, "toggled", 1, ["toggled"], task="tests.record")
+    app = make_test_app(conf={"zdelay_beat": True})
+    worker(app)
+    served = [companion(app, processes, database, "--beat", "-S", "django") for _ in range(2)]
+    wait_for(lambda: runs_with(runs, "a") and runs_with(runs, "toggled"), timeout=60)
+    ticker = 'row = PeriodicTask.objects.get(name="ticker")'
+
+    # When the ticker's args are edited, then edited back to what they were
+    edited = _save(database, f'{ticker}; row.args = json.dumps(["b"]); row.save()')
+    assert _first_run_after(runs, "b", edited, "the edit") < EDIT_BOUND_S
+    back = _save(database, f'{ticker}; row.args = json.dumps(["a"]); row.save()')
+
+    # Then the edit back takes effect within the bound too (it is newer, not a rollback)
+    assert _first_run_after(runs, "a", back, "the edit back") < EDIT_BOUND_S
+    late = [r["wall"] - back for r in runs_with(runs, "b") if r["wall"] > back]
+    assert all(seconds < EDIT_BOUND_S for seconds in late), late
+
+    # When the other row is disabled, then enabled again
+    toggled = 'row = PeriodicTask.objects.get(name="toggled")'
+    _save(database, f"{toggled}; row.enabled = False; row.save()")
+    wait_for(
+        lambda: not any(i.name == "toggled" for i in _schedules(app)),
+        timeout=EDIT_BOUND_S + 10,
+        message="the disabled row withdrawn",
+    )
+    enabled = _save(database, f"{toggled}; row.enabled = True; row.save()")
+
+    # Then it runs again within the bound
+    assert _first_run_after(runs, "toggled", enabled, "the row enabled again") < EDIT_BOUND_S
+
+    # When the ticker is deleted, then created again under its name, as it was
+    _save(database, f"{ticker}; row.delete()")
+    wait_for(
+        lambda: not any(i.name == "ticker" for i in _schedules(app)),
+        timeout=EDIT_BOUND_S + 10,
+        message="the deleted row withdrawn",
+    )
+    created = _save(
+        database,
+        """every = IntervalSchedule.objects.get(every=1, period="seconds")
+        PeriodicTask.objects.create(
+            name="ticker", task="tests.record", interval=every, args=json.dumps(["a"])
+        )""",
+    )
+
+    # Then it runs again within the bound, each tick once, and no companion
+    # took an edit for an old deploy's schedule
+    assert _first_run_after(runs, "a", created, "the row created again") < EDIT_BOUND_S
+    assert runs.duplicates() == {}
+    for process in served:
+        assert "was replaced by a newer one" not in process.log()
+
+
+def test_a_redis_that_lost_everything_gets_the_rows_back_without_an_edit(
+    make_test_app: AppFactory,
+    sqlite_database: str,
+    processes: list[CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+    runs: Runs,
+    redis_client: redis.Redis,
+) -> None:
+    # Given a companion serving a row every second
+    add_interval_row(sqlite_database, "ticker", 1, ["ticker"], task="tests.record")
+    app = make_test_app(conf={"zdelay_beat": True})
+    worker(app)
+    companion(app, processes, sqlite_database, "--beat", "-S", "django")
+    wait_for(lambda: runs_with(runs, "ticker"), timeout=60, message="a run of the row")
+
+    # When the store's Redis loses everything (restarted without persistence),
+    # and nobody edits a row
+    redis_client.flushdb()
+    lost = time.time()
+
+    # Then the companion stores the rows again and the row runs on
+    wait_for(
+        lambda: [r for r in runs_with(runs, "ticker") if r["wall"] > lost + 1],
+        timeout=EDIT_BOUND_S + 10,
+        message="a run after Redis lost everything",
+    )
+    assert any(i.name == "ticker" for i in _schedules(app))

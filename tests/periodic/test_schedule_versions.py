@@ -208,3 +208,59 @@ def test_a_configuration_that_names_none_of_the_stored_entries_removes_each_of_t
     assert status == "done"
     assert sorted(changed) == [("new", "f"), *(("removed", name) for name in "abcde")]
     assert sorted(periodic_store.snapshot().definitions) == ["f"]
+
+
+def test_rows_are_ordered_by_when_they_were_made_not_by_what_they_hold(
+    app: Celery,
+) -> None:
+    # Given django-celery-beat's rows stored as made at t=100 (their change marker)
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    assert store([_entry("a")], "h1", writer="c1", force=False, made=100) == (
+        "done",
+        [("new", "a")],
+    )
+
+    # When a row is edited (t=200), then edited back to what it was (t=300)
+    assert store([_entry("a", 20.0)], "h2", writer="c1", force=False, made=200)[0] == "done"
+    back = store([_entry("a")], "h1", writer="c2", force=False, made=300)
+
+    # Then the edit back is stored, though its fingerprint was replaced before
+    assert back == ("done", [("changed", "a")])
+    assert periodic_store.snapshot().definitions["a"] == _entry("a")
+    assert periodic_store.snapshot().meta["made"] == "300"
+
+    # And a companion that read the rows before (t=200, at the same time as
+    # another stored ones, t=300) does not roll them back
+    assert store([_entry("a", 20.0)], "h2", writer="c3", force=False, made=200) == (
+        "older",
+        [("", "h1")],
+    )
+    assert store([_entry("a", 30.0)], "h3", writer="c3", force=False, made=300)[0] == "older"
+    assert periodic_store.snapshot().definitions["a"] == _entry("a")
+
+    # The same rows read again later move the time on without a change, so a
+    # read made in between (t=350) is older too
+    assert store([_entry("a")], "h1", writer="c1", force=False, made=400) == ("same", [])
+    assert periodic_store.snapshot().meta["made"] == "400"
+    assert store([_entry("a", 20.0)], "h2", writer="c3", force=False, made=350)[0] == "older"
+    # ...and an older read of the same rows does not move it back
+    assert store([_entry("a")], "h1", writer="c3", force=False, made=350) == ("same", [])
+    assert periodic_store.snapshot().meta["made"] == "400"
+
+    # A deliberate rollback still goes through
+    assert store([_entry("a", 20.0)], "h2", writer="ops", force=True, made=10)[0] == "done"
+
+
+def test_a_beat_schedule_after_rows_keeps_the_fingerprint_rule(app: Celery) -> None:
+    # Given rows stored as made at t=100, then a beat_schedule (no time of its own)
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    store([_entry("a")], "h1", writer="rows", force=False, made=100)
+    assert store([_entry("a", 20.0)], "h2", writer="deploy", force=False)[0] == "done"
+
+    # Then a companion of that earlier configuration, restarted, is refused
+    assert store([_entry("a")], "h1", writer="old", force=False)[0] == "older"
+    # and rows read before the beat_schedule was stored do not come back either
+    assert store([_entry("a", 30.0)], "h3", writer="rows", force=False, made=100)[0] == "older"
+    assert periodic_store.snapshot().definitions["a"] == _entry("a", 20.0)

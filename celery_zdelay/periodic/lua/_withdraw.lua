@@ -47,6 +47,23 @@ local function periodic_withdraw_plan(shards, ids)
   return plan
 end
 
+-- The ids of *ids* that *plan* does not take back: released already, or
+-- held back by a pause or a rate limit, in a held set this script is not
+-- given (their names change at run time). The caller lists them in the
+-- cancel set, and every companion (and the caller, before it returns)
+-- cancels them where they are held (Store.cancel looks in the held sets).
+local function periodic_withdraw_rest(plan, ids)
+  local found = {}
+  for _, item in ipairs(plan) do
+    for _, pair in ipairs(item[2]) do found[pair[1]] = true end
+  end
+  local rest = {}
+  for _, id in ipairs(ids) do
+    if not found[id] then rest[#rest + 1] = id end
+  end
+  return rest
+end
+
 -- Writes *plan*; returns id -> 'due' or 'lease' for the ids taken back. An
 -- id leased to a companion may be on its way to the broker already (the
 -- tick in flight): its ack then finds nothing to acknowledge, and it is

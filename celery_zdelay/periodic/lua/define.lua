@@ -7,16 +7,19 @@
 --                          "incl": true when "ms" is itself an occurrence still to run}
 -- KEYS[4] paused set       names
 -- KEYS[5] cancel set       occurrence ids every companion cancels (then forgets)
--- KEYS[6] meta hash        hash, written_by, written_ms of the stored configuration
+-- KEYS[6] meta hash        hash, written_by, written_ms, made of the stored configuration
 -- KEYS[7] superseded set   configuration hashes replaced by a newer one
 -- KEYS[8..] the shards' keys, five per shard (see _withdraw.lua); none on a
 --           Redis Cluster, whose shards are other slots
 -- ARGV[1] mode             "config": replace the entries from configuration
---                          "put": add or replace one entry; "drop": remove ARGV[5..]
+--                          "put": add or replace one entry; "drop": remove ARGV[6..]
 -- ARGV[2] configuration hash ("config" mode)
 -- ARGV[3] "1": write even a superseded configuration (a deliberate rollback)
 -- ARGV[4] writer (companion id)
--- ARGV[5..] "config"/"put": triples name, definition JSON, since ms ("" for
+-- ARGV[5] "config": when the source made this configuration, an integer
+--         (django-celery-beat's change marker, epoch microseconds), or ""
+--         for none (a beat_schedule: ordered by the superseded set instead)
+-- ARGV[6..] "config"/"put": triples name, definition JSON, since ms ("" for
 --           none: a new entry starts from now; else from that time, e.g.
 --           celery beat's last run of it, so the missed policy covers the
 --           switch; "=<ms>": from that time whether new or changed, e.g. a
@@ -27,8 +30,18 @@
 --           withdraws it, e.g. a database row every companion reads as bad.
 --           The reasons are stored as the meta field "unserved", JSON)
 -- returns {status, kind, name, kind, name, ...}: status "same" (configuration
---         already stored), "older" (superseded: not written), "done"; each
---         kind "new", "changed" or "removed"
+--         already stored), "older" (superseded, or made before the stored
+--         one: not written), "done"; each kind "new", "changed" or "removed"
+--
+-- Two rules order configurations. A beat_schedule has no time of its own:
+-- the newest deploy wins, and a fingerprint replaced once is refused for
+-- ever (a companion of the previous release, restarted, must not roll the
+-- schedule back). Rows edited in the Django admin do have one, and a row
+-- edited back to what it was is a new edit, not a rollback: a configuration
+-- made at a time (ARGV[5]) is refused only when it was made no later than
+-- the stored one (a companion that read the rows before another read them
+-- after an edit), whatever it contains. The stored time is kept as the
+-- meta field "made", also when the content is the same.
 --
 -- A change or removal takes the old version's occurrences back from the
 -- shards in this same script (_withdraw.lua): once it returns, no companion
@@ -61,18 +74,28 @@ end
 local hash = ARGV[2]
 local current = redis.call('HGET', meta, 'hash')
 if mode == 'drop' then
-  for i = 5, #ARGV do want_drop(ARGV[i]) end
+  for i = 6, #ARGV do want_drop(ARGV[i]) end
 elseif mode == 'put' then
-  want_put(ARGV[5], ARGV[6], ARGV[7])
+  want_put(ARGV[6], ARGV[7], ARGV[8])
 else
-  -- "config": the newest configuration wins. One that was replaced before
-  -- (a companion of the previous deploy, restarted) is never written again.
-  if current == hash then return {'same'} end
-  if ARGV[3] ~= '1' and redis.call('SISMEMBER', superseded, hash) == 1 then
-    return {'older', current or ''}
+  -- "config": the newest configuration wins (see the header).
+  local made = tonumber(ARGV[5])
+  local stored_made = tonumber(redis.call('HGET', meta, 'made') or '')
+  if current == hash then
+    if made and (not stored_made or made > stored_made) then
+      redis.call('HSET', meta, 'made', ARGV[5])
+    end
+    return {'same'}
+  end
+  if ARGV[3] ~= '1' then
+    if made then
+      if stored_made and made <= stored_made then return {'older', current or ''} end
+    elseif redis.call('SISMEMBER', superseded, hash) == 1 then
+      return {'older', current or ''}
+    end
   end
   local incoming = {}
-  for i = 5, #ARGV, 3 do
+  for i = 6, #ARGV, 3 do
     if ARGV[i + 1] ~= '!' then incoming[ARGV[i]] = true end
   end
   local stored = redis.call('HGETALL', defs)
@@ -82,7 +105,7 @@ else
       if ok and type(d) == 'table' and d.source == 'config' then want_drop(stored[i]) end
     end
   end
-  for i = 5, #ARGV, 3 do
+  for i = 6, #ARGV, 3 do
     if ARGV[i + 1] ~= '' and ARGV[i + 1] ~= '!' then want_put(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
   end
 end
@@ -110,6 +133,8 @@ local withdraw = periodic_withdraw_plan(shards, ids)
 local taken = {}
 if #shards > 0 then
   taken = periodic_withdraw_apply(withdraw)
+  -- Held back by a pause or a rate limit, they would run at the resume.
+  for _, id in ipairs(periodic_withdraw_rest(withdraw, ids)) do redis.call('SADD', cancel, id) end
 else
   -- A cluster: every companion (and the caller, before it returns) cancels these.
   for _, id in ipairs(ids) do redis.call('SADD', cancel, id) end
@@ -153,10 +178,11 @@ if mode == 'config' then
   if current then redis.call('SADD', superseded, current) end
   redis.call('SREM', superseded, hash)
   local unserved = {}
-  for i = 5, #ARGV, 3 do
+  for i = 6, #ARGV, 3 do
     if ARGV[i + 1] == '' or ARGV[i + 1] == '!' then unserved[ARGV[i]] = ARGV[i + 2] end
   end
   redis.call('HSET', meta, 'hash', hash, 'written_by', ARGV[4], 'written_ms', now_ms,
     'unserved', next(unserved) and cjson.encode(unserved) or '{}')
+  if tonumber(ARGV[5]) then redis.call('HSET', meta, 'made', ARGV[5]) end
 end
 return {'done', unpack(changed)}

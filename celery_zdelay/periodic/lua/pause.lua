@@ -42,6 +42,8 @@ if ARGV[1] == 'pause' then
       r.n = math.max(0, tonumber(r.n) - unrun)
       redis.call('HSET', pointers, name, cjson.encode(r))
     end
+    -- Held back by a pause or a rate limit, they would run at the resume.
+    for _, id in ipairs(periodic_withdraw_rest(plan, ids)) do redis.call('SADD', cancel, id) end
   else
     for _, id in ipairs(ids) do redis.call('SADD', cancel, id) end
   end
