@@ -19,13 +19,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the tests read: themselves, the example project, the docs they check,
-#: pyproject.toml for pytest's settings, and the locks tests/test_locks.py checks.
+#: pyproject.toml for pytest's settings, the locks tests/test_locks.py checks,
+#: and the mutation tool tests/mutation/ tests.
 COPIED = (
     "tests",
     "example_project",
     "docs",
     "benchmarks",
     "constraints",
+    "mutation",
     "pyproject.toml",
     "README.md",
 )

@@ -164,6 +164,10 @@ def _shown(value: Any) -> str:
 
 
 def _datetime(eta: Any) -> datetime:
+    if isinstance(eta, str) and eta[-1:] in ("Z", "z"):
+        # Python 3.10's fromisoformat, which Celery 5.3 reads with, refuses
+        # the "Z" that 3.11 and later Celery accept: the same UTC either way.
+        eta = eta[:-1] + "+00:00"
     try:
         when = maybe_iso8601(eta)
     except (TypeError, ValueError) as exc:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from typing import Self
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; the tests run on 3.10 too
+    from typing_extensions import Self
 
 __all__ = ["OutageHTTPProxy", "PausableProxy"]
 
