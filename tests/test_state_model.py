@@ -84,6 +84,9 @@ KNOWN_DEFECTS: dict[str, bool] = {
     "ignore_reject_hold": True,
     # 5: a task replaced by key stays PENDING instead of REVOKED.
     "replace_pending": True,
+    # New (found by this machine): an id parked again with neither key nor
+    # tags keeps the key and tags of the entry it replaces in the index.
+    "plain_repark_marks": True,
 }
 
 # -- budget -----------------------------------------------------------------------
@@ -95,6 +98,7 @@ settings.register_profile(
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    report_multiple_bugs=False,
 )
 settings.register_profile(
     "smoke",
@@ -103,6 +107,7 @@ settings.register_profile(
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    report_multiple_bugs=False,
 )
 settings.register_profile(
     "deep",
@@ -111,6 +116,7 @@ settings.register_profile(
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    report_multiple_bugs=False,
 )
 PROFILE = os.environ.get("ZDELAY_MODEL_PROFILE", "ci")
 #: Seconds the whole machine test may take, per profile.
@@ -478,6 +484,9 @@ class StoreMachine(RuleBasedStateMachine):
         task_id = data.draw(self._own_ids(), label="task_id")
         if self.known["held_replace"]:
             assume(not self._held_holder(key, mode))
+        if self.known["plain_repark_marks"] and key is None and not tags:
+            before = self.model.entries.get(task_id) if task_id is not None else None
+            assume(before is None or not before.marked())
         options: dict[str, Any] = {"queue": queue}
         if task_id is not None:
             options["task_id"] = task_id
