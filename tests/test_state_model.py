@@ -87,6 +87,9 @@ KNOWN_DEFECTS: dict[str, bool] = {
     # New (found by this machine): an id parked again with neither key nor
     # tags keeps the key and tags of the entry it replaces in the index.
     "plain_repark_marks": True,
+    # New: a dead letter requeued without its key (another entry took it)
+    # and without tags leaves an empty record in the index.
+    "requeue_empty_record": True,
 }
 
 # -- budget -----------------------------------------------------------------------
@@ -796,6 +799,9 @@ class StoreMachine(RuleBasedStateMachine):
         live = model.entries.get(task_id)
         if self.known["requeue_over_held"]:
             assume(live is None or live.state != "held")
+        if self.known["requeue_empty_record"]:
+            gone = model.dead[task_id]
+            assume(not (gone.key in model.holders and not gone.tags))
         low = self._now()
         (done,) = steering.requeue_dead([task_id], app=self.app)
         high = self._now()

@@ -16,6 +16,7 @@ import redis
 from celery import Celery, states
 
 import celery_zdelay
+from celery_zdelay import steering
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.keys import held_key
@@ -113,3 +114,33 @@ def test_an_id_parked_again_without_key_or_tags_drops_its_earlier_key_and_tags(
     assert tagged_ids(store_for(app), "t1") == []
     other: Any = record.apply_delayed((3,), countdown=3600, key="k2")
     assert other.id != "id-2"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 33 new defect (model test): a dead letter requeued without its key "
+        "and without tags leaves an empty record in the key and tag index"
+    ),
+)
+def test_a_dead_letter_requeued_after_its_key_was_taken_leaves_no_empty_record(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a keyed task dead-lettered (its queue's list is a string key)
+    app = _app(make_test_app)
+    record = app.tasks["tests.record"]
+    redis_client.set("poison", "not a list")
+    dead = record.apply_delayed((1,), countdown=0, key="k1", queue="poison")
+    _one_pass(app)
+    assert redis_client.zscore(SHARD0.dead, dead.id) is not None
+
+    # ...and a new task that took its key meanwhile
+    holder = record.apply_delayed((2,), countdown=3600, key="k1")
+
+    # When the dead letter is requeued: parked again, without the key
+    assert steering.requeue_dead([dead.id], app=app) == [True]
+
+    # Then the key stays with the new task, and the requeued entry, with
+    # neither key nor tags, has no record in the index (as any unmarked entry)
+    assert key_holder(store_for(app), "k1") == (holder.id, None)
+    assert redis_client.hget(SHARD0.marks, f"i:{dead.id}") is None
