@@ -90,6 +90,9 @@ KNOWN_DEFECTS: dict[str, bool] = {
     # New: a dead letter requeued without its key (another entry took it)
     # and without tags leaves an empty record in the index.
     "requeue_empty_record": True,
+    # New: an id parked again while held is left in its held set as well as
+    # put in the due set (two states, one payload).
+    "held_repark": True,
 }
 
 # -- budget -----------------------------------------------------------------------
@@ -487,8 +490,10 @@ class StoreMachine(RuleBasedStateMachine):
         task_id = data.draw(self._own_ids(), label="task_id")
         if self.known["held_replace"]:
             assume(not self._held_holder(key, mode))
+        before = self.model.entries.get(task_id) if task_id is not None else None
+        if self.known["held_repark"]:
+            assume(before is None or before.state != "held")
         if self.known["plain_repark_marks"] and key is None and not tags:
-            before = self.model.entries.get(task_id) if task_id is not None else None
             assume(before is None or not before.marked())
         options: dict[str, Any] = {"queue": queue}
         if task_id is not None:

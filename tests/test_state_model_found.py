@@ -144,3 +144,30 @@ def test_a_dead_letter_requeued_after_its_key_was_taken_leaves_no_empty_record(
     # neither key nor tags, has no record in the index (as any unmarked entry)
     assert key_holder(store_for(app), "k1") == (holder.id, None)
     assert redis_client.hget(SHARD0.marks, f"i:{dead.id}") is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 33 new defect (model test): an id parked again while a pause holds it "
+        "is left in its held set and put in the due set: two states, one payload"
+    ),
+)
+def test_an_id_parked_again_while_held_is_in_one_state_only(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a task due now under its own id, held by a pause of its queue
+    app = _app(make_test_app)
+    record = app.tasks["tests.record"]
+    record.apply_delayed((1,), countdown=0, queue="emails", task_id="id-1")
+    celery_zdelay.pause("queue:emails", app=app)
+    _one_pass(app)
+    assert _held(redis_client, "queue:emails") == ["id-1"]
+
+    # When the same id is parked again, due in an hour
+    record.apply_delayed((2,), countdown=3600, queue="emails", task_id="id-1")
+
+    # Then it is parked once: in the due set, due in an hour, and held no more
+    # (else the held copy goes out on resume and the new message is lost)
+    assert redis_client.zscore(SHARD0.due, "id-1") is not None
+    assert _held(redis_client, "queue:emails") == []
