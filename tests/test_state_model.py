@@ -93,6 +93,9 @@ KNOWN_DEFECTS: dict[str, bool] = {
     # New: an id parked again while held is left in its held set as well as
     # put in the due set (two states, one payload).
     "held_repark": True,
+    # New: entries a task pause held go out on resume without the tokens of
+    # their queue's rate limit (all at once).
+    "pause_drain_skips_limit": True,
 }
 
 # -- budget -----------------------------------------------------------------------
@@ -694,6 +697,13 @@ class StoreMachine(RuleBasedStateMachine):
     def release(self) -> None:
         """One companion pass, as the companion loop runs it (Companion.release_due)."""
         model = self.model
+        if self.known["pause_drain_skips_limit"] and model.limited:
+            drained = [
+                e
+                for e in model.live("held")
+                if e.lane not in model.paused and e.lane != f"queue:{e.queue}"
+            ]
+            assume(not any(f"queue:{e.queue}" == LIMITED for e in drained))
         self._leases_expire()
         now_ms = self._now()
         outcome: dict[str, str] = {}

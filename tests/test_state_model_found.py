@@ -171,3 +171,33 @@ def test_an_id_parked_again_while_held_is_in_one_state_only(
     # (else the held copy goes out on resume and the new message is lost)
     assert redis_client.zscore(SHARD0.due, "id-1") is not None
     assert _held(redis_client, "queue:emails") == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 33 new defect (model test): entries a task pause held go out on resume "
+        "without their queue's rate limit, all at once"
+    ),
+)
+def test_tasks_held_by_a_task_pause_go_out_under_their_queues_limit_on_resume(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a queue limited to 1/h (burst 1) and three of its tasks held by a
+    # pause of their task
+    app = _app(make_test_app)
+    record = app.tasks["tests.record"]
+    celery_zdelay.set_rate_limit("queue:emails", "1/h", burst=1, app=app)
+    celery_zdelay.pause("task:tests.record", app=app)
+    for n in range(3):
+        record.apply_delayed((n,), countdown=0, queue="emails")
+    _one_pass(app)
+    assert len(_held(redis_client, "task:tests.record")) == 3
+
+    # When the task is resumed and a companion makes a pass
+    celery_zdelay.resume("task:tests.record", app=app)
+    _one_pass(app)
+
+    # Then the queue's limit still holds: one goes out, two wait under it
+    assert redis_client.llen("emails") == 1
+    assert len(_held(redis_client, "queue:emails")) == 2
