@@ -201,3 +201,24 @@ def test_tasks_held_by_a_task_pause_go_out_under_their_queues_limit_on_resume(
     # Then the queue's limit still holds: one goes out, two wait under it
     assert redis_client.llen("emails") == 1
     assert len(_held(redis_client, "queue:emails")) == 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 33 defect 3: a newline in a task id corrupts its key's record",
+)
+def test_a_task_id_with_a_newline_keeps_its_key_or_is_refused(
+    make_test_app: AppFactory,
+) -> None:
+    # Given a keyed task parked under an id with a newline (Celery accepts it)
+    app = _app(make_test_app)
+    record = app.tasks["tests.record"]
+    try:
+        record.apply_delayed((1,), countdown=3600, task_id="id\n3", key="k1")
+    except celery_zdelay.ConfigurationError:
+        return  # refused at the boundary, with a clear error: as good
+    # Then the key's holder is that id, parked (not "id", running until 3 ms)
+    assert key_holder(store_for(app), "k1") == ("id\n3", None)
+    # ...and a keep call with the key parks nothing
+    kept = record.apply_delayed((2,), countdown=3600, key="k1", on_key="keep")
+    assert kept.id == "id\n3"
