@@ -116,7 +116,7 @@ flake-hunt: $(STAMP) chromium prometheus
 # The model-based test of the store's states (tests/test_state_model.py), deep:
 # many more examples than the CI profile make test runs.
 model-check: $(STAMP)
-	ZDELAY_MODEL_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider tests/test_state_model.py
+	ZDELAY_MODEL_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider --hypothesis-show-statistics tests/test_state_model.py
 
 servers: $(STAMP)
 	@for server in $(STORE_SERVERS); do \

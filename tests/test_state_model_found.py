@@ -43,10 +43,6 @@ def _held(client: redis.Redis, control: str) -> list[str]:
     return [m.decode() for m in client.zrange(held_key(PREFIX, 0, control), 0, -1)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 33 defect 1: on_key replace/debounce ignores a holder in a held set",
-)
 @pytest.mark.parametrize("mode", ["replace", "debounce"])
 def test_a_keyed_replace_cancels_the_holder_a_pause_holds(
     make_test_app: AppFactory, redis_client: redis.Redis, mode: str
@@ -69,10 +65,6 @@ def test_a_keyed_replace_cancels_the_holder_a_pause_holds(
     assert key_holder(store_for(app), "k1") == (second.id, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 33 defect 5: a task replaced by key stays PENDING instead of REVOKED",
-)
 def test_a_task_replaced_by_key_ends_revoked(make_test_app: AppFactory) -> None:
     # Given a keyed task parked for an hour
     app = _app(make_test_app)
@@ -146,13 +138,6 @@ def test_a_dead_letter_requeued_after_its_key_was_taken_leaves_no_empty_record(
     assert redis_client.hget(SHARD0.marks, f"i:{dead.id}") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 33 new defect (model test): an id parked again while a pause holds it "
-        "is left in its held set and put in the due set: two states, one payload"
-    ),
-)
 def test_an_id_parked_again_while_held_is_in_one_state_only(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
@@ -203,10 +188,6 @@ def test_tasks_held_by_a_task_pause_go_out_under_their_queues_limit_on_resume(
     assert len(_held(redis_client, "queue:emails")) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 33 defect 3: a newline in a task id corrupts its key's record",
-)
 def test_a_task_id_with_a_newline_keeps_its_key_or_is_refused(
     make_test_app: AppFactory,
 ) -> None:
