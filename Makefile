@@ -78,7 +78,7 @@ types: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) chromium prometheus
-	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) --durations=20 $(PYTEST_ARGS)
 
 docs: $(STAMP)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
