@@ -92,7 +92,7 @@ test-fast: lint types $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_XDIST) -m "not system" $(PYTEST_ARGS)
 
 # Refresh the development lock on purpose (.ci/lock.py): constraints/dev.txt
-# and the tox matrix's constraints/matrix-py3XX.txt, from a fresh resolve.
+# the tox matrix's constraints/matrix-py3XX.txt and constraints/oldest-py310.txt.
 lock:
 	PYTHON=$(PYTHON) $(PYTHON) .ci/lock.py
 
@@ -101,7 +101,7 @@ lock:
 latest:
 	PYTHON=$(PYTHON) $(PYTHON) .ci/latest.py
 
-# The oldest release each range in pyproject.toml allows (constraints/oldest.txt)
+# The oldest release each range in pyproject.toml allows (constraints/oldest-py310.txt)
 # on the oldest Python: the fast tests against the installed wheel (tox env).
 oldest: $(STAMP)
 	PATH="$(PYENV_BINS)$$PATH" $(BIN)/tox run -e py310-oldest --skip-missing-interpreters false

@@ -67,8 +67,17 @@ PYTHON = (
     Target(
         "schedule",
         "celery_zdelay/schedule.py",
-        ("tests/test_due_times.py", "tests/test_bad_input.py"),
-        quick=("tests/test_due_times.py",),
+        (
+            "tests/test_due_parsing.py",
+            "tests/test_due_times.py",
+            "tests/test_huge_durations.py",
+            "tests/test_bad_input.py",
+        ),
+        quick=(
+            "tests/test_due_parsing.py",
+            "tests/test_due_times.py",
+            "tests/test_huge_durations.py",
+        ),
     ),
     # The dashboard's served hosts, origins, CSRF tokens and authentication.
     Target(
@@ -401,6 +410,7 @@ LUA = (
 #: companion: ``--kills`` runs each target against these only.
 KILL_TESTS = frozenset(
     {
+        "tests/test_due_parsing.py",
         "tests/companion/publish/test_confirm_publisher.py",
         "tests/companion/publish/test_generic_publisher.py",
         "tests/companion/publish/test_generic_publisher_connection.py",
