@@ -80,13 +80,6 @@ def test_a_task_replaced_by_key_ends_revoked(make_test_app: AppFactory) -> None:
     assert app.backend.get_task_meta(first.id)["status"] == states.REVOKED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 33 new defect (model test): an id parked again with neither key nor "
-        "tags keeps the key and tags of the entry it replaced in the index"
-    ),
-)
 def test_an_id_parked_again_without_key_or_tags_drops_its_earlier_key_and_tags(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:

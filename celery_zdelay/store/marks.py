@@ -293,16 +293,10 @@ def _park_call(
     check_shards: Sequence[int] = (),
 ) -> Any:
     keys, args = store.park_arguments(shard, requests, check_shards)
-    shard_keys = store.keys(shard)
     prefix = store.config.key_prefix
     records = [request.mark.record() if request.mark else "-0\n" for request in requests]
     return script(
-        keys=[
-            *keys,
-            *(held_key(prefix, shard, lane) for lane in lanes),
-            shard_keys.marks,
-            shard_keys.tagged,
-        ],
+        keys=[*keys, *(held_key(prefix, shard, lane) for lane in lanes)],
         args=[*args, *records, *lanes, len(lanes), len(requests)],
         client=client,
     )
