@@ -101,13 +101,6 @@ def test_an_id_parked_again_without_key_or_tags_drops_its_earlier_key_and_tags(
     assert other.id != "id-2"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 33 new defect (model test): a dead letter requeued without its key "
-        "and without tags leaves an empty record in the key and tag index"
-    ),
-)
 def test_a_dead_letter_requeued_after_its_key_was_taken_leaves_no_empty_record(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
