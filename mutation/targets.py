@@ -222,14 +222,16 @@ LUA = (
             "tests/store/test_hardening_store.py",
         ),
     ),
-    # Loaded in front of every script that removes entries (and of park_keyed,
-    # finish_key, start_run): the key and tag index exact after each removal.
+    # Loaded in front of every script that removes entries (and of park,
+    # park_keyed, finish_key, start_run): the key and tag index exact after
+    # each removal, and after an id is parked again.
     Target(
         "_marks.lua",
         _STORE + "_marks.lua",
         (
             _MARKS,
             _PARK_KEYED,
+            _PARK,
             *_ACK,
             *_STEERING[:1],
             _REQUEUE_PURGE,

@@ -86,10 +86,10 @@ KNOWN_DEFECTS: dict[str, bool] = {
     "replace_pending": False,  # fixed
     # New (found by this machine): an id parked again with neither key nor
     # tags keeps the key and tags of the entry it replaces in the index.
-    "plain_repark_marks": True,
+    "plain_repark_marks": False,  # fixed
     # New: a dead letter requeued without its key (another entry took it)
     # and without tags leaves an empty record in the index.
-    "requeue_empty_record": True,
+    "requeue_empty_record": False,  # fixed
     # New: an id parked again while held is left in its held set as well as
     # put in the due set (two states, one payload).
     "held_repark": False,  # fixed

@@ -80,13 +80,6 @@ def test_a_task_replaced_by_key_ends_revoked(make_test_app: AppFactory) -> None:
     assert app.backend.get_task_meta(first.id)["status"] == states.REVOKED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 33 new defect (model test): an id parked again with neither key nor "
-        "tags keeps the key and tags of the entry it replaced in the index"
-    ),
-)
 def test_an_id_parked_again_without_key_or_tags_drops_its_earlier_key_and_tags(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
@@ -108,13 +101,6 @@ def test_an_id_parked_again_without_key_or_tags_drops_its_earlier_key_and_tags(
     assert other.id != "id-2"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 33 new defect (model test): a dead letter requeued without its key "
-        "and without tags leaves an empty record in the key and tag index"
-    ),
-)
 def test_a_dead_letter_requeued_after_its_key_was_taken_leaves_no_empty_record(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:

@@ -6,8 +6,9 @@ it is dead-lettered) and of each key's holder (``k:<key>``), and ``tagged``,
 a sorted set of ``<tag>\\n<id>`` read by lexical range. ``park_keyed.lua``
 writes them with the entry; every script that removes an entry (handoff,
 push, ack, cancel, dead-letter, purge, requeue) updates them in the same
-step (``lua/_marks.lua``), and checks once per call whether the shard has
-any marks at all, so unmarked shards pay one ``EXISTS``.
+step (``lua/_marks.lua``), as ``park.lua`` does for an id parked again,
+and checks once per call whether the shard has any marks at all, so
+unmarked shards pay one ``EXISTS``.
 
 A key lives on the shard of its entry: a keyed entry's id is drawn to fall
 on its key's shard (:func:`celery_zdelay.keys.task_id_for`), so one script
@@ -293,16 +294,10 @@ def _park_call(
     check_shards: Sequence[int] = (),
 ) -> Any:
     keys, args = store.park_arguments(shard, requests, check_shards)
-    shard_keys = store.keys(shard)
     prefix = store.config.key_prefix
     records = [request.mark.record() if request.mark else "-0\n" for request in requests]
     return script(
-        keys=[
-            *keys,
-            *(held_key(prefix, shard, lane) for lane in lanes),
-            shard_keys.marks,
-            shard_keys.tagged,
-        ],
+        keys=[*keys, *(held_key(prefix, shard, lane) for lane in lanes)],
         args=[*args, *records, *lanes, len(lanes), len(requests)],
         client=client,
     )

@@ -39,9 +39,10 @@ SCRIPT_NAMES = (
 
 #: Scripts that read entries, loaded with the shared reader ``_expand.lua`` in front.
 _READERS = ("handoff",)
-#: Scripts that remove entries, loaded with ``_marks.lua`` in front: an
-#: entry's key and tags leave in the script that removes it.
-_MARKED = ("handoff", "push", "ack", "deadletter", "cancel", "requeue")
+#: Scripts that remove or replace entries, loaded with ``_marks.lua`` in
+#: front: an entry's key and tags leave in the script that removes it, and
+#: those of an id parked again (park.lua) in the script that parks it.
+_MARKED = ("park", "handoff", "push", "ack", "deadletter", "cancel", "requeue")
 #: Scripts that ask where an id is now (due, held, in flight), loaded with
 #: ``_where.lua`` in front: one answer for all, so none misses a state.
 _LOCATING = ("park", "requeue")
@@ -53,7 +54,7 @@ def script_source(name: str, before: str = "") -> str:
 
     Every script gets the checks of ``_guard.lua`` in front (they run before
     its first write); readers of entries also get ``_expand.lua``, scripts
-    that remove entries ``_marks.lua``, and those that ask where an id is
+    that remove or replace entries ``_marks.lua``, and those that ask where an id is
     ``_where.lua``.
     """
     if name in _LOCATING:

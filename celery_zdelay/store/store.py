@@ -301,6 +301,8 @@ class Store:
                 other.leased,
                 other.dests,
                 other.templates,
+                other.marks,
+                other.tagged,
             )
         ]
         templates = {r.template.id: r.template.record for r in requests if r.template}
@@ -324,6 +326,8 @@ class Store:
             keys.marker(),
             keys.templates,
             lanes_key(self.config.key_prefix, shard),
+            keys.marks,
+            keys.tagged,
             *(held_key(self.config.key_prefix, shard, lane) for lane in lanes),
             *checked,
         ]

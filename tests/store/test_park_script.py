@@ -9,7 +9,9 @@ each payload is stamped with when it was parked, once; a retried call
 a re-park takes over an id being released; template counts follow what is
 parked; handoff destinations are listed once, however many entries of
 one call name them; the leased hash is needed (and checked) only by a
-re-park of an id being released; the companions wake only
+re-park of an id being released; an id parked again without a key or
+tags forgets those it had (waiting or being released), the marks read only
+for an id stored already; the companions wake only
 when the earliest due time moves earlier; and a key of another type
 refuses the park with the fix, before anything is written.
 """
@@ -27,10 +29,11 @@ from celery_zdelay.capture import capture
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest
+from celery_zdelay.store.marks import check_marks, key_holder, park_marked, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
-from tests.support.store import ids_on_shard
+from tests.support.store import ids_on_shard, marked_request
 from tests.support.wake import wake_ups
 
 pytestmark = pytest.mark.timeout(60)
@@ -295,3 +298,55 @@ def test_a_batch_another_shard_cannot_take_is_refused_on_every_shard_before_any_
         store.park([_at(on_0, at), _at(on_1, at)])
 
     assert client.zcard(store.keys(0).due) == client.hlen(store.keys(0).msg) == 0
+
+
+@pytest.mark.parametrize("where", ["due", "being released"])
+def test_an_id_parked_again_plainly_forgets_the_key_and_tags_it_had(
+    app: Celery, redis_client: redis.Redis, where: str
+) -> None:
+    # Given "a" parked with a key (held until it finishes) and two tags, and
+    # "b" with another key and one of those tags
+    store = store_for(app)
+    now = redis_ms(redis_client)
+    park_marked(
+        store,
+        [
+            marked_request("a", now - 1000, "k1", "until_finished", ("t1", "t2"), 60_000),
+            marked_request("b", now + HOUR, "k2", "keep", ("t1",)),
+        ],
+    )
+    if where == "being released":
+        assert [e.task_id for e in store.claim(0, limit=1, lease_ms=HOUR).entries] == ["a"]
+
+    # When "a" is parked again with neither key nor tags (store.park: park.lua alone)
+    store.park([_at("a", now + HOUR, b'{"v":2}\nbody')])
+
+    # Then the new entry has no marks: its key is free, its tags select
+    # nothing, and "b" keeps all of its own
+    assert redis_client.hget(SHARD0.marks, "i:a") is None
+    assert key_holder(store, "k1") is None
+    assert tagged_ids(store, "t1") == ["b"]
+    assert tagged_ids(store, "t2") == []
+    assert key_holder(store, "k2") == ("b", None)
+    assert check_marks(store) == []
+
+
+def test_a_first_park_reads_no_marks_and_a_park_again_checks_them_before_it_writes(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given "a" parked with a tag, then the marks hash written over by someone else
+    store = store_for(app)
+    at = redis_ms(redis_client) + HOUR
+    park_marked(store, [marked_request("a", at, tags=("t1",))])
+    before = redis_client.hget(SHARD0.msg, "a")
+    _string_at(SHARD0.marks)(redis_client)
+
+    # When a new id is parked, the marks are not read: it is parked
+    store.park([_at("new", at)])
+    assert _score(redis_client, "new") > 0
+
+    # ...and when "a" is parked again, they are: refused with the fix, nothing written
+    with pytest.raises(StoreRefusedError, match="holds a string, not a hash: something else"):
+        store.park([_at("a", at + 1, b'{"v":2}\nbody')])
+    assert redis_client.hget(SHARD0.msg, "a") == before
+    assert _score(redis_client, "a") == at * 1024

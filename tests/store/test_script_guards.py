@@ -4,7 +4,7 @@ Pins the lines of ``store/lua/_guard.lua`` (loaded in front of every
 script; see docs/mutation.rst) that the scripts' own kill tests do not
 reach, on a private Redis, no worker or companion: a batch parked across
 three shards is refused on every shard, before any writes, when any one of
-the last shard's six keys holds another type; a keyed park is refused
+the last shard's eight keys holds another type; a keyed park is refused
 before its key is recorded when the destination set cannot take its
 queue; an entry whose due time is neither absolute nor relative is
 refused; the Redis clock is read to the millisecond, never behind; a
@@ -56,6 +56,8 @@ def _schedule(name: str, seconds: float) -> Definition:
         ("leased", "hash"),
         ("dests", "set"),
         ("templates", "hash"),
+        ("marks", "hash"),
+        ("tagged", "zset"),
     ],
 )
 def test_a_batch_over_three_shards_is_refused_before_any_write_when_the_last_cannot_take_it(

@@ -1,9 +1,9 @@
 -- Run in front of park.lua (both after _guard.lua): park a periodic
 -- occurrence only the first time anyone parks it.
 --
--- KEYS[1..8] as park.lua, with no held set given and no other shard
--- KEYS[9] ticks zset    occurrence id -> ms it was first parked
--- KEYS[10] periodic pointers hash, KEYS[11] periodic paused set (optional:
+-- KEYS[1..10] as park.lua, with no held set given and no other shard
+-- KEYS[11] ticks zset   occurrence id -> ms it was first parked
+-- KEYS[12] periodic pointers hash, KEYS[13] periodic paused set (optional:
 --         not on a Redis Cluster, where they are another slot): an
 --         occurrence of a version that is no longer current, or of a
 --         paused schedule, is refused, so a companion that read the

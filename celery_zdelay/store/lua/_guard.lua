@@ -50,7 +50,7 @@ local function zdelay_number(value)
 end
 
 -- Where park.lua's arguments (see there) are, past its fixed ones: the
--- held sets given (KEYS[9..], their control names ARGV[5..]), then the
+-- held sets given (KEYS[11..], their control names ARGV[5..]), then the
 -- templates and the entries (ARGV), and the other shards' keys (KEYS).
 -- One reading for every script that runs park.lua or reads its arguments
 -- (park_keyed.lua, park_once.lua).
@@ -65,13 +65,13 @@ local function zdelay_park_layout()
   end
   local held, names = {}, {}
   for i = 1, n_held do
-    held[i], names[i] = KEYS[8 + i], ARGV[4 + i]
+    held[i], names[i] = KEYS[10 + i], ARGV[4 + i]
   end
   return {
-    lanes = KEYS[8], held = held, names = names,
+    lanes = KEYS[8], marks = KEYS[9], tagged = KEYS[10], held = held, names = names,
     first_template = 5 + n_held,
     first_entry = 5 + n_held + 2 * n_templates,
-    first_other = 9 + n_held,
+    first_other = 11 + n_held,
   }
 end
 
@@ -81,9 +81,9 @@ end
 -- types of its own keys (see there).
 local function zdelay_expect_park_args()
   local layout = zdelay_park_layout()
-  for i = layout.first_other, #KEYS, 6 do
+  for i = layout.first_other, #KEYS, 8 do
     zdelay_expect(KEYS[i], 'zset', KEYS[i + 1], 'hash', KEYS[i + 2], 'zset', KEYS[i + 3], 'hash',
-      KEYS[i + 4], 'set', KEYS[i + 5], 'hash')
+      KEYS[i + 4], 'set', KEYS[i + 5], 'hash', KEYS[i + 6], 'hash', KEYS[i + 7], 'zset')
   end
   for i = layout.first_entry, #ARGV, 5 do
     local mode = ARGV[i + 1]
@@ -99,7 +99,7 @@ end
 -- valid due time. park_once.lua (periodic) calls it before writing its tick.
 local function zdelay_expect_park()
   zdelay_expect(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash',
-    KEYS[5], 'set', KEYS[7], 'hash', KEYS[8], 'set')
+    KEYS[5], 'set', KEYS[7], 'hash', KEYS[8], 'set', KEYS[9], 'hash', KEYS[10], 'zset')
   local layout = zdelay_expect_park_args()
   for _, key in ipairs(layout.held) do zdelay_expect(key, 'zset') end
   return layout

@@ -9,17 +9,19 @@
 -- KEYS[7] templates     template id -> template record (see entry.py), and
 --                       "#" id -> how many entries refer to it (_guard.lua)
 -- KEYS[8] lanes set     names of the controls with a held set on this shard
--- KEYS[9..] held zsets  one per control name of ARGV[5..], in that order
+-- KEYS[9] marks hash    keys and tags of entries (see _marks.lua)
+-- KEYS[10] tagged zset  entries by tag (see _marks.lua)
+-- KEYS[11..] held zsets one per control name of ARGV[5..], in that order
 --           (those the caller knows; none at first)
--- then six per other shard of the same batch on this Redis server (its
---           keys 1-5 and 7): checked too, so that a batch one shard cannot
+-- then eight per other shard of the same batch on this Redis server (its
+--           keys 1-5 and 7, marks, tagged): checked too, so that a batch one shard cannot
 --           take fails in every shard's call before any of them writes (a
 --           MULTI/EXEC does not undo the calls that ran before a failing one)
 -- ARGV[1] wake channel, published to when the earliest due time moves earlier
 --         (best effort, after the writes: see zdelay_wake in _guard.lua)
 -- ARGV[2] ms the call marker lives (longer than the caller's retries take)
 -- ARGV[3] number of templates
--- ARGV[4] number of held sets given (KEYS[9..]), then their control names
+-- ARGV[4] number of held sets given (KEYS[11..]), then their control names
 -- then two per template: id, record (stored once; ids are content hashes)
 -- then five per entry: id, mode, ms, payload, dest
 --           mode "r": due ms after the Redis clock; "a": absolute epoch ms
@@ -35,6 +37,11 @@
 -- Only an id whose payload is stored already is looked for (zdelay_where in
 -- _where.lua): the first park of an id reads nothing more.
 --
+-- The entry parked again is a new one: the key and tags the id had (its
+-- record "i:<id>" in the marks hash) leave the index in this script, as
+-- park_keyed.lua forgets them before it runs this one with the new marks.
+-- Also asked only for an id whose payload is stored already (one HEXISTS).
+--
 -- Each payload is stored with when it was parked on the Redis clock: "p":<ms>
 -- spliced first into its metadata line ({"p":<ms>,"v":1,...}), replacing
 -- one a re-parked payload carries. It is outside what a signature covers
@@ -46,6 +53,7 @@ local due, msg, lease, leased, dests, marker, templates =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
 local layout = zdelay_expect_park_args()
+local marks, tagged = layout.marks, layout.tagged
 local first_template, first_entry = layout.first_template, layout.first_entry
 local now_ms = zdelay_now_ms()
 local stamp = '{"p":' .. string.format('%.0f', now_ms) .. ','
@@ -96,7 +104,8 @@ end
 -- types of the keys written after them (a read of a key of another type
 -- fails as the check would): due (ZREVRANGEBYSCORE), msg (HGET), lease
 -- (ZSCORE), templates (the HGET of a template's count, HEXISTS where it has
--- none, and the counts' HGET before any count is written). leased is
+-- none, and the counts' HGET before any count is written), marks (HEXISTS,
+-- then zdelay_marks_plan checks marks and tagged). leased is
 -- checked when an entry being released needs it; dests is written first of
 -- all (below). A failed read is reported as the checks of _guard.lua report
 -- it, with the fix.
@@ -107,6 +116,8 @@ local place = {due = due, lease = lease, msg = msg, held = layout.held}
 local unheld, lanes_stale, lanes_complete = {}, false, nil
 local entries = {}
 local refs
+-- Ids parked again that carry marks, and the writes that forget them.
+local forget, forgotten, forget_plan = {}, {}, nil
 local lowest, wake  -- set by the first entry: its score, and whether nothing is due before it
 -- Template counts read here, for zdelay_refs_plan (false: no count).
 local counts = {}
@@ -153,6 +164,12 @@ local function read()
     -- release in flight can no longer acknowledge (and delete) the new payload.
     local leased_now = redis.call('ZSCORE', lease, id) ~= false
     any_leased = any_leased or leased_now
+    if stored and not forgotten[id] and redis.call('HEXISTS', marks, 'i:' .. id) == 1 then
+      -- Parked again under its id, with a key or tags: the new entry has
+      -- none of its own (park_keyed.lua writes them after this script).
+      forgotten[id] = true
+      forget[#forget + 1] = id
+    end
     if stored and not leased_now then
       -- Stored already and not being released: waiting in the due set, or
       -- held back by a pause or rate limit, which it leaves as a released
@@ -174,6 +191,7 @@ local function read()
   end
   if any_leased then zdelay_expect(leased, 'hash') end
   refs = zdelay_refs_plan(templates, delta, created, counts)
+  forget_plan = zdelay_marks_plan(marks, tagged, forget, 'cancel', now_ms)
 end
 local read_ok, read_error = pcall(read)
 if not read_ok then
@@ -220,6 +238,8 @@ end
 for i = first_template, first_entry - 1, 2 do
   if created[ARGV[i]] then redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1]) end
 end
+
+zdelay_marks_apply(marks, tagged, forget_plan)
 
 for e, entry in ipairs(entries) do
   local id = entry[1]

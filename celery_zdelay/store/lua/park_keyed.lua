@@ -13,12 +13,11 @@
 -- which is given the same held sets (found here first, so that park.lua,
 -- run after this script's writes, never has to answer -2).
 --
--- KEYS[1..8] as park.lua (KEYS[6] the call marker, KEYS[8] the lanes set),
---            with no held set among them
--- KEYS[9..]  other shards' keys to check, as park.lua
+-- KEYS[1..10] as park.lua (KEYS[6] the call marker, KEYS[8] the lanes set,
+--            KEYS[9] the marks hash, KEYS[10] the tagged zset: see
+--            _marks.lua), with no held set among them
+-- KEYS[11..] other shards' keys to check, as park.lua
 -- then       held zsets   one per control name of ARGV (see below), in that order
--- KEYS[#KEYS - 1] marks hash   (see _marks.lua)
--- KEYS[#KEYS]     tagged zset  (see _marks.lua)
 -- ARGV as park.lua with no held set (ARGV[4] 0), then one mark record per
 --      entry (see _marks.lua), then the control names of the held zsets,
 --      then their number, then the number of entries
@@ -33,8 +32,7 @@
 --         is held in a set not given (read the lanes set and call again)
 if redis.replicate_commands then redis.replicate_commands() end
 
-local tagged = table.remove(KEYS)
-local marks = table.remove(KEYS)
+local marks, tagged = KEYS[9], KEYS[10]
 local n = tonumber(table.remove(ARGV))
 if not n then error({err = 'ERR celery-zdelay park_keyed: no entry count'}) end
 local n_lanes = tonumber(table.remove(ARGV))
@@ -53,8 +51,7 @@ local kdue, kmsg, kmarker, ktemplates = KEYS[1], KEYS[2], KEYS[6], KEYS[7]
 local kdone = redis.call('GET', kmarker)
 if kdone then return cjson.decode(kdone) end
 
-zdelay_expect_park()
-zdelay_expect(marks, 'hash', tagged, 'zset', klanes, 'set')
+zdelay_expect_park()  -- marks, tagged and the lanes set among them
 for _, key in ipairs(kheld) do zdelay_expect(key, 'zset') end
 local klayout = zdelay_park_layout()
 local kfirst_template, kfirst = klayout.first_template, klayout.first_entry
@@ -168,7 +165,7 @@ zdelay_refs_apply(ktemplates, krefs)
 -- it, so it holds the entries to park while zdelay_park() runs.
 local all_args = {}
 for i = 1, #ARGV do all_args[i] = ARGV[i] end
--- The held sets go to park.lua in its own places (KEYS[9..], ARGV[5..]).
+-- The held sets go to park.lua in its own places (KEYS[11..], ARGV[5..]).
 local kept = {all_args[1], all_args[2], 0, n_lanes}
 for i = 1, n_lanes do kept[#kept + 1] = lane_names[i] end
 for i = kfirst_template, kfirst - 1, 2 do
@@ -190,7 +187,7 @@ local due_of = {}
 if #order > 0 then
   for i = #ARGV, 1, -1 do ARGV[i] = nil end
   for i = 1, #kept do ARGV[i] = kept[i] end
-  for i, key in ipairs(kheld) do table.insert(KEYS, 8 + i, key) end
+  for i, key in ipairs(kheld) do table.insert(KEYS, 10 + i, key) end
   local parked_ms = zdelay_park()
   for j, e in ipairs(order) do due_of[e] = parked_ms[j] end
 end

@@ -41,6 +41,7 @@ end
 -- took the key meanwhile (that one keeps it; this one is parked without),
 -- or an entry before it in this call takes it back: two dead letters of one
 -- key requeued together leave one holder, as one after the other would.
+-- One left with neither key nor tags gets no record, as any unmarked entry.
 local restore, taken = {}, {}
 if marks and #chosen > 0 and redis.call('EXISTS', marks) == 1 then
   zdelay_expect(marks, 'hash', tagged, 'zset')
@@ -54,9 +55,11 @@ if marks and #chosen > 0 and redis.call('EXISTS', marks) == 1 then
         takes_key = not taken[key] and (not holder or (until_ms ~= nil and until_ms <= now_ms))
         if takes_key then
           taken[key] = true
-        else
+        elseif #tags > 0 then
           record = '-0\n'
           for _, tag in ipairs(tags) do record = record .. '\n' .. tag end
+        else
+          record = nil
         end
       end
       restore[#restore + 1] = {entry[1], record, takes_key and key or '', tags}
@@ -66,7 +69,7 @@ end
 for _, item in ipairs(restore) do
   local id, record, key, tags = item[1], item[2], item[3], item[4]
   redis.call('HDEL', marks, 'd:' .. id)
-  redis.call('HSET', marks, 'i:' .. id, record)
+  if record then redis.call('HSET', marks, 'i:' .. id, record) end
   if key ~= '' then redis.call('HSET', marks, 'k:' .. key, id) end
   for _, tag in ipairs(tags) do redis.call('ZADD', tagged, 0, tag .. '\n' .. id) end
 end
