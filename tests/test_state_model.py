@@ -307,6 +307,9 @@ class Model:
     dead: dict[str, Entry] = field(default_factory=dict)
     holders: dict[str, Holder] = field(default_factory=dict)
     revoked: set[str] = field(default_factory=set)
+    #: Ids a run ended in SUCCESS: Celery's result backend keeps a SUCCESS
+    #: over any later state of the id (backends/base.py), REVOKED included.
+    succeeded: set[str] = field(default_factory=set)
     paused: set[str] = field(default_factory=set)
     limited: bool = False
     tokens: int = BURST
@@ -807,6 +810,8 @@ class StoreMachine(RuleBasedStateMachine):
         # The backend keeps the last state of an id: an earlier release of an
         # id cancelled since (parked again under it) ran, and says so.
         self.model.revoked.discard(task_id)
+        if outcome == "success":
+            self.model.succeeded.add(task_id)
         retried = self._drain_broker()
         assert all(json.loads(r)["headers"]["id"] == task_id for _, r in retried)
         assert len(retried) == (1 if outcome == "retry" else 0)
@@ -917,6 +922,8 @@ class StoreMachine(RuleBasedStateMachine):
         backend = self.app.backend
         for task_id in self.model.revoked:
             state = backend.get_task_meta(task_id)["status"]
+            if state == states.SUCCESS and task_id in self.model.succeeded:
+                continue  # an id reused after a success: Celery keeps the SUCCESS
             assert state == states.REVOKED, f"{task_id} cancelled but {state}"
 
 
