@@ -187,6 +187,34 @@ def test_a_limit_changed_at_run_time_applies_without_a_restart(
     assert rate_limits(app=app) == {}
 
 
+def test_tasks_a_removed_task_limit_held_wait_for_their_queues_limit_set_since(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given tests.record limited to 1/h (burst 1) and three of its emails due:
+    # one goes out, two are held by the task's limit
+    app = _app(make_test_app)
+    record = app.tasks["tests.record"]
+    celery_zdelay.set_rate_limit("task:tests.record", "1/h", burst=1, app=app)
+    for i in range(3):
+        record.apply_delayed((i,), countdown=0, queue="emails")
+    with Companion(app) as comp:
+        comp.release_due()
+        assert redis_client.llen("emails") == 1
+        assert {c.name: c.waiting for c in controls(app=app)} == {"task:tests.record": 2}
+
+        # When the emails queue is limited to 1/h (burst 1), the task's limit
+        # removed, and a companion makes a pass
+        celery_zdelay.set_rate_limit("queue:emails", "1/h", burst=1, app=app)
+        celery_zdelay.set_rate_limit("task:tests.record", None, app=app)
+        comp.gate.refresh(comp.shards, force=True)
+        comp.release_due()
+
+    # Then the queue's limit holds them, as any of its tasks: one goes out in
+    # that pass (its burst), the other waits for a token
+    assert redis_client.llen("emails") == 2
+    assert {c.name: c.waiting for c in controls(app=app) if c.waiting} == {"queue:emails": 1}
+
+
 def test_a_throttled_companion_sleeps_until_the_next_token(
     make_test_app: AppFactory, redis_client: redis.Redis, companion: Any
 ) -> None:

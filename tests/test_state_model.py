@@ -95,7 +95,7 @@ KNOWN_DEFECTS: dict[str, bool] = {
     "held_repark": False,  # fixed
     # New: entries a task pause held go out on resume without the tokens of
     # their queue's rate limit (all at once).
-    "pause_drain_skips_limit": True,
+    "pause_drain_skips_limit": False,  # fixed
 }
 
 # -- budget -----------------------------------------------------------------------
@@ -727,7 +727,13 @@ class StoreMachine(RuleBasedStateMachine):
             else:
                 outcome[entry.id] = self._release(entry)
         releasable = {e.lane for e in model.live("held")} | ({LIMITED} if model.limited else set())
-        for lane in sorted(releasable - model.paused):
+
+        # Held sets to drain first, then the limit: what a resumed pause
+        # moves under the limit goes out in the same pass, as tokens allow.
+        def flow(name: str) -> tuple[bool, str]:
+            return (model.limited and name == LIMITED, name)
+
+        for lane in sorted(releasable - model.paused, key=flow):
             held = sorted((e for e in model.live("held") if e.lane == lane), key=Entry.order)
             granted = len(held)
             if model.limited and lane == LIMITED:

@@ -144,13 +144,6 @@ def test_an_id_parked_again_while_held_is_in_one_state_only(
     assert _held(redis_client, "queue:emails") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 33 new defect (model test): entries a task pause held go out on resume "
-        "without their queue's rate limit, all at once"
-    ),
-)
 def test_tasks_held_by_a_task_pause_go_out_under_their_queues_limit_on_resume(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:

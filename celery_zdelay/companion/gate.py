@@ -115,10 +115,12 @@ class Gate:
     def lane_of(self, message: TaskMessage, *, passed: str | None = None) -> str | None:
         """Return the control that holds *message* back, or None to release it.
 
-        A pause of its task or queue holds it. So does a limit of its queue,
-        then of its task, except those it passed already: *passed* is the
-        control whose tokens it was released under (a queue's limit, then
-        a task's, so an entry under both waits for both, once each).
+        A pause of its task or queue holds it. So do the limits of its queue,
+        then of its task, but those before *passed* and *passed* itself: the
+        limit whose tokens it was released under, so that an entry under
+        both waits for both, once each. An entry drained from a held set
+        without tokens (a pause resumed, a limit removed) passed none: it
+        waits for every limit that applies now, as if it had just fallen due.
         """
         queue = f"queue:{queue_of(message)}"
         task = f"task:{message.task_name}"
@@ -126,12 +128,11 @@ class Gate:
             return task
         if queue in self.paused:
             return queue
-        if passed == task:
-            return None
-        if queue in self.limits and passed != queue:
-            return queue
-        if task in self.limits:
-            return task
+        order = (queue, task)
+        start = order.index(passed) + 1 if passed in order else 0
+        for name in order[start:]:
+            if name in self.limits:
+                return name
         return None
 
     def releasable(self, shards: Iterable[int]) -> dict[str, list[int]]:
@@ -141,6 +142,10 @@ class Gate:
         companion may have held entries on a shard since the lanes were
         read, and due order across shards needs them all), else those with
         a held set of it (a removed limit or a resumed pause, to drain).
+
+        In the order entries flow between them: held sets to drain first,
+        then queue limits, then task limits, so that what one of them moves
+        to the next is released in the same pass, as the next allows.
         """
         shard_list = list(shards)
         found: dict[str, list[int]] = {}
@@ -150,7 +155,16 @@ class Gate:
             for name in self.lanes.get(shard, ()):
                 if name not in self.limits:
                     found.setdefault(name, []).append(shard)
-        return {name: found[name] for name in sorted(found) if name not in self.paused}
+        return {
+            name: found[name]
+            for name in sorted(found, key=self._flow_rank)
+            if name not in self.paused
+        }
+
+    def _flow_rank(self, name: str) -> tuple[int, str]:
+        if name not in self.limits:
+            return (0, name)
+        return (1 if name.startswith("queue:") else 2, name)
 
     def first_held(self, name: str, shards: Iterable[int], count: int) -> list[int]:
         """Return the shard of each of the first *count* entries *name* holds, in due order.

@@ -218,8 +218,8 @@ class ReleasePass:
     ) -> None:
         """Release leased entries: hand off, publish, hold, give back or dead-letter each.
 
-        *passed* names the control whose tokens the entries were released
-        under (see :meth:`Gate.lane_of`).
+        *passed* names the limit whose tokens the entries were released
+        under, None for none (see :meth:`Gate.lane_of`).
         """
         token = result.token
         dead: list[tuple[str, DeadReason]] = []
@@ -320,7 +320,10 @@ class ReleasePass:
                     self._redis_clock = (result.now_ms, claimed_at)
                     claimed += len(result.entries)
                     if result.entries:
-                        self._release_leased(shard, result, report, claimed_at, passed=name)
+                        # Only a limit's tokens pass it: entries drained without
+                        # (a pause resumed, a limit removed) meet every limit.
+                        passed = name if limit is not None else None
+                        self._release_leased(shard, result, report, claimed_at, passed=passed)
                 if limit is not None:
                     gate.control.give_back(name, limit, granted - claimed)
                 logger.debug(
