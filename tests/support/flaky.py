@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-burn", action="store_true", help="run without the CPU burner")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments")
     args = parser.parse_args(argv)
+    # Stopped with SIGTERM, the burner must go too: finally runs on SystemExit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     counts: collections.Counter[str] = collections.Counter()
     burner = None if args.no_burn else subprocess.Popen([sys.executable, "-c", BURN])
     try:
