@@ -160,14 +160,14 @@ def test_allowed_answers_empty_when_every_command_is_allowed(
 def test_a_user_denied_a_command_is_refused_the_script_naming_it_before_it_runs(
     acl_user: Callable[..., redis.Redis], make_test_app: AppFactory, redis_server: RedisServer
 ) -> None:
-    user = acl_user("~*", "+@all", "-hmget")
+    user = acl_user("~*", "+@all", "-zrangebyscore")
     kwargs = user.get_connection_kwargs()
     url = f"redis://{kwargs['username']}:{PASSWORD}@127.0.0.1:{redis_server.port}/0"
     store = Store(get_config(make_test_app(conf={"zdelay_redis_url": url})))
     try:
         due = store.keys(0).due
-        store.ensure_allowed(due, "park")  # park.lua runs no HMGET
-        with pytest.raises(StoreRefusedError, match=r"refuse HMGET, which ack\.lua runs"):
-            store.ensure_allowed(due, "ack")
+        store.ensure_allowed(due, "park")  # park.lua runs no ZRANGEBYSCORE
+        with pytest.raises(StoreRefusedError, match=r"refuse ZRANGEBYSCORE, which claim\.lua runs"):
+            store.ensure_allowed(due, "claim")
     finally:
         store.close()
