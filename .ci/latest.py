@@ -91,12 +91,21 @@ def passes(step: str, commands: dict[str, tuple[tuple[str | Path, ...], ...]]) -
     return all(run(*command) for command in commands[step])
 
 
+#: How long the search for a culprit may take: CI's run has a time limit, and
+#: a canary that ran out of it would fail the run it must not fail.
+SEARCH_SECONDS = 600.0
+
+
 def culprit(step: str, newest: dict[str, str], locked: dict[str, str]) -> str | None:
     """Roll each changed package back alone; the one that fixes *step*."""
     changed = [name for name in newest if name in locked and newest[name] != locked[name]]
     changed.sort(key=lambda name: (name not in RUNTIME, name))
     pip = (BIN / "python", "-m", "pip", "--quiet", "--disable-pip-version-check", "install")
+    deadline = time.monotonic() + SEARCH_SECONDS
     for name in changed:
+        if time.monotonic() > deadline:
+            print(f"== gave up naming a culprit after {SEARCH_SECONDS:.0f} s", flush=True)
+            break
         print(f"== rolling back {name} {newest[name]} -> {locked[name]}", flush=True)
         if not run(*pip, "--no-deps", f"{name}=={locked[name]}", quiet=True):
             continue
