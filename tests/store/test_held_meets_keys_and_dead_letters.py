@@ -10,7 +10,6 @@ in-process companion making release passes (no worker: what reaches the
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -33,10 +32,9 @@ from celery_zdelay.store.marks import (
     tagged_ids,
 )
 from tests.conftest import AppFactory
-from tests.helpers import wait_for
 from tests.support.clock import redis_ms
 from tests.support.keys import keys_of
-from tests.support.store import marked_request
+from tests.support.store import marked_request, release_everything
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -70,24 +68,7 @@ def _hold(app: Celery) -> None:
 def _released_after_resume(app: Celery, client: redis.Redis) -> list[tuple[str, Any]]:
     """Resume the emails queue, release everything parked; return (id, args) sent to it."""
     celery_zdelay.resume(PAUSED, app=app)
-    store = store_for(app)
-    with Companion(app) as comp:
-
-        def all_out() -> bool:
-            comp.release_due()
-            return not any(
-                client.zcard(key)
-                for shard in store.shards
-                for key in (
-                    keys_of(shard).due,
-                    keys_of(shard).lease,
-                    held_key("zdelay", shard, PAUSED),
-                )
-            )
-
-        wait_for(all_out, timeout=30, message="every parked task released")
-    sent = [json.loads(raw) for raw in client.lrange("emails", 0, -1)]
-    return [(m["headers"]["id"], m["headers"]["argsrepr"]) for m in sent]
+    return release_everything(app, client, "emails", PAUSED)
 
 
 def _dead_letter(app: Celery, task_id: str, **options: Any) -> None:

@@ -28,8 +28,8 @@ from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store, admin
 from celery_zdelay.store.keys import held_key
 from tests.conftest import AppFactory
-from tests.helpers import wait_for
 from tests.support.keys import keys_of
+from tests.support.store import release_everything
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -64,24 +64,7 @@ def _pass(app: Celery) -> None:
 
 def _release_everything(app: Celery, client: redis.Redis) -> list[tuple[str, Any]]:
     """Release every parked entry (its control lifted); return (id, args) sent to emails."""
-    store = store_for(app)
-    with Companion(app) as comp:
-
-        def all_out() -> bool:
-            comp.release_due()
-            return not any(
-                client.zcard(key)
-                for shard in store.shards
-                for key in (
-                    keys_of(shard).due,
-                    keys_of(shard).lease,
-                    held_key("zdelay", shard, PAUSED),
-                )
-            )
-
-        wait_for(all_out, timeout=30, message="every parked task released")
-    sent = [json.loads(raw) for raw in client.lrange("emails", 0, -1)]
-    return [(m["headers"]["id"], m["headers"]["argsrepr"]) for m in sent]
+    return release_everything(app, client, "emails", PAUSED)
 
 
 def _held(app: Celery, client: redis.Redis, *ids: str) -> None:

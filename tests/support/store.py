@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from celery import Celery
 
@@ -20,7 +21,9 @@ from celery_zdelay.keys import Mark
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
-from celery_zdelay.store.keys import companions_key
+from celery_zdelay.store.keys import companions_key, held_key
+from tests.helpers import wait_for
+from tests.support.keys import keys_of
 
 __all__ = [
     "Stock",
@@ -29,6 +32,7 @@ __all__ = [
     "ids_on_shard",
     "is_parked",
     "put_raw",
+    "release_everything",
     "stock",
     "write_heartbeat",
 ]
@@ -164,3 +168,27 @@ def marked_request(
 ) -> ParkRequest:
     """A request parking *task_id* at *ms* with a key (its mode and hold) and tags."""
     return ParkRequest(task_id, Due("a", ms), PAYLOAD, mark=Mark(key, on_key, tags, hold_ms))
+
+
+def release_everything(app: Celery, client: Any, queue: str, control: str) -> list[tuple[str, Any]]:
+    """Release every parked entry (*control* lifted): companion passes until the
+    due sets, leases and *control*'s held sets are empty; return the (id,
+    argsrepr) of each message sent to *queue*."""
+    store = store_for(app)
+    with Companion(app) as comp:
+
+        def all_out() -> bool:
+            comp.release_due()
+            return not any(
+                client.zcard(key)
+                for shard in store.shards
+                for key in (
+                    keys_of(shard).due,
+                    keys_of(shard).lease,
+                    held_key("zdelay", shard, control),
+                )
+            )
+
+        wait_for(all_out, timeout=30, message="every parked task released")
+    sent = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+    return [(m["headers"]["id"], m["headers"]["argsrepr"]) for m in sent]
