@@ -100,33 +100,18 @@ KNOWN_DEFECTS: dict[str, bool] = {
 
 # -- budget -----------------------------------------------------------------------
 
-settings.register_profile(
-    "ci",
-    max_examples=50,
-    stateful_step_count=30,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    report_multiple_bugs=False,
-)
-settings.register_profile(
-    "smoke",
-    max_examples=5,
-    stateful_step_count=30,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    report_multiple_bugs=False,
-)
-settings.register_profile(
-    "deep",
-    max_examples=1000,
-    stateful_step_count=60,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    report_multiple_bugs=False,
-)
+#: Examples and steps per profile: ``ci`` in make test, ``deep`` in make model-check.
+BUDGETS = {"ci": (50, 30), "deep": (1000, 60)}
+for name, (examples, steps) in BUDGETS.items():
+    settings.register_profile(
+        name,
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        report_multiple_bugs=False,
+    )
 PROFILE = os.environ.get("ZDELAY_MODEL_PROFILE", "ci")
 #: Seconds the whole machine test may take, per profile.
 TIMEOUTS = {"ci": 600, "deep": 4 * 3600}
