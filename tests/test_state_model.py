@@ -29,9 +29,8 @@ moves the due set an hour earlier with the testing fast-forward's own
 script (``celery_zdelay/testing/shift.lua``).
 
 Budget: the Hypothesis profile named by ``ZDELAY_MODEL_PROFILE`` (``ci``,
-the default; ``deep`` for ``make model-check``). Known defects the fixes
-are under way for are kept out of the random runs by :data:`KNOWN_DEFECTS`
-only; each has a plain regression test in ``test_state_model_found.py``.
+the default; ``deep`` for ``make model-check``). Every counterexample it
+shrank is a plain regression test in ``test_state_model_found.py``.
 """
 
 from __future__ import annotations
@@ -42,13 +41,13 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery, states
 from celery.exceptions import Ignore, Reject
-from hypothesis import HealthCheck, assume, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from kombu import Queue
@@ -66,37 +65,6 @@ from tests.conftest import BACKEND_DB, BROKER_DB, RECORD_DB
 from tests.helpers import wait_for
 from tests.project import close_app, make_app
 from tests.support.clock import redis_ms
-
-# -- what the fixes under way will switch off --------------------------------------
-
-#: Interleavings the machine stays away from while a fix is under way on
-#: another branch (issue 33, defect N). Switch a flag off once its fix is
-#: merged: the machine then drives that interleaving too, and the matching
-#: xfail test of ``test_state_model_found.py`` must pass.
-KNOWN_DEFECTS: dict[str, bool] = {
-    # 1: on_key="replace"/"debounce" does not cancel a holder in a held set.
-    "held_replace": False,  # fixed
-    # 2: requeue_dead overwrites a task parked again under a dead id and held.
-    "requeue_over_held": False,  # fixed
-    # 3: a newline in a task id corrupts its key's record.
-    "newline_id": False,  # fixed
-    # 4: an until_finished key stays held after Ignore or Reject.
-    "ignore_reject_hold": False,  # fixed
-    # 5: a task replaced by key stays PENDING instead of REVOKED.
-    "replace_pending": False,  # fixed
-    # New (found by this machine): an id parked again with neither key nor
-    # tags keeps the key and tags of the entry it replaces in the index.
-    "plain_repark_marks": False,  # fixed
-    # New: a dead letter requeued without its key (another entry took it)
-    # and without tags leaves an empty record in the index.
-    "requeue_empty_record": False,  # fixed
-    # New: an id parked again while held is left in its held set as well as
-    # put in the due set (two states, one payload).
-    "held_repark": False,  # fixed
-    # New: entries a task pause held go out on resume without the tokens of
-    # their queue's rate limit (all at once).
-    "pause_drain_skips_limit": False,  # fixed
-}
 
 # -- budget -----------------------------------------------------------------------
 
@@ -343,8 +311,6 @@ _world: dict[str, Any] = {}
 class StoreMachine(RuleBasedStateMachine):
     """Public operations at random; the store checked against :class:`Model` after each."""
 
-    known: ClassVar[dict[str, bool]] = KNOWN_DEFECTS
-
     def __init__(self) -> None:
         super().__init__()
         server: RedisServer = _world["server"]
@@ -384,8 +350,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _own_ids(self) -> st.SearchStrategy[str | None]:
         ids: list[str | None] = [None, None, *OWN_IDS]
-        if not self.known["newline_id"]:
-            ids.append(NEWLINE_ID)
+        ids.append(NEWLINE_ID)
         return st.sampled_from(ids)
 
     def _park_one(
@@ -435,17 +400,7 @@ class StoreMachine(RuleBasedStateMachine):
     def _settle_park(self, parked: dict[str, tuple[int, int]], revoked: set[str]) -> None:
         for task_id, (low, high) in parked.items():
             self.model.entries[task_id].due_ms = self._due_of(task_id, low, high)
-        if self.known["replace_pending"]:
-            return
         self.model.revoked |= revoked
-
-    def _held_holder(self, key: str | None, mode: str) -> bool:
-        """Whether a replace/debounce call would meet a holder in a held set (defect 1)."""
-        if key is None or mode not in ("replace", "debounce"):
-            return False
-        holder = self.model.holders.get(key)
-        taken = self.model.entries.get(holder.id) if holder is not None else None
-        return taken is not None and taken.state == "held"
 
     def _drain_broker(self) -> list[tuple[str, bytes]]:
         found = []
@@ -479,13 +434,6 @@ class StoreMachine(RuleBasedStateMachine):
     ) -> None:
         """apply_delayed: plain, keyed in a mode, tagged, maybe under an id used before."""
         task_id = data.draw(self._own_ids(), label="task_id")
-        if self.known["held_replace"]:
-            assume(not self._held_holder(key, mode))
-        before = self.model.entries.get(task_id) if task_id is not None else None
-        if self.known["held_repark"]:
-            assume(before is None or before.state != "held")
-        if self.known["plain_repark_marks"] and key is None and not tags:
-            assume(before is None or not before.marked())
         options: dict[str, Any] = {"queue": queue}
         if task_id is not None:
             options["task_id"] = task_id
@@ -532,8 +480,6 @@ class StoreMachine(RuleBasedStateMachine):
         tags: set[str],
     ) -> None:
         """apply_delayed_many: calls due together, with or without keys, one on_key."""
-        if self.known["held_replace"]:
-            assume(not any(self._held_holder(key, mode) for key in keys))
         options: dict[str, Any] = {"queue": queue}
         if any(k is not None for k in keys):
             options.update(keys=keys, on_key=mode)
@@ -692,13 +638,6 @@ class StoreMachine(RuleBasedStateMachine):
     def release(self) -> None:
         """One companion pass, as the companion loop runs it (Companion.release_due)."""
         model = self.model
-        if self.known["pause_drain_skips_limit"] and model.limited:
-            drained = [
-                e
-                for e in model.live("held")
-                if e.lane not in model.paused and e.lane != f"queue:{e.queue}"
-            ]
-            assume(not any(f"queue:{e.queue}" == LIMITED for e in drained))
         self._leases_expire()
         now_ms = self._now()
         outcome: dict[str, str] = {}
@@ -784,8 +723,6 @@ class StoreMachine(RuleBasedStateMachine):
         until_finished = headers.get("zdelay_on_key") == "until_finished"
         holder = self.model.holders.get(key) if key is not None else None
         runs_holder = holder is not None and holder.id == task_id and holder.running
-        if self.known["ignore_reject_hold"] and outcome in ("ignore", "reject"):
-            assume(not (until_finished and runs_holder))
         del self.inbox[index]
         self.client.rpush(queue, raw)
         _outcome_of[task_id] = outcome
@@ -819,11 +756,6 @@ class StoreMachine(RuleBasedStateMachine):
         dead = sorted(model.dead, key=lambda i: model.first_seen.get(i, 0))
         task_id = data.draw(st.sampled_from(dead), label="task_id")
         live = model.entries.get(task_id)
-        if self.known["requeue_over_held"]:
-            assume(live is None or live.state != "held")
-        if self.known["requeue_empty_record"]:
-            gone = model.dead[task_id]
-            assume(not (gone.key in model.holders and not gone.tags))
         low = self._now()
         (done,) = steering.requeue_dead([task_id], app=self.app)
         high = self._now()

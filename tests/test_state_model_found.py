@@ -1,10 +1,7 @@
 """What the model-based test (``test_state_model.py``) found, each as a plain story.
 
-Each test is the counterexample Hypothesis shrank, written out by hand.
-Those of a known defect of issue 33 are marked ``xfail(strict=True)``: they
-fail until the fix lands, then pass, and the strict mark makes that flip
-fail the run until the mark (and the matching flag of
-``test_state_model.KNOWN_DEFECTS``) is removed.
+Each test is the counterexample Hypothesis shrank, written out by hand; each
+failed on the code of its time and passes since its fix (issue 33).
 """
 
 from __future__ import annotations
