@@ -36,6 +36,7 @@ shrank is a plain regression test in ``test_state_model_found.py``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 from collections import Counter
@@ -868,6 +869,10 @@ def model_world(redis_server: RedisServer) -> Any:
     _world.update(server=redis_server, app=app, client=client)
     yield
     _world.clear()
+    # The machines' AsyncResults unsubscribe from the result backend when they
+    # are collected: collect them while the session's Redis still answers (after
+    # it, each __del__ failed to connect: an unraisable error at pytest's exit).
+    gc.collect()
     client.close()
     with contextlib.suppress(Exception):
         close_app(app)
