@@ -4,16 +4,18 @@ Every companion must compute the same occurrences from the same stored
 state, so the next occurrence is a function of the previous one only:
 Celery's ``remaining_estimate(last_run_at)`` is asked with its clock pinned
 to *last_run_at*, which turns "time left from now" into "the next run after
-that one". Timezones, ``relative`` and DST are then Celery's behaviour.
+that one". Timezones, ``relative`` and DST are then Celery's behaviour,
+as Celery 5.7 has it on every Celery this package supports (see
+:func:`_on_the_wall_clock`).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 
-from celery.schedules import BaseSchedule, schedule
+from celery.schedules import BaseSchedule, crontab, schedule
 
 __all__ = ["MAX_MISSED", "Plan", "next_after", "plan"]
 
@@ -32,12 +34,47 @@ def next_after(sched: BaseSchedule, after_ms: int) -> int:
         # Plain intervals need no calendar: a fixed step from the anchor.
         return after_ms + step
     after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
+    if isinstance(sched, crontab):
+        # Celery before 5.7 reads a crontab's fields off the datetime it is
+        # given, in that datetime's zone: given UTC, a 03:00 Paris crontab
+        # would run at 03:00Z. In its own zone it runs at 03:00 Paris.
+        after = after.astimezone(sched.tz)
     pinned = copy.copy(sched)
     pinned.nowfun = lambda: after
     remaining = pinned.remaining_estimate(after)
     next_ms = after_ms + round(remaining.total_seconds() * 1000)
+    if isinstance(sched, crontab):
+        next_ms = _on_the_wall_clock(sched, after, next_ms)
     # Sub-second rounding (relative intervals, solar) must still move forward.
     return next_ms if next_ms > after_ms else after_ms + 1
+
+
+def _on_the_wall_clock(sched: crontab, after: datetime, next_ms: int) -> int:
+    """Return *next_ms*, or the time its crontab fields meant when a DST change moved it.
+
+    Celery before 5.7 adds the wall-clock distance to the next run to the
+    absolute time: across a change of the clocks a daily 03:00 ran at 02:00
+    (an hour early, when they go back) or 04:00 (late, when they go forward).
+    That run's wall-clock time, put back in the zone, is the one meant; it is
+    taken only when Celery's own answer does not match the crontab's hour
+    and minute and the corrected one does, so a Celery that gets it right
+    (5.7) is never second-guessed.
+    """
+    zone = after.tzinfo
+    if _matches(sched, next_ms, zone):
+        return next_ms
+    wall = after.replace(tzinfo=None) + timedelta(milliseconds=next_ms - _ms(after))
+    meant = _ms(wall.replace(tzinfo=zone))
+    return meant if meant > _ms(after) and _matches(sched, meant, zone) else next_ms
+
+
+def _matches(sched: crontab, at_ms: int, zone: tzinfo | None) -> bool:
+    local = datetime.fromtimestamp(at_ms / 1000, tz=zone)
+    return local.minute in sched.minute and local.hour in sched.hour
+
+
+def _ms(moment: datetime) -> int:
+    return round(moment.timestamp() * 1000)
 
 
 @dataclass(frozen=True)

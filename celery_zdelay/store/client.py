@@ -55,6 +55,7 @@ UNAVAILABLE = (
 
 #: Options that choose the deployment rather than configure connections.
 _SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs")
+_REDIS_PY_MAJOR = int(redis.__version__.split(".")[0])
 
 
 class _PolicyBackoff(AbstractBackoff):
@@ -84,6 +85,13 @@ def make_client(config: ZDelayConfig) -> StoreClient:
         "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT,
         "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
     }
+    if _REDIS_PY_MAJOR < 6:
+        # redis-py 5 sends CLIENT SETINFO inside connect() behind a health
+        # check that connects again: a server that wants a password turns its
+        # NOAUTH into a RecursionError there (redis-py 6 fixed it). Without the
+        # library's name and version it sends no SETINFO and the NOAUTH
+        # reaches the user.
+        options["lib_name"] = options["lib_version"] = None
     options.update(config.redis_options)
     options["decode_responses"] = False
     retry = Retry(_PolicyBackoff(config.retry_policy), config.retry_policy.max_retries)

@@ -10,14 +10,19 @@ token, with its script.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import redis
 
+import celery_zdelay
 from celery_zdelay.testing import RedisServer
 from mutation.lua_mutants import mutants, tokenize
 from mutation.targets import LUA
-from mutation.tree import ROOT
+
+#: Where the package under test is: the checkout, or the installed wheel
+#: (tox runs the tests from a copy of the checkout without the package).
+PACKAGE_ROOT = Path(celery_zdelay.__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,7 +77,7 @@ def test_every_mutant_of_every_script_compiles_and_leaves_comments_and_strings_a
     client: redis.Redis = redis_server.client()
     total = 0
     for target in LUA:
-        original = (ROOT / target.path).read_text()
+        original = (PACKAGE_ROOT / target.path).read_text()
         client.script_load(original)
         found = mutants(target.name, original)
         assert found, target.name

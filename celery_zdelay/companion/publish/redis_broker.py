@@ -68,7 +68,7 @@ class RedisPublisher(Publisher):
                 logger.warning("Redis broker refused a push for now, it waits: %s", error)
                 outcome.error = error
             else:
-                outcome.rejected[index] = f"refused by Redis: {type(error).__name__}: {error}"
+                outcome.rejected[index] = f"publish refused: {type(error).__name__}: {error}"
         return [index for index in sent if index not in failures]
 
 

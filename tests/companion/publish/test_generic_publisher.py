@@ -25,10 +25,10 @@ import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import kombu.exceptions
 import pytest
 import redis
 from kombu import Connection, Exchange, Producer, Queue
-from kombu.exceptions import BatchPublishError
 
 from celery_zdelay.companion.publish.generic import Publisher, PublishOutcome
 from celery_zdelay.entry import TaskMessage
@@ -59,6 +59,7 @@ pytestmark = pytest.mark.timeout(60)
 # -- what is published: exactly the parked message ------------------------------------
 
 
+@pytest.mark.kombu57
 def test_a_pipelined_batch_reaches_a_redis_broker_as_parked_in_one_round_trip(
     broker_server: RedisServer, broker_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -294,6 +295,7 @@ def test_one_by_one_a_push_refused_for_the_servers_state_waits_alone(
     assert redis_queued(broker_client, "forbidden") == ["held"]
 
 
+@pytest.mark.kombu57
 def test_a_pipelined_batch_kombu_fails_as_a_whole_waits_as_a_whole(
     broker_server: RedisServer, broker_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -314,7 +316,7 @@ def test_a_pipelined_batch_kombu_fails_as_a_whole_waits_as_a_whole(
         publisher.close()
     # Delivery is uncertain: nothing counts, the whole batch waits.
     assert (accepted, rejected) == ([], {})
-    assert isinstance(error, BatchPublishError)
+    assert isinstance(error, kombu.exceptions.BatchPublishError)
     assert unreachable_lines(caplog) == [f"{UNREACHABLE}, 3 messages wait: {error!r}"]
     assert error_lines(caplog, "") == 0
 
@@ -367,6 +369,7 @@ class _Unforeseen(Publisher):
         raise RuntimeError("a bug in settling the batch")
 
 
+@pytest.mark.kombu57
 def test_an_unforeseen_error_keeps_the_batch_and_logs_its_traceback(
     broker_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:

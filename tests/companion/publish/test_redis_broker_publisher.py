@@ -66,6 +66,7 @@ def publisher(broker_server: RedisServer) -> Iterator[RedisPublisher]:
     made.close()
 
 
+@pytest.mark.kombu57
 def test_a_batch_is_pushed_to_kombus_list_in_order_in_one_round_trip_and_accepted(
     publisher: RedisPublisher, broker_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,7 +111,7 @@ def test_a_wrongtype_queue_rejects_its_message_alone_with_redis_reply(
     ]
     accepted, rejected, error = settled(publisher.publish(batch))
     assert (accepted, error) == ([0, 2, 4], None)
-    reason = f"refused by Redis: ResponseError: {WRONGTYPE}"
+    reason = f"publish refused: ResponseError: {WRONGTYPE}"
     assert rejected == {1: reason, 3: reason}
     assert redis_queued(broker_client, "q") == ids[:2]
     assert redis_queued(broker_client, "other") == [ids[2]]
@@ -120,6 +121,7 @@ def test_a_wrongtype_queue_rejects_its_message_alone_with_redis_reply(
     assert redis_queued(broker_client, "q") == [*ids[:2], ids[3]]
 
 
+@pytest.mark.kombu57
 def test_a_refusal_is_its_own_message_when_messages_send_several_commands(
     broker_server: RedisServer, broker_client: redis.Redis
 ) -> None:
@@ -141,7 +143,7 @@ def test_a_refusal_is_its_own_message_when_messages_send_several_commands(
     finally:
         publisher.close()
     assert (accepted, error) == ([0, 1, 3, 4], None)
-    assert rejected == {2: f"refused by Redis: ResponseError: {WRONGTYPE}"}
+    assert rejected == {2: f"publish refused: ResponseError: {WRONGTYPE}"}
     assert redis_queued(broker_client, "exp") == [ids[0], ids[1], ids[3]]
     assert redis_queued(broker_client, "q") == [ids[2]]
     assert 0 < broker_client.pttl("exp") <= 60_000
@@ -165,7 +167,7 @@ def test_the_first_refusal_of_a_message_is_its_reason(
         publisher.close()
     # its LPUSH is refused for the message (WRONGTYPE), then its PEXPIREs for
     # the user's rights (NOPERM, which would wait): the first refusal counts.
-    assert settled(outcome) == ([0], {1: f"refused by Redis: ResponseError: {WRONGTYPE}"}, None)
+    assert settled(outcome) == ([0], {1: f"publish refused: ResponseError: {WRONGTYPE}"}, None)
     assert redis_queued(broker_client, "q") == ids[:1]
 
 
