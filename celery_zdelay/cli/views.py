@@ -25,9 +25,8 @@ from .._format import (
 from ..store.admin import (
     CompanionInfo,
     Counts,
-    DeadEntry,
     Listing,
-    ParkedEntry,
+    ParkedTask,
     ServerHealth,
     ShardCounts,
     Status,
@@ -267,7 +266,7 @@ def listing_json(listing: Listing) -> dict[str, Any]:
     }
 
 
-def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
+def _parked_json(entry: ParkedTask) -> dict[str, Any]:
     return {
         "id": entry.task_id,
         "task": entry.task,
@@ -279,7 +278,7 @@ def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
         "kwargsrepr": entry.kwargsrepr,
         "expires": entry.expires,
         "error": entry.error,
-        "state": entry.state,
+        "state": entry.state.value,
         "held_by": entry.held_by,
         "held_reason": entry.held_reason,
         "key": entry.key,
@@ -287,7 +286,7 @@ def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
     }
 
 
-def _state_note(entry: ParkedEntry) -> str:
+def _state_note(entry: ParkedTask) -> str:
     """What the DUE column adds to the due time: in flight, or held by which control."""
     if entry.in_flight:
         return ", in flight"
@@ -309,8 +308,9 @@ def listing_text(listing: Listing, *, show_shard: bool = False) -> str:
     for entry in listing.entries:
         rows.append(
             [
-                relative_due(entry.due_ms, now) + _state_note(entry),
-                utc(entry.due_ms),
+                ("-" if entry.due_ms is None else relative_due(entry.due_ms, now))
+                + _state_note(entry),
+                "-" if entry.due_ms is None else utc(entry.due_ms),
                 *([str(entry.shard)] if show_shard else []),
                 entry.task or "(unreadable)",
                 entry.task_id,
@@ -344,7 +344,7 @@ def dead_json(listing: Listing) -> dict[str, Any]:
     }
 
 
-def _dead_json(entry: DeadEntry) -> dict[str, Any]:
+def _dead_json(entry: ParkedTask) -> dict[str, Any]:
     return {
         "id": entry.task_id,
         "task": entry.task,
@@ -368,7 +368,7 @@ def dead_text(listing: Listing, *, show_shard: bool = False) -> str:
     now = listing.now_ms
     rows = [
         [
-            ago(entry.died_ms, now),
+            "-" if entry.died_ms is None else ago(entry.died_ms, now),
             *([str(entry.shard)] if show_shard else []),
             entry.task or "(unreadable)",
             entry.task_id,
