@@ -13,6 +13,7 @@ from .limits import pause, resume, set_rate_limit
 from .parking import apply_delayed, batch, send_delayed
 from .revocation import connect_receivers as _connect_revocation
 from .steering import (
+    EntryState,
     ParkedTask,
     cancel,
     cancel_matching,
@@ -39,6 +40,7 @@ _connect_tracing()
 __all__ = [
     "ConfigurationError",
     "DelayedTaskMixin",
+    "EntryState",
     "ParkedTask",
     "StoreRefusedError",
     "StoreUnavailableError",

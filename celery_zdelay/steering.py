@@ -34,13 +34,15 @@ from .schedule import Due, due_from
 from .store import Store, admin
 from .store.client import store_errors
 from .store.keys import canvas_key
-from .store.lookup import ParkedTask, find, select
+from .store.lookup import find, select
+from .store.read_model import EntryState, ParkedTask
 from .store.reading import ADMIN_BATCH
 
 if TYPE_CHECKING:
     from celery import Celery
 
 __all__ = [
+    "EntryState",
     "ParkedTask",
     "announce_cancelled",
     "audit_line",
@@ -165,9 +167,10 @@ def reschedule_ids(
 def lookup(task_id: str, *, app: Celery | None = None) -> ParkedTask | None:
     """Return what celery-zdelay holds under *task_id*, or None.
 
-    The :class:`~celery_zdelay.store.lookup.ParkedTask` says its state
-    (``"parked"``, ``"held"`` behind a pause or rate limit, with ``held_by``
-    and ``held_reason``, ``"in_flight"`` or ``"dead"``), due time (``due``, an aware
+    The :class:`~celery_zdelay.ParkedTask` says its state (an
+    :class:`~celery_zdelay.EntryState`: ``"parked"``, ``"held"`` behind a
+    pause or rate limit, with ``held_by`` and ``held_reason``,
+    ``"in_flight"`` or ``"dead"``), due time (``due``, an aware
     UTC datetime), task name and queue, e.g. to tell a customer "your order
     is cancelled at 10:32". For a canvas's result id it describes the first
     task parked for it (``task_id`` then names that task). None means the

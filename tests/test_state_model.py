@@ -21,7 +21,11 @@ never through the API) and checks:
 - every cancelled or replaced id is ``REVOKED`` in the result backend;
 - the counts of ``zdelay status`` (:func:`celery_zdelay.store.admin.counts`),
   the held counts of ``zdelay limit`` (:func:`celery_zdelay.limits.controls`)
-  and the tag counts of the dashboard equal the model's.
+  and the tag counts of the dashboard equal the model's;
+- the read model says the model's state: :func:`~celery_zdelay.store.lookup.find`
+  (what ``lookup`` and the dashboard's entry page read) and the listing give
+  each id the :class:`~celery_zdelay.store.read_model.EntryState` of its
+  model state, and the same control holding it.
 
 Time: due times are now, an hour or two hours from the Redis clock, so
 "due" never depends on how fast the machine is; :func:`_time_passes`
@@ -58,7 +62,9 @@ from celery_zdelay import limits, steering
 from celery_zdelay.app_state import RELEASED_BY_TEST, store_for
 from celery_zdelay.companion import Companion
 from celery_zdelay.store import admin
+from celery_zdelay.store.admin import MAX_LIST_LIMIT, EntryState
 from celery_zdelay.store.keys import held_key, lanes_key, shard_keys
+from celery_zdelay.store.lookup import find
 from celery_zdelay.store.marks import tag_count
 from celery_zdelay.testing import RedisServer
 from celery_zdelay.testing.worker import InProcessWorker
@@ -220,6 +226,10 @@ def parse_record(record: str) -> tuple[str | None, str | None, tuple[str, ...]]:
 MODE_LETTERS = {"keep": "k", "replace": "r", "debounce": "d", "until_finished": "u"}
 
 # -- the model ------------------------------------------------------------------------
+
+
+#: The read model's state of each of the model's states of a live entry.
+STATE_OF = {"due": EntryState.PARKED, "held": EntryState.HELD, "in_flight": EntryState.IN_FLIGHT}
 
 
 @dataclass
@@ -821,6 +831,22 @@ class StoreMachine(RuleBasedStateMachine):
         )
         tagged = {f"{t}\n{e.id}" for e in model.entries.values() for t in e.tags}
         assert snap.tagged == tagged, f"tag index {snap.tagged}, model {tagged}"
+
+    @invariant()
+    def readers_say_each_ids_model_state(self) -> None:
+        """lookup (as the dashboard's entry page reads it) and the listing say the model's state."""
+        model = self.model
+        listed = {e.task_id: e for e in admin.list_parked(self.store, limit=MAX_LIST_LIMIT).entries}
+        assert set(listed) == set(model.entries), f"listed {sorted(listed)}"
+        for task_id in {*model.entries, *model.dead}:
+            entry = model.entries.get(task_id)
+            expected = EntryState.DEAD if entry is None else STATE_OF[entry.state]
+            found = find(self.store, task_id)
+            assert found is not None, f"{task_id} not found, model {expected}"
+            assert found.state is expected, f"{task_id} {found.state}, model {expected}"
+            if entry is not None:
+                assert listed[task_id].state is expected
+                assert found.held_by == listed[task_id].held_by == entry.lane
 
     @invariant()
     def admin_reads_match_model(self) -> None:

@@ -8,6 +8,7 @@ Redis server's clock (``*_ms``) or durations in milliseconds (``*_age_ms``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,9 +26,9 @@ from .._format import (
 from ..store.admin import (
     CompanionInfo,
     Counts,
-    DeadEntry,
+    EntryState,
     Listing,
-    ParkedEntry,
+    ParkedTask,
     ServerHealth,
     ShardCounts,
     Status,
@@ -267,7 +268,7 @@ def listing_json(listing: Listing) -> dict[str, Any]:
     }
 
 
-def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
+def _parked_json(entry: ParkedTask) -> dict[str, Any]:
     return {
         "id": entry.task_id,
         "task": entry.task,
@@ -279,7 +280,7 @@ def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
         "kwargsrepr": entry.kwargsrepr,
         "expires": entry.expires,
         "error": entry.error,
-        "state": entry.state,
+        "state": entry.state.value,
         "held_by": entry.held_by,
         "held_reason": entry.held_reason,
         "key": entry.key,
@@ -287,10 +288,10 @@ def _parked_json(entry: ParkedEntry) -> dict[str, Any]:
     }
 
 
-def _state_note(entry: ParkedEntry) -> str:
+def _state_note(entry: ParkedTask) -> str:
     """What the DUE column adds to the due time: in flight, or held by which control."""
     if entry.in_flight:
-        return ", in flight"
+        return f", {entry.state.label}"
     if entry.held_by:
         return f", held by {entry.held_by} ({_REASON_WORDS.get(entry.held_reason or '', '?')})"
     return ""
@@ -309,8 +310,9 @@ def listing_text(listing: Listing, *, show_shard: bool = False) -> str:
     for entry in listing.entries:
         rows.append(
             [
-                relative_due(entry.due_ms, now) + _state_note(entry),
-                utc(entry.due_ms),
+                ("-" if entry.due_ms is None else relative_due(entry.due_ms, now))
+                + _state_note(entry),
+                "-" if entry.due_ms is None else utc(entry.due_ms),
                 *([str(entry.shard)] if show_shard else []),
                 entry.task or "(unreadable)",
                 entry.task_id,
@@ -320,14 +322,16 @@ def listing_text(listing: Listing, *, show_shard: bool = False) -> str:
         )
     headers = ["DUE", "DUE AT (UTC)", *(["SHARD"] if show_shard else []), "TASK", "ID"]
     headers += ["QUEUE", "ARGS"]
-    in_flight = sum(1 for entry in listing.entries if entry.in_flight)
-    held = sum(1 for entry in listing.entries if entry.held_by)
-    if not in_flight and not held:
-        return table(headers, rows) + "\n" + _footer(listing, "parked")
+    states = Counter(entry.state for entry in listing.entries)
+    if states.keys() <= {EntryState.PARKED}:
+        return table(headers, rows) + "\n" + _footer(listing, EntryState.PARKED.label)
+    # In this order: parked always, held and in flight when there are some.
+    parts = [
+        f"{count(states[state])} {state.label}"
+        for state in (EntryState.PARKED, EntryState.HELD, EntryState.IN_FLIGHT)
+        if states[state] or state is EntryState.PARKED
+    ]
     n = len(listing.entries)
-    parts = [f"{count(n - in_flight - held)} parked"]
-    parts += [f"{count(held)} held"] if held else []
-    parts += [f"{count(in_flight)} in flight"] if in_flight else []
     shown = f"{counted(n, 'entry', 'entries')}: {', '.join(parts)}"
     footer = (
         f"Showing the first {shown}; more match (raise --limit)." if listing.more else f"{shown}."
@@ -344,7 +348,7 @@ def dead_json(listing: Listing) -> dict[str, Any]:
     }
 
 
-def _dead_json(entry: DeadEntry) -> dict[str, Any]:
+def _dead_json(entry: ParkedTask) -> dict[str, Any]:
     return {
         "id": entry.task_id,
         "task": entry.task,
@@ -368,7 +372,7 @@ def dead_text(listing: Listing, *, show_shard: bool = False) -> str:
     now = listing.now_ms
     rows = [
         [
-            ago(entry.died_ms, now),
+            "-" if entry.died_ms is None else ago(entry.died_ms, now),
             *([str(entry.shard)] if show_shard else []),
             entry.task or "(unreadable)",
             entry.task_id,

@@ -2,7 +2,9 @@
 
 One import for all of it; each concern lives in its own module:
 :mod:`.counts`, :mod:`.heartbeats` (companions), :mod:`.health` (Redis settings, status),
-:mod:`.listing` and :mod:`.deadletters`.
+:mod:`.listing` and :mod:`.deadletters`. Listings and dead letters are
+:class:`~.read_model.ParkedTask` entries (``ParkedEntry`` and ``DeadEntry``
+are the names they had before, kept as aliases).
 
 This is what ``celery -A proj zdelay status|list|dead`` and the Prometheus
 collector read. Every command names the keys of one shard only
@@ -33,6 +35,7 @@ from .health import (
 )
 from .heartbeats import COMPANION_ALIVE_MS, CompanionInfo, companions
 from .listing import MAX_SCAN, Listing, ParkedEntry, list_parked
+from .read_model import EntryState, ParkedTask
 from .reading import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 
 __all__ = [
@@ -43,8 +46,10 @@ __all__ = [
     "CompanionInfo",
     "Counts",
     "DeadEntry",
+    "EntryState",
     "Listing",
     "ParkedEntry",
+    "ParkedTask",
     "ServerHealth",
     "ShardCounts",
     "Status",

@@ -1,51 +1,29 @@
-"""Dead letters: list them with their reason, requeue them, purge them."""
+"""Dead letters: list them with their reason, requeue them, purge them.
+
+A dead letter is read as a :class:`~.read_model.ParkedTask` in state
+``dead`` (:func:`~.read_model.dead_task`), as lookup and listings read it.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from .client import store_errors
 from .listing import Listing
-from .reading import (
-    ADMIN_BATCH,
-    DEFAULT_LIST_LIMIT,
-    as_text,
-    check_limit,
-    describe,
-    optional_str,
-    selected_shards,
-)
+from .read_model import ParkedTask, dead_task
+from .reading import ADMIN_BATCH, DEFAULT_LIST_LIMIT, as_text, check_limit, selected_shards
 from .store import Store
 
-__all__ = ["DeadEntry", "dead_entry", "list_dead", "purge_dead", "requeue_all_dead", "requeue_dead"]
+__all__ = ["DeadEntry", "list_dead", "purge_dead", "requeue_all_dead", "requeue_dead"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class DeadEntry:
-    """A dead-lettered entry: when and why it died, and what it was."""
-
-    task_id: str
-    shard: int
-    #: When it was dead-lettered (Redis clock).
-    died_ms: int
-    #: When it was due, from the reason record.
-    due_ms: int | None
-    reason: str | None
-    #: The companion that dead-lettered it.
-    companion: str | None
-    task: str | None
-    queue: str | None
-    argsrepr: str | None
-    kwargsrepr: str | None
-    expires: str | None
-    #: Why the message cannot be read, if it cannot.
-    error: str | None = None
+#: The name dead-letter listings used before there was one read model:
+#: kept for code that imported it from :mod:`celery_zdelay.store.admin`.
+DeadEntry = ParkedTask
 
 
 # -- dead letters -------------------------------------------------------------
@@ -54,11 +32,14 @@ class DeadEntry:
 def list_dead(
     store: Store, *, limit: int = DEFAULT_LIST_LIMIT, shards: Iterable[int] | None = None
 ) -> Listing:
-    """Return dead-lettered entries, most recent first, at most *limit* of them."""
+    """Return dead-lettered entries (:class:`~.read_model.ParkedTask`), most recent first.
+
+    At most *limit* of them.
+    """
     check_limit(limit)
     numbers = selected_shards(store, shards)
     now_ms = store.time_ms()
-    found: list[DeadEntry] = []
+    found: list[ParkedTask] = []
     more = False
     for shard in numbers:
         keys = store.keys(shard)
@@ -73,42 +54,11 @@ def list_dead(
             )
         more = more or len(members) > limit
         for (member, died), record in zip(members, stored, strict=True):
-            found.append(dead_entry(store, as_text(member), shard, int(died), record))
-    found.sort(key=lambda e: (-e.died_ms, e.shard, e.task_id))
+            found.append(dead_task(store, as_text(member), shard, int(died), record))
+    found.sort(key=lambda e: (-(e.died_ms or 0), e.shard, e.task_id))
     if len(found) > limit:
         more = True
     return Listing(now_ms=now_ms, entries=found[:limit], more=more)
-
-
-def dead_entry(
-    store: Store, task_id: str, shard: int, died_ms: int, record: bytes | None
-) -> DeadEntry:
-    """Return the dead letter of *task_id* from its stored record (reason line, entry)."""
-    reason: dict[str, Any] = {}
-    payload: bytes | None = None
-    if record is not None:
-        reason_line, _, payload = record.partition(b"\n")
-        try:
-            parsed = json.loads(reason_line)
-            reason = parsed if isinstance(parsed, dict) else {}
-        except ValueError:
-            reason = {"reason": reason_line.decode(errors="replace")}
-    headers, queue, error = describe(payload or None, store.templates(shard))
-    due_ms = reason.get("due_ms")
-    return DeadEntry(
-        task_id=task_id,
-        shard=shard,
-        died_ms=died_ms,
-        due_ms=int(due_ms) if isinstance(due_ms, (int, float)) else None,
-        reason=optional_str(reason.get("reason")),
-        companion=optional_str(reason.get("companion")),
-        task=optional_str(headers.get("task")),
-        queue=queue,
-        argsrepr=optional_str(headers.get("argsrepr")),
-        kwargsrepr=optional_str(headers.get("kwargsrepr")),
-        expires=optional_str(headers.get("expires")),
-        error=error,
-    )
 
 
 def requeue_dead(store: Store, task_ids: Sequence[str]) -> list[bool]:

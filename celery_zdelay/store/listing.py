@@ -4,30 +4,31 @@ Listings are bounded with ``LIMIT`` (and a scan bound when filtering by
 task name), so listing a store of millions of entries costs Redis about
 what one claim does. Entries in flight are listed too, and so are those a
 pause or a rate limit holds back (marked with their control and why).
+Each entry is a :class:`~.read_model.ParkedTask`, read through the one
+pager (:func:`~.reading.scan_parked`) or, for a tag, the one tag pager
+(:class:`~.reading.TaggedScan`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
-from ..due_score import due_ms_of
-from ..entry import parked_ms
 from .client import store_errors
 from .control import HoldReasons
-from .marks import mark_records, parse_record, signed_with_tag, tagged_ids
+from .marks import mark_records
+from .read_model import ParkedTask, task_from_row
 from .reading import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
     SCAN_PAGE,
+    ScannedEntry,
+    TaggedScan,
     as_text,
     check_limit,
-    describe,
-    held_scores,
     leased_score,
     matches_patterns,
-    optional_str,
     scan_parked,
     selected_shards,
 )
@@ -39,7 +40,6 @@ __all__ = [
     "MAX_SCAN",
     "Listing",
     "ParkedEntry",
-    "describe_entry",
     "in_flight_in_shard",
     "list_parked",
 ]
@@ -47,45 +47,9 @@ __all__ = [
 #: Most entries per shard a filtered listing (``task=``) reads before it stops.
 MAX_SCAN = 10_000
 
-
-@dataclass(frozen=True)
-class ParkedEntry:
-    """A parked entry as a listing shows it: its Celery headers, never its body."""
-
-    task_id: str
-    shard: int
-    due_ms: int
-    #: Task name; None when the payload cannot be read (see :attr:`error`).
-    task: str | None
-    #: Routing key the message is published with: the queue name on the default exchange.
-    queue: str | None
-    argsrepr: str | None
-    kwargsrepr: str | None
-    #: Celery's ``expires`` header (absolute ISO time), if the task has one.
-    expires: str | None
-    #: Why the payload cannot be read; the companion will dead-letter it.
-    error: str | None = None
-    #: Claimed by a companion and not yet acknowledged (being released, or
-    #: waiting for the broker); it returns to the due set if that fails.
-    in_flight: bool = False
-    #: When it was parked, in epoch ms on the Redis clock; None when not
-    #: recorded (parked whole, by ``zdelay_whole_messages``, or by an earlier
-    #: release, which did not record it).
-    parked_ms: int | None = None
-    #: Its key (``apply_delayed(key=...)``), if it has one.
-    key: str | None = None
-    #: Its tags (``apply_delayed(tags=[...])``).
-    tags: tuple[str, ...] = ()
-    #: The control holding it back (``"queue:emails"``), when a pause or a
-    #: rate limit does: overdue, it waits for the control, not for a companion.
-    held_by: str | None = None
-    #: Why :attr:`held_by` holds it: ``"pause"`` or ``"rate_limit"``.
-    held_reason: str | None = None
-
-    @property
-    def state(self) -> str:
-        """``"parked"``, ``"held"`` (by :attr:`held_by`) or ``"in_flight"``."""
-        return "in_flight" if self.in_flight else "held" if self.held_by else "parked"
+#: The name listings used before there was one read model: kept for code
+#: that imported it from :mod:`celery_zdelay.store.admin`.
+ParkedEntry = ParkedTask
 
 
 @dataclass(frozen=True)
@@ -93,7 +57,7 @@ class Listing:
     """Entries of a listing, and whether more match than it shows."""
 
     now_ms: int
-    entries: list[Any]
+    entries: list[ParkedTask]
     #: More entries match (or may match, when a filtered scan stopped at its bound).
     more: bool
 
@@ -110,7 +74,7 @@ def list_parked(
     scan_limit: int = MAX_SCAN,
     tag: str | None = None,
 ) -> Listing:
-    """Return parked entries in due order, at most *limit* of them.
+    """Return parked entries (:class:`~.read_model.ParkedTask`) in due order, at most *limit*.
 
     *due_after_ms* and *due_before_ms* select due times in ``[after,
     before)``; *task* and *queue* are names or glob patterns
@@ -121,16 +85,16 @@ def list_parked(
     check_limit(limit)
     numbers = selected_shards(store, shards)
     now_ms = store.time_ms()
-    found: list[tuple[int, int, ParkedEntry]] = []
-    more = False
     wanted = _matcher(task, queue)
     reasons = HoldReasons(store)
+    if tag is not None:
+        found_tagged = _tagged(
+            store, numbers, tag, due_after_ms, due_before_ms, wanted, limit, reasons
+        )
+        return Listing(now_ms=now_ms, entries=found_tagged[:limit], more=len(found_tagged) > limit)
+    found: list[tuple[int, int, ParkedTask]] = []
+    more = False
     for shard in numbers:
-        if tag is not None:
-            found += _tagged_in_shard(
-                store, shard, tag, due_after_ms, due_before_ms, wanted, reasons
-            )
-            continue
         entries, shard_more = _parked_in_shard(
             store, shard, due_after_ms, due_before_ms, wanted, limit, scan_limit, reasons
         )
@@ -143,12 +107,12 @@ def list_parked(
     return Listing(now_ms=now_ms, entries=[entry for _, _, entry in found[:limit]], more=more)
 
 
-def _matcher(task: str | None, queue: str | None) -> Callable[[ParkedEntry], bool] | None:
+def _matcher(task: str | None, queue: str | None) -> Callable[[ParkedTask], bool] | None:
     """Return whether an entry matches the *task* and *queue* patterns; None matches all."""
     if task is None and queue is None:
         return None
 
-    def wanted(entry: ParkedEntry) -> bool:
+    def wanted(entry: ParkedTask) -> bool:
         return matches_patterns(entry.task, entry.queue, task, queue)
 
     return wanted
@@ -159,13 +123,13 @@ def _parked_in_shard(
     shard: int,
     due_after_ms: int | None,
     due_before_ms: int | None,
-    wanted: Callable[[ParkedEntry], bool] | None,
+    wanted: Callable[[ParkedTask], bool] | None,
     limit: int,
     scan_limit: int,
     reasons: HoldReasons,
-) -> tuple[list[tuple[int, int, ParkedEntry]], bool]:
+) -> tuple[list[tuple[int, int, ParkedTask]], bool]:
     """Return up to limit + 1 matching entries of *shard*, and whether the scan was cut short."""
-    matches: list[tuple[int, int, ParkedEntry]] = []
+    matches: list[tuple[int, int, ParkedTask]] = []
     read = 0
     for scanned in scan_parked(
         store,
@@ -179,16 +143,7 @@ def _parked_in_shard(
         held=True,
     ):
         read += 1
-        entry = describe_entry(
-            store,
-            scanned.task_id,
-            shard,
-            scanned.score,
-            scanned.payload,
-            record=scanned.record,
-            held_by=scanned.held,
-            reasons=reasons,
-        )
+        entry = task_from_row(store, scanned, reasons=reasons)
         if wanted is None or wanted(entry):
             matches.append((scanned.score, shard, entry))
         if len(matches) > limit:
@@ -201,8 +156,8 @@ def in_flight_in_shard(
     shard: int,
     due_after_ms: int | None,
     due_before_ms: int | None,
-    wanted: Callable[[ParkedEntry], bool] | None,
-) -> list[tuple[int, int, ParkedEntry]]:
+    wanted: Callable[[ParkedTask], bool] | None,
+) -> list[tuple[int, int, ParkedTask]]:
     """Return the in-flight entries of *shard* that match, with their scores, in no order.
 
     They are listed too: an entry a companion holds while the broker is down
@@ -220,113 +175,44 @@ def in_flight_in_shard(
     found = []
     for member, payload, record in zip(members, payloads, records, strict=True):
         score = leased_score(leased[member])
-        due_ms = due_ms_of(score)
-        if due_after_ms is not None and due_ms < due_after_ms:
+        row = ScannedEntry(as_text(member), shard, score, payload, record, in_flight=True)
+        if due_after_ms is not None and row.due_ms < due_after_ms:
             continue
-        if due_before_ms is not None and due_ms >= due_before_ms:
+        if due_before_ms is not None and row.due_ms >= due_before_ms:
             continue
-        entry = describe_entry(
-            store, as_text(member), shard, score, payload, in_flight=True, record=record
-        )
+        entry = task_from_row(store, row)
         if wanted is not None and not wanted(entry):
             continue
         found.append((score, shard, entry))
     return found
 
 
-def describe_entry(
+def _tagged(
     store: Store,
-    task_id: str,
-    shard: int,
-    score: int,
-    payload: bytes | None,
-    *,
-    in_flight: bool = False,
-    record: bytes | None = None,
-    held_by: str | None = None,
-    reasons: HoldReasons | None = None,
-) -> ParkedEntry:
-    """Return the entry parked (or *in_flight*, or held by *held_by*) under *task_id*.
-
-    *reasons* says why a control holds it (the pauses, read once per listing).
-    """
-    headers, queue, error = describe(payload, store.templates(shard))
-    marks = parse_record(as_text(record)) if record is not None else None
-    return ParkedEntry(
-        task_id=task_id,
-        shard=shard,
-        due_ms=due_ms_of(score),
-        task=optional_str(headers.get("task")),
-        queue=queue,
-        argsrepr=optional_str(headers.get("argsrepr")),
-        kwargsrepr=optional_str(headers.get("kwargsrepr")),
-        expires=optional_str(headers.get("expires")),
-        error=error,
-        in_flight=in_flight,
-        parked_ms=parked_ms(payload),
-        key=marks.key if marks else None,
-        tags=marks.tags if marks else (),
-        held_by=held_by,
-        held_reason=None if held_by is None else (reasons or HoldReasons(store))(held_by),
-    )
-
-
-def _tagged_in_shard(
-    store: Store,
-    shard: int,
+    shards: list[int],
     tag: str,
     due_after_ms: int | None,
     due_before_ms: int | None,
-    wanted: Callable[[ParkedEntry], bool] | None,
+    wanted: Callable[[ParkedTask], bool] | None,
+    limit: int,
     reasons: HoldReasons,
-) -> list[tuple[int, int, ParkedEntry]]:
-    """Return the entries of *shard* tagged *tag* that match, parked, held or in flight."""
-    keys = store.keys(shard)
-    ids = tagged_ids(store, tag, shards=[shard])
-    if not ids:
-        return []
-    members = [task_id.encode() for task_id in ids]
-    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
-        pipe.zmscore(keys.due, ids)
-        pipe.hmget(keys.leased, members)
-        pipe.hmget(keys.msg, members)
-        scores, leased, payloads = pipe.execute()
-    records = mark_records(store, shard, members)
-    unseen = [i for i, s, le in zip(ids, scores, leased, strict=True) if s is None and le is None]
-    held = held_scores(store, shard, unseen)
-    # A held entry is parked with its due score, in its control's held set.
-    scores = [held[i][1] if i in held else s for i, s in zip(ids, scores, strict=True)]
-    found = []
-    for member, score, lease, payload, record in zip(
-        members, scores, leased, payloads, records, strict=True
-    ):
-        held_by = held[as_text(member)][0] if as_text(member) in held else None
-        if score is None and lease is None:
-            continue
-        in_flight = score is None
-        due_score = int(score) if score is not None else leased_score(lease)
-        due_ms = due_ms_of(due_score)
-        if due_after_ms is not None and due_ms < due_after_ms:
-            continue
-        if due_before_ms is not None and due_ms >= due_before_ms:
-            continue
-        # An index entry written into Redis cannot list a signed entry under
-        # a tag its message does not carry (cancel and reschedule skip it too).
-        if store.config.signing_keys and not signed_with_tag(
-            store, shard, as_text(member), payload, tag
-        ):
-            continue
-        entry = describe_entry(
-            store,
-            as_text(member),
-            shard,
-            due_score,
-            payload,
-            in_flight=in_flight,
-            record=record,
-            held_by=held_by,
-            reasons=reasons,
-        )
+) -> list[ParkedTask]:
+    """Return up to *limit* + 1 entries of *tag* that match, parked, held or in flight, in order."""
+    scan = TaggedScan(
+        store,
+        tag,
+        shards=shards,
+        due_after_ms=due_after_ms,
+        due_before_ms=due_before_ms,
+        in_flight=True,
+        records=True,
+        first_page=limit + 1,
+    )
+    found: list[ParkedTask] = []
+    for row in scan:
+        entry = task_from_row(store, row, reasons=reasons)
         if wanted is None or wanted(entry):
-            found.append((due_score, shard, entry))
+            found.append(entry)
+            if len(found) > limit:
+                break
     return found

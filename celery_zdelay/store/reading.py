@@ -1,12 +1,18 @@
-"""How the store's admin reads read parked entries: one scan, and what its callers share.
+"""How the store's admin reads read parked entries: one pager, one tag pager, what they share.
 
 :func:`scan_parked` is the one way to read parked entries in due order (as
 redis-py's ``zscan_iter`` hides paging): the listing (``zdelay list``), bulk
 selection (``cancel --task``), the dashboard and the testing plugin read
 through it; with ``held=True`` it also reads the entries a pause or a rate
 limit holds back (the held sets of :mod:`.control`), merged into the due
-order. The rest are the checks and conversions those callers share:
-shard and limit checks, glob matching, a payload's Celery headers.
+order. :class:`TaggedScan` is the one way to read the entries of a tag,
+through its index: ``zdelay list --tag``, ``cancel_matching(tag=...)`` and
+``reschedule_matching(tag=...)``, and the dashboard's tag filter. The rest
+are the checks and conversions those callers share: shard and limit
+checks, glob matching, a payload's Celery headers.
+
+Both yield raw rows (:class:`ScannedEntry`); :mod:`.read_model` turns a row
+into the :class:`~.read_model.ParkedTask` that callers show.
 
 Payloads are read only for their Celery headers
 (:func:`~celery_zdelay.entry.entry_headers`): task arguments are never
@@ -26,7 +32,7 @@ from ..entry import TemplateLookup, entry_headers, entry_routing_key, expand_ent
 from ..errors import ConfigurationError, EntryError
 from .client import store_errors
 from .keys import held_key
-from .marks import mark_records
+from .marks import mark_records, signed_with_tag, tagged_ids
 from .store import Store
 
 __all__ = [
@@ -36,6 +42,7 @@ __all__ = [
     "SCAN_PAGE",
     "Position",
     "ScannedEntry",
+    "TaggedScan",
     "as_text",
     "check_limit",
     "describe",
@@ -68,7 +75,15 @@ class Position(NamedTuple):
 
 @dataclass(frozen=True)
 class ScannedEntry:
-    """A parked entry as :func:`scan_parked` reads it: its id, score and stored bytes."""
+    """A raw row of a scan: an id, its score and the stored bytes, not yet read.
+
+    Internal: what :func:`scan_parked` and :class:`TaggedScan` read from
+    Redis, before anything is decoded. It stays a type of its own so that a
+    caller which only needs ids and scores (bulk cancel, the testing
+    plugin's clock) reads no payload and decodes no header; everything shown
+    to users is a :class:`~.read_model.ParkedTask`
+    (:func:`~.read_model.task_from_row`).
+    """
 
     task_id: str
     shard: int
@@ -82,6 +97,9 @@ class ScannedEntry:
     #: The control (``"queue:emails"``) whose held set it is in, if a pause
     #: or a rate limit holds it back; None when it is in the due set.
     held: str | None = None
+    #: Read from the lease (claimed by a companion); its score is the one it
+    #: was claimed at.
+    in_flight: bool = False
 
     @property
     def due_ms(self) -> int:
@@ -248,6 +266,157 @@ def _rank_in_slot(store: Store, due: str, position: Position) -> int:
     if score is None or rank is None or int(score) != position.score:
         return 0
     return int(rank) + 1 - int(before)
+
+
+class TaggedScan:
+    """The entries tagged *tag*, read through its index in (score, shard, id) order.
+
+    The one tag pager. Creating it reads, per shard, the tag's ids (from
+    the index, in pages) and where each is: its due score in the due set, in
+    a held set (:attr:`ScannedEntry.held`), or, with *in_flight*, in the
+    lease; ids and scores only, so the order is exact across shards, and
+    :attr:`positions` lists every candidate. Iterating it then reads
+    messages (*payloads*) and key/tag records (*records*) in pages, lazily,
+    in that order: the first of *first_page* entries, each next one four
+    times larger, up to :data:`SCAN_PAGE`; at most *max_read* in all.
+    :attr:`read` says how many candidates were read so far, so a caller
+    that stops can say where.
+
+    Due times are selected in ``[due_after_ms, due_before_ms)``; with
+    *after*, only entries past that position; with *id_prefix*, only ids
+    that start with it. An entry released or cancelled between the reads is
+    skipped. With ``zdelay_signing_key`` an entry is yielded only if its
+    signed message carries the tag: an index entry written into Redis
+    cannot put a signed entry under the listing, or a bulk cancel or
+    reschedule, of another tag.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        tag: str,
+        *,
+        shards: Iterable[int] | None = None,
+        due_after_ms: int | None = None,
+        due_before_ms: int | None = None,
+        after: Position | None = None,
+        id_prefix: str = "",
+        in_flight: bool = False,
+        payloads: bool = True,
+        records: bool = False,
+        first_page: int = SCAN_PAGE,
+        max_read: int | None = None,
+    ) -> None:
+        self.store = store
+        self.tag = tag
+        self._payloads = payloads or bool(store.config.signing_keys)
+        self._records = records
+        self._first_page = first_page
+        self._max_read = max_read
+        #: Candidates read so far (yielded or skipped).
+        self.read = 0
+        found: list[tuple[Position, str | None, bool]] = []
+        for shard in selected_shards(store, shards):
+            ids = [t for t in tagged_ids(store, tag, shards=[shard]) if t.startswith(id_prefix)]
+            for start in range(0, len(ids), SCAN_PAGE):
+                found += self._placed(shard, ids[start : start + SCAN_PAGE], in_flight)
+        found = [
+            item
+            for item in found
+            if (due_after_ms is None or due_ms_of(item[0].score) >= due_after_ms)
+            and (due_before_ms is None or due_ms_of(item[0].score) < due_before_ms)
+            and (after is None or item[0] > after)
+        ]
+        found.sort(key=lambda item: item[0])
+        self._candidates = found
+        #: Every candidate's position, in order: where the tag's entries are.
+        self.positions = [position for position, _, _ in found]
+
+    def _placed(
+        self, shard: int, ids: list[str], in_flight: bool
+    ) -> list[tuple[Position, str | None, bool]]:
+        """Return (position, held control, in flight) of those of *ids* still parked on *shard*."""
+        store = self.store
+        keys = store.keys(shard)
+        # ZSCORE per id rather than ZMSCORE: the documented producer ACL
+        # user (cancel_matching) may run it.
+        with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
+            for task_id in ids:
+                pipe.zscore(keys.due, task_id)
+            scores: list[Any] = pipe.execute()
+        held = held_scores(store, shard, [t for t, s in zip(ids, scores, strict=True) if s is None])
+        leased: list[Any] = [None] * len(ids)
+        unplaced = [t for t, s in zip(ids, scores, strict=True) if s is None and t not in held]
+        if in_flight and unplaced:
+            with store_errors(store.url):
+                records = cast("list[bytes | None]", store.client.hmget(keys.leased, unplaced))
+            by_id = dict(zip(unplaced, records, strict=True))
+            leased = [by_id.get(t) for t in ids]
+        placed: list[tuple[Position, str | None, bool]] = []
+        for task_id, score, lease in zip(ids, scores, leased, strict=True):
+            if task_id in held:
+                placed.append((Position(held[task_id][1], shard, task_id), held[task_id][0], False))
+            elif score is not None:
+                placed.append((Position(int(score), shard, task_id), None, False))
+            elif lease is not None:
+                placed.append((Position(leased_score(lease), shard, task_id), None, True))
+            # else: released, cancelled or (without *in_flight*) being released
+        return placed
+
+    def __iter__(self) -> Iterator[ScannedEntry]:
+        store = self.store
+        page = self._first_page
+        while self.read < len(self._candidates):
+            size = page if self._max_read is None else min(page, self._max_read - self.read)
+            if size <= 0:
+                return
+            chunk = self._candidates[self.read : self.read + size]
+            self.read += len(chunk)
+            # Dense matches fill a page from a short read; sparse ones read more per trip.
+            page = max(page, min(page * 4, SCAN_PAGE))
+            payloads, records = self._read([position for position, _, _ in chunk])
+            for (position, held, flying), payload, record in zip(
+                chunk, payloads, records, strict=True
+            ):
+                if self._payloads and payload is None:
+                    continue  # released or cancelled between the reads
+                if store.config.signing_keys and not signed_with_tag(
+                    store, position.shard, position.task_id, payload, self.tag
+                ):
+                    continue
+                yield ScannedEntry(
+                    position.task_id,
+                    position.shard,
+                    position.score,
+                    payload,
+                    record,
+                    held=held,
+                    in_flight=flying,
+                )
+
+    def _read(self, places: list[Position]) -> tuple[list[bytes | None], list[bytes | None]]:
+        """Return the messages and key/tag records of *places* (as asked for), in their order."""
+        store = self.store
+        payloads: list[bytes | None] = [None] * len(places)
+        records: list[bytes | None] = [None] * len(places)
+        if not (self._payloads or self._records):
+            return payloads, records
+        by_shard: dict[int, list[int]] = {}
+        for index, place in enumerate(places):
+            by_shard.setdefault(place.shard, []).append(index)
+        for shard, indexes in by_shard.items():
+            members = [places[i].task_id.encode() for i in indexes]
+            with store_errors(store.url):
+                if self._payloads:
+                    shard_payloads = cast(
+                        "list[bytes | None]", store.client.hmget(store.keys(shard).msg, members)
+                    )
+                    for i, payload in zip(indexes, shard_payloads, strict=True):
+                        payloads[i] = payload
+                if self._records:
+                    for i, record in zip(indexes, mark_records(store, shard, members), strict=True):
+                        records[i] = record
+        return payloads, records
 
 
 def leased_score(record: bytes) -> int:

@@ -34,7 +34,8 @@ from ..app_state import PARK_WHEN_EAGER, RELEASED_BY_TEST, store_for
 from ..companion import Companion
 from ..config import get_config
 from ..errors import ConfigurationError, ZDelayError
-from ..store.admin import MAX_LIST_LIMIT, ParkedEntry, list_parked
+from ..store.admin import MAX_LIST_LIMIT, list_parked
+from ..store.read_model import ParkedTask as StoredTask
 from ..store.reading import scan_parked
 from .worker import InProcessWorker
 
@@ -381,14 +382,17 @@ class FastForward:
         return gone
 
 
-def _parked(entry: ParkedEntry, now_ms: int) -> ParkedTask:
+def _parked(entry: StoredTask, now_ms: int) -> ParkedTask:
+    """The testing plugin's view of the store's read model: the fields a test asserts on."""
     if entry.error is not None:
         logger.warning("Parked entry %s cannot be read: %s", entry.task_id, entry.error)
+    # A listed entry is parked, held or in flight: it always has its due time.
+    due_ms = now_ms if entry.due_ms is None else entry.due_ms
     return ParkedTask(
         id=entry.task_id,
         name=entry.task or "",
-        due=datetime.fromtimestamp(entry.due_ms / 1000, tz=timezone.utc),
-        due_in=(entry.due_ms - now_ms) / 1000,
+        due=datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc),
+        due_in=(due_ms - now_ms) / 1000,
         argsrepr=entry.argsrepr or "",
         kwargsrepr=entry.kwargsrepr or "",
     )

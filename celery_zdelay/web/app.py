@@ -340,11 +340,12 @@ class Dashboard:
         with ctx.timer():
             detail = queries.entry_detail(self.store, task_id)
             now_ms = self.store.time_ms()
-        status = 200 if detail.state is not None else 404
+        status = 200 if detail is not None else 404
         return self._render(
             ctx,
             "entry.html",
             status=status,
+            task_id=task_id,
             entry=detail,
             now_ms=now_ms,
             back="entry?" + urlencode({"id": task_id}),

@@ -15,36 +15,27 @@ task arguments are never decoded, and nothing is unpickled.
 from __future__ import annotations
 
 import heapq
-import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from itertools import pairwise
-from typing import Any, cast
 
 from ..due_score import due_ms_of, score_range
-from ..entry import parked_ms, template_ref
+from ..entry import template_ref
 from ..store import Store, admin
-from ..store.admin import ParkedEntry
 from ..store.control import HoldReasons
-from ..store.listing import describe_entry, in_flight_in_shard
-from ..store.marks import EntryMarks, mark_records, parse_record, signed_with_tag, tagged_ids
-from ..store.reading import (
-    SCAN_PAGE,
-    Position,
-    describe,
-    held_scores,
-    leased_due_ms,
-    scan_parked,
-)
+from ..store.listing import in_flight_in_shard
+from ..store.lookup import find
+from ..store.marks import mark_records
+from ..store.read_model import ParkedTask, marks_fields, task_from_row
+from ..store.reading import Position, TaggedScan, leased_due_ms, scan_parked
 
 __all__ = [
     "SCAN_BOUND",
     "TIMELINE_SPANS",
     "Bar",
     "Cursor",
-    "EntryDetail",
     "Filters",
     "Page",
     "Timeline",
@@ -200,7 +191,7 @@ class Page:
     """One page of a listing, and the cursor of the next one."""
 
     now_ms: int
-    entries: list[ParkedEntry]
+    entries: list[ParkedTask]
     #: Where the next page starts; None when nothing is left.
     next: Cursor | None
     #: Entries read to fill the page (more than shown when a filter skipped some).
@@ -223,7 +214,7 @@ def parked_page(
     if filters.tag:
         return _tagged_page(store, filters, after, limit)
     now_ms = store.time_ms()
-    streams: list[list[tuple[int, int, str, ParkedEntry | None]]] = []
+    streams: list[list[tuple[int, int, str, ParkedTask | None]]] = []
     frontier: Cursor | None = None  # earliest point where a cut-short shard stopped
     scanned = 0
     bound = max(SCAN_BOUND // len(store.shards), limit + 1) if filters.scans else limit + 1
@@ -257,7 +248,7 @@ def parked_page(
     )
 
 
-def in_flight(store: Store, filters: Filters) -> list[ParkedEntry]:
+def in_flight(store: Store, filters: Filters) -> list[ParkedTask]:
     """Return the entries in flight that match *filters*, in due order.
 
     Claimed by a companion and not yet acknowledged (being released, or held
@@ -288,13 +279,13 @@ def _scan_shard(
     limit: int,
     bound: int,
     reasons: HoldReasons,
-) -> tuple[list[tuple[int, int, str, ParkedEntry | None]], Cursor | None, int, bool]:
+) -> tuple[list[tuple[int, int, str, ParkedTask | None]], Cursor | None, int, bool]:
     """Return (matches, last entry read, entries read, reached the end) of one shard.
 
     Entries a pause or a rate limit holds back are read with the due set, in
-    due order, and marked (:attr:`ParkedEntry.held_by`).
+    due order, and marked (:attr:`ParkedTask.held_by`).
     """
-    matches: list[tuple[int, int, str, ParkedEntry | None]] = []
+    matches: list[tuple[int, int, str, ParkedTask | None]] = []
     # Entries read past the cursor: what the bound counts.
     read = 0
     last: Cursor | None = None
@@ -317,9 +308,7 @@ def _scan_shard(
         known = _TEMPLATE_TASKS.get(template) if template else None
         if known is not None and filters.task and not fnmatchcase(known, filters.task):
             continue  # ruled out by its template alone, without decoding it
-        entry = describe_entry(
-            store, task_id, shard, score, payload, held_by=scanned.held, reasons=reasons
-        )
+        entry = task_from_row(store, scanned, reasons=reasons)
         if template and entry.error is None and entry.task is not None:
             _remember(template, entry.task)
         if not _selects(filters, entry.task, entry.queue):
@@ -331,108 +320,50 @@ def _scan_shard(
 
 
 def _tagged_page(store: Store, filters: Filters, after: Cursor | None, limit: int) -> Page:
-    """:func:`parked_page` for a tag filter: the tag's index says which entries to read.
+    """:func:`parked_page` for a tag filter, through the tag pager (:class:`TaggedScan`).
 
-    Exact across shards: every id of the tag is read from the index with its
-    due score (ids and scores only), and messages only for the entries shown,
-    in due order, until the page is full or :data:`SCAN_BOUND` were read (a
-    task or queue filter on top may skip some). With ``zdelay_signing_key``
-    an entry is shown only if its signed message carries the tag, as the
-    CLI's and Python's tag selections require: an index entry written into
-    Redis cannot put a signed entry under a bulk action of another tag.
+    Exact across shards: every id of the tag is placed from the index with
+    its due score (ids and scores only), and messages are read only for the
+    entries shown, in due order, until the page is full or
+    :data:`SCAN_BOUND` were read (a task or queue filter on top may skip
+    some). Entries in flight are listed above the page (:func:`in_flight`).
     """
     now_ms = store.time_ms()
-    low = filters.due_after_ms
-    high = filters.due_before_ms
-    candidates: list[Cursor] = []
-    held_by: dict[tuple[int, str], str] = {}
-    for shard in store.shards:
-        ids = [
-            task_id
-            for task_id in tagged_ids(store, filters.tag, shards=[shard])
-            if task_id.startswith(filters.id_prefix)
-        ]
-        scores = store.client.zmscore(store.keys(shard).due, ids) if ids else []
-        held = held_scores(store, shard, [t for t, s in zip(ids, scores, strict=True) if s is None])
-        for task_id, lane_score in held.items():
-            held_by[shard, task_id] = lane_score[0]
-        scores = [held[t][1] if t in held else s for t, s in zip(ids, scores, strict=True)]
-        for task_id, score in zip(ids, scores, strict=True):
-            if score is None:
-                continue  # in flight (listed above the page) or gone
-            place = Cursor(int(score), shard, task_id)
-            due_ms = due_ms_of(place.score)
-            if (low is not None and due_ms < low) or (high is not None and due_ms >= high):
-                continue
-            if after is None or place > after:
-                candidates.append(place)
-    candidates.sort()
-    signed = bool(store.config.signing_keys)
+    scan = TaggedScan(
+        store,
+        filters.tag,
+        due_after_ms=filters.due_after_ms,
+        due_before_ms=filters.due_before_ms,
+        after=None if after is None else Position(after.score, after.shard, after.task_id),
+        id_prefix=filters.id_prefix,
+        records=True,
+        first_page=limit + 1,
+        max_read=SCAN_BOUND,
+    )
     reasons = HoldReasons(store)
-    matches: list[tuple[Cursor, ParkedEntry]] = []
-    read = 0
-    page_size = limit + 1
-    while read < len(candidates) and len(matches) <= limit and read < SCAN_BOUND:
-        chunk = candidates[read : read + min(page_size, SCAN_BOUND - read)]
-        read += len(chunk)
-        # Dense matches fill a page from a short read; sparse ones read more per trip.
-        page_size = min(page_size * 4, SCAN_PAGE)
-        for place, payload, record in zip(chunk, *_read_entries(store, chunk), strict=True):
-            if payload is None:
-                continue  # released or cancelled between the reads
-            if signed and not signed_with_tag(
-                store, place.shard, place.task_id, payload, filters.tag
-            ):
-                continue
-            entry = describe_entry(
-                store,
-                place.task_id,
-                place.shard,
-                place.score,
-                payload,
-                record=record,
-                held_by=held_by.get((place.shard, place.task_id)),
-                reasons=reasons,
-            )
-            if _selects(filters, entry.task, entry.queue):
-                matches.append((place, entry))
+    matches: list[tuple[Cursor, ParkedTask]] = []
+    for row in scan:
+        entry = task_from_row(store, row, reasons=reasons)
+        if _selects(filters, entry.task, entry.queue):
+            matches.append((Cursor(row.score, row.shard, row.task_id), entry))
+            if len(matches) > limit:
+                break
     nxt: Cursor | None = None
     if len(matches) > limit:
         matches = matches[:limit]
         nxt = matches[-1][0]
-    elif read < len(candidates):
-        nxt = candidates[read - 1]  # stopped at the bound: go on from the last read
+    elif scan.read < len(scan.positions):
+        nxt = Cursor(*scan.positions[scan.read - 1])  # stopped at the bound: go on from there
     return Page(
         now_ms=now_ms,
         entries=[entry for _, entry in matches],
         next=nxt,
-        scanned=read,
+        scanned=scan.read,
         cut_short=nxt is not None and len(matches) < limit,
     )
 
 
-def _read_entries(
-    store: Store, places: list[Cursor]
-) -> tuple[list[bytes | None], list[bytes | None]]:
-    """Return the messages and key/tag records of *places*, in their order."""
-    by_shard: dict[int, list[int]] = {}
-    for index, place in enumerate(places):
-        by_shard.setdefault(place.shard, []).append(index)
-    payloads: list[bytes | None] = [None] * len(places)
-    records: list[bytes | None] = [None] * len(places)
-    for shard, indexes in by_shard.items():
-        members = [places[i].task_id.encode() for i in indexes]
-        shard_payloads = cast(
-            "list[bytes | None]", store.client.hmget(store.keys(shard).msg, members)
-        )
-        for i, payload, record in zip(
-            indexes, shard_payloads, mark_records(store, shard, members), strict=True
-        ):
-            payloads[i], records[i] = payload, record
-    return payloads, records
-
-
-def _with_marks(store: Store, entries: list[ParkedEntry]) -> list[ParkedEntry]:
+def _with_marks(store: Store, entries: list[ParkedTask]) -> list[ParkedTask]:
     """Return *entries* with their keys and tags: one ``HMGET`` per shard of the page."""
     by_shard: dict[int, list[int]] = {}
     for index, entry in enumerate(entries):
@@ -442,8 +373,7 @@ def _with_marks(store: Store, entries: list[ParkedEntry]) -> list[ParkedEntry]:
         members = [entries[i].task_id.encode() for i in indexes]
         for i, record in zip(indexes, mark_records(store, shard, members), strict=True):
             if record is not None:
-                marks = parse_record(record.decode(errors="replace"))
-                marked[i] = replace(entries[i], key=marks.key, tags=marks.tags)
+                marked[i] = replace(entries[i], **marks_fields(record))
     return marked
 
 
@@ -471,94 +401,9 @@ def _selects(filters: Filters, task: str | None, queue: str | None) -> bool:
 # -- one entry ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EntryDetail:
-    """Everything the store knows about one id, without decoding its arguments."""
-
-    task_id: str
-    shard: int
-    #: "parked", "held", "in flight", "dead" or None when the id is unknown.
-    state: str | None
-    due_ms: int | None = None
-    #: Lease expiry of an in-flight entry.
-    lease_until_ms: int | None = None
-    died_ms: int | None = None
-    reason: dict[str, Any] = field(default_factory=dict)
-    #: Celery headers, as Celery wrote them (argsrepr, kwargsrepr, ...).
-    headers: dict[str, Any] = field(default_factory=dict)
-    queue: str | None = None
-    #: Why the payload cannot be read, if it cannot.
-    error: str | None = None
-    #: When it was parked (epoch ms, Redis clock); None when not recorded.
-    parked_ms: int | None = None
-    #: Its key, ``on_key`` mode and tags (``apply_delayed(key=..., tags=...)``).
-    marks: EntryMarks | None = None
-    #: The control holding it back (``"queue:emails"``), when state is "held".
-    held_by: str | None = None
-    #: Why: "pause" or "rate_limit", when state is "held".
-    held_reason: str | None = None
-
-
-def entry_detail(store: Store, task_id: str) -> EntryDetail:
-    """Look *task_id* up in its shard's parked, held, in-flight and dead sets."""
-    shard = store.shard_of(task_id)
-    keys = store.keys(shard)
-    with store.client.pipeline(transaction=False) as pipe:
-        pipe.zscore(keys.due, task_id)
-        pipe.hget(keys.msg, task_id)
-        pipe.zscore(keys.lease, task_id)
-        pipe.hget(keys.leased, task_id)
-        pipe.zscore(keys.dead, task_id)
-        pipe.hget(keys.dead_msg, task_id)
-        # Its key and tags: "i:<id>" while parked or in flight, "d:<id>" while dead.
-        pipe.hmget(keys.marks, ["i:" + task_id, "d:" + task_id])
-        due, payload, lease, leased, died, dead_record, (marked, dead_marked) = pipe.execute()
-    reason: dict[str, Any] = {}
-    due_ms: int | None
-    held = (
-        held_scores(store, shard, [task_id]).get(task_id)
-        if due is None and lease is None and payload is not None
-        else None
-    )
-    if due is not None:
-        state, due_ms = "parked", due_ms_of(due)
-    elif held is not None:
-        state, due_ms = "held", due_ms_of(held[1])
-    elif lease is not None:
-        # The leased record starts with the due score the entry was claimed at.
-        due_ms = leased_due_ms(leased) if leased else None
-        state = "in flight"
-    elif died is not None:
-        state, due_ms = "dead", None
-        line, _, payload = (dead_record or b"").partition(b"\n")
-        try:
-            parsed = json.loads(line)
-            reason = parsed if isinstance(parsed, dict) else {"reason": str(parsed)}
-        except ValueError:
-            reason = {"reason": line.decode(errors="replace")}
-        if isinstance(reason.get("due_ms"), int):
-            due_ms = reason["due_ms"]
-        payload = payload or None
-    else:
-        return EntryDetail(task_id=task_id, shard=shard, state=None)
-    headers, queue, error = describe(payload, store.templates(shard))
-    record = dead_marked if state == "dead" else marked
-    return EntryDetail(
-        task_id=task_id,
-        shard=shard,
-        state=state,
-        due_ms=due_ms,
-        lease_until_ms=int(lease) if lease is not None else None,
-        died_ms=int(died) if died is not None else None,
-        reason=reason,
-        headers=headers,
-        queue=queue,
-        error=error,
-        parked_ms=parked_ms(payload),
-        marks=parse_record(record.decode(errors="replace")) if record is not None else None,
-        held_by=held[0] if held else None,
-        held_reason=HoldReasons(store)(held[0]) if held else None,
-    )
+def entry_detail(store: Store, task_id: str) -> ParkedTask | None:
+    """Look *task_id* up in its shard's parked, held, in-flight and dead sets, as lookup does."""
+    return find(store, task_id)
 
 
 def dead_page(store: Store, *, limit: int = 100) -> admin.Listing:

@@ -23,6 +23,7 @@ from werkzeug.test import Client
 
 import celery_zdelay
 from celery_zdelay.store import Store
+from celery_zdelay.store.admin import EntryState
 from celery_zdelay.testing import RedisServer, free_port
 from celery_zdelay.web import create_app, queries
 from celery_zdelay.web.security import BasicAuth, ProxyHeaderAuth
@@ -279,7 +280,8 @@ def test_an_entry_in_flight_shows_the_due_time_it_was_claimed_at(app: Celery, st
     assert found.due_ms is not None
     # then its entry page gives its due time, as lookup() does.
     detail = queries.entry_detail(store, stocked.in_flight)
-    assert detail.state == "in flight"
+    assert detail is not None
+    assert detail.state is EntryState.IN_FLIGHT
     assert detail.due_ms == found.due_ms
     assert detail.lease_until_ms is not None
 

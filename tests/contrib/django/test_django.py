@@ -25,7 +25,7 @@ from celery import Celery
 from celery_zdelay import StoreUnavailableError
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.admin import ParkedEntry, list_parked
+from celery_zdelay.store.admin import ParkedTask, list_parked
 from celery_zdelay.testing import RedisServer, free_port
 from tests.support.clock import redis_ms
 from tests.support.django import django_task_app
@@ -59,7 +59,7 @@ def django_app(redis_server: RedisServer) -> Iterator[Celery]:
         yield app
 
 
-def _parked(app: Celery) -> list[ParkedEntry]:
+def _parked(app: Celery) -> list[ParkedTask]:
     """What is parked, in due order, as ``celery -A proj zdelay list`` shows it."""
     return list_parked(store_for(app)).entries
 
