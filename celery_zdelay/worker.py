@@ -118,7 +118,7 @@ BUFFER_POLL_SECONDS = 0.2
 _NOT_THIS_RUNS_KEY = "zdelay_not_this_runs_key"
 
 
-# -- the worker starts ----------------------------------------------------------------
+# -- the worker starts -----------------------------------------------------------------
 
 
 def startup_problems(app: Celery) -> list[str]:
@@ -162,7 +162,7 @@ def add_bootstep(app: Celery) -> None:
     app.steps["worker"].add(StartupCheck)
 
 
-# -- a run starts -------------------------------------------------------------------
+# -- a run starts ----------------------------------------------------------------------
 
 
 class RunHooks:
@@ -203,8 +203,7 @@ class RunHooks:
 def restore_eta(task: Any = None, **_: Any) -> None:
     """Celery ``task_prerun`` receiver: give a released task its ETA back in ``request.eta``.
 
-    The ETA travels in the ``zdelay_eta`` header (:data:`~celery_zdelay.store.headers.ETA_HEADER`).
-
+    It travels in the ``zdelay_eta`` header (``store.headers.ETA_HEADER``).
     Connected in every process that imports ``celery_zdelay``, for every
     app. The header is taken out of ``request.headers`` too: Celery copies
     those into the message of a ``retry()``, whose own ETA (or none) must
@@ -221,6 +220,9 @@ def restore_eta(task: Any = None, **_: Any) -> None:
         headers.pop(ETA_HEADER, None)
     if request.eta is None:
         request.eta = eta
+
+
+# -- the second-delivery guard (zdelay_worker_dedupe) ----------------------------------
 
 
 def refuse_second_delivery(task: Any) -> None:
@@ -296,6 +298,9 @@ def _client(task: Any) -> Any:
     return store_for(task._get_app()).client
 
 
+# -- a periodic occurrence's overlap policy --------------------------------------------
+
+
 def apply_overlap_policy(task: Any) -> None:
     """Run, wait or skip the periodic occurrence about to run here, by its schedule's policy.
 
@@ -355,7 +360,7 @@ def apply_overlap_policy(task: Any) -> None:
         time.sleep(BUFFER_POLL_SECONDS)
 
 
-# -- a run ends: free the key it held ---------------------------------------------------
+# -- a run ends: free the key it held --------------------------------------------------
 
 
 def release_key(task: Any, request: Any = None) -> None:
