@@ -10,82 +10,50 @@ with ``on_key`` saying what a second call does:
   call: the task runs once, after the calls have been quiet for it;
 - ``"until_finished"``: as keep, and the key stays held after the release
   while the task runs, until its run ends however it ends (see
-  :func:`release_key`) or ``zdelay_key_hold_seconds`` passed.
+  :func:`celery_zdelay.worker.release_key`) or ``zdelay_key_hold_seconds``
+  passed.
 
 *Tags* (``tags=["order:42"]``) find and steer parked tasks:
 ``cancel_matching(tag=...)``, ``reschedule_matching(tag=...)``,
 ``zdelay list --tag``.
 
 Both travel in the parked message's headers (``zdelay_key``,
-``zdelay_on_key``, ``zdelay_tags``), so a signed entry's key and tags are
-covered by its signature, the worker knows the key to free, and transparent
-mode takes them from ``apply_async(headers={...})``. The store keeps an
+``zdelay_on_key``, ``zdelay_tags``: :mod:`celery_zdelay.store.headers`), so
+a signed entry's key and tags are covered by its signature, the worker
+knows the key to free, and transparent mode takes them from
+``apply_async(headers={...})``. The store keeps an
 index of both beside the entries (:mod:`celery_zdelay.store.marks`).
 """
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from .config import get_config
-from .errors import ConfigurationError, ZDelayError
+from .errors import ConfigurationError
 from .names import MAX_NAME_LENGTH, validate_name, validate_task_id
+from .store.headers import KEY_HEADER, ON_KEY_HEADER, TAGS_HEADER
 from .store.keys import shard_of
+from .store.marks import ON_KEY_MODES, Mark
 
 __all__ = [
-    "KEY_HEADER",
     "MAX_KEY_LENGTH",
     "MAX_TAGS",
-    "ON_KEY_HEADER",
     "ON_KEY_MODES",
-    "TAGS_HEADER",
     "Mark",
     "mark_from_headers",
-    "release_key",
     "task_id_for",
     "validate_key",
     "validate_tag",
 ]
 
-logger = logging.getLogger(__name__)
-
-#: Message headers carrying the key, its mode and the tags.
-KEY_HEADER, ON_KEY_HEADER, TAGS_HEADER = "zdelay_key", "zdelay_on_key", "zdelay_tags"
-#: The modes of ``on_key``, and their letter in the store's records.
-ON_KEY_MODES: Mapping[str, str] = {
-    "keep": "k",
-    "replace": "r",
-    "debounce": "d",
-    "until_finished": "u",
-}
 #: Default ``on_key``: a second call with the same key parks nothing.
 DEFAULT_ON_KEY = "keep"
 #: Longest key or tag, in characters: each is stored with every entry using it.
 MAX_KEY_LENGTH = MAX_NAME_LENGTH
 #: Most tags on one task.
 MAX_TAGS = 32
-
-
-@dataclass(frozen=True)
-class Mark:
-    """The key (with its mode) and tags of one parked task."""
-
-    key: str | None
-    on_key: str
-    tags: tuple[str, ...]
-    #: How long an ``until_finished`` key stays held after the release, at most.
-    hold_ms: int
-
-    def record(self) -> str:
-        """The store's record of this mark (see ``store/lua/_marks.lua``)."""
-        mode = ON_KEY_MODES[self.on_key] if self.key is not None else "-"
-        return "\n".join([f"{mode}{self.hold_ms}", self.key or "", *self.tags])
 
 
 def validate_key(key: Any, *, what: str = "key") -> str:
@@ -192,53 +160,3 @@ def check_task_id(task_id: str, key: str, shards: int) -> None:
             "Leave task_id out (celery-zdelay then picks one on the right shard), or take "
             "one from celery_zdelay.keys.task_id_for(key, shards). Nothing was written."
         )
-
-
-def release_key(task: Any, request: Any = None) -> None:
-    """Free the key the run of *request* (default: *task*'s current one) held.
-
-    The ``until_finished`` key of a released task, or the key a periodic
-    occurrence holds for its schedule's overlap policy. Called once per run
-    by the worker's run-end receivers (:mod:`celery_zdelay.worker`), however
-    the run ended. Only the holder frees a key (``finish_key.lua`` compares
-    the task id), so a call for a run that never held it changes nothing.
-    Should no call come (a worker that died), the hold ends by itself:
-    ``zdelay_key_hold_seconds`` after the release, or the schedule's
-    ``zdelay_overlap_timeout`` after the run started.
-    """
-    if request is None:
-        request = task.request
-    if request is None or request.is_eager:
-        return
-    headers = request.headers or {}
-    key = getattr(request, KEY_HEADER, None) or headers.get(KEY_HEADER)
-    on_key = getattr(request, ON_KEY_HEADER, None) or headers.get(ON_KEY_HEADER)
-    if not isinstance(key, str) or on_key != "until_finished":
-        # A periodic occurrence with an overlap policy holds its schedule's
-        # key the same way while it runs (see celery_zdelay.periodic.overlap).
-        from .periodic.overlap import held_key
-
-        key = held_key(request)
-    if key is None or not request.id:
-        return
-    from .app_state import store_for
-    from .store.marks import finish_key
-
-    try:
-        store = store_for(task._get_app())
-        finish_key(store, key, request.id)
-    except (ZDelayError, RedisError, OSError) as exc:
-        # The hold ends on its own (zdelay_key_hold_seconds after the release).
-        logger.warning(
-            "Could not free key %r of %s[%s]: %r",
-            key,
-            task.name,
-            request.id,
-            exc,
-            extra={"task_id": request.id},
-        )
-
-
-def hold_ms(app: Any) -> int:
-    """``zdelay_key_hold_seconds`` of *app*, in ms."""
-    return get_config(app).key_hold_ms

@@ -11,9 +11,11 @@ import contextvars
 import copy
 import logging
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
@@ -23,13 +25,9 @@ from .app_state import PARK_WHEN_EAGER, RELEASED_BY_TEST, Producing, producing, 
 from .bulk import build_messages, split_call
 from .capture import announce_parked, capture
 from .config import get_config
-from .dedupe import mark_parked
 from .entry import TaskMessage
 from .errors import ConfigurationError, ZDelayError
 from .keys import (
-    KEY_HEADER,
-    ON_KEY_HEADER,
-    TAGS_HEADER,
     check_task_id,
     mark_from_headers,
     set_headers,
@@ -41,10 +39,10 @@ from .schedule import Due, due_from
 from .steering import announce_cancelled
 from .store import ParkRequest, Store, admin
 from .store.client import store_errors
+from .store.headers import ETA_HEADER, KEY_HEADER, ON_KEY_HEADER, PARK_HEADER, TAGS_HEADER
 from .store.keys import canvas_key
 from .store.marks import Parked, park_marked
 from .tracing import park_span
-from .worker import carry_eta
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -53,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "apply_delayed",
     "batch",
+    "carry_eta",
     "park_many",
     "park_messages",
     "park_requests",
@@ -371,6 +370,24 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[st
     return ids
 
 
+def carry_eta(app: Celery, messages: Iterable[TaskMessage], due: Due) -> None:
+    """Put the ETA Celery would have sent for *due* into the :data:`ETA_HEADER` of *messages*.
+
+    A released message has no ``eta`` header: with one, Celery's worker
+    would hold it in its timer and raise its prefetch count for it (see
+    docs/transparent.rst, "The ETA a released task sees"); the worker puts
+    this one back into ``request.eta`` (:func:`celery_zdelay.worker.restore_eta`).
+    A message that has one already (transparent mode keeps the very string
+    Celery wrote) keeps it. A countdown is counted from this host's clock
+    and written in the app's time zone, as Celery writes an ``eta``; the
+    release itself goes by the Redis clock.
+    """
+    eta_ms = due.ms if due.mode == "a" else time.time() * 1000 + due.ms
+    eta = datetime.fromtimestamp(eta_ms / 1000, tz=app.timezone).isoformat()
+    for message in messages:
+        message.headers.setdefault(ETA_HEADER, eta)
+
+
 def _park(store: Store, requests: list[ParkRequest]) -> list[Parked]:
     """Park *requests*; return what was parked for each (see :func:`park_messages`).
 
@@ -428,7 +445,9 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
     for message in messages:
         validate_task_id(message.task_id)
         if parking.config.worker_dedupe:
-            mark_parked(message.headers)
+            # The worker-side guard tells a second publish of this park from
+            # a redelivery by it (celery_zdelay.worker.refuse_second_delivery).
+            message.headers[PARK_HEADER] = uuid.uuid4().hex
         if message.headers.get("eta") is not None:
             # A canvas member carried its own countdown; the delayed call's
             # due time wins, as the outer countdown does in Celery.

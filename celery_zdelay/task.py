@@ -6,18 +6,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import celery
-from celery.exceptions import Ignore
 
-from .dedupe import note_run_finished, refuse_second_delivery
 from .parking import park_many, park_task
-from .periodic.overlap import start_run
 from .transparent import install
-from .worker import not_this_runs_key
+from .worker import RunHooks
 
 __all__ = ["DelayedTaskMixin", "Task"]
 
 
-class DelayedTaskMixin:
+class DelayedTaskMixin(RunHooks):
     """Adds :meth:`apply_delayed` to a Celery task base class.
 
     Put it first in the bases of your own task class::
@@ -116,35 +113,6 @@ class DelayedTaskMixin:
             if value is not None:
                 options[name] = value
         return park_many(self, calls, countdown, eta, options)
-
-    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        """Drop a second delivery (``zdelay_worker_dedupe``); apply a schedule's overlap policy.
-
-        Celery calls this in the worker just before the task runs; raising
-        ``Ignore`` here skips the run. See :mod:`celery_zdelay.dedupe` and
-        :mod:`celery_zdelay.periodic.overlap`.
-        """
-        try:
-            refuse_second_delivery(self)
-        except Ignore:
-            # A second delivery of a task id that runs elsewhere: its key is
-            # that run's, which frees it when it ends.
-            not_this_runs_key(self.request)  # type: ignore[attr-defined]
-            raise
-        start_run(self)
-        super().before_start(task_id, args, kwargs)  # type: ignore[misc]
-
-    def after_return(
-        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
-    ) -> None:
-        """Tell the worker-side guard that a run ended.
-
-        An ``until_finished`` key is freed by :mod:`celery_zdelay.worker` on
-        every end of a run, including those Celery calls no ``after_return``
-        for.
-        """
-        note_run_finished(self)
-        super().after_return(status, retval, task_id, args, kwargs, einfo)  # type: ignore[misc]
 
     @classmethod
     def on_bound(cls, app: Any) -> None:

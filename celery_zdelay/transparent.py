@@ -42,7 +42,7 @@ from .config import get_config
 from .errors import ConfigurationError
 from .parking import park_messages, remember_canvas
 from .schedule import due_from
-from .worker import ETA_HEADER
+from .store.headers import ETA_HEADER
 
 if TYPE_CHECKING:
     from celery import Celery

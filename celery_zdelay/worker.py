@@ -1,22 +1,56 @@
-"""What celery-zdelay does in a Celery worker: a start-up check, and the ETA a task sees.
+"""What celery-zdelay does in a Celery worker: every hook of a run, in one module.
 
 A worker is where a forgotten companion or a misspelt setting would
 otherwise go unnoticed: tasks are parked and never run, or transparent mode
-is silently off. :class:`StartupCheck` logs each problem once, at start, and
-never stops the worker.
+is silently off. :class:`StartupCheck`, the worker bootstep, logs each
+problem once, at start, and never stops the worker.
 
-A released message has no ``eta`` header: with one, Celery's worker would
-hold it in its timer and raise its prefetch count for it (see
+Then, around each run of a task:
+
+- **before it starts** (Celery's ``task_prerun`` and the task class's
+  ``before_start``, see :class:`RunHooks`): :func:`restore_eta` gives a
+  released task the ETA Celery would have sent back in ``request.eta``;
+  :func:`refuse_second_delivery` drops a second publish of a released task
+  (``zdelay_worker_dedupe``); :func:`apply_overlap_policy` runs, waits or
+  skips a periodic occurrence by its schedule's overlap policy;
+- **when it ends**: :func:`note_run_finished` records the end for the guard,
+  and :func:`release_key` frees the key the run held (an ``until_finished``
+  key, or a schedule's overlap key) however the run ends: Celery's
+  ``after_return`` is not called for ``Ignore``, ``Reject`` or a revoke, so
+  the receivers at the end of this module listen to Celery's own signals
+  (see :func:`release_after_run`).
+
+The ETA. A released message has no ``eta`` header: with one, Celery's
+worker would hold it in its timer and raise its prefetch count for it (see
 docs/transparent.rst, "The ETA a released task sees"). The ETA Celery would
-have sent travels in the :data:`ETA_HEADER` header instead, and
-:func:`restore_eta` puts it back into ``self.request.eta`` just before the
-task runs, so task code sees what it would have seen without celery-zdelay.
+have sent travels in the ``zdelay_eta`` header instead
+(:func:`celery_zdelay.parking.carry_eta`).
 
-A run that holds a key (an ``until_finished`` key, or a periodic
-schedule's overlap key) frees it when it ends, however it ends: Celery's
-``after_return`` is not called for ``Ignore``, ``Reject`` or a revoke, so
-the receivers below listen to Celery's own signals instead (see
-:func:`release_after_run`).
+The second-delivery guard. Releases through a Redis broker are exactly
+once. Through other brokers they are at least once: a companion killed
+after the broker accepted a message but before the store forgot it lets the
+entry be published again when its lease expires. With
+``zdelay_worker_dedupe = True``:
+
+- each parked message carries a ``zdelay_park`` header, a random id of that
+  park (parking the same task id again gets a new one);
+- before a task starts, the worker records ``<park id>:<retries>`` in the
+  store with ``SET NX`` for :data:`SEEN_SECONDS`; when the run ends (success
+  or failure) the record says so;
+- a later delivery that finds the record is a second *publish* by a companion
+  and is dropped (Celery's ``Ignore``: no result is stored, no callbacks
+  run) — unless the broker marks it *redelivered*: then it is the same
+  publish coming back (``Reject(requeue=True)``, a worker killed mid-run with
+  ``acks_late``, a Redis visibility timeout) and it runs, unless the record
+  says a run already finished.
+
+The guard never loses a task to save a duplicate: a redelivery runs whenever
+an earlier run may not have finished, and if the store cannot be reached the
+task runs. Retries count separately, so ``Task.retry`` still works. The
+companion republishes the very bytes it verified (signing), so two publishes
+cannot be told apart by their content; the broker's redelivered flag
+(``delivery_info['redelivered']``: AMQP sets it, and kombu's Redis transport
+sets it when it restores an unacknowledged message) is what tells them apart.
 """
 
 from __future__ import annotations
@@ -24,43 +58,67 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps, signals, states
 from celery.app.task import Context
-from celery.exceptions import WorkerLostError
+from celery.exceptions import Ignore, WorkerLostError
+from redis.exceptions import RedisError
 
-from .config import unknown_settings
+from .app_state import store_for
+from .config import get_config, unknown_settings
 from .errors import ZDelayError
-from .keys import release_key
+from .periodic.overlap import overlap_key_of_run
+from .periodic.store import PeriodicStore
+from .store import admin
+from .store.headers import (
+    ETA_HEADER,
+    KEY_HEADER,
+    ON_KEY_HEADER,
+    OVERLAP_HEADER,
+    OVERLAP_TIMEOUT_HEADER,
+    PARK_HEADER,
+    SCHEDULE_HEADER,
+    header_of,
+)
+from .store.keys import seen_key
+from .store.marks import finish_key, start_run
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from .entry import TaskMessage
-    from .schedule import Due
-
 __all__ = [
-    "ETA_HEADER",
+    "SEEN_SECONDS",
+    "RunHooks",
     "StartupCheck",
     "add_bootstep",
-    "carry_eta",
-    "not_this_runs_key",
+    "apply_overlap_policy",
+    "note_run_finished",
+    "refuse_second_delivery",
     "release_after_internal_error",
     "release_after_revoke",
     "release_after_run",
     "release_after_worker_lost",
+    "release_key",
     "restore_eta",
     "startup_problems",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Header of a parked message holding the ETA Celery would have sent (an
-#: ISO 8601 string, as Celery's own ``eta`` header), while ``eta`` is None.
-ETA_HEADER = "zdelay_eta"
+#: How long a first delivery is remembered by the guard: far longer than a lease.
+SEEN_SECONDS = 24 * 3600
+#: The guard's record values: a run started, a run ended (success or failure).
+RUNNING, FINISHED = b"running", b"finished"
+#: How often a buffered periodic occurrence asks whether the run before it ended.
+BUFFER_POLL_SECONDS = 0.2
+#: Request attribute set on a delivery that must not free the key of its
+#: task id: a second delivery the worker-side guard refused while the first
+#: one runs (:meth:`RunHooks.before_start`).
+_NOT_THIS_RUNS_KEY = "zdelay_not_this_runs_key"
+
+
+# -- the worker starts -----------------------------------------------------------------
 
 
 def startup_problems(app: Celery) -> list[str]:
@@ -74,9 +132,6 @@ def startup_problems(app: Celery) -> list[str]:
     problems = unknown_settings(app)
     if problems:
         return problems
-    from .app_state import store_for
-    from .store import admin
-
     try:
         warning = admin.no_companion_warning(store_for(app))
     except ZDelayError as exc:
@@ -85,13 +140,11 @@ def startup_problems(app: Celery) -> list[str]:
 
 
 def _uses_zdelay(app: Celery) -> bool:
-    from .task import DelayedTaskMixin
-
     for key in list(app.conf.keys()):
         name = str(key).lower()
         if name.startswith(("zdelay_", "celery_zdelay_")):
             return True
-    return isinstance(app.Task, type) and issubclass(app.Task, DelayedTaskMixin)
+    return isinstance(app.Task, type) and issubclass(app.Task, RunHooks)
 
 
 class StartupCheck(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -109,24 +162,48 @@ def add_bootstep(app: Celery) -> None:
     app.steps["worker"].add(StartupCheck)
 
 
-def carry_eta(app: Celery, messages: Iterable[TaskMessage], due: Due) -> None:
-    """Put the ETA Celery would have sent for *due* into the :data:`ETA_HEADER` of *messages*.
+# -- a run starts ----------------------------------------------------------------------
 
-    A message that has one already (transparent mode keeps the very string
-    Celery wrote) keeps it. A countdown is counted from this host's clock
-    and written in the app's time zone, as Celery writes an ``eta``; the
-    release itself goes by the Redis clock.
+
+class RunHooks:
+    """The hooks of a run a task class carries; :class:`celery_zdelay.DelayedTaskMixin` has them.
+
+    Celery calls ``before_start`` in the worker just before the task runs
+    (raising ``Ignore`` there skips the run) and ``after_return`` after a
+    success or a failure; the other ends of a run are Celery signals,
+    received below.
     """
-    eta_ms = due.ms if due.mode == "a" else time.time() * 1000 + due.ms
-    eta = datetime.fromtimestamp(eta_ms / 1000, tz=app.timezone).isoformat()
-    for message in messages:
-        message.headers.setdefault(ETA_HEADER, eta)
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Drop a second delivery (``zdelay_worker_dedupe``); apply a schedule's overlap policy."""
+        try:
+            refuse_second_delivery(self)
+        except Ignore:
+            # A second delivery of a task id that runs elsewhere: its key is
+            # that run's, which frees it when it ends.
+            setattr(self.request, _NOT_THIS_RUNS_KEY, True)  # type: ignore[attr-defined]
+            raise
+        apply_overlap_policy(self)
+        super().before_start(task_id, args, kwargs)  # type: ignore[misc]
+
+    def after_return(
+        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        """Tell the worker-side guard that a run ended.
+
+        An ``until_finished`` key is freed by :func:`release_after_run` and
+        its siblings on every end of a run, including those Celery calls no
+        ``after_return`` for.
+        """
+        note_run_finished(self)
+        super().after_return(status, retval, task_id, args, kwargs, einfo)  # type: ignore[misc]
 
 
 @signals.task_prerun.connect(weak=False)  # type: ignore[untyped-decorator]
 def restore_eta(task: Any = None, **_: Any) -> None:
     """Celery ``task_prerun`` receiver: give a released task its ETA back in ``request.eta``.
 
+    It travels in the ``zdelay_eta`` header (``store.headers.ETA_HEADER``).
     Connected in every process that imports ``celery_zdelay``, for every
     app. The header is taken out of ``request.headers`` too: Celery copies
     those into the message of a ``retry()``, whose own ETA (or none) must
@@ -145,22 +222,188 @@ def restore_eta(task: Any = None, **_: Any) -> None:
         request.eta = eta
 
 
-# -- the end of a run: free the key it held -------------------------------------------
+# -- the second-delivery guard (zdelay_worker_dedupe) ----------------------------------
 
-#: Request attribute set on a delivery that must not free the key of its
-#: task id: a second delivery the worker-side guard refused while the first
-#: one runs (:meth:`celery_zdelay.DelayedTaskMixin.before_start`).
-_NOT_THIS_RUNS_KEY = "zdelay_not_this_runs_key"
+
+def refuse_second_delivery(task: Any) -> None:
+    """Raise ``Ignore`` when this delivery is a second publish of a released task.
+
+    Called by :meth:`RunHooks.before_start`.
+    """
+    key = _seen_key(task)
+    if key is None:
+        return
+    request = task.request
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    try:
+        client = _client(task)
+        if client.set(key, RUNNING, nx=True, ex=SEEN_SECONDS):
+            return  # the first delivery
+        finished = redelivered and client.get(key) == FINISHED
+    except (ZDelayError, RedisError, OSError) as exc:
+        # Run the task rather than lose it.
+        logger.warning(
+            "Could not check %s[%s] for a second delivery: %r", task.name, request.id, exc
+        )
+        return
+    if redelivered and not finished:
+        # The broker gave back a delivery nobody acknowledged: the run that
+        # saw it first may have died. Running it again is the only safe choice.
+        logger.info(
+            "Running a redelivery of %s[%s]: the broker gave it back unacknowledged",
+            task.name,
+            request.id,
+        )
+        return
+    logger.warning(
+        "Dropped a second delivery of %s[%s]: %s",
+        task.name,
+        request.id,
+        "a run of it already finished"
+        if redelivered
+        else "celery-zdelay published it twice (a companion died after publishing it)",
+    )
+    raise Ignore()
+
+
+def note_run_finished(task: Any) -> None:
+    """Record that a guarded run ended (success or failure), so a redelivery is dropped.
+
+    Called by :meth:`RunHooks.after_return`, which Celery calls for
+    successes and failures only, not for ``Reject``, ``Ignore`` or ``Retry``.
+    """
+    key = _seen_key(task)
+    if key is None:
+        return
+    try:
+        _client(task).set(key, FINISHED, xx=True, keepttl=True)
+    except (ZDelayError, RedisError, OSError) as exc:
+        # A later redelivery will run again: a duplicate, never a loss.
+        logger.warning("Could not record the end of %s[%s]: %r", task.name, task.request.id, exc)
+
+
+def _seen_key(task: Any) -> str | None:
+    """The guard's record of this park and retry, or None when the guard is off."""
+    request = task.request
+    park_id = header_of(request, PARK_HEADER)
+    if not park_id or request.is_eager:
+        return None
+    config = get_config(task._get_app())
+    if not config.worker_dedupe:
+        return None
+    return seen_key(config.key_prefix, park_id, request.retries or 0)
+
+
+def _client(task: Any) -> Any:
+    return store_for(task._get_app()).client
+
+
+# -- a periodic occurrence's overlap policy --------------------------------------------
+
+
+def apply_overlap_policy(task: Any) -> None:
+    """Run, wait or skip the periodic occurrence about to run here, by its schedule's policy.
+
+    Called by :meth:`RunHooks.before_start` (see :mod:`celery_zdelay.periodic.overlap`).
+    Raises ``celery.exceptions.Ignore`` to skip it (counted as skipped by
+    overlap). With ``buffer_one`` it waits here, in this worker process,
+    until the run before it ends or its hold does. Should the store be out
+    of reach, the occurrence runs: the policy is a guard against piling up
+    runs, and a tick not run cannot be run later.
+    """
+    request = task.request
+    key = overlap_key_of_run(request)
+    if key is None or request.is_eager or not request.id:
+        return
+    app = task._get_app()
+    policy = header_of(request, OVERLAP_HEADER)
+    name = header_of(request, SCHEDULE_HEADER)
+    timeout = header_of(request, OVERLAP_TIMEOUT_HEADER)
+    hold = timeout if isinstance(timeout, int) and timeout > 0 else get_config(app).key_hold_ms
+    waited = False
+    while True:
+        try:
+            store = store_for(app)
+            verdict, holder = start_run(store, key, request.id, hold_ms=hold, policy=policy)
+            if verdict == "skip":
+                PeriodicStore(store).count(name, "skipped_overlap")
+        except (ZDelayError, RedisError, OSError) as exc:
+            logger.warning(
+                "Periodic task %r: could not check its overlap policy (%r); running %s",
+                name,
+                exc,
+                request.id,
+                extra={"task_id": request.id},
+            )
+            return
+        if verdict == "run":
+            if waited:
+                logger.info(
+                    "Periodic task %r: %s ran after the run before it ended (buffer_one)",
+                    name,
+                    request.id,
+                    extra={"task_id": request.id},
+                )
+            return
+        if verdict == "skip":
+            logger.info(
+                "Periodic task %r: skipped %s, run %s is unfinished (zdelay_overlap=%r)",
+                name,
+                request.id,
+                holder,
+                policy,
+                extra={"task_id": request.id},
+            )
+            raise Ignore()
+        # Bounded: the holder's hold ends at most *hold* ms after it started.
+        waited = True
+        time.sleep(BUFFER_POLL_SECONDS)
+
+
+# -- a run ends: free the key it held --------------------------------------------------
+
+
+def release_key(task: Any, request: Any = None) -> None:
+    """Free the key the run of *request* (default: *task*'s current one) held.
+
+    The ``until_finished`` key of a released task, or the key a periodic
+    occurrence holds for its schedule's overlap policy. Called once per run
+    by the run-end receivers below, however the run ended. Only the holder
+    frees a key (``finish_key.lua`` compares the task id), so a call for a
+    run that never held it changes nothing. Should no call come (a worker
+    that died), the hold ends by itself: ``zdelay_key_hold_seconds`` after
+    the release, or the schedule's ``zdelay_overlap_timeout`` after the run
+    started.
+    """
+    if request is None:
+        request = task.request
+    if request is None or request.is_eager:
+        return
+    key = header_of(request, KEY_HEADER)
+    if not isinstance(key, str) or header_of(request, ON_KEY_HEADER) != "until_finished":
+        # A periodic occurrence with an overlap policy holds its schedule's
+        # key the same way while it runs (see apply_overlap_policy).
+        key = overlap_key_of_run(request)
+    if key is None or not request.id:
+        return
+    try:
+        finish_key(store_for(task._get_app()), key, request.id)
+    except (ZDelayError, RedisError, OSError) as exc:
+        # The hold ends on its own (zdelay_key_hold_seconds after the release).
+        logger.warning(
+            "Could not free key %r of %s[%s]: %r",
+            key,
+            task.name,
+            request.id,
+            exc,
+            extra={"task_id": request.id},
+        )
+
 
 #: Per thread of a pool process: the id of the last run whose key was freed
 #: by :func:`release_after_run`, so ``task_internal_error`` after it does not
 #: free it twice.
 _ended = threading.local()
-
-
-def not_this_runs_key(request: Any) -> None:
-    """Mark *request*'s delivery as one whose end must not free its task id's key."""
-    setattr(request, _NOT_THIS_RUNS_KEY, True)
 
 
 @signals.task_prerun.connect(weak=False)  # type: ignore[untyped-decorator]

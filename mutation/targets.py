@@ -104,7 +104,7 @@ PYTHON = (
         "celery_zdelay/due_score.py",
         ("tests/test_due_score_order.py", "tests/store/test_scan_parked.py"),
     ),
-    # Overlap policy: an occurrence starting while the previous run goes on is skipped or waits.
+    # Overlap policy: the headers an occurrence carries, and the key its run holds.
     Target(
         "periodic.overlap",
         "celery_zdelay/periodic/overlap.py",
@@ -142,11 +142,20 @@ PYTHON = (
             *_RELEASE,
         ),
     ),
-    # The second-delivery guard.
+    # The worker's hooks: the second-delivery guard; an occurrence starting while
+    # the previous run goes on is skipped or waits; a run's key freed however it
+    # ends; request.eta given back.
     Target(
-        "dedupe",
-        "celery_zdelay/dedupe.py",
-        ("tests/test_dedupe_guard.py", "tests/test_dedupe.py"),
+        "worker",
+        "celery_zdelay/worker.py",
+        (
+            "tests/test_dedupe_guard.py",
+            "tests/periodic/test_overlap_policy.py",
+            "tests/test_dedupe.py",
+            "tests/periodic/test_periodic_overlap.py",
+            "tests/test_run_ends.py",
+            "tests/test_request_eta.py",
+        ),
     ),
     # Capture: the message Celery would have sent is the one parked.
     Target(

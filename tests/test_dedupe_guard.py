@@ -1,6 +1,6 @@
 """The worker-side guard drops a second publish, runs a redelivery, and never loses a task.
 
-Pins each line of ``celery_zdelay/dedupe.py`` that mutation testing found
+Pins each line of the guard (``celery_zdelay/worker.py``) that mutation testing found
 unguarded (see docs/mutation.rst), by calling the guard as a worker does
 before a task starts (:func:`refuse_second_delivery`) and when it ends
 (:func:`note_run_finished`), on a real task's request and a private Redis:
@@ -22,12 +22,8 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore
 
-from celery_zdelay.dedupe import (
-    HEADER,
-    SEEN_SECONDS,
-    note_run_finished,
-    refuse_second_delivery,
-)
+from celery_zdelay.store.headers import PARK_HEADER
+from celery_zdelay.worker import SEEN_SECONDS, note_run_finished, refuse_second_delivery
 from tests.conftest import AppFactory
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,10 +45,10 @@ def _request(
         "retries": retries,
         "is_eager": is_eager,
         "delivery_info": None if redelivered is None else {"redelivered": redelivered},
-        "headers": {HEADER: park} if in_headers and park else {},
+        "headers": {PARK_HEADER: park} if in_headers and park else {},
     }
     if park and not in_headers:
-        fields[HEADER] = park
+        fields[PARK_HEADER] = park
     return fields
 
 
@@ -100,7 +96,7 @@ def test_a_second_publish_is_dropped_whether_or_not_the_first_run_finished(
     guarded: Celery, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert _starts(guarded, **_request()) == "runs"
-    with caplog.at_level(logging.WARNING, "celery_zdelay.dedupe"):
+    with caplog.at_level(logging.WARNING, "celery_zdelay.worker"):
         assert _starts(guarded, **_request()) == "dropped"
     assert "celery-zdelay published it twice" in caplog.text
     # A message without delivery_info is a publish, not a redelivery.
@@ -120,7 +116,7 @@ def test_a_redelivery_runs_until_a_run_has_finished(
     assert redis_client.get(_record()) == b"finished"
     # Finishing keeps the day the record is remembered for.
     assert DAY - 60 <= redis_client.ttl(_record()) <= DAY
-    with caplog.at_level(logging.WARNING, "celery_zdelay.dedupe"):
+    with caplog.at_level(logging.WARNING, "celery_zdelay.worker"):
         assert _starts(guarded, **_request(redelivered=True)) == "dropped"
     assert "a run of it already finished" in caplog.text
 
@@ -189,7 +185,7 @@ def test_a_store_that_cannot_be_reached_lets_the_task_run(
             "zdelay_redis_url": f"redis://127.0.0.1:{_closed_port()}/0",
         }
     )
-    with caplog.at_level(logging.WARNING, "celery_zdelay.dedupe"):
+    with caplog.at_level(logging.WARNING, "celery_zdelay.worker"):
         assert _starts(app, **_request()) == "runs"
         assert _starts(app, **_request()) == "runs"
         _finishes(app, **_request())

@@ -3,17 +3,24 @@
 Read from the source with :mod:`ast`, without importing anything. Two rules
 (STYLE.md 1 and 16, httpx's "private modules, public names inside them"):
 
-- no import circle among module-level imports: a module's imports at its
-  top level (``if TYPE_CHECKING:`` blocks and imports inside functions
-  excluded) never lead back to it. Importing a submodule also runs its
-  package's ``__init__``; that implicit step is not counted, or every
-  package that re-exports its modules would be a circle;
+- no import circle: a module's imports never lead back to it, counting
+  those inside functions and methods too (an import deferred into a
+  function is a circle all the same, only one that fails later and hides
+  from the reader); only ``if TYPE_CHECKING:`` blocks are left out, as they
+  never run. Importing a submodule also runs its package's ``__init__``;
+  that implicit step is not counted, or every package that re-exports its
+  modules would be a circle;
 - no underscore name imported from another module of the package (a module
   whose own name starts with an underscore is fine: it is the names inside
   that must be public once another module uses them), beyond
   :data:`ALLOWED_PRIVATE_IMPORTS`.
 
-The last two tests check the checker on a package written for them, so a
+And one rule of the data's path (STYLE.md 2 and 23): the store
+(``celery_zdelay.store``) imports nothing from the producer side, nor from
+the worker, the companion or the CLI: only the foundations in
+:data:`STORE_FOUNDATIONS`, whose own imports stay among them.
+
+The last tests check the checker on a package written for them, so a
 circle added to ``celery_zdelay`` cannot slip through a checker that broke.
 """
 
@@ -33,6 +40,23 @@ PACKAGE = "celery_zdelay"
 #: (importing module, imported module, name): the underscore names still
 #: imported across modules. Keep it short; each entry says why it stays.
 ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
+
+#: What the store may import from the rest of the package: data formats,
+#: settings and errors that producer, companion and worker share. Adding a
+#: module here says it belongs below the store.
+STORE_FOUNDATIONS = frozenset(
+    f"{PACKAGE}.{name}"
+    for name in (
+        "_format",  # times and sizes in messages
+        "bulk_limit",  # how many entries one script call may take
+        "config",  # the settings
+        "due_score",  # the due set's score
+        "entry",  # the parked entry's bytes
+        "errors",
+        "rates",  # rate limit values, read by config and the control keys
+        "schedule",  # Due, a due time
+    )
+)
 
 Modules = dict[str, tuple[Path, bool]]
 
@@ -66,20 +90,15 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _top_level_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Yield the imports that run when the module is imported (not in functions or type checks)."""
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                yield from _top_level_imports(node.body)
-            yield from _top_level_imports(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
-                yield from _top_level_imports(block)
-        elif isinstance(node, (ast.With, ast.ClassDef)):
-            yield from _top_level_imports(node.body)
+def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Yield every import under *node* that can run: in functions too, not in type checks."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            yield from _imports(ast.Module(body=child.orelse, type_ignores=[]))
+        else:
+            yield from _imports(child)
 
 
 def _targets(found: Modules, module: str, node: ast.Import | ast.ImportFrom) -> set[str]:
@@ -95,12 +114,12 @@ def _targets(found: Modules, module: str, node: ast.Import | ast.ImportFrom) -> 
 
 
 def import_graph(found: Modules) -> dict[str, set[str]]:
-    """Return module -> the modules of the package its module-level imports import."""
+    """Return module -> the modules of the package its imports (in functions too) import."""
     graph: dict[str, set[str]] = {}
     for module, (path, _) in found.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         graph[module] = set()
-        for node in _top_level_imports(tree.body):
+        for node in _imports(tree):
             graph[module] |= _targets(found, module, node)
     return graph
 
@@ -151,13 +170,43 @@ def private_imports(found: Modules) -> set[tuple[str, str, str]]:
 
 
 def test_no_module_imports_itself_through_others() -> None:
-    # Given the module-level imports of every module of the package
+    # Given the imports of every module of the package, inside functions too
     graph = import_graph(modules(ROOT, PACKAGE))
 
     # Then none leads back to where it started
     assert circles(graph) == [], "import circles: " + "; ".join(
         " -> ".join(circle) for circle in circles(graph)
     )
+
+
+def every_import(found: Modules, module: str) -> set[str]:
+    """The modules of the package *module* imports anywhere, type checks included."""
+    path, _ = found[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return {
+        target
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for target in _targets(found, module, node)
+    }
+
+
+def test_the_store_imports_only_the_store_and_its_foundations() -> None:
+    # Given every module of the store, and the foundations it may use
+    found = modules(ROOT, PACKAGE)
+    graph = import_graph(found)
+    store = {module for module in found if module.split(".")[:2] == [PACKAGE, "store"]}
+    allowed = STORE_FOUNDATIONS | store
+
+    # Then the store's imports (for type checks too) stay among them,
+    # and so do the foundations' own
+    outside = {
+        (module, imported)
+        for module in allowed
+        for imported in (every_import(found, module) if module in store else graph[module])
+        if imported not in allowed
+    }
+    assert outside == set(), f"the store reaches the rest of the package: {sorted(outside)}"
 
 
 def test_no_private_name_is_imported_from_another_module() -> None:
@@ -181,24 +230,57 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 def test_the_checker_finds_a_circle_and_only_a_real_one(tmp_path: Path) -> None:
     # Given a package where a imports b and b imports a (through "from . import"),
-    # while c imports a only inside a function and d only for type checking
+    # while d imports a only for type checking (its else branch imports f, which
+    # imports nothing back), and a package's __init__ imports its own submodule
     _write(
         tmp_path,
         {
             "pkg/__init__.py": "from . import a\n",
-            "pkg/a.py": "from .b import thing\nfrom . import c\n",
+            "pkg/a.py": "from .b import thing\nfrom . import d\n",
             "pkg/b.py": "from . import a\nthing = 1\n",
-            "pkg/c.py": "def later():\n    from .a import x\n",
-            "pkg/d.py": "import typing\nif typing.TYPE_CHECKING:\n    from .a import x\n",
+            "pkg/d.py": (
+                "import typing\nif typing.TYPE_CHECKING:\n    from .a import x\n"
+                "else:\n    from .f import z\n"
+            ),
+            "pkg/f.py": "z = 1\n",
             "pkg/sub/__init__.py": "from .e import y\n",
             "pkg/sub/e.py": "from .. import a\ny = 1\n",
         },
     )
 
     # When its graph is read
+    graph = import_graph(modules(tmp_path, "pkg"))
+
+    # Then the one circle is a <-> b; the type-only import is no circle, its else is read
+    assert circles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+    assert graph["pkg.d"] == {"pkg.f"}
+
+
+def test_the_checker_finds_a_circle_made_only_by_an_import_inside_a_function(
+    tmp_path: Path,
+) -> None:
+    # Given a package where a imports b at its top, and b imports a only inside
+    # a method of a class, within a try block, as a deferred import hides a circle
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from .b import B\n",
+            "pkg/b.py": (
+                "class B:\n"
+                "    def later(self):\n"
+                "        try:\n"
+                "            from .a import x\n"
+                "        except ImportError:\n"
+                "            pass\n"
+            ),
+        },
+    )
+
+    # When its graph is read
     found = circles(import_graph(modules(tmp_path, "pkg")))
 
-    # Then the one circle is a <-> b; the lazy and type-only imports are no circle
+    # Then the circle is found all the same
     assert found == [["pkg.a", "pkg.b", "pkg.a"]]
 
 

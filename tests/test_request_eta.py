@@ -28,7 +28,8 @@ pytestmark = pytest.mark.timeout(90)
 HOUR_MS = 3_600_000
 #: The broker's default queue, a list in the broker's Redis database.
 QUEUE = "celery"
-#: The header that carries the ETA of a parked message (celery_zdelay.worker).
+#: The header that carries the ETA of a parked message (celery_zdelay.store.headers),
+#: spelt out: the wire contract, not whatever the module says today.
 ETA_HEADER = "zdelay_eta"
 
 

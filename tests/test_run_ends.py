@@ -20,7 +20,8 @@ from celery import Celery
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
-from celery_zdelay.periodic.overlap import OVERLAP_HEADER, SCHEDULE_HEADER, overlap_key
+from celery_zdelay.periodic.overlap import overlap_key
+from celery_zdelay.store.headers import OVERLAP_HEADER, SCHEDULE_HEADER
 from celery_zdelay.store.marks import check_marks, key_holder
 from tests.helpers import CeleryProcess, Runs, wait_for
 

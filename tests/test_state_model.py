@@ -63,7 +63,7 @@ from celery_zdelay.app_state import RELEASED_BY_TEST, store_for
 from celery_zdelay.companion import Companion
 from celery_zdelay.store import admin
 from celery_zdelay.store.admin import MAX_LIST_LIMIT, EntryState
-from celery_zdelay.store.keys import held_key, lanes_key, shard_keys
+from celery_zdelay.store.keys import held_set_key, lanes_key, shard_keys
 from celery_zdelay.store.lookup import find
 from celery_zdelay.store.marks import tag_count
 from celery_zdelay.testing import RedisServer
@@ -179,7 +179,7 @@ def _text(value: Any) -> str:
 
 def read_store(client: redis.Redis) -> Snapshot:
     """Read the shard's state from its Redis keys (store/keys.py names them)."""
-    held_prefix = held_key(PREFIX, SHARD, "")
+    held_prefix = held_set_key(PREFIX, SHARD, "")
     held_names = sorted(
         _text(k)[len(held_prefix) :]
         for k in client.scan_iter(match=held_prefix.replace("[", "\\[") + "*", count=1000)
@@ -195,7 +195,7 @@ def read_store(client: redis.Redis) -> Snapshot:
         pipe.hgetall(KEYS.marks)
         pipe.zrange(KEYS.tagged, 0, -1)
         for name in held_names:
-            pipe.zrange(held_key(PREFIX, SHARD, name), 0, -1, withscores=True)
+            pipe.zrange(held_set_key(PREFIX, SHARD, name), 0, -1, withscores=True)
         replies = pipe.execute()
     due, lease, leased, msg, dead, dead_msg, lanes, marks, tagged = replies[:9]
     return Snapshot(

@@ -681,7 +681,7 @@ class PeriodicServer:
         options: dict[str, Any] = dict(definition.options)
         overlap = overlap_headers(definition)
         if overlap:
-            # The worker applies the policy (see celery_zdelay.periodic.overlap).
+            # The worker applies the policy (celery_zdelay.worker.apply_overlap_policy).
             options["headers"] = {**(options.get("headers") or {}), **overlap}
         expires = options.get("expires")
         if isinstance(expires, (int, float)) and not isinstance(expires, bool):

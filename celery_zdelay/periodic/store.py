@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from ..store import ParkRequest, Store
 from ..store.client import store_errors
-from ..store.keys import held_key, lanes_key, periodic_keys
+from ..store.keys import held_set_key, lanes_key, periodic_keys
 from ..store.scripts import guarded, script_source
 from .definition import Definition
 
@@ -351,7 +351,7 @@ class PeriodicStore:
                 shard = store.shard_of(task_id)
                 pipe.zscore(store.keys(shard).due, task_id)
                 for lane in lanes[shard]:
-                    pipe.zscore(held_key(store.config.key_prefix, shard, lane), task_id)
+                    pipe.zscore(held_set_key(store.config.key_prefix, shard, lane), task_id)
             found = pipe.execute()
         waiting: dict[str, str] = {}
         at = 0
@@ -394,7 +394,9 @@ class PeriodicStore:
                 shard = store.shard_of(task_id)
                 keys = store.keys(shard)
                 where = [keys.due, keys.lease, keys.dead, self.keys.missed_prefix + name]
-                where += [held_key(store.config.key_prefix, shard, lane) for lane in lanes[shard]]
+                where += [
+                    held_set_key(store.config.key_prefix, shard, lane) for lane in lanes[shard]
+                ]
                 for key in where:
                     pipe.zscore(key, task_id)
                 places.append(len(where))

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..rates import RateLimit, parse_limit
 from .client import store_errors
-from .keys import control_keys, held_key, lanes_key
+from .keys import control_keys, held_set_key, lanes_key
 from .scripts import guarded
 from .store import ClaimResult, Store, claim_result
 
@@ -146,7 +146,7 @@ class ControlStore:
                     keys=[
                         keys.lease,
                         keys.leased,
-                        held_key(self.prefix, shard, name),
+                        held_set_key(self.prefix, shard, name),
                         lanes_key(self.prefix, shard),
                     ],
                     args=[token, name, *task_ids],
@@ -177,14 +177,14 @@ class ControlStore:
         """Return the due scores of the first *count* entries held by *name* on *shard*."""
         with store_errors(self.store.url):
             reply: Any = self.store.client.zrange(
-                held_key(self.prefix, shard, name), 0, count - 1, withscores=True
+                held_set_key(self.prefix, shard, name), 0, count - 1, withscores=True
             )
         return [int(score) for _, score in reply]
 
     def held_count(self, shard: int, name: str) -> int:
         """Return how many entries *name* holds on *shard*."""
         with store_errors(self.store.url):
-            return int(self.store.client.zcard(held_key(self.prefix, shard, name)))
+            return int(self.store.client.zcard(held_set_key(self.prefix, shard, name)))
 
     def claim_held(self, shard: int, name: str, *, limit: int, lease_ms: int) -> ClaimResult:
         """Lease up to *limit* of the entries *name* holds on *shard*, in due order.
@@ -197,7 +197,7 @@ class ControlStore:
         with store_errors(self.store.url):
             reply = self.store.scripts.claim(
                 keys=[
-                    held_key(self.prefix, shard, name),
+                    held_set_key(self.prefix, shard, name),
                     keys.msg,
                     keys.lease,
                     keys.leased,
@@ -213,7 +213,7 @@ class ControlStore:
         with store_errors(self.store.url):
             return bool(
                 self._forget(
-                    keys=[held_key(self.prefix, shard, name), lanes_key(self.prefix, shard)],
+                    keys=[held_set_key(self.prefix, shard, name), lanes_key(self.prefix, shard)],
                     args=[name],
                     client=self.store.client,
                 )

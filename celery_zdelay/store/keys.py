@@ -17,9 +17,10 @@ __all__ = [
     "canvas_key",
     "companions_key",
     "control_keys",
-    "held_key",
+    "held_set_key",
     "lanes_key",
     "periodic_keys",
+    "seen_key",
     "shard_keys",
     "shard_of",
 ]
@@ -144,6 +145,15 @@ def companions_key(prefix: str) -> str:
     return f"{prefix}:companions"
 
 
+def seen_key(prefix: str, park_id: str, retries: int) -> str:
+    """Return the STRING the worker-side guard keeps for one park and retry of a task.
+
+    "running" or "finished", expiring on its own (see
+    :func:`celery_zdelay.worker.refuse_second_delivery`).
+    """
+    return f"{prefix}:seen:{park_id}:{retries}"
+
+
 def shard_of(task_id: str, shards: int) -> int:
     """Return the shard of *task_id*: stable across processes and releases."""
     if shards == 1:
@@ -185,7 +195,7 @@ def control_keys(prefix: str) -> ControlKeys:
     return ControlKeys(limits=f"{tag}:limits", paused=f"{tag}:paused")
 
 
-def held_key(prefix: str, shard: int, name: str) -> str:
+def held_set_key(prefix: str, shard: int, name: str) -> str:
     """Return the ZSET of *shard*'s entries held by control *name* (in the shard's slot).
 
     id -> due score, as in the due set: held entries keep their place in due order.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, cast
@@ -30,14 +30,16 @@ from redis.exceptions import WatchError
 
 from ..entry import decode_entry
 from ..errors import EntryError
-from ..keys import TAGS_HEADER
 from .client import store_errors
-from .keys import held_key, lanes_key
+from .headers import KEY_HEADER, TAGS_HEADER
+from .keys import held_set_key, lanes_key
 from .scripts import guarded
 from .store import ParkRequest, Store
 
 __all__ = [
+    "ON_KEY_MODES",
     "EntryMarks",
+    "Mark",
     "MarkProblem",
     "Parked",
     "check_marks",
@@ -55,12 +57,39 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The modes of ``on_key``, and their letter in the store's records.
+ON_KEY_MODES: Mapping[str, str] = {
+    "keep": "k",
+    "replace": "r",
+    "debounce": "d",
+    "until_finished": "u",
+}
 #: Mode letters of a record, back to the names of ``on_key``.
-_MODES = {"k": "keep", "r": "replace", "d": "debounce", "u": "until_finished"}
+_MODES = {letter: mode for mode, letter in ON_KEY_MODES.items()}
 #: Members read per round trip when listing a tag or checking a shard.
 _PAGE = 1000
 #: What park_keyed.lua answers when an entry is held in a held set not given.
 _LANES_CHANGED = -2
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The key (with its mode) and tags of one entry to park (checked by the producer).
+
+    Built by :func:`celery_zdelay.keys.mark_from_headers`; written by
+    ``park_keyed.lua`` as :meth:`record`, read back by :func:`parse_record`.
+    """
+
+    key: str | None
+    on_key: str
+    tags: tuple[str, ...]
+    #: How long an ``until_finished`` key stays held after the release, at most.
+    hold_ms: int
+
+    def record(self) -> str:
+        """The store's record of this mark (see ``lua/_marks.lua``)."""
+        mode = ON_KEY_MODES[self.on_key] if self.key is not None else "-"
+        return "\n".join([f"{mode}{self.hold_ms}", self.key or "", *self.tags])
 
 
 @dataclass(frozen=True)
@@ -189,10 +218,6 @@ def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
     written as running while its id is parked is checked as parked, so a
     forged hold cannot make a ``keep`` call return a signed entry either.
     """
-    from ..entry import decode_entry
-    from ..errors import EntryError
-    from ..keys import KEY_HEADER
-
     for request in requests:
         key = request.mark.key if request.mark is not None else None
         if key is None:
@@ -297,7 +322,7 @@ def _park_call(
     prefix = store.config.key_prefix
     records = [request.mark.record() if request.mark else "-0\n" for request in requests]
     return script(
-        keys=[*keys, *(held_key(prefix, shard, lane) for lane in lanes)],
+        keys=[*keys, *(held_set_key(prefix, shard, lane) for lane in lanes)],
         args=[*args, *records, *lanes, len(lanes), len(requests)],
         client=client,
     )
@@ -538,8 +563,6 @@ class _Changed(Exception):
 
 
 def _repair_shard(store: Store, shard: int) -> int:
-    from redis.exceptions import WatchError
-
     keys = store.keys(shard)
     with store_errors(store.url), store.client.pipeline(transaction=True) as pipe:
         try:

@@ -31,7 +31,7 @@ from ..due_score import due_ms_of, score_of, score_range
 from ..entry import TemplateLookup, entry_headers, entry_routing_key, expand_entry
 from ..errors import ConfigurationError, EntryError
 from .client import store_errors
-from .keys import held_key
+from .keys import held_set_key
 from .marks import mark_records, signed_with_tag, tagged_ids
 from .store import Store
 
@@ -182,7 +182,7 @@ def _scan_set(
 ) -> Iterator[ScannedEntry]:
     """Yield the entries of *shard*'s due set (*lane* None) or of *lane*'s held set, in order."""
     keys = store.keys(shard)
-    source = keys.due if lane is None else held_key(store.config.key_prefix, shard, lane)
+    source = keys.due if lane is None else held_set_key(store.config.key_prefix, shard, lane)
     low, high = score_range(due_after_ms, due_before_ms)
     offset = 0
     if after is not None and (due_after_ms is None or after.score >= score_of(due_after_ms)):
@@ -496,7 +496,7 @@ def held_scores(store: Store, shard: int, task_ids: list[str]) -> dict[str, tupl
     prefix = store.config.key_prefix
     with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
         for lane in lanes:
-            key = held_key(prefix, shard, lane)
+            key = held_set_key(prefix, shard, lane)
             for task_id in task_ids:
                 pipe.zscore(key, task_id)
         replies = iter(pipe.execute())

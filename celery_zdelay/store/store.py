@@ -31,11 +31,11 @@ from .client import (
     store_errors,
 )
 from .dead_reason import DeadReason
-from .keys import ShardKeys, held_key, lanes_key, shard_keys, shard_of
+from .keys import ShardKeys, held_set_key, lanes_key, shard_keys, shard_of
 from .scripts import Scripts, script_commands
 
 if TYPE_CHECKING:
-    from ..keys import Mark
+    from .marks import Mark
 
 __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
 
@@ -328,7 +328,7 @@ class Store:
             lanes_key(self.config.key_prefix, shard),
             keys.marks,
             keys.tagged,
-            *(held_key(self.config.key_prefix, shard, lane) for lane in lanes),
+            *(held_set_key(self.config.key_prefix, shard, lane) for lane in lanes),
             *checked,
         ]
         return park_keys, args
@@ -372,7 +372,7 @@ class Store:
             # tags go with it.
             reply = self.scripts.cancel(
                 keys=[
-                    held_key(prefix, shard, lane),
+                    held_set_key(prefix, shard, lane),
                     keys.msg,
                     keys.templates,
                     keys.marks,
@@ -408,7 +408,7 @@ class Store:
                         keys=[
                             keys.due,
                             lanes_key(prefix, shard),
-                            *(held_key(prefix, shard, lane) for lane in lanes),
+                            *(held_set_key(prefix, shard, lane) for lane in lanes),
                         ],
                         args=[keys.wake, task_id, due.mode, due.ms, *lanes],
                         client=self.client,

@@ -1,9 +1,10 @@
 """An occurrence starting while its schedule's previous run goes on is skipped or waits.
 
-Pins the lines of ``celery_zdelay/periodic/overlap.py`` (see
-docs/mutation.rst): the headers an occurrence carries for its policy (none
-for ``allow``), read from the message's headers however Celery hands them
-to the task, and :func:`start_run` on a private Redis in this process, the
+Pins the lines of ``celery_zdelay/periodic/overlap.py`` and of the overlap
+hook of ``celery_zdelay/worker.py`` (see docs/mutation.rst): the headers an
+occurrence carries for its policy (none for ``allow``), read from the
+message's headers however Celery hands them to the task, and
+:func:`apply_overlap_policy` on a private Redis in this process, the
 task's request pushed as a worker pushes it: the first run holds the
 schedule's key for ``zdelay_overlap_timeout`` (by default
 ``zdelay_key_hold_seconds``, also for a timeout header that is not a
@@ -24,23 +25,16 @@ import pytest
 from celery import Celery
 from celery.exceptions import Ignore
 
-from celery_zdelay.keys import release_key
+from celery_zdelay import worker
 from celery_zdelay.parking import store_for
-from celery_zdelay.periodic import overlap
 from celery_zdelay.periodic.definition import Definition, from_beat_entry
-from celery_zdelay.periodic.overlap import (
-    OVERLAP_HEADER,
-    OVERLAP_TIMEOUT_HEADER,
-    SCHEDULE_HEADER,
-    held_key,
-    overlap_headers,
-    overlap_key,
-    start_run,
-)
+from celery_zdelay.periodic.overlap import overlap_headers, overlap_key, overlap_key_of_run
 from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.store import Store
+from celery_zdelay.store.headers import OVERLAP_HEADER, OVERLAP_TIMEOUT_HEADER, SCHEDULE_HEADER
 from celery_zdelay.store.marks import key_holder
 from celery_zdelay.testing import free_port
+from celery_zdelay.worker import apply_overlap_policy, release_key
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 
@@ -57,11 +51,11 @@ def _schedule(overlap: str, timeout_s: float | None = None) -> Definition:
 
 
 def _start(app: Celery, task_id: str | None, headers: dict[str, Any], **request: Any) -> None:
-    """Run start_run for an occurrence *task_id* with *headers*, as a worker pushes it."""
+    """Apply the policy to an occurrence *task_id* with *headers*, as a worker pushes it."""
     task = app.tasks["tests.record"]
     task.push_request(id=task_id, headers=headers, **headers, **request)
     try:
-        start_run(task)
+        apply_overlap_policy(task)
     finally:
         task.pop_request()
 
@@ -109,14 +103,14 @@ class _Request:
 def test_the_key_held_is_read_from_attributes_or_headers_for_skip_and_buffer_one_only() -> None:
     for policy in ("skip", "buffer_one"):
         headers = overlap_headers(_schedule(policy))
-        assert held_key(_Request(headers, as_attributes=True)) == KEY
-        assert held_key(_Request(headers, as_attributes=False)) == KEY
+        assert overlap_key_of_run(_Request(headers, as_attributes=True)) == KEY
+        assert overlap_key_of_run(_Request(headers, as_attributes=False)) == KEY
     for headers in (
         {SCHEDULE_HEADER: "a", OVERLAP_HEADER: "allow"},
         {SCHEDULE_HEADER: 7, OVERLAP_HEADER: "skip"},
         {OVERLAP_HEADER: "skip"},
     ):
-        assert held_key(_Request(headers, as_attributes=False)) is None
+        assert overlap_key_of_run(_Request(headers, as_attributes=False)) is None
 
 
 def test_skip_holds_the_key_for_the_overlap_timeout_and_skips_and_counts_an_occurrence_meanwhile(
@@ -208,7 +202,7 @@ def test_only_an_occurrence_that_waited_logs_that_it_ran_after_the_run_before_it
 ) -> None:
     # A hold of 0.3 s: the second occurrence waits for it to end, here
     headers = overlap_headers(_schedule("buffer_one", 0.3))
-    caplog.set_level(logging.INFO, logger=overlap.__name__)
+    caplog.set_level(logging.INFO, logger=worker.__name__)
 
     _start(app, "first", headers)
     assert _waited_logs(caplog) == []
@@ -223,7 +217,7 @@ def _waited_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         str(r.args[1])
         for r in caplog.records
-        if r.name == overlap.__name__ and "ran after the run before it ended" in r.msg
+        if r.name == worker.__name__ and "ran after the run before it ended" in r.msg
     ]
 
 

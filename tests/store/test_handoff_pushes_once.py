@@ -26,12 +26,11 @@ from celery import Celery
 from celery_zdelay.capture import capture
 from celery_zdelay.entry import expand_entry
 from celery_zdelay.errors import StoreRefusedError
-from celery_zdelay.keys import Mark
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.redis_layout import RedisLayout
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ClaimResult, ParkRequest, Store
-from celery_zdelay.store.marks import key_holder, park_marked, tagged_ids
+from celery_zdelay.store.marks import Mark, key_holder, park_marked, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0

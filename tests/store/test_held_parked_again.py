@@ -26,7 +26,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store, admin
-from celery_zdelay.store.keys import held_key
+from celery_zdelay.store.keys import held_set_key
 from tests.conftest import AppFactory
 from tests.support.keys import keys_of
 from tests.support.store import release_everything
@@ -49,7 +49,7 @@ def _places(client: redis.Redis, store: Store, task_id: str) -> list[str]:
         name
         for name, key in (
             ("due", keys.due),
-            ("held", held_key("zdelay", shard, PAUSED)),
+            ("held", held_set_key("zdelay", shard, PAUSED)),
             ("lease", keys.lease),
         )
         if client.zscore(key, task_id) is not None

@@ -18,7 +18,7 @@ from celery import Celery
 
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.control import ControlStore
-from celery_zdelay.store.keys import held_key, lanes_key
+from celery_zdelay.store.keys import held_set_key, lanes_key
 from tests.support.keys import PREFIX, SHARD0, refused_while_written_over
 from tests.support.store import claim_parked
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 
 HOUR = 3_600_000
 CONTROL = "queue:emails"
-HELD = held_key(PREFIX, 0, CONTROL)
+HELD = held_set_key(PREFIX, 0, CONTROL)
 LANES = lanes_key(PREFIX, 0)
 
 
@@ -64,7 +64,7 @@ def test_entries_another_claim_leases_or_none_leases_stay_where_they_are(
     redis_client.delete(LANES)
     assert control.hold(0, token, "queue:other", ["theirs", "nowhere"]) == 0
     assert not redis_client.exists(LANES)
-    assert not redis_client.exists(held_key(PREFIX, 0, "queue:other"))
+    assert not redis_client.exists(held_set_key(PREFIX, 0, "queue:other"))
     assert control.hold(0, other_token, "queue:other", ["theirs"]) == 1
     assert redis_client.smembers(LANES) == {b"queue:other"}
 

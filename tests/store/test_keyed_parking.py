@@ -22,11 +22,10 @@ from celery import Celery
 
 from celery_zdelay import StoreRefusedError
 from celery_zdelay.capture import capture
-from celery_zdelay.keys import Mark
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
-from celery_zdelay.store.marks import Parked, check_marks, key_holder, park_marked, tagged_ids
+from celery_zdelay.store.marks import Mark, Parked, check_marks, key_holder, park_marked, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 from tests.support.store import marked_request

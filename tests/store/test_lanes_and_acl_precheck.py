@@ -31,7 +31,7 @@ from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.control import ControlStore
-from celery_zdelay.store.keys import held_key, lanes_key
+from celery_zdelay.store.keys import held_set_key, lanes_key
 from celery_zdelay.store.scripts import Scripts
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.timeout(60)
 
 CONTROL = "queue:emails"
 OTHER = "queue:reports"
-HELD = held_key(PREFIX, 0, CONTROL)
+HELD = held_set_key(PREFIX, 0, CONTROL)
 LANES = lanes_key(PREFIX, 0)
 PASSWORD = "s3cret-forget-allowed"
 

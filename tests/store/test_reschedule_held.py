@@ -21,7 +21,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import Store
 from celery_zdelay.store.control import ControlStore
-from celery_zdelay.store.keys import held_key, lanes_key
+from celery_zdelay.store.keys import held_set_key, lanes_key
 from celery_zdelay.store.marks import check_marks, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import PREFIX, SHARD0
@@ -29,8 +29,8 @@ from tests.support.wake import wake_ups
 
 pytestmark = pytest.mark.timeout(60)
 
-EMAILS = held_key(PREFIX, 0, "queue:emails")
-SMS = held_key(PREFIX, 0, "task:proj.sms")
+EMAILS = held_set_key(PREFIX, 0, "queue:emails")
+SMS = held_set_key(PREFIX, 0, "task:proj.sms")
 LANES = lanes_key(PREFIX, 0)
 AT = 1_900_000_000_000
 
@@ -107,7 +107,7 @@ def test_a_held_set_of_another_type_is_refused_before_anything_is_written(
 ) -> None:
     store = _held(app, "queue:emails", "mail")
     redis_client.sadd(LANES, "queue:broken")
-    broken = held_key(PREFIX, 0, "queue:broken")
+    broken = held_set_key(PREFIX, 0, "queue:broken")
     redis_client.set(broken, "something else wrote this")
 
     with pytest.raises(StoreRefusedError, match=r"holds a string, not a zset: something else"):

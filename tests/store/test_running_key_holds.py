@@ -28,12 +28,12 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zdelay.keys import Mark
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.overlap import overlap_key
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.marks import (
+    Mark,
     _scripts,
     check_marks,
     finish_key,

@@ -24,13 +24,12 @@ import redis
 from celery import Celery
 
 from celery_zdelay.errors import StoreRefusedError
-from celery_zdelay.keys import Mark
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import Definition, from_beat_entry
 from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest
-from celery_zdelay.store.marks import park_marked
+from celery_zdelay.store.marks import Mark, park_marked
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0

@@ -17,11 +17,11 @@ from celery import Celery
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
-from celery_zdelay.keys import Mark
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
-from celery_zdelay.store.keys import companions_key, held_key
+from celery_zdelay.store.keys import companions_key, held_set_key
+from celery_zdelay.store.marks import Mark
 from tests.helpers import wait_for
 from tests.support.keys import keys_of
 
@@ -185,7 +185,7 @@ def release_everything(app: Celery, client: Any, queue: str, control: str) -> li
                 for key in (
                     keys_of(shard).due,
                     keys_of(shard).lease,
-                    held_key("zdelay", shard, control),
+                    held_set_key("zdelay", shard, control),
                 )
             )
 
