@@ -4,9 +4,10 @@ A Hypothesis stateful test (issue 33): a :class:`RuleBasedStateMachine`
 parks (plain; keyed in each ``on_key`` mode; tagged; under an id used
 before; in bulk), cancels and reschedules (by id and by tag), pauses and
 resumes, sets and removes a rate limit, releases with one companion pass
-run in this process, lets a companion die after its claim, runs released
-tasks as a worker does (success, failure, retry, ``Ignore``, ``Reject``)
-and requeues dead letters, against a private ``redis-server``. After every
+run in this process, lets a companion die after its claim, kills Redis
+and starts it again from its append-only file, runs released tasks as a
+worker does (success, failure, retry, ``Ignore``, ``Reject``) and
+requeues dead letters, against a private ``redis-server``. After every
 step it reads the store straight from its Redis keys (:func:`read_store`,
 never through the API) and checks:
 
@@ -714,6 +715,18 @@ class StoreMachine(RuleBasedStateMachine):
             entry.state, entry.lease_until = "in_flight", result.now_ms + 1
 
     @rule()
+    def redis_restarts_from_its_aof(self) -> None:
+        """Redis is killed (SIGKILL) and starts again from its append-only file.
+
+        Every write it acknowledged is on disk (``appendfsync always``), so
+        the store must come back exactly as the model left it: clients
+        reconnect and scripts load again on their own.
+        """
+        server: RedisServer = _world["server"]
+        server.kill()
+        server.start()
+
+    @rule()
     def time_passes(self) -> None:
         """An hour passes for the due set (the testing fast-forward's shift.lua)."""
         shift = resources.files("celery_zdelay.testing").joinpath("shift.lua").read_text()
@@ -878,8 +891,13 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 @pytest.fixture
-def model_world(redis_server: RedisServer) -> Any:
-    """The private Redis and the app the machine drives (one per test)."""
+def model_world() -> Any:
+    """The private Redis and the app the machine drives (one per test).
+
+    Its own server, with every write on disk before it is acknowledged: the
+    machine kills and restarts it.
+    """
+    redis_server = RedisServer(appendonly="yes", appendfsync="always").start()
     url = redis_server.url
     app = make_app(
         f"{url}/{BROKER_DB}",
@@ -902,6 +920,7 @@ def model_world(redis_server: RedisServer) -> Any:
     client.close()
     with contextlib.suppress(Exception):
         close_app(app)
+    redis_server.stop()
 
 
 StoreMachine.TestCase.settings = settings.get_profile(PROFILE)
