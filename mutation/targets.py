@@ -157,6 +157,19 @@ PYTHON = (
             "tests/test_request_eta.py",
         ),
     ),
+    # The one read model: every reader (lookup, listings, dead letters, the
+    # dashboard, the CLI) gives an id the same state and the same fields.
+    Target(
+        "store.read_model",
+        "celery_zdelay/store/read_model.py",
+        (
+            "tests/store/test_read_model.py",
+            "tests/test_state_spelling.py",
+            "tests/store/test_admin.py",
+            "tests/cli/test_cli.py",
+        ),
+        quick=("tests/store/test_read_model.py", "tests/test_state_spelling.py"),
+    ),
     # Capture: the message Celery would have sent is the one parked.
     Target(
         "capture",

@@ -178,11 +178,14 @@ def test_a_second_delivery_refused_by_the_guard_leaves_the_key_to_the_run_that_h
     (message,) = redis_client.lrange("celery", 0, -1)
 
     # When one (solo) worker runs it, and while it runs another worker gets
-    # the second delivery and refuses it (Ignore)
+    # the second delivery and refuses it (Ignore). The second delivery goes to
+    # a queue only the second worker reads: in the first one's queue, a read
+    # the first worker had already sent to Redis could take it (seen under
+    # load), and it would then be refused after the run, by the first worker.
     worker(app)
     wait_for(lambda: any(r["result"] == "started" for r in runs.all()), timeout=30)
-    redis_client.rpush("celery", message)
-    second_worker = worker(app)
+    redis_client.rpush("second", message)
+    second_worker = worker(app, "second")
     second_worker.wait_for_log("Dropped a second delivery")
 
     # Then the key stays the running task's, every time we look, until that run returned
