@@ -79,9 +79,7 @@ _LABELS = {
 }
 
 
-def entry_state(
-    *, due: bool = False, held_by: str | None = None, leased: bool = False, dead: bool = False
-) -> EntryState | None:
+def entry_state(*, due: bool, held_by: str | None, leased: bool, dead: bool) -> EntryState | None:
     """Return the state of an id from where the store found it; None when nowhere.
 
     *due*: in its due set; *held_by*: in that control's held set; *leased*:
@@ -189,7 +187,7 @@ def task_from_row(
 
     *reasons* says why a control holds it (the pauses, read once per listing).
     """
-    state = entry_state(due=not row.in_flight, held_by=row.held, leased=row.in_flight)
+    state = entry_state(due=not row.in_flight, held_by=row.held, leased=row.in_flight, dead=False)
     if state is None:  # pragma: no cover - a row is read from one of the three sets
         raise ValueError(f"{row.task_id}: a scanned row is due, held or in flight")
     headers, queue, error = describe(row.payload, store.templates(row.shard))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass, replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -25,7 +25,8 @@ from celery_zdelay import testing
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
-from celery_zdelay.store.read_model import EntryState, ParkedTask
+from celery_zdelay.store.read_model import EntryState, ParkedTask, dead_task, task_from_row
+from celery_zdelay.store.reading import scan_parked
 from celery_zdelay.web import create_app, queries
 from tests.conftest import AppFactory
 from tests.support.cli import run
@@ -169,3 +170,71 @@ def test_the_state_is_a_str_enum_with_one_spelling_and_a_label_for_people() -> N
     assert json.dumps({"state": EntryState.IN_FLIGHT}) == '{"state": "in_flight"}'
     assert EntryState("held") is EntryState.HELD
     assert [s.label for s in EntryState] == ["parked", "held", "in flight", "dead"]
+
+
+def test_a_dead_letter_reads_its_task_reason_and_companion_from_its_record(
+    make_test_app: AppFactory,
+) -> None:
+    # Breaks if: the dead letter's stored message is dropped (`payload or None`
+    # inverted), its reason loses to the message's error, or a reason line
+    # that is not JSON (an older record) fails the read.
+    app = make_test_app()
+    store = Store(get_config(app))
+    try:
+        store.client.set("poison", "not a list")
+        task = app.tasks["tests.record"].apply_delayed((7,), countdown=0, queue="poison")
+        with Companion(app, store=store) as companion:
+            assert companion.release_due().dead_lettered == 1
+        found = celery_zdelay.lookup(task.id, app=app)
+        assert found is not None
+        (listed,) = admin.list_dead(store).entries
+        for dead in (found, listed):
+            assert dead.state is EntryState.DEAD
+            assert (dead.task, dead.argsrepr, dead.queue) == ("tests.record", "(7,)", "poison")
+            assert dead.reason is not None
+            assert "poison is a string key" in dead.reason
+            assert dead.error is None
+            assert dead.companion
+            assert dead.died_ms is not None
+        # A reason line written as plain text (not JSON) is still its reason.
+        stored = store.client.hget(store.keys(store.shard_of(task.id)).dead_msg, task.id)
+        assert stored is not None
+        _, _, entry = stored.partition(b"\n")
+        plain = dead_task(store, task.id, 0, 1, b"an older reason\n" + entry)
+        assert (plain.reason, plain.task, plain.companion) == (
+            "an older reason",
+            "tests.record",
+            None,
+        )
+    finally:
+        store.close()
+
+
+def test_a_parked_task_is_a_value_its_headers_left_out_of_equality_and_repr(four: Four) -> None:
+    # Breaks if: ParkedTask is not frozen, its headers take part in == or in
+    # repr (the listing's rows compare by what they show), or parked_at is
+    # not a property.
+    parked = celery_zdelay.lookup(four.ids[EntryState.PARKED], app=four.app)
+    assert parked is not None
+    with pytest.raises(FrozenInstanceError):
+        parked.state = EntryState.DEAD  # type: ignore[misc]
+    assert replace(parked, headers={}) == parked
+    assert "headers" not in repr(parked)
+    assert isinstance(parked.parked_at, datetime)
+    assert parked.parked_at <= datetime.now(timezone.utc)
+
+
+def test_a_held_row_read_without_the_listings_pause_reasons_reads_them_itself(
+    four: Four,
+) -> None:
+    # Breaks if: a row's hold reason is only read when the caller passes the
+    # pauses it read once per listing (`reasons or HoldReasons(store)`).
+    held_id = four.ids[EntryState.HELD]
+    (row,) = [r for r in scan_parked(four.store, held=True) if r.task_id == held_id]
+    assert row.held == "queue:emails"
+    made = task_from_row(four.store, row)
+    assert (made.state, made.held_by, made.held_reason) == (
+        EntryState.HELD,
+        "queue:emails",
+        "pause",
+    )
