@@ -18,11 +18,9 @@ sees every entry of a key, and lookups by id still find it.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, cast
 
 from redis.commands.core import Script
@@ -33,7 +31,6 @@ from ..errors import EntryError
 from .client import store_errors
 from .headers import KEY_HEADER, TAGS_HEADER
 from .keys import held_set_key, lanes_key
-from .scripts import guarded
 from .store import ParkRequest, Store
 
 __all__ = [
@@ -128,45 +125,6 @@ class MarkProblem:
     fixes: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass
-class _Scripts:
-    park_keyed: Script
-    finish_key: Script
-    start_run: Script
-    drop_key: Script
-
-
-_scripts_of: weakref.WeakKeyDictionary[Store, _Scripts] = weakref.WeakKeyDictionary()
-
-
-def _scripts(store: Store) -> _Scripts:
-    found = _scripts_of.get(store)
-    if found is None:
-        # park.lua runs inside park_keyed.lua as a function: one script, one step.
-        park_keyed = guarded(
-            _lua("_marks")
-            + _lua("_where")
-            + "local function zdelay_park()\n"
-            + _lua("park")
-            + "\nend\n"
-            + _lua("park_keyed")
-        )
-        found = _Scripts(
-            park_keyed=store.client.register_script(park_keyed),
-            finish_key=store.client.register_script(
-                guarded(_lua("_marks") + _lua("_where") + _lua("finish_key"))
-            ),
-            start_run=store.client.register_script(guarded(_lua("_marks") + _lua("start_run"))),
-            drop_key=store.client.register_script(guarded(_lua("drop_key"))),
-        )
-        _scripts_of[store] = found
-    return found
-
-
-def _lua(name: str) -> str:
-    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
-
-
 # -- producers ------------------------------------------------------------------
 
 
@@ -182,7 +140,7 @@ def park_marked(store: Store, requests: Sequence[ParkRequest]) -> list[Parked]:
     by_shard: dict[int, list[int]] = defaultdict(list)
     for index, request in enumerate(requests):
         by_shard[store.shard_of(request.task_id)].append(index)
-    script = _scripts(store).park_keyed
+    script = store.scripts.park_keyed
     with store_errors(store.url):
         store._check_sizes(requests)
         if len(by_shard) == 1 or store.cluster:
@@ -248,7 +206,7 @@ def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
                 extra={"task_id": holder},
             )
             with store_errors(store.url):
-                _scripts(store).drop_key(keys=[keys.marks], args=[key, value])
+                store.scripts.drop_key(keys=[keys.marks], args=[key, value])
 
 
 def _park_on_shard(
@@ -336,7 +294,7 @@ def finish_key(store: Store, key: str, task_id: str) -> bool:
     keys = store.keys(store.shard_of(key))
     with store_errors(store.url):
         return bool(
-            _scripts(store).finish_key(
+            store.scripts.finish_key(
                 keys=[keys.marks, keys.due, keys.lease, keys.msg], args=[key, task_id]
             )
         )
@@ -353,7 +311,7 @@ def start_run(
     """
     keys = store.keys(store.shard_of(key))
     with store_errors(store.url):
-        reply = _scripts(store).start_run(keys=[keys.marks], args=[key, task_id, hold_ms, policy])
+        reply = store.scripts.start_run(keys=[keys.marks], args=[key, task_id, hold_ms, policy])
     verdict = _text(reply[0])
     return verdict, (_text(reply[1]) if len(reply) > 1 else None)
 

@@ -29,7 +29,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.client import store_errors
-from celery_zdelay.store.marks import _scripts, check_marks, key_holder, park_marked, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_holder, park_marked, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import FOREIGN, SHARD0, refused_while_written_over
 from tests.support.store import PAYLOAD, marked_request
@@ -144,7 +144,7 @@ def test_a_tag_index_of_another_type_refuses_the_ack_before_anything_moves(
 def _drop(store: Store, key: str, checked: str) -> object:
     """Call drop_key.lua as the producer's forged-holder check does (see store/marks.py)."""
     with store_errors(store.url):
-        return _scripts(store).drop_key(keys=[SHARD0.marks], args=[key, checked])
+        return store.scripts.drop_key(keys=[SHARD0.marks], args=[key, checked])
 
 
 def test_a_forged_holder_is_dropped_only_while_it_is_the_value_checked(

@@ -34,7 +34,6 @@ from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.marks import (
     Mark,
-    _scripts,
     check_marks,
     finish_key,
     key_holder,
@@ -81,7 +80,7 @@ def _released(store: Store, task_id: str, key: str, *, acked: bool = True) -> No
 def _finish_reply(store: Store, key: str, task_id: str) -> object:
     """finish_key.lua's reply itself (:func:`finish_key` makes it a bool)."""
     keys = store.keys(store.shard_of(key))
-    return _scripts(store).finish_key(
+    return store.scripts.finish_key(
         keys=[keys.marks, keys.due, keys.lease, keys.msg], args=[key, task_id]
     )
 
