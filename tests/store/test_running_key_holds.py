@@ -37,7 +37,6 @@ from celery_zdelay.store.marks import (
     check_marks,
     finish_key,
     key_holder,
-    park_marked,
     start_run,
 )
 from tests.support.clock import redis_ms
@@ -61,7 +60,7 @@ def _park(
     store: Store, task_id: str, due_ms: int, key: str, on_key: str = "until_finished"
 ) -> None:
     mark = Mark(key, on_key, (), HOUR)
-    park_marked(store, [ParkRequest(task_id, Due("a", due_ms), PAYLOAD, mark=mark)])
+    store.park([ParkRequest(task_id, Due("a", due_ms), PAYLOAD, mark=mark)])
 
 
 def _released(store: Store, task_id: str, key: str, *, acked: bool = True) -> None:
