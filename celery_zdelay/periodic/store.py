@@ -345,6 +345,9 @@ class PeriodicStore:
         if not store.cluster:
             # Refused atomically once its version is replaced or paused.
             keys += [self.keys.pointers, self.keys.paused]
+        # Checked as Store.park checks its scripts: a command refused after
+        # the tick is written would leave an occurrence ticked, never parked.
+        store.ensure_allowed(keys[0], "park_once")
         with store_errors(store.url):
             reply = self._park_once(keys=keys, args=[*args, self.tick_memory_ms])
         return bool(reply)

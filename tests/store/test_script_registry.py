@@ -30,6 +30,7 @@ import celery_zdelay.periodic.store
 import celery_zdelay.testing.fastforward
 from celery_zdelay.config import get_config
 from celery_zdelay.errors import StoreRefusedError
+from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.scripts import (
@@ -218,4 +219,25 @@ def test_the_keyed_park_is_checked_as_its_own_script_even_after_plain_parks_pass
     # says nothing of another script
     assert keyed.parked
     assert store._allowed == {"park", "park_keyed"}
+    truth.close()
+
+
+@pytest.mark.redis7  # ACL DRYRUN
+def test_a_periodic_occurrence_by_a_user_denied_a_command_is_refused_before_its_tick(
+    acl_store: Callable[..., Store], redis_server: RedisServer
+) -> None:
+    # Given a companion user denied SET, which park.lua runs after
+    # park_once.lua wrote the tick (an occurrence ticked but not parked is
+    # never parked again)
+    periodic = PeriodicStore(acl_store("~*", "+@all", "-set"))
+    truth = redis_server.client(0)
+    at = redis_ms(truth) + HOUR
+
+    # When it parks an occurrence
+    with pytest.raises(StoreRefusedError) as refused:
+        periodic.park_once(ParkRequest("occurrence", Due("a", at), PAYLOAD))
+
+    # Then park_once.lua was refused before it ran: no tick, no entry
+    assert "refuse SET, which park_once.lua runs" in str(refused.value)
+    assert truth.keys("*") == []
     truth.close()
