@@ -222,7 +222,9 @@ class Store:
         refusal after the script's first write would leave that write done
         and report an error. Asked once per script and Store, before its
         first call (``allowed.lua``; Redis 7, older servers cannot tell).
-        *key* is a key the scripts name, which EVALSHA checks anyway.
+        *key* is a key the scripts name, which EVALSHA checks anyway. Any
+        registered script can be named (:func:`.scripts.script_commands`),
+        the periodic ones included once their package is imported.
         """
         for name in names:
             if name in self._allowed:
