@@ -478,7 +478,7 @@ def _script_names() -> dict[str, str]:
     """Map the SHA1 of each of celery-zdelay's Lua scripts to its name.
 
     Scripts are loaded as ``celery_zdelay.store.scripts.script_source`` builds
-    them (some with a shared prelude); the bare ``.lua`` files are mapped too.
+    them (with their includes); the bare ``.lua`` files are mapped too.
     """
     import hashlib
     from importlib import resources
@@ -489,10 +489,11 @@ def _script_names() -> dict[str, str]:
             sha = hashlib.sha1(entry.read_text().encode()).hexdigest()
             names[sha] = entry.name.removesuffix(".lua")
     try:
-        from celery_zdelay.store.scripts import SCRIPT_NAMES, script_source
+        import celery_zdelay.periodic.store  # noqa: F401  (registers the periodic scripts)
+        from celery_zdelay.store.scripts import registered_scripts, script_source
     except ImportError:  # pragma: no cover - a later layout of the package
         return names
-    for name in SCRIPT_NAMES:
+    for spec in registered_scripts():
         with contextlib.suppress(Exception):
-            names[hashlib.sha1(script_source(name).encode()).hexdigest()] = name
+            names[hashlib.sha1(script_source(spec.name).encode()).hexdigest()] = spec.name
     return names

@@ -28,7 +28,7 @@ from typing import Any
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.scripts import reader_source
+from celery_zdelay.store.scripts import build_source, spec
 
 from .infra import ROOT, Resources, used_memory
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 client.delete("celery")
 
         new_handoff = store.scripts.handoff
-        old_handoff = client.register_script(reader_source(base_body))
+        old_handoff = client.register_script(build_source(spec("handoff"), body=base_body))
         before_after: dict[str, list[float]] = {"before": [], "after": []}
         for _ in range(rounds):
             for label, script in (("before", old_handoff), ("after", new_handoff)):

@@ -42,7 +42,7 @@ import redis
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
-from celery_zdelay.store.scripts import reader_source
+from celery_zdelay.store.scripts import build_source, spec
 
 from .common import Sizes, median_run, now_ms, park_bulk, release_all
 from .infra import (
@@ -188,7 +188,7 @@ def _time_render(client: redis.Redis, store: Store, n: int, repeat: int) -> dict
     """µs per entry of handoff.lua's rendering alone, on one parked entry; median of *repeat*."""
     keys = store.keys(0)
     (entry_id,) = client.zrange(keys.due, 0, 0)
-    render = client.register_script(reader_source(RENDER_LUA))
+    render = client.register_script(build_source(spec("handoff"), body=RENDER_LUA))
     timings, message = [], b""
     for _ in range(repeat):
         elapsed_us, message = render(

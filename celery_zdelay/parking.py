@@ -37,11 +37,10 @@ from .names import validate_task_id
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from
 from .steering import announce_cancelled
-from .store import ParkRequest, Store, admin
+from .store import Parked, ParkRequest, admin
 from .store.client import store_errors
 from .store.headers import ETA_HEADER, KEY_HEADER, ON_KEY_HEADER, PARK_HEADER, TAGS_HEADER
 from .store.keys import canvas_key
-from .store.marks import Parked, park_marked
 from .tracing import park_span
 
 if TYPE_CHECKING:
@@ -312,7 +311,7 @@ def batch(app: Celery) -> Iterator[None]:
         _current_batch.reset(token)
     if pending.requests:
         with park_span([request.task_id for request in pending.requests]):
-            parked = _park(store_for(app), pending.requests)
+            parked = store_for(app).park(pending.requests)
         _announce(app, [request.message for request in pending.requests], parked)
 
 
@@ -354,7 +353,7 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[st
     ids = [message.task_id for message in messages]
     if requests:
         with park_span([message.task_id for message in messages]):
-            parked = _park(parking.store, requests)
+            parked = parking.store.park(requests)
         ids = [p.task_id for p in parked]
         for message, parked_id in zip(messages, ids, strict=True):
             logger.debug(
@@ -386,18 +385,6 @@ def carry_eta(app: Celery, messages: Iterable[TaskMessage], due: Due) -> None:
     eta = datetime.fromtimestamp(eta_ms / 1000, tz=app.timezone).isoformat()
     for message in messages:
         message.headers.setdefault(ETA_HEADER, eta)
-
-
-def _park(store: Store, requests: list[ParkRequest]) -> list[Parked]:
-    """Park *requests*; return what was parked for each (see :func:`park_messages`).
-
-    Only requests with a key or tags take the marked path (park_keyed.lua):
-    the others are parked by park.lua alone, as if keys did not exist.
-    """
-    if not any(request.mark is not None for request in requests):
-        due_ms = store.park(requests)
-        return [Parked(r.task_id, ms, True) for r, ms in zip(requests, due_ms, strict=True)]
-    return park_marked(store, requests)
 
 
 def _announce(

@@ -19,7 +19,7 @@ from celery_zdelay.entry import decode_entry, parked_ms
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, admin
-from celery_zdelay.store.scripts import _lua_file
+from celery_zdelay.store.scripts import EXPAND, GUARD
 from celery_zdelay.web import create_app
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
@@ -187,8 +187,8 @@ def test_the_handoffs_fast_reader_takes_stamped_and_older_entries(
     assert stamped is not None
     assert parked_ms(stamped) is not None
     probe = (
-        _lua_file("_guard")
-        + _lua_file("_expand")
+        GUARD.read()
+        + EXPAND.read()
         + "\nlocal found = {}\nfor i = 1, #ARGV do\n"
         + "  found[i] = zdelay_fast_entry(KEYS[1], ARGV[i]) and 1 or 0\nend\nreturn found\n"
     )

@@ -12,17 +12,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from typing import Any, cast
 
 from ..store import ParkRequest, Store
 from ..store.client import store_errors
 from ..store.keys import held_set_key, lanes_key, periodic_keys
-from ..store.scripts import guarded, script_source
+from ..store.scripts import LuaFile, Scripts, ScriptSpec, register, spec
 from .definition import Definition
 
-__all__ = ["COUNTERS", "WAITING_DUE", "WAITING_HELD", "PeriodicStore", "Pointer", "Snapshot"]
+__all__ = [
+    "COUNTERS",
+    "PERIODIC_SCRIPTS",
+    "WAITING_DUE",
+    "WAITING_HELD",
+    "PeriodicStore",
+    "Pointer",
+    "Snapshot",
+]
 
 #: Where an occurrence waits (see :meth:`PeriodicStore.waiting_among`).
 WAITING_DUE = "due"
@@ -109,9 +115,23 @@ class Snapshot:
     held: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
 
 
-@cache
-def _lua(name: str) -> str:
-    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
+def _lua(name: str) -> LuaFile:
+    return LuaFile(__package__ or "celery_zdelay.periodic", f"lua/{name}.lua")
+
+
+#: Reading a schedule's pointer, and taking its occurrences back from the shards.
+_POINTER, _WITHDRAW = _lua("_pointer"), _lua("_withdraw")
+
+#: The periodic scripts (declared with the store's registry: see store/scripts.py).
+PERIODIC_SCRIPTS = register(
+    ScriptSpec("define", _lua("define"), (_POINTER, _WITHDRAW)),
+    ScriptSpec("advance", _lua("advance")),
+    ScriptSpec("pause", _lua("pause"), (_POINTER, _WITHDRAW)),
+    # In front of the store's park.lua, in the same script: checked and
+    # remembered in the step that parks.
+    ScriptSpec("park_once", _lua("park_once"), leads_into=spec("park")),
+    ScriptSpec("record_runs", _lua("record_runs")),
+)
 
 
 class PeriodicStore:
@@ -120,15 +140,14 @@ class PeriodicStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.keys = periodic_keys(store.config.key_prefix)
-        client = store.client
         # Each runs after the store's checks (_guard.lua), which it calls
         # before its first write.
-        withdraw = _lua("_pointer") + _lua("_withdraw")
-        self._define = client.register_script(guarded(withdraw + _lua("define")))
-        self._advance = client.register_script(guarded(_lua("advance")))
-        self._pause = client.register_script(guarded(withdraw + _lua("pause")))
-        self._park_once = client.register_script(script_source("park", before=_lua("park_once")))
-        self._record_runs = client.register_script(guarded(_lua("record_runs")))
+        scripts = Scripts(store.client, PERIODIC_SCRIPTS)
+        self._define = scripts["define"]
+        self._advance = scripts["advance"]
+        self._pause = scripts["pause"]
+        self._park_once = scripts["park_once"]
+        self._record_runs = scripts["record_runs"]
         #: See :data:`TICK_MEMORY_MS`.
         self.tick_memory_ms = TICK_MEMORY_MS
         #: See :data:`REMEMBER_PARKED_MS`.
@@ -326,6 +345,9 @@ class PeriodicStore:
         if not store.cluster:
             # Refused atomically once its version is replaced or paused.
             keys += [self.keys.pointers, self.keys.paused]
+        # Checked as Store.park checks its scripts: a command refused after
+        # the tick is written would leave an occurrence ticked, never parked.
+        store.ensure_allowed(keys[0], "park_once")
         with store_errors(store.url):
             reply = self._park_once(keys=keys, args=[*args, self.tick_memory_ms])
         return bool(reply)

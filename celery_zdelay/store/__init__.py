@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from .keys import ShardKeys, shard_keys
-from .store import Claimed, ClaimResult, ParkRequest, Store
+from .store import Claimed, ClaimResult, Parked, ParkRequest, Store
 
-__all__ = ["ClaimResult", "Claimed", "ParkRequest", "ShardKeys", "Store", "shard_keys"]
+__all__ = ["ClaimResult", "Claimed", "ParkRequest", "Parked", "ShardKeys", "Store", "shard_keys"]

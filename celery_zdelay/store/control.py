@@ -20,13 +20,11 @@ from __future__ import annotations
 import json
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from ..rates import RateLimit, parse_limit
 from .client import store_errors
 from .keys import control_keys, held_set_key, lanes_key
-from .scripts import guarded
 from .store import ClaimResult, Store, claim_result
 
 __all__ = ["REMOVED", "ControlState", "ControlStore", "HoldReasons", "hold_reason"]
@@ -53,10 +51,10 @@ class ControlStore:
         self.store = store
         self.prefix = store.config.key_prefix
         self.keys = control_keys(self.prefix)
-        client = store.client
-        self._take = client.register_script(guarded(_source("take_tokens")))
-        self._hold = client.register_script(guarded(_source("hold")))
-        self._forget = client.register_script(guarded(_source("forget_lane")))
+        # Loaded with the store's other scripts (store/scripts.py).
+        self._take = store.scripts.take_tokens
+        self._hold = store.scripts.hold
+        self._forget = store.scripts.forget_lane
 
     # -- limits and pauses ------------------------------------------------------
 
@@ -240,12 +238,6 @@ class HoldReasons:
         if self._paused is None:
             self._paused = set(ControlStore(self._store).read().paused)
         return hold_reason(name, self._paused)
-
-
-def _source(name: str) -> str:
-    # Scripts of this module are not in SCRIPT_NAMES: registered here, with
-    # the same guard in front as every store script.
-    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
 
 
 def _per_ms(limit: RateLimit) -> str:

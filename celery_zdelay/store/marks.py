@@ -17,45 +17,34 @@ sees every entry of a key, and lookups by id still find it.
 
 from __future__ import annotations
 
-import logging
-import weakref
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from importlib import resources
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.commands.core import Script
 from redis.exceptions import WatchError
 
 from ..entry import decode_entry
 from ..errors import EntryError
 from .client import store_errors
-from .headers import KEY_HEADER, TAGS_HEADER
-from .keys import held_set_key, lanes_key
-from .scripts import guarded
-from .store import ParkRequest, Store
+from .headers import TAGS_HEADER
+from .store import Store
 
 __all__ = [
     "ON_KEY_MODES",
     "EntryMarks",
     "Mark",
     "MarkProblem",
-    "Parked",
     "check_marks",
     "finish_key",
     "key_holder",
     "mark_records",
     "marks_of",
-    "park_marked",
     "repair_marks",
     "signed_with_tag",
     "start_run",
     "tag_count",
     "tagged_ids",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: The modes of ``on_key``, and their letter in the store's records.
 ON_KEY_MODES: Mapping[str, str] = {
@@ -68,8 +57,6 @@ ON_KEY_MODES: Mapping[str, str] = {
 _MODES = {letter: mode for mode, letter in ON_KEY_MODES.items()}
 #: Members read per round trip when listing a tag or checking a shard.
 _PAGE = 1000
-#: What park_keyed.lua answers when an entry is held in a held set not given.
-_LANES_CHANGED = -2
 
 
 @dataclass(frozen=True)
@@ -93,22 +80,6 @@ class Mark:
 
 
 @dataclass(frozen=True)
-class Parked:
-    """What a keyed or tagged park did for one request."""
-
-    #: The id of the entry parked for this request afterwards: its own, or
-    #: (for a key already held) the holder's.
-    task_id: str
-    #: That entry's due ms; None when it is no longer parked (released, running).
-    due_ms: int | None
-    #: Whether this call parked the request's own entry.
-    parked: bool
-    #: The id of the parked entry this request's ``replace`` or ``debounce``
-    #: took out (it never runs: the caller reports it cancelled), or None.
-    replaced: str | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
 class EntryMarks:
     """The key and tags recorded for one entry."""
 
@@ -128,206 +99,6 @@ class MarkProblem:
     fixes: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass
-class _Scripts:
-    park_keyed: Script
-    finish_key: Script
-    start_run: Script
-    drop_key: Script
-
-
-_scripts_of: weakref.WeakKeyDictionary[Store, _Scripts] = weakref.WeakKeyDictionary()
-
-
-def _scripts(store: Store) -> _Scripts:
-    found = _scripts_of.get(store)
-    if found is None:
-        # park.lua runs inside park_keyed.lua as a function: one script, one step.
-        park_keyed = guarded(
-            _lua("_marks")
-            + _lua("_where")
-            + "local function zdelay_park()\n"
-            + _lua("park")
-            + "\nend\n"
-            + _lua("park_keyed")
-        )
-        found = _Scripts(
-            park_keyed=store.client.register_script(park_keyed),
-            finish_key=store.client.register_script(
-                guarded(_lua("_marks") + _lua("_where") + _lua("finish_key"))
-            ),
-            start_run=store.client.register_script(guarded(_lua("_marks") + _lua("start_run"))),
-            drop_key=store.client.register_script(guarded(_lua("drop_key"))),
-        )
-        _scripts_of[store] = found
-    return found
-
-
-def _lua(name: str) -> str:
-    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
-
-
-# -- producers ------------------------------------------------------------------
-
-
-def park_marked(store: Store, requests: Sequence[ParkRequest]) -> list[Parked]:
-    """Park *requests*, some with a key or tags, atomically per shard.
-
-    Requests without a mark may be among them. As :meth:`Store.park`: on one
-    Redis server every shard's part is one transaction; on a Cluster each
-    shard's part is atomic on its own.
-    """
-    if store.config.signing_keys:
-        _drop_forged_holders(store, requests)
-    by_shard: dict[int, list[int]] = defaultdict(list)
-    for index, request in enumerate(requests):
-        by_shard[store.shard_of(request.task_id)].append(index)
-    script = _scripts(store).park_keyed
-    with store_errors(store.url):
-        store._check_sizes(requests)
-        if len(by_shard) == 1 or store.cluster:
-            replies = [
-                _park_on_shard(store, script, shard, [requests[i] for i in indexes])
-                for shard, indexes in by_shard.items()
-            ]
-        else:
-            replies = _park_on_shards(store, script, by_shard, requests)
-    parked: list[Parked | None] = [None] * len(requests)
-    for indexes, reply in zip(by_shard.values(), replies, strict=True):
-        for n, index in enumerate(indexes):
-            task_id, due_ms, flag = reply[3 * n : 3 * n + 3]
-            took_out = reply[3 * len(indexes) + n] if len(reply) > 3 * len(indexes) else ""
-            parked[index] = Parked(
-                task_id=_text(task_id),
-                due_ms=None if int(due_ms) < 0 else int(due_ms),
-                parked=bool(int(flag)),
-                replaced=_text(took_out) or None,
-            )
-    return cast("list[Parked]", parked)
-
-
-def _drop_forged_holders(store: Store, requests: Sequence[ParkRequest]) -> None:
-    """With signing, forget key holders whose signed message does not carry the key.
-
-    park_keyed.lua cannot check an HMAC: without this, anyone able to write
-    to Redis could point a key at a signed entry parked under another key,
-    and a ``replace`` call would cancel it (a ``keep`` call would return
-    it). A holder is trusted only if its message, signed with a current
-    key under its own id, names the key. A holder released and running
-    (``until_finished``) has no message left to check and stays; one
-    written as running while its id is parked is checked as parked, so a
-    forged hold cannot make a ``keep`` call return a signed entry either.
-    """
-    for request in requests:
-        key = request.mark.key if request.mark is not None else None
-        if key is None:
-            continue
-        shard = store.shard_of(request.task_id)
-        keys = store.keys(shard)
-        with store_errors(store.url):
-            value = store.client.hget(keys.marks, "k:" + key)
-            if value is None:
-                continue
-            holder, _, until = _text(value).partition("\n")
-            payload = cast("bytes | None", store.client.hget(keys.msg, holder))
-        if until and payload is None:
-            continue
-        try:
-            message = decode_entry(
-                payload, store.config.signing_keys, store.templates(shard), entry_id=holder
-            )
-            trusted = message.headers.get(KEY_HEADER) == key
-        except EntryError:
-            trusted = False
-        if not trusted:
-            logger.warning(
-                "Key %r pointed at %s, whose signed message does not carry it: dropped "
-                "(someone else wrote into the store's index)",
-                key,
-                holder,
-                extra={"task_id": holder},
-            )
-            with store_errors(store.url):
-                _scripts(store).drop_key(keys=[keys.marks], args=[key, value])
-
-
-def _park_on_shard(
-    store: Store, script: Script, shard: int, requests: Sequence[ParkRequest]
-) -> Any:
-    """park_keyed.lua on one shard, with the held sets last seen there.
-
-    None at first: a holder in the due set, the common case, needs no read
-    of them. The script answers ``[-2]``, having written nothing, when an
-    entry it must move or answer is held in a set not given: then they are
-    read (one name per control: this ends).
-    """
-    lanes = store.known_lanes(shard)
-    while True:
-        reply = _park_call(store, script, shard, requests, store.client, lanes)
-        if not _lanes_changed(reply):
-            return reply
-        lanes = store.lanes(shard)
-
-
-def _park_on_shards(
-    store: Store,
-    script: Script,
-    by_shard: dict[int, list[int]],
-    requests: Sequence[ParkRequest],
-) -> list[Any]:
-    """park_keyed.lua on several shards of one server, in one transaction.
-
-    A call told to read the held sets again could not be made again alone
-    (the others' writes are done), so the held sets are read first, under
-    WATCH: a set added before EXEC aborts the transaction, and it is tried
-    again with the sets read anew.
-    """
-    prefix = store.config.key_prefix
-    with store.client.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                pipe.watch(*(lanes_key(prefix, shard) for shard in by_shard))
-                lanes = {shard: store.lanes(shard) for shard in by_shard}
-                pipe.multi()
-                for shard, indexes in by_shard.items():
-                    others = [s for s in by_shard if s != shard]
-                    _park_call(
-                        store,
-                        script,
-                        shard,
-                        [requests[i] for i in indexes],
-                        pipe,
-                        lanes[shard],
-                        others,
-                    )
-                return list(pipe.execute())
-            except WatchError:
-                continue
-
-
-def _lanes_changed(reply: Any) -> bool:
-    return len(reply) == 1 and int(reply[0]) == _LANES_CHANGED
-
-
-def _park_call(
-    store: Store,
-    script: Script,
-    shard: int,
-    requests: Sequence[ParkRequest],
-    client: Any,
-    lanes: Sequence[str],
-    check_shards: Sequence[int] = (),
-) -> Any:
-    keys, args = store.park_arguments(shard, requests, check_shards)
-    prefix = store.config.key_prefix
-    records = [request.mark.record() if request.mark else "-0\n" for request in requests]
-    return script(
-        keys=[*keys, *(held_set_key(prefix, shard, lane) for lane in lanes)],
-        args=[*args, *records, *lanes, len(lanes), len(requests)],
-        client=client,
-    )
-
-
 # -- workers ----------------------------------------------------------------------
 
 
@@ -336,7 +107,7 @@ def finish_key(store: Store, key: str, task_id: str) -> bool:
     keys = store.keys(store.shard_of(key))
     with store_errors(store.url):
         return bool(
-            _scripts(store).finish_key(
+            store.scripts.finish_key(
                 keys=[keys.marks, keys.due, keys.lease, keys.msg], args=[key, task_id]
             )
         )
@@ -353,7 +124,7 @@ def start_run(
     """
     keys = store.keys(store.shard_of(key))
     with store_errors(store.url):
-        reply = _scripts(store).start_run(keys=[keys.marks], args=[key, task_id, hold_ms, policy])
+        reply = store.scripts.start_run(keys=[keys.marks], args=[key, task_id, hold_ms, policy])
     verdict = _text(reply[0])
     return verdict, (_text(reply[1]) if len(reply) > 1 else None)
 

@@ -1,8 +1,21 @@
-"""The store's Lua scripts, one ``.lua`` file per operation, loaded once."""
+"""Every Lua script of the package: what each is made of, declared once, and built one way.
+
+A script is one ``.lua`` file per operation (its body) with the libraries it
+calls loaded in front of it (its includes), all of it after ``_guard.lua``
+and under one ``pcall`` (see :func:`build_source`). Each script says its
+includes in its :class:`ScriptSpec`, here for the store's scripts and beside
+their own files for the periodic ones (``celery_zdelay/periodic/store.py``)
+and the testing fast-forward (``celery_zdelay/testing/fastforward.py``),
+which declare them with these types: the store imports nothing of theirs.
+:func:`build_source` is the one place that puts Lua together; :class:`Scripts`
+loads a set of specs on a client.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
@@ -11,76 +24,207 @@ from redis.commands.core import Script
 from .client import StoreClient
 
 __all__ = [
-    "SCRIPT_NAMES",
+    "EXPAND",
+    "GUARD",
+    "MARKS",
+    "STORE_SCRIPTS",
+    "WHERE",
+    "LuaFile",
+    "ScriptSpec",
     "Scripts",
-    "guarded",
-    "reader_source",
+    "build_source",
+    "register",
+    "registered_scripts",
     "script_commands",
     "script_source",
+    "spec",
+    "store_lua",
 ]
 
-#: Every operation of the store that runs as a script.
-SCRIPT_NAMES = (
-    "park",
-    "claim",
-    "handoff",
-    "push",
-    "ack",
-    "unclaim",
-    "recover",
-    "deadletter",
-    "cancel",
-    "reschedule",
-    "requeue",
-    "purge",
-    "own",
+#: The package whose ``lua/`` folder holds the store's scripts.
+STORE_PACKAGE = __package__ or "celery_zdelay.store"
+
+
+@dataclass(frozen=True)
+class LuaFile:
+    """One ``.lua`` file of a package: a script's body, or a library loaded in front of one."""
+
+    #: The package that holds it, e.g. ``celery_zdelay.store``.
+    package: str
+    #: Its path inside the package, e.g. ``lua/park.lua``.
+    path: str
+
+    @property
+    def name(self) -> str:
+        """The file name, e.g. ``park.lua``."""
+        return self.path.rpartition("/")[2]
+
+    def read(self) -> str:
+        """Return the file's text."""
+        return _read(self.package, self.path)
+
+
+def store_lua(name: str) -> LuaFile:
+    """Return the store's file ``lua/<name>.lua``."""
+    return LuaFile(STORE_PACKAGE, f"lua/{name}.lua")
+
+
+@dataclass(frozen=True)
+class ScriptSpec:
+    """One script: its body and the libraries it calls, each named once.
+
+    *calls* and *leads_into* make one script of two, so that two steps are
+    one atomic step: the other script's body runs inside this one, and its
+    includes come with it (they are not declared again).
+    """
+
+    #: The name the store, :func:`script_commands` and ``ensure_allowed`` know it by.
+    name: str
+    #: The script's own file.
+    body: LuaFile
+    #: Libraries loaded in front of the body, in this order (after ``_guard.lua``).
+    includes: tuple[LuaFile, ...] = ()
+    #: A script whose body this one calls as the local function ``zdelay_<its name>()``,
+    #: defined in front of this one's body (park_keyed.lua runs park.lua so).
+    calls: ScriptSpec | None = None
+    #: A script whose body runs right after this one's, as one script
+    #: (periodic park_once.lua runs in front of park.lua).
+    leads_into: ScriptSpec | None = None
+    #: Whether it runs as every store script does: after ``_guard.lua``, its
+    #: errors returned as error replies (False: the file as it is).
+    guarded: bool = True
+
+    def all_includes(self) -> tuple[LuaFile, ...]:
+        """Every library loaded in front of the body, once each, in load order.
+
+        Those of the scripts it runs inside come first, then its own.
+        """
+        found: list[LuaFile] = []
+        for inner in (self.calls, self.leads_into):
+            if inner is not None:
+                found += inner.all_includes()
+        found += self.includes
+        return tuple(dict.fromkeys(found))
+
+    def files(self) -> tuple[LuaFile, ...]:
+        """Every file its source is built from: guard, includes, bodies."""
+        bodies: list[LuaFile] = []
+        for inner in (self.calls, self.leads_into):
+            if inner is not None:
+                bodies += inner.files()
+        guard = (GUARD,) if self.guarded else ()
+        return tuple(dict.fromkeys([*guard, *self.all_includes(), *bodies, self.body]))
+
+
+#: Loaded in front of every guarded script: the checks each calls before its first write.
+GUARD = store_lua("_guard")
+#: The key and tag index that leaves with an entry (see store/marks.py).
+MARKS = store_lua("_marks")
+#: Where an id is now: due, held or in flight.
+WHERE = store_lua("_where")
+#: The entry reader of the handoff.
+EXPAND = store_lua("_expand")
+
+
+def _store_script(
+    name: str, *includes: LuaFile, calls: ScriptSpec | None = None, guarded: bool = True
+) -> ScriptSpec:
+    return ScriptSpec(name, store_lua(name), includes, calls=calls, guarded=guarded)
+
+
+# Scripts that remove or replace entries include MARKS: an entry's key and
+# tags leave in the script that removes it, and those of an id parked again
+# in the script that parks it. Scripts that ask where an id is include
+# WHERE: one answer for all, so none misses a state.
+_PARK = _store_script("park", MARKS, WHERE)
+
+#: The store's scripts, one per operation.
+STORE_SCRIPTS: tuple[ScriptSpec, ...] = (
+    _PARK,
+    # park.lua runs inside as a function: a keyed park is one script, one step.
+    _store_script("park_keyed", MARKS, WHERE, calls=_PARK),
+    _store_script("claim"),
+    _store_script("handoff", MARKS, EXPAND),
+    _store_script("push", MARKS),
+    _store_script("ack", MARKS),
+    _store_script("unclaim"),
+    _store_script("recover"),
+    _store_script("deadletter", MARKS),
+    _store_script("cancel", MARKS),
+    _store_script("reschedule"),
+    _store_script("requeue", MARKS, WHERE),
+    _store_script("purge"),
+    _store_script("own"),
+    _store_script("finish_key", MARKS, WHERE),
+    _store_script("start_run", MARKS),
+    _store_script("drop_key"),
+    _store_script("take_tokens"),
+    _store_script("hold"),
+    _store_script("forget_lane"),
+    # Asked before a script first runs: it must run whatever the user lacks.
+    _store_script("allowed", guarded=False),
 )
 
+_registry: dict[str, ScriptSpec] = {}
 
-#: Scripts that read entries, loaded with the shared reader ``_expand.lua`` in front.
-_READERS = ("handoff",)
-#: Scripts that remove or replace entries, loaded with ``_marks.lua`` in
-#: front: an entry's key and tags leave in the script that removes it, and
-#: those of an id parked again (park.lua) in the script that parks it.
-_MARKED = ("park", "handoff", "push", "ack", "deadletter", "cancel", "requeue")
-#: Scripts that ask where an id is now (due, held, in flight), loaded with
-#: ``_where.lua`` in front: one answer for all, so none misses a state.
-_LOCATING = ("park", "requeue")
+
+def register(*specs: ScriptSpec) -> tuple[ScriptSpec, ...]:
+    """Register *specs* under their names, and return them.
+
+    A name is one script: registering another spec under a registered name
+    raises ValueError (the same spec again is fine, as a module reloaded).
+    """
+    for item in specs:
+        known = _registry.get(item.name)
+        if known is not None and known != item:
+            raise ValueError(f"two Lua scripts are named {item.name!r}: {known} and {item}")
+        _registry[item.name] = item
+    return specs
+
+
+register(*STORE_SCRIPTS)
+
+
+def spec(name: str) -> ScriptSpec:
+    """Return the registered script *name*; raise KeyError when none is."""
+    try:
+        return _registry[name]
+    except KeyError:
+        raise KeyError(f"no Lua script is registered as {name!r}") from None
+
+
+def registered_scripts() -> tuple[ScriptSpec, ...]:
+    """Every script registered so far (those of a package once it is imported)."""
+    return tuple(_registry.values())
 
 
 @cache
-def script_source(name: str, before: str = "") -> str:
-    """Return the Lua source of script *name*, with the Lua *before* run in front of it.
+def script_source(name: str) -> str:
+    """Return the Lua source of the registered script *name* (see :func:`build_source`)."""
+    return build_source(spec(name))
 
-    Every script gets the checks of ``_guard.lua`` in front (they run before
-    its first write); readers of entries also get ``_expand.lua``, scripts
-    that remove or replace entries ``_marks.lua``, and those that ask where an id is
-    ``_where.lua``.
+
+def build_source(script: ScriptSpec, *, body: str | None = None) -> str:
+    """Return the Lua source of *script*: guard, includes, body, under one ``pcall``.
+
+    The one place that puts Lua together. *body*, when given, stands in for
+    the text of the script's own file, with the same includes (for the
+    benchmarks, which measure an older or a partial body).
     """
-    if name in _LOCATING:
-        before = _lua_file("_where") + before
-    if name in _MARKED:
-        before = _lua_file("_marks") + before
-    if name in _READERS:
-        return reader_source(_lua_file(name), before)
-    return guarded(before + _lua_file(name))
+    source = "".join(lib.read() for lib in script.all_includes()) + _body(script, body)
+    if not script.guarded:
+        return source
+    return _PCALL_HEAD + GUARD.read() + source + _PCALL_TAIL
 
 
-def reader_source(body: str, before: str = "") -> str:
-    """Return Lua *body* with the entry reader ``_expand.lua`` in front, as handoff.lua runs.
-
-    Also for measuring the reader alone (``python -m benchmarks --only limit``).
-    """
-    return guarded(before + _lua_file("_expand") + body)
-
-
-def guarded(source: str) -> str:
-    """Return Lua *source* as every store script runs: after ``_guard.lua``, errors as replies.
-
-    For scripts kept elsewhere (the periodic ones): they call the same
-    checks before their first write.
-    """
-    return _PCALL_HEAD + _lua_file("_guard") + source + _PCALL_TAIL
+def _body(script: ScriptSpec, text: str | None = None) -> str:
+    own = script.body.read() if text is None else text
+    if script.calls is not None:
+        inner = script.calls
+        own = f"local function zdelay_{inner.name}()\n{_body(inner)}\nend\n{own}"
+    if script.leads_into is not None:
+        own += _body(script.leads_into)
+    return own
 
 
 # The whole script runs under pcall and returns its error as an error reply:
@@ -101,27 +245,38 @@ return redis.error_reply(tostring(zdelay_result))
 def script_commands(name: str) -> tuple[str, ...]:
     """Return the commands script *name* may call with ``redis.call``, in order, once each.
 
-    Read from its source (checks and readers included), so the list cannot
-    fall behind the script. ``redis.pcall`` (the best-effort wake-up) is
-    left out: a refusal there fails nothing.
+    Read from its source (checks, includes and inner scripts included), so
+    the list cannot fall behind the script. ``redis.pcall`` (the best-effort
+    wake-up) is left out: a refusal there fails nothing.
     """
     found = re.findall(r"redis\.call\('([A-Z]+)'", script_source(name))
     return tuple(dict.fromkeys(found))
 
 
-def _lua_file(name: str) -> str:
-    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
+@cache
+def _read(package: str, path: str) -> str:
+    return resources.files(package).joinpath(path).read_text()
 
 
 class Scripts:
-    """The scripts registered on one client (EVALSHA, loaded on first use)."""
+    """Scripts registered on one client (EVALSHA, loaded into Redis on first use).
 
-    def __init__(self, client: StoreClient) -> None:
-        for name in SCRIPT_NAMES:
-            setattr(self, name, client.register_script(script_source(name)))
-        self.allowed = client.register_script(_lua_file("allowed"))
+    The store's own are attributes (``scripts.park``); any registered script
+    is ``scripts["define"]`` once loaded with *specs*.
+    """
+
+    def __init__(self, client: StoreClient, specs: Iterable[ScriptSpec] = STORE_SCRIPTS) -> None:
+        self._loaded: dict[str, Script] = {}
+        for item in specs:
+            script = client.register_script(script_source(register(item)[0].name))
+            self._loaded[item.name] = script
+            setattr(self, item.name, script)
+
+    def __getitem__(self, name: str) -> Script:
+        return self._loaded[name]
 
     park: Script
+    park_keyed: Script
     claim: Script
     handoff: Script
     push: Script
@@ -134,5 +289,11 @@ class Scripts:
     requeue: Script
     purge: Script
     own: Script
+    finish_key: Script
+    start_run: Script
+    drop_key: Script
+    take_tokens: Script
+    hold: Script
+    forget_lane: Script
     #: Asks which command of a script the user may not run (``allowed.lua``).
     allowed: Script

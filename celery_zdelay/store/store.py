@@ -7,10 +7,11 @@ into values; it decides nothing about what to release.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
@@ -19,9 +20,9 @@ from redis.exceptions import NoScriptError, WatchError
 from ..bulk_limit import bulk_limit
 from ..config import ZDelayConfig
 from ..due_score import due_ms_of
-from ..entry import TaskMessage, Template, TemplateLookup
+from ..entry import TaskMessage, Template, TemplateLookup, decode_entry
 from ..entry import template_id as entry_template_id
-from ..errors import StoreRefusedError
+from ..errors import EntryError, StoreRefusedError
 from ..schedule import Due
 from .client import (
     StoreClient,
@@ -31,18 +32,22 @@ from .client import (
     store_errors,
 )
 from .dead_reason import DeadReason
+from .headers import KEY_HEADER
 from .keys import ShardKeys, held_set_key, lanes_key, shard_keys, shard_of
 from .scripts import Scripts, script_commands
 
 if TYPE_CHECKING:
     from .marks import Mark
 
-__all__ = ["ClaimResult", "Claimed", "ParkRequest", "Store"]
+__all__ = ["ClaimResult", "Claimed", "ParkRequest", "Parked", "Store"]
+
+logger = logging.getLogger(__name__)
 
 #: How long a park call is remembered, so a retry after a lost reply is a
 #: no-op: longer than the producer's retries take (timeouts included).
 PARK_MARKER_MS = 120_000
-#: What park.lua and reschedule.lua answer when the shard's held sets changed since they were read.
+#: What park.lua, park_keyed.lua and reschedule.lua answer when the shard's
+#: held sets changed since they were read.
 _LANES_CHANGED = -2
 #: Template records kept in memory by one Store (they never change: ids are
 #: content hashes).
@@ -60,11 +65,27 @@ class ParkRequest:
     dest: str | None = None
     #: The template *payload* refers to, stored with it if the shard lacks it.
     template: Template | None = None
-    #: Its key and tags, if any: parked by :func:`celery_zdelay.store.marks.park_marked`.
+    #: Its key and tags, if any (park_keyed.lua writes them: see :meth:`Store.park`).
     mark: Mark | None = None
     #: The captured message this parks, for its ``after_task_publish`` once
     #: parked (:func:`celery_zdelay.capture.announce_parked`); the store ignores it.
     message: TaskMessage | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Parked:
+    """What :meth:`Store.park` did for one request."""
+
+    #: The id of the entry parked for this request afterwards: its own, or
+    #: (for a key already held) the holder's.
+    task_id: str
+    #: That entry's due ms; None when it is no longer parked (released, running).
+    due_ms: int | None
+    #: Whether this call parked the request's own entry.
+    parked: bool
+    #: The id of the parked entry this request's ``replace`` or ``debounce``
+    #: took out (it never runs: the caller reports it cancelled), or None.
+    replaced: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -153,8 +174,14 @@ class Store:
 
     # -- producers ------------------------------------------------------------
 
-    def park(self, requests: Sequence[ParkRequest]) -> list[int]:
-        """Park *requests* atomically per shard; return each entry's due ms.
+    def park(self, requests: Sequence[ParkRequest]) -> list[Parked]:
+        """Park *requests* atomically per shard; return what was parked for each.
+
+        The one way in for every park: plain ones run park.lua; a call in
+        which any request has a key or tags runs park_keyed.lua (park.lua
+        inside it, and the key and tag index in the same step), requests
+        without a mark among them. Either way the same checks come first:
+        sizes, then the ACL pre-check of the script (:meth:`ensure_allowed`).
 
         With several shards on one Redis server the whole call is one
         transaction: either every entry is parked or none is. On a Redis
@@ -162,26 +189,31 @@ class Store:
         replaces its entry wherever it waits, held back by a pause or rate
         limit included (see park.lua).
         """
+        marked = any(request.mark is not None for request in requests)
+        script = "park_keyed" if marked else "park"
         by_shard: dict[int, list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             by_shard[self.shard_of(request.task_id)].append(index)
         with store_errors(self.url):
             self._check_sizes(requests)
             for shard in by_shard:  # once per Store: the first shard's key will do
-                self.ensure_allowed(self._keys[shard].due, "park")
+                self.ensure_allowed(self._keys[shard].due, script)
                 break
+        if marked and self.config.signing_keys:
+            self._drop_forged_holders(requests)
+        with store_errors(self.url):
             if len(by_shard) == 1 or self.cluster:
                 replies = [
-                    self._park_on_shard(shard, [requests[i] for i in indexes])
+                    self._park_on_shard(script, shard, [requests[i] for i in indexes])
                     for shard, indexes in by_shard.items()
                 ]
             else:
-                replies = self._park_on_shards(by_shard, requests)
-        due_ms = [0] * len(requests)
+                replies = self._park_on_shards(script, by_shard, requests)
+        parked: list[Parked | None] = [None] * len(requests)
         for indexes, reply in zip(by_shard.values(), replies, strict=True):
-            for index, ms in zip(indexes, reply, strict=True):
-                due_ms[index] = int(ms)
-        return due_ms
+            for index, done in zip(indexes, _parked(script, indexes, requests, reply), strict=True):
+                parked[index] = done
+        return cast("list[Parked]", parked)
 
     def ensure_allowed(self, key: str, *names: str) -> None:
         """Refuse to run scripts *names* whose commands this ACL user may not all run.
@@ -190,7 +222,9 @@ class Store:
         refusal after the script's first write would leave that write done
         and report an error. Asked once per script and Store, before its
         first call (``allowed.lua``; Redis 7, older servers cannot tell).
-        *key* is a key the scripts name, which EVALSHA checks anyway.
+        *key* is a key the scripts name, which EVALSHA checks anyway. Any
+        registered script can be named (:func:`.scripts.script_commands`),
+        the periodic ones included once their package is imported.
         """
         for name in names:
             if name in self._allowed:
@@ -229,26 +263,70 @@ class Store:
                     "(a file or object-store key), or raise proto-max-bulk-len"
                 )
 
-    def _park_on_shard(self, shard: int, requests: Sequence[ParkRequest]) -> Any:
-        """park.lua on one shard, with the held sets last seen there.
+    def _drop_forged_holders(self, requests: Sequence[ParkRequest]) -> None:
+        """With signing, forget key holders whose signed message does not carry the key.
+
+        park_keyed.lua cannot check an HMAC: without this, anyone able to write
+        to Redis could point a key at a signed entry parked under another key,
+        and a ``replace`` call would cancel it (a ``keep`` call would return
+        it). A holder is trusted only if its message, signed with a current
+        key under its own id, names the key. A holder released and running
+        (``until_finished``) has no message left to check and stays; one
+        written as running while its id is parked is checked as parked, so a
+        forged hold cannot make a ``keep`` call return a signed entry either.
+        """
+        for request in requests:
+            key = request.mark.key if request.mark is not None else None
+            if key is None:
+                continue
+            shard = self.shard_of(request.task_id)
+            keys = self._keys[shard]
+            with store_errors(self.url):
+                value = self.client.hget(keys.marks, "k:" + key)
+                if value is None:
+                    continue
+                holder, _, until = _text(value).partition("\n")
+                payload = cast("bytes | None", self.client.hget(keys.msg, holder))
+            if until and payload is None:
+                continue
+            try:
+                message = decode_entry(
+                    payload, self.config.signing_keys, self.templates(shard), entry_id=holder
+                )
+                trusted = message.headers.get(KEY_HEADER) == key
+            except EntryError:
+                trusted = False
+            if not trusted:
+                logger.warning(
+                    "Key %r pointed at %s, whose signed message does not carry it: dropped "
+                    "(someone else wrote into the store's index)",
+                    key,
+                    holder,
+                    extra={"task_id": holder},
+                )
+                with store_errors(self.url):
+                    self.ensure_allowed(keys.marks, "drop_key")
+                    self.scripts.drop_key(keys=[keys.marks], args=[key, value])
+
+    def _park_on_shard(self, script: str, shard: int, requests: Sequence[ParkRequest]) -> Any:
+        """park.lua (or park_keyed.lua) on one shard, with the held sets last seen there.
 
         None at first: the first park of an id, the common case, reads no
         held set. The script answers ``[-2]``, having written nothing, when
-        an id parked again is held in a set not given: then they are read
-        (one name per control: this ends).
+        an id parked again (or a key's holder to move or answer) is held in
+        a set not given: then they are read (one name per control: this ends).
         """
         lanes = self.known_lanes(shard)
         while True:
-            keys, args = self.park_arguments(shard, requests, lanes=lanes)
-            reply = self.scripts.park(keys=keys, args=args, client=self.client)
+            reply = self._park_call(script, shard, requests, self.client, lanes)
             if not (len(reply) == 1 and int(reply[0]) == _LANES_CHANGED):
                 return reply
             lanes = self.lanes(shard)
 
     def _park_on_shards(
-        self, by_shard: dict[int, list[int]], requests: Sequence[ParkRequest]
+        self, script: str, by_shard: dict[int, list[int]], requests: Sequence[ParkRequest]
     ) -> list[Any]:
-        """park.lua on several shards of one server, in one transaction.
+        """park.lua (or park_keyed.lua) on several shards of one server, in one transaction.
 
         A failing call inside MULTI/EXEC does not undo the calls before it,
         so each call checks the keys of every shard in the batch before it
@@ -266,13 +344,35 @@ class Store:
                     pipe.multi()
                     for shard, indexes in by_shard.items():
                         others = [s for s in by_shard if s != shard]
-                        keys, args = self.park_arguments(
-                            shard, [requests[i] for i in indexes], others, lanes=lanes[shard]
-                        )
-                        self.scripts.park(keys=keys, args=args, client=pipe)
+                        shard_requests = [requests[i] for i in indexes]
+                        self._park_call(script, shard, shard_requests, pipe, lanes[shard], others)
                     return list(pipe.execute())
                 except WatchError:
                     continue
+
+    def _park_call(
+        self,
+        script: str,
+        shard: int,
+        requests: Sequence[ParkRequest],
+        client: Any,
+        lanes: Sequence[str],
+        check_shards: Sequence[int] = (),
+    ) -> Any:
+        """Call *script* (park or park_keyed) on *shard*, given the held sets of *lanes*."""
+        if script == "park":
+            keys, args = self.park_arguments(shard, requests, check_shards, lanes=lanes)
+            return self.scripts.park(keys=keys, args=args, client=client)
+        # park_keyed.lua takes park.lua's arguments with no held set, then the
+        # marks, then the held sets (see its header).
+        keys, args = self.park_arguments(shard, requests, check_shards)
+        prefix = self.config.key_prefix
+        records = [request.mark.record() if request.mark else "-0\n" for request in requests]
+        return self.scripts.park_keyed(
+            keys=[*keys, *(held_set_key(prefix, shard, lane) for lane in lanes)],
+            args=[*args, *records, *lanes, len(lanes), len(requests)],
+            client=client,
+        )
 
     def park_arguments(
         self,
@@ -727,6 +827,40 @@ class Store:
         with store_errors(self.url):
             seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _parked(
+    script: str, indexes: Sequence[int], requests: Sequence[ParkRequest], reply: Sequence[Any]
+) -> list[Parked]:
+    """Read one shard's reply to *script* for the requests at *indexes*.
+
+    park.lua answers each entry's due ms; park_keyed.lua three values per
+    entry (id parked for it, its due ms or -1, 1 if parked now), then the
+    id each one's replace or debounce took out (see their headers).
+    """
+    if script == "park":
+        return [
+            Parked(requests[index].task_id, int(ms), True)
+            for index, ms in zip(indexes, reply, strict=True)
+        ]
+    n = len(indexes)
+    found = []
+    for i in range(n):
+        task_id, due_ms, flag = reply[3 * i : 3 * i + 3]
+        took_out = reply[3 * n + i] if len(reply) > 3 * n else ""
+        found.append(
+            Parked(
+                task_id=_text(task_id),
+                due_ms=None if int(due_ms) < 0 else int(due_ms),
+                parked=bool(int(flag)),
+                replaced=_text(took_out) or None,
+            )
+        )
+    return found
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def claim_result(reply: Sequence[Any], *, offset: int) -> ClaimResult:

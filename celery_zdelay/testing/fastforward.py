@@ -24,8 +24,6 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from celery import states
@@ -37,6 +35,7 @@ from ..errors import ConfigurationError, ZDelayError
 from ..store.admin import MAX_LIST_LIMIT, list_parked
 from ..store.read_model import ParkedTask as StoredTask
 from ..store.reading import scan_parked
+from ..store.scripts import LuaFile, Scripts, ScriptSpec, register
 from .worker import InProcessWorker
 
 if TYPE_CHECKING:
@@ -88,9 +87,10 @@ class ReleasedTask(ParkedTask):
     result: Any = None
 
 
-@cache
-def _shift_source() -> str:
-    return resources.files(__package__).joinpath("shift.lua").read_text()
+#: Moves a shard's due set earlier (``shift.lua``, run bare: no store checks).
+SHIFT = register(
+    ScriptSpec("shift", LuaFile(__package__ or "celery_zdelay.testing", "shift.lua"), guarded=False)
+)[0]
 
 
 class FastForward:
@@ -296,7 +296,7 @@ class FastForward:
         return now_ms, earliest
 
     def _shift(self, store: Store, step_ms: int) -> None:
-        script = store.client.register_script(_shift_source())
+        script = Scripts(store.client, [SHIFT])["shift"]
         for shard in store.shards:
             script(keys=[store.keys(shard).due], args=[step_ms])
 

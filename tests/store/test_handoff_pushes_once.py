@@ -30,7 +30,7 @@ from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.redis_layout import RedisLayout
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ClaimResult, ParkRequest, Store
-from celery_zdelay.store.marks import Mark, key_holder, park_marked, tagged_ids
+from celery_zdelay.store.marks import Mark, key_holder, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -361,7 +361,7 @@ def test_an_entry_whose_list_key_holds_another_type_is_dead_lettered_with_the_fi
     marked = ParkRequest(
         "stuck", request.due, request.payload, QUEUE, request.template, Mark("k", "keep", ("t",), 0)
     )
-    park_marked(store, [marked, _requests(app, "other-parked", now + HOUR)])
+    store.park([marked, _requests(app, "other-parked", now + HOUR)])
     payload = redis_client.hget(SHARD0.msg, "stuck") or b""
     redis_client.set(QUEUE, "something else wrote this")
     refs = _template_refs(redis_client)
@@ -475,7 +475,7 @@ def test_a_handed_off_entry_frees_its_key_or_holds_it_until_finished_and_leaves_
             task_id, r.due, r.payload, QUEUE, r.template, Mark(key, on_key, ("t",), 5000)
         )
 
-    park_marked(store, [keyed("kept", "k1", "keep"), keyed("held", "k2", "until_finished")])
+    store.park([keyed("kept", "k1", "keep"), keyed("held", "k2", "until_finished")])
 
     result = _handoff(app)
 

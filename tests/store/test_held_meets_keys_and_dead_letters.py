@@ -20,15 +20,13 @@ import celery_zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.store import PeriodicStore
-from celery_zdelay.store import Store, admin
+from celery_zdelay.store import Parked, Store, admin
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.keys import held_set_key
 from celery_zdelay.store.marks import (
-    Parked,
     check_marks,
     finish_key,
     key_holder,
-    park_marked,
     tagged_ids,
 )
 from tests.conftest import AppFactory
@@ -210,7 +208,7 @@ def test_keep_and_until_finished_keep_a_held_holder_and_return_it(
     assert _places(redis_client, store, first) == ["held"]
     assert redis_client.hlen(keys_of(0).msg) == 1
     ms = int(due_ms) // 1024
-    parked = park_marked(store, [marked_request("other", ms, key="k", on_key=on_key)])
+    parked = store.park([marked_request("other", ms, key="k", on_key=on_key)])
     assert parked == [Parked(task_id=first, due_ms=ms, parked=False)]
     assert key_holder(store, "k") == (first, None)
     assert check_marks(store) == []

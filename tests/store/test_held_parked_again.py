@@ -179,7 +179,7 @@ def test_the_store_park_call_takes_a_held_id_out_of_its_held_set(
     # When the store parks X again (a fresh Store: no held set seen before)
     fresh = Store(store.config)
     try:
-        (due_ms,) = fresh.park([ParkRequest("X", Due("r", 0), payload)])
+        (parked,) = fresh.park([ParkRequest("X", Due("r", 0), payload)])
     finally:
         fresh.close()
 
@@ -187,7 +187,7 @@ def test_the_store_park_call_takes_a_held_id_out_of_its_held_set(
     assert _places(redis_client, store, "X") == ["due"]
     score = redis_client.zscore(keys_of(0).due, "X")
     assert score is not None
-    assert int(score) // 1024 == due_ms
+    assert int(score) // 1024 == parked.due_ms
 
 
 def test_a_tagged_park_of_a_held_id_leaves_one_entry(

@@ -1,7 +1,7 @@
 """One entry per key, as its mode says, and an exact key and tag index, in one step.
 
 Pins the lines of ``store/lua/park_keyed.lua`` (see docs/mutation.rst)
-through :func:`park_marked` on a private Redis, no worker or companion:
+through :meth:`Store.park` on a private Redis, no worker or companion:
 ``keep`` and ``until_finished`` park nothing while the key is held and
 answer the holder's id and due time; ``replace`` and ``debounce`` take the
 parked holder out (its message, its marks, its template count) but never
@@ -24,8 +24,8 @@ from celery_zdelay import StoreRefusedError
 from celery_zdelay.capture import capture
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
-from celery_zdelay.store import ParkRequest, Store
-from celery_zdelay.store.marks import Mark, Parked, check_marks, key_holder, park_marked, tagged_ids
+from celery_zdelay.store import Parked, ParkRequest, Store
+from celery_zdelay.store.marks import Mark, check_marks, key_holder, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 from tests.support.store import marked_request
@@ -86,12 +86,12 @@ def test_keep_parks_nothing_while_the_key_is_held_and_answers_the_holders_due_ti
 ) -> None:
     at = redis_ms(redis_client) + HOUR
     # The holder takes the second slot of its millisecond: its due ms is the score // 1024
-    park_marked(store, [marked_request("first-of-ms", at)])
-    assert park_marked(store, [marked_request("holder", at, "k", mode, ("t",))]) == [
+    store.park([marked_request("first-of-ms", at)])
+    assert store.park([marked_request("holder", at, "k", mode, ("t",))]) == [
         Parked("holder", at, True)
     ]
 
-    again = park_marked(store, [marked_request("second", at + 5000, "k", mode, ("u",))])
+    again = store.park([marked_request("second", at + 5000, "k", mode, ("u",))])
 
     assert again == [Parked("holder", at, False)]
     assert set(_parked(redis_client)) == {"first-of-ms", "holder"}
@@ -109,10 +109,10 @@ def test_replace_takes_the_parked_holder_out_with_its_marks_and_template_count(
         _call(app, "tests.record", "holder", at, "k", mode),
         mark=Mark("k", mode, ("old",), 0),
     )
-    park_marked(store, [holder, _call(app, "tests.record", "other", at, "j", mode)])
+    store.park([holder, _call(app, "tests.record", "other", at, "j", mode)])
     assert list(_template_refs(redis_client).values()) == [2]
 
-    reply = park_marked(store, [_call(app, "tests.add", "new", at + 1000, "k", mode)])
+    reply = store.park([_call(app, "tests.add", "new", at + 1000, "k", mode)])
 
     assert reply == [Parked("new", at + 1000, True)]
     assert set(_parked(redis_client)) == {"other", "new"}
@@ -132,7 +132,7 @@ def test_within_one_batch_keep_parks_the_first_and_answers_its_due_time_for_the_
     # The second's template (another task) is used by no entry parked: not stored
     second = _call(app, "tests.add", "second", at + 1000, "k", "keep")
 
-    assert park_marked(store, [first, second]) == [
+    assert store.park([first, second]) == [
         Parked("first", at, True),
         Parked("first", at, False),
     ]
@@ -149,11 +149,11 @@ def test_within_one_batch_replace_parks_only_the_last_call_of_a_key(
     app: Celery, store: Store, redis_client: redis.Redis
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    park_marked(store, [marked_request("parked-before", at, "k", "replace", ("t",))])
+    store.park([marked_request("parked-before", at, "k", "replace", ("t",))])
     first = _call(app, "tests.add", "first", at + 1000, "k", "replace")
     last = _call(app, "tests.record", "last", at + 2000, "k", "replace")
 
-    assert park_marked(store, [first, last]) == [
+    assert store.park([first, last]) == [
         Parked("last", at + 2000, False),
         Parked("last", at + 2000, True),
     ]
@@ -172,11 +172,11 @@ def test_a_call_under_the_holders_own_id_keeps_its_record_or_moves_it_in_place(
     store: Store, redis_client: redis.Redis
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    park_marked(store, [marked_request("holder", at, "k", "keep", ("t",))])
+    store.park([marked_request("holder", at, "k", "keep", ("t",))])
 
     # keep: nothing parked, the holder keeps its key and tags, and the
     # reply says when it is due (regression: it said -1, "not parked")
-    (kept,) = park_marked(store, [marked_request("holder", at + 1000, "k", "keep", ("u",))])
+    (kept,) = store.park([marked_request("holder", at + 1000, "k", "keep", ("u",))])
     assert kept == Parked("holder", at, False)
     assert _parked(redis_client) == {"holder": at * 1024}
     assert _marks(redis_client) == {"i:holder": "k0\nk\nt", "k:k": "holder"}
@@ -185,7 +185,7 @@ def test_a_call_under_the_holders_own_id_keeps_its_record_or_moves_it_in_place(
     # replace: re-parked where it is, not taken out first: the earliest due
     # time does not move earlier, so the companions are not woken
     with wake_ups(redis_client) as seen:
-        assert park_marked(store, [marked_request("holder", at, "k", "replace")]) == [
+        assert store.park([marked_request("holder", at, "k", "replace")]) == [
             Parked("holder", at, True)
         ]
     assert seen == []
@@ -199,15 +199,15 @@ def test_replace_never_takes_out_a_holder_being_released(
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
-    park_marked(store, [marked_request("in-flight", now - 1000, "k", "replace", ("t",))])
+    store.park([marked_request("in-flight", now - 1000, "k", "replace", ("t",))])
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
     assert [e.task_id for e in claimed.entries] == ["in-flight"]
 
     # keep: the holder is no longer parked, so no due time
-    assert park_marked(store, [marked_request("kept-out", now + HOUR, "k", "keep")]) == [
+    assert store.park([marked_request("kept-out", now + HOUR, "k", "keep")]) == [
         Parked("in-flight", None, False)
     ]
-    reply = park_marked(store, [marked_request("new", now + HOUR, "k", "replace")])
+    reply = store.park([marked_request("new", now + HOUR, "k", "replace")])
 
     assert reply == [Parked("new", now + HOUR, True)]
     assert (redis_client.hget(SHARD0.msg, "in-flight") or b"").endswith(b'"v":1}\nbody')
@@ -221,8 +221,8 @@ def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
-    park_marked(store, [marked_request("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
-    park_marked(store, [marked_request("ends", now - 1000, "e", "until_finished", hold_ms=0)])
+    store.park([marked_request("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
+    store.park([marked_request("ends", now - 1000, "e", "until_finished", hold_ms=0)])
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
     assert store.ack(0, claimed.token, ["runs", "ends"]) == 2
     holder = key_holder(store, "k")
@@ -231,14 +231,14 @@ def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
     assert holder[1] is not None
 
     # Released and running: kept, and a replace cannot stop it
-    assert park_marked(store, [marked_request("waits", now + HOUR, "k", "until_finished")]) == [
+    assert store.park([marked_request("waits", now + HOUR, "k", "until_finished")]) == [
         Parked("runs", None, False)
     ]
-    assert park_marked(store, [marked_request("replaces", now + HOUR, "k", "replace")]) == [
+    assert store.park([marked_request("replaces", now + HOUR, "k", "replace")]) == [
         Parked("replaces", now + HOUR, True)
     ]
     # A hold that ended is free
-    assert park_marked(store, [marked_request("after", now + HOUR, "e", "until_finished")]) == [
+    assert store.park([marked_request("after", now + HOUR, "e", "until_finished")]) == [
         Parked("after", now + HOUR, True)
     ]
     assert set(_parked(redis_client)) == {"replaces", "after"}
@@ -247,7 +247,7 @@ def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
 
 def _released_and_running(store: Store, now: int, task_id: str, key: str) -> None:
     """Park *task_id* holding *key* until finished, then release it: it runs, holding the key."""
-    park_marked(store, [marked_request(task_id, now - 1000, key, "until_finished", hold_ms=HOUR)])
+    store.park([marked_request(task_id, now - 1000, key, "until_finished", hold_ms=HOUR)])
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
     assert store.ack(0, claimed.token, [task_id]) == 1
 
@@ -258,9 +258,9 @@ def test_replace_leaves_parked_the_retry_of_a_holder_that_runs(
     now = redis_ms(redis_client)
     _released_and_running(store, now, "runs", "k")
     # The running task parks itself again under its id (a retry), without the key
-    park_marked(store, [marked_request("runs", now + HOUR)])
+    store.park([marked_request("runs", now + HOUR)])
 
-    assert park_marked(store, [marked_request("new", now + HOUR, "k", "replace")]) == [
+    assert store.park([marked_request("new", now + HOUR, "k", "replace")]) == [
         Parked("new", now + HOUR, True)
     ]
 
@@ -276,13 +276,13 @@ def test_a_running_holder_parks_its_own_retry_under_its_key_and_no_one_else_does
 
     # The running task retries under its own id with its key (transparent
     # mode's retry(countdown=)): parked, and holding the key as parked
-    assert park_marked(store, [marked_request("runs", now + HOUR, "k", "until_finished")]) == [
+    assert store.park([marked_request("runs", now + HOUR, "k", "until_finished")]) == [
         Parked("runs", now + HOUR, True)
     ]
     assert set(_parked(redis_client)) == {"runs"}
     assert key_holder(store, "k") == ("runs", None)
     # while another id with the key is still kept out
-    assert park_marked(store, [marked_request("other", now + HOUR, "k", "keep")]) == [
+    assert store.park([marked_request("other", now + HOUR, "k", "keep")]) == [
         Parked("runs", now + HOUR, False)
     ]
     assert set(_parked(redis_client)) == {"runs"}
@@ -295,15 +295,14 @@ def test_an_id_parked_again_gives_up_its_old_key_and_tags(
     store: Store, redis_client: redis.Redis
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    park_marked(
-        store,
+    store.park(
         [
             marked_request("a", at, "old", "keep", ("t1", "t2")),
             marked_request("b", at, "b", "keep"),
         ],
     )
 
-    assert park_marked(store, [marked_request("a", at + 1, "new", "replace", ("t2", "t3"))]) == [
+    assert store.park([marked_request("a", at + 1, "new", "replace", ("t2", "t3"))]) == [
         Parked("a", at + 1, True)
     ]
     assert key_holder(store, "old") is None
@@ -315,8 +314,8 @@ def test_an_id_parked_again_gives_up_its_old_key_and_tags(
     )
 
     # Parked again under its id with no mark at all: no record left, nor key, nor tags
-    assert park_marked(
-        store, [marked_request("a", at + 2), marked_request("b", at + 2, "b", "replace")]
+    assert store.park(
+        [marked_request("a", at + 2), marked_request("b", at + 2, "b", "replace")]
     ) == [
         Parked("a", at + 2, True),
         Parked("b", at + 2, True),
@@ -331,8 +330,7 @@ def test_only_a_marked_entry_gets_a_record_and_each_tag_lists_it(
     store: Store, redis_client: redis.Redis
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    reply = park_marked(
-        store,
+    reply = store.park(
         [
             marked_request("plain", at),
             marked_request("tagged", at, tags=("x", "y")),
@@ -361,9 +359,8 @@ def test_a_keyed_park_wakes_the_companions_when_the_earliest_due_time_moves_earl
 ) -> None:
     at = redis_ms(redis_client) + HOUR
     with wake_ups(redis_client) as seen:
-        park_marked(store, [marked_request("later", at + 1000, "k1")])
-        park_marked(
-            store,
+        store.park([marked_request("later", at + 1000, "k1")])
+        store.park(
             [marked_request("held", at, "k1"), marked_request("earlier", at, "k2", tags=("t",))],
         )
     assert seen == [str(at + 1000).encode(), str(at).encode()]
@@ -376,9 +373,9 @@ def test_a_retried_call_answers_what_the_first_did_and_parks_nothing_again(
     store: Store, redis_client: redis.Redis, calls: list[tuple[object, ...]]
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    park_marked(store, [marked_request("holder", at, "k")])
-    first = park_marked(
-        store, [marked_request("a", at + 1, "k", "replace", ("t",)), marked_request("b", at, "k")]
+    store.park([marked_request("holder", at, "k")])
+    first = store.park(
+        [marked_request("a", at + 1, "k", "replace", ("t",)), marked_request("b", at, "k")]
     )
     assert first == [Parked("a", at + 1, True), Parked("a", at + 1, False)]
     # The replace took the holder out: the caller reports it cancelled.
@@ -411,7 +408,7 @@ def test_a_call_without_its_entry_count_or_mark_records_is_refused_before_any_wr
     store: Store, redis_client: redis.Redis, calls: list[tuple[object, ...]]
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    park_marked(store, [marked_request("a", at, "k", tags=("t",)), marked_request("b", at, "j")])
+    store.park([marked_request("a", at, "k", tags=("t",)), marked_request("b", at, "j")])
     sha, numkeys, *rest = calls[-1]
     store.cancel(["a", "b"])
     keys, args = rest[: int(numkeys)], rest[int(numkeys) :]
@@ -442,7 +439,7 @@ def test_a_marks_key_of_another_type_refuses_the_park_with_the_fix_and_writes_no
     redis_client.set(key, "something else wrote this")
 
     with pytest.raises(StoreRefusedError, match=rf"holds a string, not a {kind}: something else"):
-        park_marked(store, [marked_request("a", at, "k", tags=("t",))])
+        store.park([marked_request("a", at, "k", tags=("t",))])
 
     assert redis_client.get(key) == b"something else wrote this"
     assert redis_client.zcard(SHARD0.due) == redis_client.hlen(SHARD0.msg) == 0
@@ -452,11 +449,11 @@ def test_a_due_key_of_another_type_refuses_the_park_before_the_marks_are_written
     store: Store, redis_client: redis.Redis
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    park_marked(store, [marked_request("holder", at, "k", "keep", ("t",))])
+    store.park([marked_request("holder", at, "k", "keep", ("t",))])
     redis_client.rename(SHARD0.due, "saved-due")
     redis_client.set(SHARD0.due, "something else wrote this")
 
     with pytest.raises(StoreRefusedError, match=r"holds a string, not a zset: something else"):
-        park_marked(store, [marked_request("holder", at, "new", "replace", ("u",))])
+        store.park([marked_request("holder", at, "new", "replace", ("u",))])
 
     assert _marks(redis_client) == {"i:holder": "k0\nk\nt", "k:k": "holder"}

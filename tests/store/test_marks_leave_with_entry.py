@@ -29,7 +29,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.client import store_errors
-from celery_zdelay.store.marks import _scripts, check_marks, key_holder, park_marked, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import FOREIGN, SHARD0, refused_while_written_over
 from tests.support.store import PAYLOAD, marked_request
@@ -58,7 +58,7 @@ def test_an_until_finished_key_released_is_held_for_the_entrys_own_hold_from_the
     # (string.sub(head, 3)), read as 0 (``and 0``), or subtracted from now.
     hold_ms = 7 * HOUR
     now = redis_ms(redis_client)
-    park_marked(store, [marked_request("runs", now - 1000, "k", "until_finished", hold_ms=hold_ms)])
+    store.park([marked_request("runs", now - 1000, "k", "until_finished", hold_ms=hold_ms)])
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
 
     before = redis_ms(redis_client)
@@ -106,7 +106,7 @@ def test_over_a_thousand_keyed_tagged_entries_cancelled_in_one_call_leave_no_mar
     # are walked in steps of 1001 (the 1001st of each would stay).
     at = redis_ms(redis_client) + HOUR
     ids = [f"e{n:04}" for n in range(1001)]
-    park_marked(store, [marked_request(i, at, f"k{i}", "keep", ("shop",)) for i in ids])
+    store.park([marked_request(i, at, f"k{i}", "keep", ("shop",)) for i in ids])
     assert redis_client.hlen(SHARD0.marks) == 2002
     assert redis_client.zcard(SHARD0.tagged) == 1001
 
@@ -126,7 +126,7 @@ def test_a_tag_index_of_another_type_refuses_the_ack_before_anything_moves(
     # Breaks if: the type check of the marks and tag keys is deleted: the
     # ack would forget the entry, then fail on ZREM with the index half written.
     now = redis_ms(redis_client)
-    park_marked(store, [marked_request("sent", now - 1000, "k", "keep", ("t",))])
+    store.park([marked_request("sent", now - 1000, "k", "keep", ("t",))])
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
 
     with refused_while_written_over(redis_client, SHARD0.tagged, "zset"):
@@ -144,7 +144,7 @@ def test_a_tag_index_of_another_type_refuses_the_ack_before_anything_moves(
 def _drop(store: Store, key: str, checked: str) -> object:
     """Call drop_key.lua as the producer's forged-holder check does (see store/marks.py)."""
     with store_errors(store.url):
-        return _scripts(store).drop_key(keys=[SHARD0.marks], args=[key, checked])
+        return store.scripts.drop_key(keys=[SHARD0.marks], args=[key, checked])
 
 
 def test_a_forged_holder_is_dropped_only_while_it_is_the_value_checked(

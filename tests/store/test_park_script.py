@@ -29,7 +29,7 @@ from celery_zdelay.capture import capture
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest
-from celery_zdelay.store.marks import check_marks, key_holder, park_marked, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -69,7 +69,8 @@ def test_due_times_are_absolute_or_redis_now_plus_the_countdown_in_argument_orde
 ) -> None:
     at = redis_ms(redis_client) + HOUR
     before = redis_ms(redis_client)
-    due = store_for(app).park([_at("abs", at), ParkRequest("rel", Due("r", 5000), PAYLOAD)])
+    parked = store_for(app).park([_at("abs", at), ParkRequest("rel", Due("r", 5000), PAYLOAD)])
+    due = [p.due_ms or 0 for p in parked]
     after = redis_ms(redis_client)
     assert due[0] == at
     assert before + 5000 <= due[1] <= after + 5000
@@ -308,8 +309,7 @@ def test_an_id_parked_again_plainly_forgets_the_key_and_tags_it_had(
     # "b" with another key and one of those tags
     store = store_for(app)
     now = redis_ms(redis_client)
-    park_marked(
-        store,
+    store.park(
         [
             marked_request("a", now - 1000, "k1", "until_finished", ("t1", "t2"), 60_000),
             marked_request("b", now + HOUR, "k2", "keep", ("t1",)),
@@ -337,7 +337,7 @@ def test_a_first_park_reads_no_marks_and_a_park_again_checks_them_before_it_writ
     # Given "a" parked with a tag, then the marks hash written over by someone else
     store = store_for(app)
     at = redis_ms(redis_client) + HOUR
-    park_marked(store, [marked_request("a", at, tags=("t1",))])
+    store.park([marked_request("a", at, tags=("t1",))])
     before = redis_client.hget(SHARD0.msg, "a")
     _string_at(SHARD0.marks)(redis_client)
 

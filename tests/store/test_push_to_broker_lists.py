@@ -26,7 +26,7 @@ from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
-from celery_zdelay.store.marks import Mark, key_holder, park_marked, tagged_ids
+from celery_zdelay.store.marks import Mark, key_holder, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 
@@ -250,7 +250,7 @@ def test_a_pushed_entry_frees_its_key_or_holds_it_until_finished_and_leaves_its_
             task_id, r.due, r.payload, QUEUE, r.template, Mark(key, on_key, ("t",), 5000)
         )
 
-    park_marked(store, [keyed("kept", "k1", "keep"), keyed("held", "k2", "until_finished")])
+    store.park([keyed("kept", "k1", "keep"), keyed("held", "k2", "until_finished")])
     token = _claim(store, 2)
     routes = [(i, QUEUE, _head(store, i)) for i in ("kept", "held")]
     before = redis_ms(redis_client)

@@ -34,11 +34,9 @@ from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.marks import (
     Mark,
-    _scripts,
     check_marks,
     finish_key,
     key_holder,
-    park_marked,
     start_run,
 )
 from tests.support.clock import redis_ms
@@ -62,7 +60,7 @@ def _park(
     store: Store, task_id: str, due_ms: int, key: str, on_key: str = "until_finished"
 ) -> None:
     mark = Mark(key, on_key, (), HOUR)
-    park_marked(store, [ParkRequest(task_id, Due("a", due_ms), PAYLOAD, mark=mark)])
+    store.park([ParkRequest(task_id, Due("a", due_ms), PAYLOAD, mark=mark)])
 
 
 def _released(store: Store, task_id: str, key: str, *, acked: bool = True) -> None:
@@ -81,7 +79,7 @@ def _released(store: Store, task_id: str, key: str, *, acked: bool = True) -> No
 def _finish_reply(store: Store, key: str, task_id: str) -> object:
     """finish_key.lua's reply itself (:func:`finish_key` makes it a bool)."""
     keys = store.keys(store.shard_of(key))
-    return _scripts(store).finish_key(
+    return store.scripts.finish_key(
         keys=[keys.marks, keys.due, keys.lease, keys.msg], args=[key, task_id]
     )
 

@@ -29,7 +29,7 @@ from celery_zdelay.periodic.definition import Definition, from_beat_entry
 from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest
-from celery_zdelay.store.marks import Mark, park_marked
+from celery_zdelay.store.marks import Mark
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -116,7 +116,7 @@ def test_a_keyed_park_is_refused_before_its_key_is_recorded_when_the_queue_set_c
     request = ParkRequest("a", Due("a", at), b'{"v":1}\nbody', "q1", mark=Mark("k", "keep", (), 0))
 
     with pytest.raises(StoreRefusedError, match="holds a string, not a set: something else"):
-        park_marked(store_for(app), [request])
+        store_for(app).park([request])
 
     assert redis_client.keys("*") == [SHARD0.dests.encode()]
 
@@ -144,8 +144,9 @@ def test_the_redis_clock_is_read_to_the_millisecond_never_behind(
     store = store_for(app)
     for n in range(200):
         before = redis_ms(redis_client)
-        (due,) = store.park([ParkRequest(f"t{n}", Due("r", 0), b'{"v":1}\nbody')])
-        assert before <= due <= redis_ms(redis_client)
+        (parked,) = store.park([ParkRequest(f"t{n}", Due("r", 0), b'{"v":1}\nbody')])
+        assert parked.due_ms is not None
+        assert before <= parked.due_ms <= redis_ms(redis_client)
 
 
 def test_a_template_without_a_readable_count_is_kept_for_good_and_never_counted(
@@ -197,7 +198,7 @@ def test_a_keyed_batch_another_shard_cannot_take_records_no_key_on_any_shard(
     ]
 
     with pytest.raises(StoreRefusedError, match="holds a string, not a zset: something else"):
-        park_marked(store, requests)
+        store.park(requests)
 
     keys = store.keys(0)
     assert client.zcard(keys.due) == client.hlen(keys.marks) == client.zcard(keys.tagged) == 0
