@@ -5,7 +5,9 @@ this change slow anything?" in one run: the package at *COMMIT* (``git
 archive`` of ``celery_zdelay/`` into a temporary directory) and the package
 of this checkout take turns, round by round (before, after, after, before,
 ...), each round in a fresh process that imports its own package first on
-``PYTHONPATH`` (the workers and companions it starts inherit it). The
+``PYTHONPATH``, with ``PYTHONSAFEPATH`` set so that no process puts its
+working directory in front (the workers and companions it starts inherit
+both). The
 benchmark code is this checkout's for both, so only the package differs.
 
 Each round measures, at the sizes of :data:`SIZES`:
@@ -98,7 +100,14 @@ def _package_at(commit: str, into: Path) -> Path:
 
 
 def _round(package_root: Path) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_root), str(ROOT)])}
+    # PYTHONSAFEPATH: no process puts its working directory (this checkout,
+    # with its own package) in front of PYTHONPATH, workers and companions
+    # included (they inherit both).
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(package_root), str(ROOT)]),
+        "PYTHONSAFEPATH": "1",
+    }
     done = subprocess.run(
         [sys.executable, "-c", _ROUND, json.dumps(SIZES.as_dict())],
         cwd=ROOT,
