@@ -19,7 +19,6 @@ The scripts' replies are read as their headers document them too (1 and
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -36,7 +35,7 @@ from celery_zdelay.store.scripts import Scripts
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.support.keys import PREFIX, refused_while_written_over
-from tests.support.store import claim_parked
+from tests.support.store import acl_users, claim_parked
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,21 +111,19 @@ def test_a_key_of_another_type_refuses_forget_before_writing(
 @pytest.fixture
 def acl_user(redis_server: RedisServer) -> Iterator[Callable[..., redis.Redis]]:
     """Make an ACL user of the session's Redis from rules; return a client logged in as it."""
-    admin = redis_server.client()
-    made: list[tuple[str, redis.Redis]] = []
+    clients: list[redis.Redis] = []
+    with acl_users(redis_server, PASSWORD) as new_user:
 
-    def make(*rules: str) -> redis.Redis:
-        name = f"zdelay-test-{uuid.uuid4().hex[:8]}"
-        admin.execute_command("ACL", "SETUSER", name, "on", f">{PASSWORD}", "resetchannels", *rules)
-        client = redis.Redis(port=redis_server.port, username=name, password=PASSWORD)
-        made.append((name, client))
-        return client
+        def make(*rules: str) -> redis.Redis:
+            client = redis.Redis(
+                port=redis_server.port, username=new_user(*rules), password=PASSWORD
+            )
+            clients.append(client)
+            return client
 
-    yield make
-    for name, client in made:
-        client.close()
-        admin.execute_command("ACL", "DELUSER", name)
-    admin.close()
+        yield make
+        for client in clients:
+            client.close()
 
 
 @pytest.mark.redis7  # ACL DRYRUN

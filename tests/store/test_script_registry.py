@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -47,7 +46,7 @@ from celery_zdelay.store.scripts import (
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
-from tests.support.store import PAYLOAD, marked_request
+from tests.support.store import PAYLOAD, acl_users, marked_request
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -160,22 +159,17 @@ def acl_store(
     redis_server: RedisServer, make_test_app: AppFactory
 ) -> Iterator[Callable[..., Store]]:
     """Make a Store whose client logs in as an ACL user of the session's Redis with *rules*."""
-    admin = redis_server.client()
-    made: list[tuple[str, Store]] = []
+    stores: list[Store] = []
+    with acl_users(redis_server, PASSWORD) as new_user:
 
-    def make(*rules: str) -> Store:
-        name = f"zdelay-test-{uuid.uuid4().hex[:8]}"
-        admin.execute_command("ACL", "SETUSER", name, "on", f">{PASSWORD}", "resetchannels", *rules)
-        url = f"redis://{name}:{PASSWORD}@127.0.0.1:{redis_server.port}/0"
-        store = Store(get_config(make_test_app(conf={"zdelay_redis_url": url})))
-        made.append((name, store))
-        return store
+        def make(*rules: str) -> Store:
+            url = f"redis://{new_user(*rules)}:{PASSWORD}@127.0.0.1:{redis_server.port}/0"
+            stores.append(Store(get_config(make_test_app(conf={"zdelay_redis_url": url}))))
+            return stores[-1]
 
-    yield make
-    for name, store in made:
-        store.close()
-        admin.execute_command("ACL", "DELUSER", name)
-    admin.close()
+        yield make
+        for store in stores:
+            store.close()
 
 
 @pytest.mark.redis7  # ACL DRYRUN

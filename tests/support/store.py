@@ -9,6 +9,9 @@ could, without validation.
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -22,6 +25,7 @@ from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.keys import companions_key, held_set_key
 from celery_zdelay.store.marks import Mark
+from celery_zdelay.testing import RedisServer
 from tests.helpers import wait_for
 from tests.support.keys import keys_of
 
@@ -192,3 +196,26 @@ def release_everything(app: Celery, client: Any, queue: str, control: str) -> li
         wait_for(all_out, timeout=30, message="every parked task released")
     sent = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
     return [(m["headers"]["id"], m["headers"]["argsrepr"]) for m in sent]
+
+
+@contextmanager
+def acl_users(server: RedisServer, password: str) -> Iterator[Callable[..., str]]:
+    """Yield a maker of ACL users of *server* (from rules, logging in with *password*).
+
+    The maker returns the new user's name; every user made is deleted on exit.
+    """
+    admin = server.client()
+    made: list[str] = []
+
+    def make(*rules: str) -> str:
+        name = f"zdelay-test-{uuid.uuid4().hex[:8]}"
+        admin.execute_command("ACL", "SETUSER", name, "on", f">{password}", "resetchannels", *rules)
+        made.append(name)
+        return name
+
+    try:
+        yield make
+    finally:
+        for name in made:
+            admin.execute_command("ACL", "DELUSER", name)
+        admin.close()
