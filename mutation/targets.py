@@ -69,6 +69,7 @@ PYTHON = (
         "celery_zdelay/schedule.py",
         (
             "tests/test_due_parsing.py",
+        "tests/periodic/test_periodic_timezones.py",
             "tests/test_due_times.py",
             "tests/test_huge_durations.py",
             "tests/test_bad_input.py",
@@ -92,6 +93,7 @@ PYTHON = (
         "celery_zdelay/periodic/occurrences.py",
         (
             "tests/periodic/test_occurrences.py",
+            "tests/periodic/test_periodic_timezones.py",
             "tests/periodic/test_periodic_ticks.py",
             "tests/periodic/test_periodic_reconcile.py",
             "tests/periodic/test_periodic_control.py",

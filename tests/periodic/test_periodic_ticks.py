@@ -16,7 +16,7 @@ from celery import Celery
 from celery.schedules import crontab, schedule
 
 from celery_zdelay.companion import Companion
-from celery_zdelay.periodic.occurrences import _on_the_wall_clock, next_after, plan
+from celery_zdelay.periodic.occurrences import next_after, plan
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -103,30 +103,6 @@ def test_crontab_keeps_local_time_across_dst_as_celery_does() -> None:
     assert next_after(daily, _ms("2026-10-24T01:00:00")) == _ms("2026-10-25T02:00:00")
     # 03:00 CET is 02:00Z; after the clocks go forward (29 Mar 2026), 03:00 CEST is 01:00Z.
     assert next_after(daily, _ms("2026-03-28T02:00:00")) == _ms("2026-03-29T01:00:00")
-    app.close()
-
-
-@pytest.mark.parametrize(
-    ("last", "celerys_answer", "meant"),
-    [
-        # Celery < 5.7 across the clocks going back: 02:00 CET, an hour early
-        ("2026-10-24T01:00:00", "2026-10-25T01:00:00", "2026-10-25T02:00:00"),
-        # and going forward: 04:00 CEST, an hour late
-        ("2026-03-28T02:00:00", "2026-03-29T02:00:00", "2026-03-29T01:00:00"),
-        # a right answer is kept
-        ("2026-10-24T01:00:00", "2026-10-25T02:00:00", "2026-10-25T02:00:00"),
-    ],
-)
-def test_a_crontab_run_an_older_celery_moved_across_dst_is_put_back_on_the_wall_clock(
-    last: str, celerys_answer: str, meant: str
-) -> None:
-    # Breaks if: the correction is dropped (an older Celery's daily 03:00
-    # runs at 02:00 local, early) or applied to an answer that is right.
-    app = Celery(set_as_current=False)
-    app.conf.timezone = "Europe/Paris"
-    daily = crontab(minute=0, hour=3, app=app)
-    after = datetime.fromtimestamp(_ms(last) / 1000, tz=timezone.utc).astimezone(daily.tz)
-    assert _on_the_wall_clock(daily, after, _ms(celerys_answer)) == _ms(meant)
     app.close()
 
 

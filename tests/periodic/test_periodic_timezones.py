@@ -23,7 +23,7 @@ from celery.schedules import crontab
 from celery_zdelay import ConfigurationError, periodic
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import from_beat_entry
-from celery_zdelay.periodic.occurrences import next_after
+from celery_zdelay.periodic.occurrences import _on_the_wall_clock, next_after
 from celery_zdelay.periodic.server import PeriodicServer
 from tests.support.keys import SHARD0
 from tests.support.periodic import occurrence_ms
@@ -109,6 +109,30 @@ def _clocks_skipped_an_hour(at_ms: int, zone: str) -> bool:
         hour_before.utcoffset()
         != datetime.fromtimestamp(at_ms / 1000, tz=ZoneInfo(zone)).utcoffset()
     )
+
+
+@pytest.mark.parametrize(
+    ("last", "celerys_answer", "meant"),
+    [
+        # Celery < 5.7 across the clocks going back: 02:00 CET, an hour early
+        ("2026-10-24T01:00:00", "2026-10-25T01:00:00", "2026-10-25T02:00:00"),
+        # and going forward: 04:00 CEST, an hour late
+        ("2026-03-28T02:00:00", "2026-03-29T02:00:00", "2026-03-29T01:00:00"),
+        # a right answer is kept
+        ("2026-10-24T01:00:00", "2026-10-25T02:00:00", "2026-10-25T02:00:00"),
+    ],
+)
+def test_a_crontab_run_an_older_celery_moved_across_dst_is_put_back_on_the_wall_clock(
+    last: str, celerys_answer: str, meant: str
+) -> None:
+    # Breaks if: the correction is dropped (an older Celery's daily 03:00
+    # runs at 02:00 local, early) or applied to an answer that is right.
+    app = Celery(set_as_current=False)
+    app.conf.timezone = "Europe/Paris"
+    daily = crontab(minute=0, hour=3, app=app)
+    after = datetime.fromtimestamp(_ms(last) / 1000, tz=timezone.utc).astimezone(daily.tz)
+    assert _on_the_wall_clock(daily, after, _ms(celerys_answer)) == _ms(meant)
+    app.close()
 
 
 def test_the_zone_moves_the_tick_not_the_app() -> None:
