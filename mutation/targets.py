@@ -69,7 +69,6 @@ PYTHON = (
         "celery_zdelay/schedule.py",
         (
             "tests/test_due_parsing.py",
-        "tests/periodic/test_periodic_timezones.py",
             "tests/test_due_times.py",
             "tests/test_huge_durations.py",
             "tests/test_bad_input.py",
@@ -437,6 +436,7 @@ LUA = (
 KILL_TESTS = frozenset(
     {
         "tests/test_due_parsing.py",
+        "tests/periodic/test_periodic_timezones.py",
         "tests/companion/publish/test_confirm_publisher.py",
         "tests/companion/publish/test_generic_publisher.py",
         "tests/companion/publish/test_generic_publisher_connection.py",

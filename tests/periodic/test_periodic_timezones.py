@@ -5,7 +5,8 @@ occurrences, DST included, are those Celery's own ``crontab`` gives in an
 app whose ``timezone`` is that zone (checked against Celery's ``is_due``
 across the transitions of three zones on Celery 5.7, and against the
 crontab's fields on the wall clock on every Celery), and a bad zone is
-refused by name.
+refused by name. A kill test of ``periodic.occurrences``
+(docs/mutation.rst): the correction older Celery needs is only run here.
 """
 
 from __future__ import annotations
