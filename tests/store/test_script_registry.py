@@ -50,7 +50,9 @@ from tests.support.store import PAYLOAD, acl_users, marked_request
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parents[2]
+# Where the package under test lives: the checkout, or site-packages when
+# the tests run against the installed wheel (tox).
+ROOT = Path(celery_zdelay.__file__).resolve().parent.parent
 PASSWORD = "s3cret-registry"
 HOUR = 3_600_000
 
