@@ -35,7 +35,7 @@ from .keys import (
 )
 from .names import validate_task_id
 from .redis_layout import RedisLayout
-from .schedule import Due, due_from
+from .schedule import Due, due_from, jitter_ms
 from .steering import announce_cancelled
 from .store import Parked, ParkRequest, admin
 from .store.client import store_errors
@@ -77,6 +77,7 @@ def park_task(
     """Park one call of *task*; the body of ``Task.apply_delayed``."""
     app = task._get_app()
     _check_given_id(options)
+    spread_ms = _take_jitter(options)
     key = _take_marks(app, options)
     if _runs_now(app):
         return task.apply_async(args, kwargs, countdown=countdown, eta=eta, **options)
@@ -86,11 +87,19 @@ def park_task(
         result, messages = capture(
             app, lambda producer: task.apply_async(args, kwargs, producer=producer, **options)
         )
-    parked = park_messages(app, messages, due)
+    parked = park_messages(app, messages, due, spread_ms=spread_ms)
     if key is not None and parked and parked[0] != result.id:
         # The key was held: the caller gets the entry that holds it.
         return task.AsyncResult(parked[0])
     return result
+
+
+def _take_jitter(options: dict[str, Any]) -> int:
+    """Pop ``jitter=`` (seconds) from *options*: how far, in ms, each call's due time may move.
+
+    Checked before anything else happens, under ``task_always_eager`` too.
+    """
+    return jitter_ms(options.pop("jitter", None))
 
 
 def _check_given_id(options: Any) -> None:
@@ -161,9 +170,10 @@ def park_many(
             "keys=[...] (one key per call, None for none) with on_key=, or park keyed calls "
             "with apply_delayed. Nothing was parked."
         )
+    spread_ms = _take_jitter(options)
     keys = options.pop("keys", None)
     if keys is not None:
-        return _park_many_keyed(task, list(calls), keys, countdown, eta, options)
+        return _park_many_keyed(task, list(calls), keys, countdown, eta, spread_ms, options)
     if options.get("tags") is not None:
         set_headers(options, None, None, options.pop("tags"))
     options.pop("tags", None)
@@ -176,12 +186,18 @@ def park_many(
     due = due_from(countdown, eta)
     with _not_eager(app):
         results, messages = build_messages(task, calls, options)
-    park_messages(app, messages, due)
+    park_messages(app, messages, due, spread_ms=spread_ms)
     return results
 
 
 def _park_many_keyed(
-    task: Task, calls: list[Any], keys: Any, countdown: Any, eta: Any, options: dict[str, Any]
+    task: Task,
+    calls: list[Any],
+    keys: Any,
+    countdown: Any,
+    eta: Any,
+    spread_ms: int,
+    options: dict[str, Any],
 ) -> list[Any]:
     """``apply_delayed_many(keys=[...])``: each call with its own key; one step per shard."""
     if isinstance(keys, (str, bytes)) or len(list(keys)) != len(calls):
@@ -214,7 +230,7 @@ def _park_many_keyed(
 
     with _not_eager(app):
         results, messages = capture(app, send_all)
-    parked = park_messages(app, messages, due)
+    parked = park_messages(app, messages, due, spread_ms=spread_ms)
     return [
         task.AsyncResult(parked_id) if parked_id != result.id else result
         for result, parked_id in zip(results, parked, strict=True)
@@ -233,7 +249,8 @@ def apply_delayed(
 
     The delay comes from *countdown*/*eta*, else from the signature's own
     options. Returns what ``sig.apply_async()`` returns (``AsyncResult``,
-    ``GroupResult``...), with ids known at once.
+    ``GroupResult``...), with ids known at once. ``jitter=`` (seconds) moves
+    the whole canvas by one random amount within it, never earlier.
     """
     signature = maybe_signature(sig, app=app)
     if not isinstance(signature, Signature):
@@ -247,6 +264,7 @@ def apply_delayed(
     _check_given_id(options)
     for member in _members(signature):
         _check_given_id(member.options)
+    spread_ms = _take_jitter(options)
     app = app or signature._app or signature.app
     if countdown is None and eta is None:
         countdown = signature.options.get("countdown")
@@ -254,7 +272,8 @@ def apply_delayed(
     if _runs_now(app):
         return signature.apply_async(countdown=countdown, eta=eta, **options)
     _reject_connection_options(options)
-    due = due_from(countdown, eta)
+    # One move for the whole canvas: its members stay due together.
+    due = due_from(countdown, eta).jittered(spread_ms)
     signature = _without_schedule(signature)
     with _not_eager(app):
         result, messages = capture(
@@ -277,6 +296,7 @@ def send_delayed(
 ) -> Any:
     """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=`` too)."""
     _check_given_id(options)
+    spread_ms = _take_jitter(options)
     key = _take_marks(app, options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)
@@ -284,7 +304,7 @@ def send_delayed(
         result, messages = capture(
             app, lambda producer: app.send_task(name, args, kwargs, producer=producer, **options)
         )
-    parked = park_messages(app, messages, due)
+    parked = park_messages(app, messages, due, spread_ms=spread_ms)
     if key is not None and parked and parked[0] != result.id:
         return app.AsyncResult(parked[0])
     return result
@@ -329,18 +349,24 @@ _current_batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
 )
 
 
-def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[str]:
+def park_messages(
+    app: Celery, messages: list[TaskMessage], due: Due, *, spread_ms: int = 0
+) -> list[str]:
     """Park captured *messages* of *app*, all due at *due*, atomically.
+
+    With *spread_ms* (``jitter=``), each message is due at its own random
+    moment in ``[due, due + spread_ms]``: never before *due*.
 
     Returns, per message, the id of the entry parked for it: its own, or for
     a message with a key already held (``on_key``), the holder's.
     Inside :func:`batch` the entries are queued and parked when it ends.
     """
     parking = producing(app)
+    dues = [due.jittered(spread_ms) for _ in messages]
     # The worker gives the task this ETA back in request.eta (periodic ticks,
     # parked through park_requests, have none: Celery beat sends none).
-    carry_eta(app, messages, due)
-    requests = park_requests(app, messages, due)
+    carry_eta(app, messages, dues)
+    requests = park_requests(app, messages, dues)
     pending = _current_batch.get()
     if pending is not None and pending.app is app:
         if any(r.mark is not None and r.mark.key is not None for r in requests):
@@ -369,8 +395,9 @@ def park_messages(app: Celery, messages: list[TaskMessage], due: Due) -> list[st
     return ids
 
 
-def carry_eta(app: Celery, messages: Iterable[TaskMessage], due: Due) -> None:
-    """Put the ETA Celery would have sent for *due* into the :data:`ETA_HEADER` of *messages*.
+def carry_eta(app: Celery, messages: Sequence[TaskMessage], dues: Sequence[Due]) -> None:
+    """Put the ETA Celery would have sent for each due time of *dues* into its message's
+    :data:`ETA_HEADER`.
 
     A released message has no ``eta`` header: with one, Celery's worker
     would hold it in its timer and raise its prefetch count for it (see
@@ -381,9 +408,10 @@ def carry_eta(app: Celery, messages: Iterable[TaskMessage], due: Due) -> None:
     and written in the app's time zone, as Celery writes an ``eta``; the
     release itself goes by the Redis clock.
     """
-    eta_ms = due.ms if due.mode == "a" else time.time() * 1000 + due.ms
-    eta = datetime.fromtimestamp(eta_ms / 1000, tz=app.timezone).isoformat()
-    for message in messages:
+    now_ms = time.time() * 1000
+    for message, due in zip(messages, dues, strict=True):
+        eta_ms = due.ms if due.mode == "a" else now_ms + due.ms
+        eta = datetime.fromtimestamp(eta_ms / 1000, tz=app.timezone).isoformat()
         message.headers.setdefault(ETA_HEADER, eta)
 
 
@@ -414,8 +442,10 @@ def _announce(
         )
 
 
-def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[ParkRequest]:
-    """Return the store requests that park captured *messages* of *app* at *due*.
+def park_requests(
+    app: Celery, messages: list[TaskMessage], dues: Sequence[Due]
+) -> list[ParkRequest]:
+    """Return the store requests that park captured *messages* of *app*, each at its due time.
 
     Every park path (a task's call, ``send_delayed``, a canvas, a batch,
     transparent mode, periodic ticks) comes through here: each id is checked
@@ -429,7 +459,7 @@ def park_requests(app: Celery, messages: list[TaskMessage], due: Due) -> list[Pa
     parking = producing(app)
     encoder = parking.encoder
     requests = []
-    for message in messages:
+    for message, due in zip(messages, dues, strict=True):
         validate_task_id(message.task_id)
         if parking.config.worker_dedupe:
             # The worker-side guard tells a second publish of this park from

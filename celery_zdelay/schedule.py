@@ -9,9 +9,11 @@ Celery's worker reads it (a naive datetime is UTC).
 from __future__ import annotations
 
 import math
+import numbers
+import random
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, NoReturn
 
@@ -20,12 +22,25 @@ from celery.utils.time import maybe_iso8601, maybe_make_aware
 from .due_score import MAX_DUE_MS
 from .errors import ConfigurationError
 
-__all__ = ["MAX_COUNTDOWN_S", "MAX_DUE_MS", "Due", "due_from", "parse_delay", "parse_when"]
+__all__ = [
+    "MAX_COUNTDOWN_S",
+    "MAX_DUE_MS",
+    "MAX_JITTER_SECONDS",
+    "Due",
+    "due_from",
+    "jitter_ms",
+    "parse_delay",
+    "parse_when",
+]
 
 #: Longest countdown accepted, in seconds (about 100 years), either way.
 MAX_COUNTDOWN_S = 100 * 365.25 * 86400
 #: :data:`MAX_COUNTDOWN_S` in ms: the bound of every delay, typed or passed.
 MAX_COUNTDOWN_MS = int(MAX_COUNTDOWN_S * 1000)
+
+#: Largest jitter (seconds), of a one-off call (``jitter=``) and of a
+#: periodic task (``zdelay_jitter``): a day.
+MAX_JITTER_SECONDS = 86_400
 
 #: Units of a duration typed by a person, in ms.
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -41,6 +56,23 @@ class Due:
 
     mode: Literal["r", "a"]
     ms: int
+
+    def jittered(self, spread_ms: int) -> Due:
+        """Return this due time moved by a random amount in ``[0, spread_ms]``: never earlier.
+
+        Raises:
+            ConfigurationError: the moved time is after the last one the
+                store holds (an eta close to 2248).
+        """
+        if spread_ms <= 0:
+            return self
+        moved = Due(self.mode, self.ms + random.randint(0, spread_ms))
+        if moved.mode == "a" and moved.ms > MAX_DUE_MS:
+            raise ConfigurationError(
+                "eta plus jitter is too far in the future (after 2248): give an earlier eta "
+                "or a smaller jitter. Nothing was parked."
+            )
+        return moved
 
 
 def due_from(countdown: Any = None, eta: Any = None) -> Due:
@@ -85,6 +117,31 @@ def due_from(countdown: Any = None, eta: Any = None) -> Due:
         "A delayed task needs countdown= (seconds) or eta= (datetime); "
         "use apply_async() to send it now."
     )
+
+
+def jitter_ms(jitter: Any, where: str = "jitter") -> int:
+    """Return *jitter* (seconds, or a ``timedelta``) in whole ms, checked by one rule.
+
+    One-off calls (``apply_delayed(..., jitter=30)``) and periodic tasks
+    (``zdelay_jitter``) read it here. ``None`` is no jitter.
+
+    Raises:
+        ConfigurationError: it is not a number of seconds from 0 to
+            :data:`MAX_JITTER_SECONDS` (a bool, NaN, infinite, negative, too large).
+    """
+    if jitter is None:
+        return 0
+    seconds = jitter.total_seconds() if isinstance(jitter, timedelta) else jitter
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, numbers.Real)
+        or not 0 <= float(seconds) <= MAX_JITTER_SECONDS
+    ):
+        raise ConfigurationError(
+            f"{where} must be a number of seconds from 0 to {MAX_JITTER_SECONDS} "
+            f"(or a timedelta), got {_shown(jitter)}."
+        )
+    return round(float(seconds) * 1000)
 
 
 def parse_delay(text: str, *, seconds: bool = False) -> Due | None:

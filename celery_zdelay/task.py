@@ -35,6 +35,7 @@ class DelayedTaskMixin(RunHooks):
         key: str | None = None,
         on_key: str | None = None,
         tags: Iterable[str] | None = None,
+        jitter: Any = None,
         **options: Any,
     ) -> Any:
         """Park this call until it is due; return its ``AsyncResult`` at once.
@@ -53,17 +54,23 @@ class DelayedTaskMixin(RunHooks):
         task parked under the key afterwards. *tags* (strings) let
         :func:`celery_zdelay.cancel_matching` and friends find the task.
 
+        *jitter* (seconds, at most a day, or a ``timedelta``) spreads calls
+        made for one moment: the task is due at a random moment within
+        *jitter* seconds after its countdown or eta, never before it; its
+        ``request.eta`` is that moment.
+
         Raises:
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
             celery_zdelay.ConfigurationError: a key or tag is not a
                 non-empty string of at most 200 printable characters, the
                 ``task_id=`` holds a control character (see
-                :mod:`celery_zdelay.names`), or *on_key* is not a mode;
+                :mod:`celery_zdelay.names`), *on_key* is not a mode, or
+                *jitter* is not a number of seconds from 0 to 86,400;
                 nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
-        for name, value in (("key", key), ("on_key", on_key), ("tags", tags)):
+        for name, value in (("key", key), ("on_key", on_key), ("tags", tags), ("jitter", jitter)):
             if value is not None:
                 options[name] = value
         return park_task(self, args, kwargs, countdown, eta, options)
@@ -77,6 +84,7 @@ class DelayedTaskMixin(RunHooks):
         keys: Iterable[str | None] | None = None,
         on_key: str | None = None,
         tags: Iterable[str] | None = None,
+        jitter: Any = None,
         **options: Any,
     ) -> list[Any]:
         """Park many calls of this task, all due at once; return one ``AsyncResult`` per call.
@@ -93,7 +101,11 @@ class DelayedTaskMixin(RunHooks):
         Celery builds, routes and signals (``before_task_publish``,
         ``after_task_publish``) every message; what depends only on the
         options (execution options, routing, parent) is worked out once.
-        The calls are released in the order given. One store script parks
+        The calls are released in the order given; with *jitter* (see
+        :meth:`apply_delayed`) each call is due at its own random moment
+        within *jitter* seconds after *countdown*/*eta*, which spreads a
+        burst, and they are released in the order of those moments. One
+        store script parks
         them all, and Redis serves no other client meanwhile: split very
         large lists (tens of thousands) into several calls. Inside
         :func:`celery_zdelay.batch` the calls join the batch. Under
@@ -104,12 +116,13 @@ class DelayedTaskMixin(RunHooks):
 
         Raises:
             celery_zdelay.ConfigurationError: an item is neither a tuple, list
-                nor dict, or ``task_id=`` was given (each call has its own).
+                nor dict, ``task_id=`` was given (each call has its own), or
+                *jitter* is not a number of seconds from 0 to 86,400.
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
-        for name, value in (("keys", keys), ("on_key", on_key), ("tags", tags)):
+        for name, value in (("keys", keys), ("on_key", on_key), ("tags", tags), ("jitter", jitter)):
             if value is not None:
                 options[name] = value
         return park_many(self, calls, countdown, eta, options)

@@ -71,12 +71,14 @@ PYTHON = (
             "tests/test_due_parsing.py",
             "tests/test_due_times.py",
             "tests/test_huge_durations.py",
+            "tests/test_jitter.py",
             "tests/test_bad_input.py",
         ),
         quick=(
             "tests/test_due_parsing.py",
             "tests/test_due_times.py",
             "tests/test_huge_durations.py",
+            "tests/test_jitter.py",
         ),
     ),
     # The dashboard's served hosts, origins, CSRF tokens and authentication.

@@ -23,6 +23,7 @@ from celery.schedules import BaseSchedule, crontab, schedule, solar
 
 from ..errors import ConfigurationError
 from ..names import refused_character
+from ..schedule import jitter_ms
 from .clocked import ClockedAt
 
 if TYPE_CHECKING:
@@ -73,8 +74,6 @@ _ENTRY_KEYS = (
     "zdelay_overlap",
     "zdelay_overlap_timeout",
 )
-#: Largest ``zdelay_jitter`` (seconds): a day.
-MAX_JITTER_SECONDS = 86_400
 _CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
 
 
@@ -261,18 +260,7 @@ def from_beat_entry(
         raise ConfigurationError(
             f"{where}: zdelay_missed must be one of {', '.join(MISSED_POLICIES)}, got {missed!r}."
         )
-    jitter = entry.get("zdelay_jitter", 0)
-    if isinstance(jitter, timedelta):
-        jitter = jitter.total_seconds()
-    if (
-        isinstance(jitter, bool)
-        or not isinstance(jitter, numbers.Real)
-        or not 0 <= float(jitter) <= MAX_JITTER_SECONDS
-    ):
-        raise ConfigurationError(
-            f"{where}: zdelay_jitter must be a number of seconds from 0 to "
-            f"{MAX_JITTER_SECONDS} (or a timedelta), got {jitter!r}."
-        )
+    spread_ms = jitter_ms(entry.get("zdelay_jitter", 0), f"{where}: zdelay_jitter")
     args = entry.get("args") or ()
     kwargs = entry.get("kwargs") or {}
     options = entry.get("options") or {}
@@ -316,7 +304,7 @@ def from_beat_entry(
         options=dict(options),
         missed=missed,
         source=source,
-        jitter_ms=round(float(jitter) * 1000),
+        jitter_ms=spread_ms,
         start_ms=start_ms,
         end_ms=end_ms,
         max_runs=max_runs,

@@ -700,4 +700,4 @@ class PeriodicServer:
             )
 
         _, messages = capture(self.app, send)
-        return park_requests(self.app, messages, Due("a", due_ms))
+        return park_requests(self.app, messages, [Due("a", due_ms)] * len(messages))
