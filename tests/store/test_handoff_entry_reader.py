@@ -44,7 +44,7 @@ def _real(app: Celery) -> ParkRequest:
     """The park request of a call of tests.record, as apply_delayed builds it."""
     call = app.tasks["tests.record"]
     _, messages = capture(app, lambda p: call.apply_async((1, 2), producer=p, task_id="real"))
-    (request,) = park_requests(app, messages, Due("a", 0))
+    (request,) = park_requests(app, messages, [Due("a", 0)])
     assert request.template is not None
     return request
 

@@ -48,7 +48,7 @@ def _requests(
     _, messages = capture(
         app, lambda p: call.apply_async((1, 2), producer=p, task_id=task_id, queue=queue)
     )
-    (request,) = park_requests(app, messages, Due("a", due_ms))
+    (request,) = park_requests(app, messages, [Due("a", due_ms)])
     assert request.dest == queue
     return request
 

@@ -40,7 +40,7 @@ def _call(app: Celery, task: str, task_id: str, ms: int, key: str, on_key: str) 
     """The request that parks a call of *task* (with its template) under *key*."""
     call = app.tasks[task]
     _, messages = capture(app, lambda p: call.apply_async((1, 2), producer=p, task_id=task_id))
-    (request,) = park_requests(app, messages, Due("a", ms))
+    (request,) = park_requests(app, messages, [Due("a", ms)])
     assert request.template is not None
     return dataclasses.replace(request, mark=Mark(key, on_key, (), 0))
 

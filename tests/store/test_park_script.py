@@ -56,7 +56,7 @@ def _requests(app: Celery, task: str, task_id: str, due: Due) -> list[ParkReques
     """The requests that park a call of *task*, as apply_delayed builds them."""
     call = app.tasks[task]
     _, messages = capture(app, lambda p: call.apply_async((1, 2), producer=p, task_id=task_id))
-    return park_requests(app, messages, due)
+    return park_requests(app, messages, [due] * len(messages))
 
 
 def _template_refs(client: redis.Redis) -> dict[bytes, bytes]:

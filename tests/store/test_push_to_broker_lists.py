@@ -44,7 +44,7 @@ def _request(app: Celery, task_id: str, due_ms: int, queue: str = QUEUE) -> Park
     _, messages = capture(
         app, lambda p: call.apply_async((1, 2), producer=p, task_id=task_id, queue=queue)
     )
-    (request,) = park_requests(app, messages, Due("a", due_ms))
+    (request,) = park_requests(app, messages, [Due("a", due_ms)])
     return request
 
 
