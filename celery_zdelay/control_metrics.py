@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import ZDelayError
 from .store import Store
-from .store.control import ControlStore, hold_reason
+from .store.control import ControlStore, hold_reason, lane_control
 
 __all__ = ["ControlCollector"]
 
@@ -46,13 +46,14 @@ class ControlCollector:
         family = self._family()
         try:
             paused = self.control.read().paused
-            held: dict[str, int] = {}
-            for shard, names in self.control.lanes(self.store.shards).items():
-                for name in names:
-                    held[name] = held.get(name, 0) + self.control.held_count(shard, name)
+            held: dict[tuple[str, str], int] = {}
+            for shard, lanes in self.control.lanes(self.store.shards).items():
+                for lane in lanes:
+                    labels = (lane_control(lane), hold_reason(lane, paused))
+                    held[labels] = held.get(labels, 0) + self.control.held_count(shard, lane)
         except ZDelayError as exc:
             logger.warning("Metrics scrape could not read the held entries: %s", exc)
             return
-        for name, count in sorted(held.items()):
-            family.add_metric([name, hold_reason(name, paused)], count)
+        for labels, count in sorted(held.items()):
+            family.add_metric(list(labels), count)
         yield family

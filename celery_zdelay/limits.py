@@ -22,7 +22,7 @@ from .app_state import store_for
 from .config import get_config
 from .rates import RateLimit, control_name, parse_limit
 from .steering import audit_line
-from .store.control import ControlStore
+from .store.control import ControlStore, lane_control
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -165,7 +165,8 @@ def controls(*, app: Celery | None = None) -> list[ControlInfo]:
     waiting: dict[str, int] = {}
     for shard, lanes in control.lanes(store.shards).items():
         for lane in lanes:
-            waiting[lane] = waiting.get(lane, 0) + control.held_count(shard, lane)
+            name = lane_control(lane)
+            waiting[name] = waiting.get(name, 0) + control.held_count(shard, lane)
     limits = rate_limits(app=app)
     names = sorted(set(limits) | set(state.paused) | {n for n, c in waiting.items() if c})
     return [

@@ -174,6 +174,15 @@ class Snapshot:
         return None
 
 
+#: The lane of a pause: its control's name after this (store/control.py), spelt out.
+PAUSE_LANE = "pause|"
+
+
+def _control(lane: str) -> str:
+    """The control whose pause or limit holds the entries of *lane*."""
+    return lane.removeprefix(PAUSE_LANE)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -294,12 +303,13 @@ class Model:
         return [e for e in self.entries.values() if e.state == state]
 
     def lane_of(self, entry: Entry, passed: str | None = None) -> str | None:
-        """The control that holds *entry* back at the gate (docs/control.rst)."""
+        """The lane that holds *entry* back at the gate (docs/control.rst): a
+        pause holds in a set of its own, a limit in the set named by it."""
         task, queue = f"task:{entry.task}", f"queue:{entry.queue}"
         if task in self.paused:
-            return task
+            return PAUSE_LANE + task
         if queue in self.paused:
-            return queue
+            return PAUSE_LANE + queue
         if self.limited and queue == LIMITED and passed != queue:
             return queue
         return None
@@ -669,7 +679,9 @@ class StoreMachine(RuleBasedStateMachine):
         def flow(name: str) -> tuple[bool, str]:
             return (model.limited and name == LIMITED, name)
 
-        for lane in sorted(releasable - model.paused, key=flow):
+        for lane in sorted(releasable, key=flow):
+            if _control(lane) in model.paused:
+                continue
             held = sorted((e for e in model.live("held") if e.lane == lane), key=Entry.order)
             granted = len(held)
             if model.limited and lane == LIMITED:
@@ -860,7 +872,8 @@ class StoreMachine(RuleBasedStateMachine):
             assert found.state is expected, f"{task_id} {found.state}, model {expected}"
             if entry is not None:
                 assert listed[task_id].state is expected
-                assert found.held_by == listed[task_id].held_by == entry.lane
+                control = None if entry.lane is None else _control(entry.lane)
+                assert found.held_by == listed[task_id].held_by == control
 
     @invariant()
     def admin_reads_match_model(self) -> None:
@@ -874,7 +887,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert counts.dead == len(model.dead)
         assert counts.overdue == sum(1 for e in [*due, *flying] if e.due_ms <= now_ms)
         waiting = {c.name: c.waiting for c in limits.controls(app=self.app) if c.waiting}
-        held = Counter(e.lane for e in model.live("held"))
+        held = Counter(_control(e.lane) for e in model.live("held") if e.lane is not None)
         assert waiting == dict(held), f"controls() waiting {waiting}, model {dict(held)}"
         for tag in TAG_NAMES:
             assert tag_count(self.store, tag) == sum(

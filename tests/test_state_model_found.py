@@ -16,10 +16,10 @@ import celery_zdelay
 from celery_zdelay import steering
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.keys import held_set_key
 from celery_zdelay.store.marks import key_holder, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.keys import PREFIX, SHARD0
+from tests.support.store import held_sets
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,7 +37,8 @@ def _one_pass(app: Celery) -> None:
 
 
 def _held(client: redis.Redis, control: str) -> list[str]:
-    return [m.decode() for m in client.zrange(held_set_key(PREFIX, 0, control), 0, -1)]
+    """The ids *control* holds on shard 0: by its rate limit, then by its pause."""
+    return [m.decode() for key in held_sets(0, control, PREFIX) for m in client.zrange(key, 0, -1)]
 
 
 @pytest.mark.parametrize("mode", ["replace", "debounce"])

@@ -25,7 +25,7 @@ from ..entry import TaskMessage
 from ..rates import RateLimit
 from ..redis_layout import RedisLayout
 from ..store import Store
-from ..store.control import ControlStore
+from ..store.control import ControlStore, lane_control, pause_lane
 
 __all__ = ["MIN_THROTTLE_SECONDS", "REFRESH_SECONDS", "Gate", "queue_of"]
 
@@ -56,7 +56,7 @@ class Gate:
         self.limits: dict[str, RateLimit] = dict(self.config_limits)
         #: Paused names -> since ms.
         self.paused: dict[str, int] = {}
-        #: Per shard, the controls with a held set there.
+        #: Per shard, the lanes with a held set there (see :func:`pause_lane`).
         self.lanes: dict[int, set[str]] = {}
         self._read_at: float | None = None
         self._logged: dict[str, str] = {}
@@ -113,21 +113,25 @@ class Gate:
         self._log_changes()
 
     def lane_of(self, message: TaskMessage, *, passed: str | None = None) -> str | None:
-        """Return the control that holds *message* back, or None to release it.
+        """Return the lane that holds *message* back, or None to release it.
 
-        A pause of its task or queue holds it. So do the limits of its queue,
-        then of its task, but those before *passed* and *passed* itself: the
-        limit whose tokens it was released under, so that an entry under
-        both waits for both, once each. An entry drained from a held set
-        without tokens (a pause resumed, a limit removed) passed none: it
-        waits for every limit that applies now, as if it had just fallen due.
+        A pause of its task or queue holds it, in the pause's own lane. So
+        do the limits of its queue, then of its task, each in the lane named
+        by it, but those before *passed* and *passed* itself: the limit
+        whose tokens it was released under, so that an entry under both
+        waits for both, once each. An entry drained from a held set without
+        tokens (a pause resumed, a limit removed) passed none: it waits for
+        every limit that applies now, as if it had just fallen due. A pause
+        and a limit of one control hold in two sets, so on resume what the
+        pause held is not taken for what the limit held (which passed the
+        limits before it).
         """
         queue = f"queue:{queue_of(message)}"
         task = f"task:{message.task_name}"
         if task in self.paused:
-            return task
+            return pause_lane(task)
         if queue in self.paused:
-            return queue
+            return pause_lane(queue)
         order = (queue, task)
         start = order.index(passed) + 1 if passed in order else 0
         for name in order[start:]:
@@ -136,7 +140,7 @@ class Gate:
         return None
 
     def releasable(self, shards: Iterable[int]) -> dict[str, list[int]]:
-        """Return the controls that may hold entries on *shards* and are not paused.
+        """Return the lanes that may hold entries on *shards* and whose control is not paused.
 
         For each, the shards to look at: all of them for a limit (another
         companion may have held entries on a shard since the lanes were
@@ -158,7 +162,7 @@ class Gate:
         return {
             name: found[name]
             for name in sorted(found, key=self._flow_rank)
-            if name not in self.paused
+            if lane_control(name) not in self.paused
         }
 
     def _flow_rank(self, name: str) -> tuple[int, str]:

@@ -25,7 +25,7 @@ from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError
 from ..periodic.server import PeriodicServer
 from ..store import Claimed, ClaimResult, Store
-from ..store.control import hold_reason
+from ..store.control import hold_reason, lane_control
 from ..store.dead_reason import DeadReason
 from .gate import MIN_THROTTLE_SECONDS, Gate
 from .handoff import Handoff, detect_handoff
@@ -271,10 +271,11 @@ class ReleasePass:
         count = self.gate.control.hold(shard, token, lane, task_ids)
         if not count:
             return
-        report.held[lane] = report.held.get(lane, 0) + count
+        control = lane_control(lane)
+        report.held[control] = report.held.get(control, 0) + count
         self.gate.lanes.setdefault(shard, set()).add(lane)
         reason = hold_reason(lane, self.gate.paused)
-        self._send(signals.tasks_held, shard=shard, control=lane, reason=reason, count=count)
+        self._send(signals.tasks_held, shard=shard, control=control, reason=reason, count=count)
         logger.debug("Shard %d: %d entries held by %s (%s)", shard, count, lane, reason)
 
     def _release_held(self, shards: Sequence[int], report: PassReport) -> None:

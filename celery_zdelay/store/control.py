@@ -8,9 +8,13 @@ Where each piece lives, and why:
 - a token bucket per limit, a hash tag of its own (``take_tokens.lua``): it
   is never touched in the same script as a shard, so it works on a Redis
   Cluster whatever node the shards are on;
-- held entries: per shard and control, a sorted set in the shard's slot
+- held entries: per shard and lane, a sorted set in the shard's slot
   (``hold.lua``), scored like the due set, released by ``claim.lua`` run
-  on that set instead of the due set.
+  on that set instead of the due set. A lane is a control's: a rate limit
+  holds in the set named by the control (``task:proj.send``), a pause in a
+  set of its own (:func:`pause_lane`), so that on resume what the pause
+  held meets every limit, while what the limit held has passed the limits
+  before it (see :meth:`~celery_zdelay.companion.gate.Gate.lane_of`).
 
 Like :class:`~.store.Store`, this decides nothing: the companion's gate does.
 """
@@ -27,11 +31,32 @@ from .client import store_errors
 from .keys import control_keys, held_set_key, lanes_key
 from .store import ClaimResult, Store, claim_result
 
-__all__ = ["REMOVED", "ControlState", "ControlStore", "HoldReasons", "hold_reason"]
+__all__ = [
+    "PAUSE_LANE",
+    "REMOVED",
+    "ControlState",
+    "ControlStore",
+    "HoldReasons",
+    "hold_reason",
+    "lane_control",
+    "pause_lane",
+]
 
 #: What a limit set at run time to ``None`` stores when the settings define
 #: one: "removed", overriding the setting.
 REMOVED = "off"
+#: The prefix of a pause's lane: no control name starts with it.
+PAUSE_LANE = "pause|"
+
+
+def pause_lane(control: str) -> str:
+    """Return the lane in which a pause of *control* holds entries."""
+    return PAUSE_LANE + control
+
+
+def lane_control(lane: str) -> str:
+    """Return the control whose pause or rate limit holds the entries of *lane*."""
+    return lane[len(PAUSE_LANE) :] if lane.startswith(PAUSE_LANE) else lane
 
 
 @dataclass(frozen=True)
@@ -218,13 +243,15 @@ class ControlStore:
             )
 
 
-def hold_reason(name: str, paused: Container[str]) -> str:
-    """Return why control *name* holds entries: ``"pause"`` while paused, else ``"rate_limit"``.
+def hold_reason(lane: str, paused: Container[str]) -> str:
+    """Return why *lane* holds entries: ``"pause"`` or ``"rate_limit"``.
 
-    A held set outlives its control (a removed limit is drained under no
-    limit, a resumed pause at once): it is a rate limit's until it is empty.
+    A pause's lane holds by pause until it is drained; a limit's, by pause
+    while its control is paused too (nothing of it leaves then), else by
+    rate limit. A held set outlives its control (a removed limit is drained
+    under no limit, a resumed pause at once).
     """
-    return "pause" if name in paused else "rate_limit"
+    return "pause" if lane.startswith(PAUSE_LANE) or lane in paused else "rate_limit"
 
 
 class HoldReasons:

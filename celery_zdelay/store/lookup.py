@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from ..due_score import due_ms_of
 from ..entry import parked_ms
 from .client import store_errors
-from .control import HoldReasons
+from .control import HoldReasons, lane_control
 from .read_model import (
     EntryState,
     ParkedTask,
@@ -59,14 +59,14 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
         # Its key and tags: "i:<id>" while parked or in flight, "d:<id>" while dead.
         pipe.hmget(keys.marks, ["i:" + task_id, "d:" + task_id])
         score, payload, lease, leased, died, record, (marked, dead_marked) = pipe.execute()
-    held_by: str | None = None
+    lane: str | None = None
     if score is None and leased is None and payload is not None:
         # Not due nor in flight, yet its message is there: held back, or
         # moving between the sets right now (then the read finds nothing).
-        held_by, score = held_scores(store, shard, [task_id]).get(task_id, (None, None))
+        lane, score = held_scores(store, shard, [task_id]).get(task_id, (None, None))
     state = entry_state(
         due=score is not None,
-        held_by=held_by,
+        held_by=lane,
         leased=leased is not None or lease is not None,
         dead=died is not None,
     )
@@ -86,8 +86,8 @@ def find(store: Store, task_id: str) -> ParkedTask | None:
         shard=shard,
         reason=error,
         parked_ms=parked_ms(payload),
-        held_by=held_by,
-        held_reason=None if held_by is None else HoldReasons(store)(held_by),
+        held_by=None if lane is None else lane_control(lane),
+        held_reason=None if lane is None else HoldReasons(store)(lane),
         error=error,
         lease_until_ms=None if lease is None else int(lease),
         **header_fields(headers),

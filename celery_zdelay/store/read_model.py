@@ -24,7 +24,7 @@ from typing import Any
 
 from ..due_score import due_ms_of
 from ..entry import parked_ms
-from .control import HoldReasons
+from .control import HoldReasons, lane_control
 from .marks import parse_record
 from .reading import ScannedEntry, as_text, describe, optional_str
 from .store import Store
@@ -200,7 +200,7 @@ def task_from_row(
         shard=row.shard,
         reason=error,
         parked_ms=parked_ms(row.payload),
-        held_by=row.held,
+        held_by=None if row.held is None else lane_control(row.held),
         held_reason=None if row.held is None else (reasons or HoldReasons(store))(row.held),
         error=error,
         lease_until_ms=lease_until_ms,

@@ -94,7 +94,8 @@ class ScannedEntry:
     payload: bytes | None
     #: Its key and tag record (:mod:`.marks`), when asked for and it has one.
     record: bytes | None = None
-    #: The control (``"queue:emails"``) whose held set it is in, if a pause
+    #: The lane (a control, ``"queue:emails"``, or its pause's: see
+    #: :func:`~.control.lane_control`) whose held set it is in, if a pause
     #: or a rate limit holds it back; None when it is in the due set.
     held: str | None = None
     #: Read from the lease (claimed by a companion); its score is the one it

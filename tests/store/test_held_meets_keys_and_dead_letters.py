@@ -21,6 +21,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.store import Parked, Store, admin
+from celery_zdelay.store.control import pause_lane
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.keys import held_set_key
 from celery_zdelay.store.marks import (
@@ -49,7 +50,7 @@ def _app(make_test_app: AppFactory, shards: int = 1) -> Celery:
 def _places(client: redis.Redis, store: Store, task_id: str) -> list[str]:
     """Where *task_id* is: due, held (behind the emails pause), in flight; dead too."""
     keys = keys_of(store.shard_of(task_id))
-    held = held_set_key("zdelay", store.shard_of(task_id), PAUSED)
+    held = held_set_key("zdelay", store.shard_of(task_id), pause_lane(PAUSED))
     return [
         name
         for name, key in (("due", keys.due), ("held", held), ("lease", keys.lease))
@@ -195,7 +196,7 @@ def test_keep_and_until_finished_keep_a_held_holder_and_return_it(
     app = _app(make_test_app)
     store = store_for(app)
     first = _held_holder(app, redis_client, on_key=on_key)
-    due_ms = redis_client.zscore(held_set_key("zdelay", 0, PAUSED), first)
+    due_ms = redis_client.zscore(held_set_key("zdelay", 0, pause_lane(PAUSED)), first)
     assert due_ms is not None
 
     # When a new call under k keeps it

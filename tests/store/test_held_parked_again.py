@@ -26,10 +26,9 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store, admin
-from celery_zdelay.store.keys import held_set_key
 from tests.conftest import AppFactory
 from tests.support.keys import keys_of
-from tests.support.store import release_everything
+from tests.support.store import held_sets, release_everything
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -49,7 +48,7 @@ def _places(client: redis.Redis, store: Store, task_id: str) -> list[str]:
         name
         for name, key in (
             ("due", keys.due),
-            ("held", held_set_key("zdelay", shard, PAUSED)),
+            *(("held", held) for held in held_sets(shard, PAUSED)),
             ("lease", keys.lease),
         )
         if client.zscore(key, task_id) is not None

@@ -25,6 +25,7 @@ from celery_zdelay import testing
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
+from celery_zdelay.store.control import pause_lane
 from celery_zdelay.store.read_model import EntryState, ParkedTask, dead_task, task_from_row
 from celery_zdelay.store.reading import scan_parked
 from celery_zdelay.web import create_app, queries
@@ -231,7 +232,7 @@ def test_a_held_row_read_without_the_listings_pause_reasons_reads_them_itself(
     # pauses it read once per listing (`reasons or HoldReasons(store)`).
     held_id = four.ids[EntryState.HELD]
     (row,) = [r for r in scan_parked(four.store, held=True) if r.task_id == held_id]
-    assert row.held == "queue:emails"
+    assert row.held == pause_lane("queue:emails")
     made = task_from_row(four.store, row)
     assert (made.state, made.held_by, made.held_reason) == (
         EntryState.HELD,

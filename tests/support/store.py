@@ -23,6 +23,7 @@ from celery_zdelay.config import get_config
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
+from celery_zdelay.store.control import pause_lane
 from celery_zdelay.store.keys import companions_key, held_set_key
 from celery_zdelay.store.marks import Mark
 from celery_zdelay.testing import RedisServer
@@ -56,6 +57,14 @@ class Stock:
     in_flight: str
     #: A damaged payload the companion dead-lettered.
     dead: str
+
+
+def held_sets(shard: int, control: str, prefix: str = "zdelay") -> tuple[str, str]:
+    """The two held sets of *control* on *shard*: its rate limit's and its pause's."""
+    return (
+        held_set_key(prefix, shard, control),
+        held_set_key(prefix, shard, pause_lane(control)),
+    )
 
 
 def stock(app: Celery) -> Stock:
@@ -186,11 +195,7 @@ def release_everything(app: Celery, client: Any, queue: str, control: str) -> li
             return not any(
                 client.zcard(key)
                 for shard in store.shards
-                for key in (
-                    keys_of(shard).due,
-                    keys_of(shard).lease,
-                    held_set_key("zdelay", shard, control),
-                )
+                for key in (keys_of(shard).due, keys_of(shard).lease, *held_sets(shard, control))
             )
 
         wait_for(all_out, timeout=30, message="every parked task released")
