@@ -80,6 +80,8 @@ def test_a_moved_due_time_is_never_earlier_and_at_most_the_spread_later() -> Non
     assert min(moved) < 60_010
     assert max(moved) > 60_490
     assert due.jittered(0) == due
+    # The narrowest spread, one ms, still moves some and leaves others.
+    assert {Due("r", 0).jittered(1).ms for _ in range(200)} == {0, 1}
 
 
 def test_an_eta_moved_past_the_last_due_time_the_store_holds_is_refused(
