@@ -260,9 +260,9 @@ def _read_index(
                     pipe.hrandfield(keys.marks, half, withvalues=True)
                     pipe.zrange(keys.tagged, offset, offset + half - 1)
                     pairs, window = pipe.execute()
-                fields = {
-                    _text(pairs[i]): _text(pairs[i + 1]) for i in range(0, len(pairs or []), 2)
-                }
+                # A flat [field, value, ...] list (RESP2), or pairs (RESP3 unparsed).
+                flat = [x for pair in pairs or [] for x in pair] if _nested(pairs) else pairs or []
+                fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
                 return fields, [_text(m) for m in window], False
         fields = {
             _text(name): _text(value)
@@ -270,6 +270,10 @@ def _read_index(
         }
         members = [_text(m) for m in store.client.zrange(keys.tagged, 0, -1)]
     return fields, members, True
+
+
+def _nested(reply: Any) -> bool:
+    return bool(reply) and isinstance(reply[0], (list, tuple))
 
 
 def _check_shard(store: Store, shard: int, *, sample: int | None = None) -> list[MarkProblem]:

@@ -79,7 +79,25 @@ def test_a_sampled_check_finds_a_drift_among_the_entries_it_reads(app: Celery) -
     problems = check_marks(store, sample=CHECK_SAMPLE)
 
     # Then every sampled entry's missing tag is reported, and nothing else
-    assert problems, "a sample of 1,500 records misses none of 3,000 missing tags"
+    assert problems, "a sample of the records misses none of 3,000 missing tags"
     assert {p.kind for p in problems} == {"missing tag"}
     assert all("'batch:7'" in p.detail for p in problems)
     assert len(problems) <= CHECK_SAMPLE
+
+
+def test_a_sampled_check_judges_the_key_holders_it_draws(app: Celery) -> None:
+    # Given a large index whose every key points at an entry that is not parked
+    _park_marked(app, MARKED)
+    store = store_for(app)
+    marks = store.keys(0).marks
+    store.client.hset(marks, mapping={f"k:order:{i}": "gone" for i in range(MARKED)})
+
+    # When the check reads a sample (holders are read only from the records drawn)
+    problems = check_marks(store, sample=CHECK_SAMPLE)
+
+    # Then the holders drawn are reported stale, and only they: at most half the sample
+    stale = [p for p in problems if p.kind == "stale key"]
+    assert stale, problems[:3]
+    assert all("points at gone" in p.detail for p in stale)
+    assert {p.kind for p in problems} == {"stale key"}
+    assert len(stale) <= CHECK_SAMPLE // 2
