@@ -128,6 +128,15 @@ def _web(sizes: Sizes) -> dict[str, Any]:
     return result
 
 
+def _scale(sizes: Sizes) -> dict[str, Any]:
+    from .scale import FULL_SIZES, QUICK_SIZES, run_scale, table
+
+    quick = sizes == QUICK
+    result = run_scale(QUICK_SIZES if quick else FULL_SIZES, quick=quick)
+    print(table(result), file=sys.stderr)  # the P1-P8 table does not show it
+    return result
+
+
 #: Benchmarks in run order: name -> (targets it covers, function).
 BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "release": ("P1 P2", _release),
@@ -147,6 +156,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
         _ratelimit_cluster,
     ),
     "web": ("dashboard pages over 1,000,000 parked", _web),
+    "scale": ("cost as the work grows: 0 to 10,000,000 parked", _scale),
 }
 
 
