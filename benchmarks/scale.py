@@ -578,6 +578,46 @@ def _fill_seconds(point: dict[str, Any]) -> float:
     return float(sum((point["fill"].get(k) or {}).get("seconds", 0) for k in ("plain", "marked")))
 
 
+def rst_table(result: dict[str, Any]) -> str:
+    """The table as the reStructuredText list-table docs/performance.rst shows."""
+    points = result["points"]
+    names = [*_PER_CALL, *_MATCHING]
+    names += [n for n in points[-1]["costs"] if not n.endswith("(store)") and n not in names]
+    lines = [".. list-table::", "   :header-rows: 1", "", "   * - parked"]
+    lines += [f"     - {p['parked']:,}" for p in points]
+    for name in names:
+        label = name if " " in name and not name.startswith("zdelay") else f"``{name}``"
+        lines.append(f"   * - {label}")
+        for p in points:
+            cost = p["costs"].get(name)
+            if cost is None:
+                lines.append("     - (none)")
+                continue
+            spread = f"[{cost['p50_min']:.2f}-{cost['p50_max']:.2f}]"
+            text = f"{cost['p50']:.2f} {spread} / {cost['p99']:.1f}"
+            if cost.get("redis_us_per_call") is not None:
+                text += f"; Redis {cost['redis_us_per_call']:,.0f} µs"
+            lines.append(f"     - {text}")
+    for label, key in (
+        ("memory per task, plain (B)", "plain"),
+        ("memory per task, key and two tags (B)", "marked"),
+    ):
+        lines.append(f"   * - {label}")
+        for p in points:
+            value = (p["fill"].get(key) or {}).get("bytes_per_task")
+            lines.append(f"     - {'(none added)' if value is None else f'{value:,}'}")
+    lines.append(f"   * - release of {result['burst_n']:,} due at once (s)")
+    lines += [f"     - {p['release']['seconds']:.2f}" for p in points]
+    lines.append("   * - Redis ``used_memory`` (MB)")
+    lines += [f"     - {p['redis_used_memory_bytes'] / 1e6:,.0f}" for p in points]
+    lines.append("   * - load average during the size's measurements")
+    lines += [
+        f"     - {p['machine']['loadavg_start'][0]:.1f} to {p['machine']['loadavg_end'][0]:.1f}"
+        for p in points
+    ]
+    return "\n".join(lines)
+
+
 def plot_scale(result: dict[str, Any], path: Path) -> Path:
     """Draw each cost's p50 against the number parked (log scale) as a PNG at *path*."""
     import matplotlib
@@ -620,6 +660,10 @@ def plot_scale(result: dict[str, Any], path: Path) -> Path:
         label="Redis used_memory (GB)",
     )
     release.set_xscale("log")
+    release.set_ylim(bottom=0)
+    release.set_ylabel("seconds")
+    memory.set_ylabel("Redis used_memory (GB)")
+    memory.set_ylim(bottom=0)
     release.set_title(f"release of {result['burst_n']:,} due at once; memory", fontsize=10)
     release.set_xlabel("tasks parked (0 drawn at 1)")
     release.legend(loc="upper left", fontsize=7)
@@ -686,7 +730,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plot", type=Path, default=PLOT, help="where the PNG goes (default: %(default)s)"
     )
+    parser.add_argument(
+        "--show", type=Path, help="measure nothing: print the table of a JSON file, redraw its plot"
+    )
+    parser.add_argument("--rst", action="store_true", help="with --show: the docs' list-table")
     args = parser.parse_args(argv)
+    if args.show:
+        shown = json.loads(args.show.read_text())
+        print(rst_table(shown) if args.rst else table(shown))
+        plot_scale(shown, args.plot)  # the docs' plot, redrawn from the file
+        return 0
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     result = run_scale(sizes, quick=args.quick, plot=args.plot)
     print(table(result))
