@@ -16,7 +16,7 @@ from ..periodic.views import (
 )
 from ..schedule import Due
 from ..store import admin
-from ..store.marks import check_marks, repair_marks
+from ..store.marks import CHECK_SAMPLE, check_marks, repair_marks
 from . import views
 from ._base import (
     CONTEXT_SETTINGS,
@@ -120,7 +120,7 @@ def status(
             problems += [
                 f"key/tag index, shard {item.shard}: {item.detail} "
                 "(fix: celery -A proj zdelay repair)"
-                for item in check_marks(store)
+                for item in check_marks(store, sample=CHECK_SAMPLE)
             ]
             problems += unserved_problems(store)
     shards = len(current.counts.shards)

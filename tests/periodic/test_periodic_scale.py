@@ -11,6 +11,7 @@ from celery_zdelay import periodic
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer
+from celery_zdelay.store.keys import periodic_keys
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.servers import LocalCluster
@@ -110,3 +111,22 @@ def test_a_redis_cluster_store_serves_schedules(
     first = min(ids, key=occurrence_ms)
     (again,) = server._requests(store.snapshot().definitions["a"], first, occurrence_ms(first))
     assert store.park_once(again) is False
+
+
+def test_a_beat_schedule_of_five_thousand_entries_is_stored_and_served(app: Celery) -> None:
+    # Given a beat_schedule of 5,000 entries, none due for a day (define.lua
+    # answered with every changed name through unpack(), which Redis's Lua
+    # refuses past about 8,000 values, two per entry: "too many results to
+    # unpack")
+    schedule = {
+        f"reminder-{i}": {"task": "tests.record", "schedule": 86_400.0, "args": (i,)}
+        for i in range(5_000)
+    }
+
+    # When a companion stores it
+    server = serve(app, schedule)
+
+    # Then every entry is stored, and the first pass parks each one's occurrence
+    store = store_for(app)
+    assert store.client.hlen(periodic_keys(store.config.key_prefix).defs) == 5_000
+    assert tend(server) == 5_000
