@@ -163,6 +163,26 @@ def test_a_pool_process_killed_mid_run_frees_the_key_through_the_workers_main_pr
     assert _parks_a_new_task(app, first)
 
 
+def test_a_run_ended_by_its_hard_time_limit_frees_the_key_at_once(
+    app: Celery, worker: Callable[..., CeleryProcess], runs: Runs
+) -> None:
+    # Given an until_finished task with a hard time limit of 2 s that runs
+    # for a minute in a prefork worker's pool process (the hold is an hour)
+    worker(app, pool="prefork")
+    task = app.tasks[END_BY]
+    first = task.apply_delayed(
+        ("return", 60), countdown=0, key=KEY, on_key="until_finished", time_limit=2
+    )
+    assert _release(app) == 1
+    wait_for(lambda: any(r["result"] == "started" for r in runs.all()), timeout=30)
+
+    # When the limit strikes
+    # Then the key is free long before the hold would end
+    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=30)
+    assert _parks_a_new_task(app, first.id)
+    assert [r["result"] for r in runs.all()] == ["started"]
+
+
 def test_a_second_delivery_refused_by_the_guard_leaves_the_key_to_the_run_that_holds_it(
     make_test_app: Callable[..., Celery],
     worker: Callable[..., CeleryProcess],
