@@ -128,6 +128,20 @@ def _web(sizes: Sizes) -> dict[str, Any]:
     return result
 
 
+def _peers(sizes: Sizes) -> dict[str, Any]:
+    from . import common
+    from .peers import FULL as PEERS_FULL
+    from .peers import QUICK as PEERS_QUICK
+    from .peers import RESULTS_DIR as PEERS_DIR
+    from .peers import plot, run_peers, table
+
+    result = run_peers(PEERS_QUICK if sizes == common.QUICK else PEERS_FULL)
+    print(table(result), file=sys.stderr)  # the P1-P8 table does not show it
+    stamp = result["started"].replace("-", "").replace(":", "").replace("+0000", "Z")
+    plot(result, PEERS_DIR / f"{stamp}-peers.png")
+    return result
+
+
 #: Benchmarks in run order: name -> (targets it covers, function).
 BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "release": ("P1 P2", _release),
@@ -147,18 +161,29 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
         _ratelimit_cluster,
     ),
     "web": ("dashboard pages over 1,000,000 parked", _web),
+    "peers": (
+        "beside native ETA, RabbitMQ delayed delivery, celery-redis-plus, "
+        "celery-longterm-scheduler (only with --only peers)",
+        _peers,
+    ),
 }
+#: Run only when named: they take long, or need what the suite does not (Python 3.13).
+OPT_IN = {"peers"}
 
 
 def is_full_suite(run: dict[str, Any]) -> bool:
     """Whether *run* ran every benchmark of its mode (not ``--only`` a few)."""
     skipped_in_quick = {"lateness_generic"} if run.get("mode") == "quick" else set()
-    return set(BENCHMARKS) - skipped_in_quick <= set(run.get("benchmarks") or [])
+    return set(BENCHMARKS) - skipped_in_quick - OPT_IN <= set(run.get("benchmarks") or [])
 
 
 def _selected(only: str | None, *, quick: bool) -> list[str]:
     if not only:
-        return [name for name in BENCHMARKS if name != "lateness_generic" or not quick]
+        return [
+            name
+            for name in BENCHMARKS
+            if name not in OPT_IN and (name != "lateness_generic" or not quick)
+        ]
     wanted = {part.strip().lower() for part in only.split(",") if part.strip()}
     chosen = [
         name
