@@ -124,7 +124,7 @@ QUICK = PeerSizes(
 )
 FULL = PeerSizes(
     lateness_n=4_000,
-    lead_s=90.0,
+    lead_s=100.0,
     window_s=20.0,
     burst_n=6_000,
     gap_s=5.0,
@@ -561,6 +561,7 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
     """The comparison table: one row per system."""
     header = [
         "system",
+        "scheduled per s",
         "lateness p50 / p99 / max (ms)",
         "early",
         "not run / doubled",
@@ -573,12 +574,12 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
     for entry in result["systems"].values():
         label = entry["label"] + (f" {entry['version']}" if entry.get("version") else "")
         if "error" in entry:
-            table.append([label, f"not measured: {_last_line(entry['error'])}"] + [""] * 6)
+            table.append([label, f"not measured: {_last_line(entry['error'])}"] + [""] * 7)
             continue
         line = entry.get("timeline", {})
         memory = entry.get("memory", {})
         if "error" in line:
-            cells = [f"not measured: {_last_line(line['error'])}", "", "", ""]
+            cells = ["", f"not measured: {_last_line(line['error'])}", "", "", ""]
         else:
             q = line["lateness_ms"]
             not_run = line["lateness_not_run"]
@@ -592,6 +593,7 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
             )
             can = line["can"]
             cells = [
+                f"{line['schedule_rate']:,}",
                 lat,
                 f"{line['early']:,}",
                 f"{line['not_run']:,} / {line['doubled']:,}",
@@ -611,7 +613,7 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
                 f"{memory['worker_rss_added_mib']:,.1f} MiB",
                 f"{memory['store_bytes_per_task']:,} B",
             ]
-        table.append([label, *cells[:4], *mem, cells[4] if len(cells) > 4 else ""])
+        table.append([label, *cells[:5], *mem, cells[5] if len(cells) > 5 else ""])
     return table
 
 

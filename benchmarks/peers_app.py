@@ -228,11 +228,12 @@ def act(app: Celery, system: str, request: dict[str, Any]) -> dict[str, Any]:
     # receives it; inspect().scheduled() asks the workers what they hold.
     app.control.revoke(task_id(cancel))
     answer["cancel"] = {"how": "app.control.revoke(id)", "accepted": True, "at_ms": _ms()}
-    replies = app.control.inspect(timeout=1.0).scheduled() or {}
+    # A worker holding thousands of ETA tasks replies with all of them: give it time.
+    replies = app.control.inspect(timeout=5.0).scheduled() or {}
     held = {entry.get("request", {}).get("id") for entries in replies.values() for entry in entries}
     answer["list"] = {"how": "app.control.inspect().scheduled()", "listed": task_id(listed) in held}
     # Whether the worker took the revoke in (it keeps revoked ids in memory).
-    revoked = app.control.inspect(timeout=1.0).revoked() or {}
+    revoked = app.control.inspect(timeout=3.0).revoked() or {}
     answer["cancel"]["worker_knows"] = any(task_id(cancel) in ids for ids in revoked.values())
     answer["reschedule"] = {"how": "no API (revoke, then send a new task)", "accepted": False}
     return answer
