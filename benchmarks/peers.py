@@ -697,7 +697,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.peers", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, under 2 minutes")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (about 4 minutes on 2 busy cores)"
+    )
     parser.add_argument("--systems", help=f"comma-separated, of: {', '.join(SYSTEMS)}")
     parser.add_argument(
         "--update-docs", action="store_true", help=f"also write the plot to {DOCS_PLOT}"
