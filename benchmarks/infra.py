@@ -67,10 +67,25 @@ def wait_for(
 
 
 class CeleryProcess:
-    """``celery -A benchmarks.proj <args>`` as a subprocess logging to a file."""
+    """``celery -A benchmarks.proj <args>`` as a subprocess logging to a file.
 
-    def __init__(self, app: Celery, args: list[str], env: dict[str, str] | None = None) -> None:
+    *python* and *module* run another interpreter (a competitor's virtualenv)
+    or app module (``benchmarks.peers_app``, configured by *env* alone when
+    *app* is None).
+    """
+
+    def __init__(
+        self,
+        app: Celery | None,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        python: str | None = None,
+        module: str = "benchmarks.proj",
+    ) -> None:
         self.args = args
+        self.python = python or sys.executable
+        self.module = module
         fd, name = tempfile.mkstemp(prefix="zbench-", suffix=".log")
         os.close(fd)
         self.log_path = Path(name)
@@ -79,7 +94,7 @@ class CeleryProcess:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "PYTHONUNBUFFERED": "1",
             "C_FORCE_ROOT": "1",
-            **app_env(app),
+            **(app_env(app) if app is not None else {}),
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None
@@ -87,7 +102,7 @@ class CeleryProcess:
     def start(self) -> CeleryProcess:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "benchmarks.proj", *self.args],
+                [self.python, "-m", "celery", "-A", self.module, *self.args],
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,
@@ -159,8 +174,20 @@ class Resources:
         self.stack.callback(client.close)
         return url, app, client
 
-    def worker(self, app: Celery, *, pool: str = "solo", concurrency: int = 1) -> CeleryProcess:
-        """Start a worker of *app* (solo by default) and wait until it is ready."""
+    def worker(
+        self,
+        app: Celery | None,
+        *,
+        pool: str = "solo",
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+        python: str | None = None,
+        module: str = "benchmarks.proj",
+    ) -> CeleryProcess:
+        """Start a worker of *app* (solo by default) and wait until it is ready.
+
+        *env*, *python* and *module* are :class:`CeleryProcess`'s.
+        """
         args = [
             "worker",
             "-P",
@@ -180,7 +207,9 @@ class Resources:
         fd, ready = tempfile.mkstemp(prefix="zbench-ready-")
         os.close(fd)
         os.unlink(ready)
-        process = CeleryProcess(app, args, env={"ZBENCH_READY_FILE": ready})
+        process = CeleryProcess(
+            app, args, env={**(env or {}), "ZBENCH_READY_FILE": ready}, python=python, module=module
+        )
         self.stack.callback(process.stop)
         self.stack.callback(Path(ready).unlink, True)
         process.start()
@@ -193,9 +222,15 @@ class Resources:
         wait_for(ready_or_dead, timeout=60, interval=0.02, what="the worker to be ready")
         return process
 
-    def companion(self, app: Celery, env: dict[str, str] | None = None) -> CeleryProcess:
+    def companion(
+        self,
+        app: Celery | None,
+        env: dict[str, str] | None = None,
+        *,
+        module: str = "benchmarks.proj",
+    ) -> CeleryProcess:
         """Start ``celery zdelay`` for *app* and wait for its start-up line."""
-        process = CeleryProcess(app, ["zdelay", "-l", "INFO"], env=env)
+        process = CeleryProcess(app, ["zdelay", "-l", "INFO"], env=env, module=module)
         self.stack.callback(process.stop)
         process.start()
         process.wait_for_log(" started: ")

@@ -139,6 +139,19 @@ def _scale(sizes: Sizes) -> dict[str, Any]:
     return result
 
 
+def _peers(sizes: Sizes) -> dict[str, Any]:
+    from .peers import FULL as PEERS_FULL
+    from .peers import QUICK as PEERS_QUICK
+    from .peers import RESULTS_DIR as PEERS_DIR
+    from .peers import plot, run_peers, table
+
+    result = run_peers(PEERS_QUICK if sizes == QUICK else PEERS_FULL)
+    print(table(result), file=sys.stderr)  # the P1-P8 table does not show it
+    stamp = result["started"].replace("-", "").replace(":", "").replace("+0000", "Z")
+    plot(result, PEERS_DIR / f"{stamp}-peers.png")
+    return result
+
+
 #: Benchmarks in run order: name -> (targets it covers, function).
 BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "release": ("P1 P2", _release),
@@ -159,11 +172,15 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     ),
     "web": ("dashboard pages over 1,000,000 parked", _web),
     "scale": ("cost as the work grows: 0 to 10,000,000 parked", _scale),
+    "peers": (
+        "beside native ETA, RabbitMQ delayed delivery, celery-redis-plus, "
+        "celery-longterm-scheduler (only with --only peers)",
+        _peers,
+    ),
 }
-
-
-#: Run only when named (``--only scale``): 27 minutes and 7 GB of Redis in full.
-OPT_IN = frozenset({"scale"})
+#: Run only when named (``--only scale,peers``): they take long (scale: 27 minutes and
+#: 7 GB of Redis in full), or need what the suite does not (peers: Python 3.13).
+OPT_IN = frozenset({"scale", "peers"})
 
 
 def is_full_suite(run: dict[str, Any]) -> bool:
