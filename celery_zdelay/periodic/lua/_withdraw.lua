@@ -1,4 +1,5 @@
--- Loaded in front of define.lua and pause.lua (after _pointer.lua): take a
+-- Loaded in front of define.lua and pause.lua (after _pointer.lua and
+-- _transitions.lua): take a
 -- schedule's occurrences back from the shards, in the same script as the
 -- change that makes them obsolete, so that once the change is written no
 -- companion can release one of them any more.

@@ -73,15 +73,3 @@ local function zdelay_marks_plan(marks, tagged, ids, how, now_ms)
   end
   return plan
 end
-
--- Writes *plan* (from zdelay_marks_plan; nil: nothing to do).
-local function zdelay_marks_apply(marks, tagged, plan)
-  if not plan then return end
-  for k = 1, #plan.hdel, 1000 do
-    redis.call('HDEL', marks, unpack(plan.hdel, k, math.min(k + 999, #plan.hdel)))
-  end
-  for _, pair in ipairs(plan.hset) do redis.call('HSET', marks, pair[1], pair[2]) end
-  for k = 1, #plan.zrem, 1000 do
-    redis.call('ZREM', tagged, unpack(plan.zrem, k, math.min(k + 999, #plan.zrem)))
-  end
-end
