@@ -76,24 +76,26 @@ local function zdelay_refs_apply(templates, plan, keep)
   end
 end
 
--- Park: *entries* are {id, score, payload, leased, held set or nil}; an id
--- parked again leaves the lease (leased true) or the held set it is in, and
--- its payload is replaced. *created*: {template id, record} stored with the
--- entries (HSETNX: ids are content hashes); *forget*: the marks plan of the
--- ids parked again (their key and tags leave as cancelled); *refs*, *keep*:
--- the template counts (zdelay_refs_apply).
-local function zdelay_t_park(s, entries, created, forget, refs, keep)
+-- Park: *entries* are {id, due ms, score, leased, held set or nil}, and
+-- payload(e) the payload of the e-th (made as it is written: a bulk park
+-- holds one copy at a time); an id parked again leaves the lease (leased
+-- true) or the held set it is in, and its payload is replaced. *created*:
+-- {template id, record} stored with the entries (HSETNX: ids are content
+-- hashes); *forget*: the marks plan of the ids parked again (their key and
+-- tags leave as cancelled); *refs*, *keep*: the template counts
+-- (zdelay_refs_apply).
+local function zdelay_t_park(s, entries, payload, created, forget, refs, keep)
   for _, item in ipairs(created) do redis.call('HSETNX', s.templates, item[1], item[2]) end
   zdelay_marks_apply(s.marks, s.tagged, forget)
-  for _, entry in ipairs(entries) do
+  for e, entry in ipairs(entries) do
     local id = entry[1]
     if entry[4] then
       redis.call('ZREM', s.lease, id)
       redis.call('HDEL', s.leased, id)
     end
     if entry[5] then redis.call('ZREM', entry[5], id) end
-    redis.call('ZADD', s.due, entry[2], id)  -- replaces the score of an id parked before
-    redis.call('HSET', s.msg, id, entry[3])
+    redis.call('ZADD', s.due, entry[3], id)  -- replaces the score of an id parked before
+    redis.call('HSET', s.msg, id, payload(e))
   end
   zdelay_refs_apply(s.templates, refs, keep)
 end
