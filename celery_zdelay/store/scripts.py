@@ -165,7 +165,7 @@ STORE_SCRIPTS: tuple[ScriptSpec, ...] = (
     _store_script("drop_key", TRANSITIONS),
     _store_script("take_tokens"),
     _store_script("hold", TRANSITIONS),
-    _store_script("forget_lane"),
+    _store_script("forget_lane", TRANSITIONS),
     # Asked before a script first runs: it must run whatever the user lacks.
     _store_script("allowed", guarded=False),
 )

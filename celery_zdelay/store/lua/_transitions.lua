@@ -24,6 +24,7 @@
 --   zdelay_t_unclaim    in flight -> due (given back)       unclaim
 --   zdelay_t_recover    in flight -> due (lease expired)    recover
 --   zdelay_t_hold       in flight -> held                   hold
+--   zdelay_t_forget_lane  an empty held set unnamed        forget_lane
 --   zdelay_t_release    in flight or taken -> gone, marks leave "release"
 --                                                           ack, push, handoff
 --   zdelay_t_cancel     due, held or in flight -> gone, marks leave "cancel"
@@ -236,6 +237,13 @@ local function zdelay_t_purge(s, ids, refs, marked)
     zdelay_t_each('HDEL', s.marks, fields)
   end
   return removed
+end
+
+-- A control's held set, found empty, no longer named in the lanes set (the
+-- count read in the same script: an entry held meanwhile is never left in
+-- a set no companion looks at).
+local function zdelay_t_forget_lane(s, lane)
+  redis.call('SREM', s.lanes, lane)
 end
 
 -- Due or held -> due at *score*: a held entry goes back into the due set in
