@@ -267,7 +267,7 @@ def script_commands(name: str) -> tuple[str, ...]:
     found: list[str] = []
     while texts:
         text = texts.pop(0)
-        found += re.findall(r"redis\.call\('([A-Z]+)'", text)
+        found += _COMMAND.findall(text)
         for called in re.findall(r"\b(zdelay_\w+|periodic_\w+)\(", text):
             if called in libraries and called not in seen:
                 seen.add(called)
@@ -275,8 +275,13 @@ def script_commands(name: str) -> tuple[str, ...]:
     # In the order they appear in the source, once each.
     source = script_source(name)
     wanted = set(found)
-    ordered = re.findall(r"redis\.call\('([A-Z]+)'", source)
+    ordered = _COMMAND.findall(source)
     return tuple(dict.fromkeys(command for command in ordered if command in wanted))
+
+
+# A command a script runs: named in its redis.call, or handed to
+# zdelay_t_each (_transitions.lua), which runs it on up to 1000 ids at a time.
+_COMMAND = re.compile(r"(?:redis\.call|zdelay_t_each)\('([A-Z]+)'")
 
 
 def _library_functions(text: str) -> dict[str, str]:

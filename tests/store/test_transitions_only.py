@@ -19,7 +19,7 @@ import pytest
 
 import celery_zdelay.periodic.store
 import celery_zdelay.testing.fastforward
-from celery_zdelay.store.scripts import TRANSITIONS, LuaFile, registered_scripts
+from celery_zdelay.store.scripts import TRANSITIONS, LuaFile, registered_scripts, script_commands
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -201,3 +201,15 @@ def test_every_transition_is_named_in_the_table_of_the_docs() -> None:
     missing = [name for name in functions if name != "zdelay_t_each" and name not in docs]
 
     assert missing == []
+
+
+def test_the_acl_pre_check_names_the_commands_of_the_transitions_a_script_calls() -> None:
+    # Breaks if: script_commands misses a command a transition hands to
+    # zdelay_t_each (ack's ZREM of the lease: a user without ZREM would be
+    # let through the pre-check and refused halfway), or counts those of a
+    # transition the script never calls (park does not claim).
+    assert {"ZREM", "HDEL", "HSET"} <= set(script_commands("ack"))
+    assert {"ZREM", "HDEL", "LPUSH"} <= set(script_commands("push"))
+    assert {"ZREMRANGEBYRANK", "ZADD", "HDEL", "LPUSH"} <= set(script_commands("handoff"))
+    assert "ZREMRANGEBYRANK" not in script_commands("park")
+    assert "SREM" not in script_commands("hold")
