@@ -59,6 +59,7 @@ _UNCLAIM_RECOVER = "tests/store/test_lease_return.py"
 _PUSH = "tests/store/test_push_to_broker_lists.py"
 _PARK_ONCE = "tests/periodic/test_occurrence_parked_once.py"
 _MARKS = "tests/store/test_marks_leave_with_entry.py"
+_TRANSITIONS = "tests/store/test_transitions.py"
 
 PYTHON = (
     # Entry signing and verification: what the companion publishes is what was signed.
@@ -267,6 +268,34 @@ LUA = (
             "tests/periodic/test_overlap_policy.py",
         ),
     ),
+    # Every move of an entry's state, written once: the only writer of the
+    # state keys (due, msg, lease, held, dead, the key and tag index, the
+    # template counts). Each script's kill tests check the keys after its move.
+    Target(
+        "_transitions.lua",
+        _STORE + "_transitions.lua",
+        (
+            _TRANSITIONS,
+            _PARK,
+            _CLAIM,
+            _UNCLAIM_RECOVER,
+            "tests/store/test_holding.py",
+            *_ACK,
+            _PUSH,
+            _HANDOFF,
+            "tests/store/test_dead_lettering.py",
+            *_STEERING[:1],
+            "tests/store/test_reschedule_held.py",
+            _REQUEUE_PURGE,
+            _MARKS,
+            _PARK_KEYED,
+            _FINISH_START,
+            _FORGET_ALLOWED,
+            _WITHDRAW,
+            _HELD_MEETS,
+            _HELD_AGAIN,
+        ),
+    ),
     # Where an id is now (due, held, in flight), for every script that asks.
     Target(
         "_where.lua",
@@ -471,6 +500,7 @@ KILL_TESTS = frozenset(
         "tests/store/test_script_guards.py",
         "tests/store/test_shard_ownership.py",
         "tests/store/test_token_buckets.py",
+        "tests/store/test_transitions.py",
         "tests/test_capture.py",
         "tests/test_dedupe_guard.py",
         "tests/test_due_score_order.py",

@@ -17,7 +17,7 @@ from typing import Any, cast
 from ..store import ParkRequest, Store
 from ..store.client import store_errors
 from ..store.keys import held_set_key, lanes_key, periodic_keys
-from ..store.scripts import LuaFile, Scripts, ScriptSpec, register, spec
+from ..store.scripts import TRANSITIONS, LuaFile, Scripts, ScriptSpec, register, spec
 from .definition import Definition
 
 __all__ = [
@@ -124,9 +124,9 @@ _POINTER, _WITHDRAW = _lua("_pointer"), _lua("_withdraw")
 
 #: The periodic scripts (declared with the store's registry: see store/scripts.py).
 PERIODIC_SCRIPTS = register(
-    ScriptSpec("define", _lua("define"), (_POINTER, _WITHDRAW)),
+    ScriptSpec("define", _lua("define"), (_POINTER, TRANSITIONS, _WITHDRAW)),
     ScriptSpec("advance", _lua("advance")),
-    ScriptSpec("pause", _lua("pause"), (_POINTER, _WITHDRAW)),
+    ScriptSpec("pause", _lua("pause"), (_POINTER, TRANSITIONS, _WITHDRAW)),
     # In front of the store's park.lua, in the same script: checked and
     # remembered in the step that parks.
     ScriptSpec("park_once", _lua("park_once"), leads_into=spec("park")),

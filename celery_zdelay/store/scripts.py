@@ -28,6 +28,7 @@ __all__ = [
     "GUARD",
     "MARKS",
     "STORE_SCRIPTS",
+    "TRANSITIONS",
     "WHERE",
     "LuaFile",
     "ScriptSpec",
@@ -124,6 +125,8 @@ MARKS = store_lua("_marks")
 WHERE = store_lua("_where")
 #: The entry reader of the handoff.
 EXPAND = store_lua("_expand")
+#: The transitions of an entry's state: the only writers of the state keys.
+TRANSITIONS = store_lua("_transitions")
 
 
 def _store_script(
@@ -132,35 +135,37 @@ def _store_script(
     return ScriptSpec(name, store_lua(name), includes, calls=calls, guarded=guarded)
 
 
-# Scripts that remove or replace entries include MARKS: an entry's key and
-# tags leave in the script that removes it, and those of an id parked again
-# in the script that parks it. Scripts that ask where an id is include
-# WHERE: one answer for all, so none misses a state.
-_PARK = _store_script("park", MARKS, WHERE)
+# Every script that moves an entry includes TRANSITIONS: each move is a
+# transition written once there, the key and tag index and the template
+# counts with it (tests/store/test_transitions_only.py holds the scripts to
+# that). Scripts that remove or replace entries include MARKS too, for the
+# plan of the index writes (read before the first write). Scripts that ask
+# where an id is include WHERE: one answer for all, so none misses a state.
+_PARK = _store_script("park", MARKS, WHERE, TRANSITIONS)
 
 #: The store's scripts, one per operation.
 STORE_SCRIPTS: tuple[ScriptSpec, ...] = (
     _PARK,
     # park.lua runs inside as a function: a keyed park is one script, one step.
-    _store_script("park_keyed", MARKS, WHERE, calls=_PARK),
-    _store_script("claim"),
-    _store_script("handoff", MARKS, EXPAND),
-    _store_script("push", MARKS),
-    _store_script("ack", MARKS),
-    _store_script("unclaim"),
-    _store_script("recover"),
-    _store_script("deadletter", MARKS),
-    _store_script("cancel", MARKS),
-    _store_script("reschedule"),
-    _store_script("requeue", MARKS, WHERE),
-    _store_script("purge"),
+    _store_script("park_keyed", MARKS, WHERE, TRANSITIONS, calls=_PARK),
+    _store_script("claim", TRANSITIONS),
+    _store_script("handoff", MARKS, EXPAND, TRANSITIONS),
+    _store_script("push", MARKS, TRANSITIONS),
+    _store_script("ack", MARKS, TRANSITIONS),
+    _store_script("unclaim", TRANSITIONS),
+    _store_script("recover", TRANSITIONS),
+    _store_script("deadletter", MARKS, TRANSITIONS),
+    _store_script("cancel", MARKS, TRANSITIONS),
+    _store_script("reschedule", TRANSITIONS),
+    _store_script("requeue", MARKS, WHERE, TRANSITIONS),
+    _store_script("purge", TRANSITIONS),
     _store_script("own"),
-    _store_script("finish_key", MARKS, WHERE),
-    _store_script("start_run", MARKS),
-    _store_script("drop_key"),
+    _store_script("finish_key", MARKS, WHERE, TRANSITIONS),
+    _store_script("start_run", MARKS, TRANSITIONS),
+    _store_script("drop_key", TRANSITIONS),
     _store_script("take_tokens"),
-    _store_script("hold"),
-    _store_script("forget_lane"),
+    _store_script("hold", TRANSITIONS),
+    _store_script("forget_lane", TRANSITIONS),
     # Asked before a script first runs: it must run whatever the user lacks.
     _store_script("allowed", guarded=False),
 )
@@ -245,12 +250,44 @@ return redis.error_reply(tostring(zdelay_result))
 def script_commands(name: str) -> tuple[str, ...]:
     """Return the commands script *name* may call with ``redis.call``, in order, once each.
 
-    Read from its source (checks, includes and inner scripts included), so
-    the list cannot fall behind the script. ``redis.pcall`` (the best-effort
-    wake-up) is left out: a refusal there fails nothing.
+    Read from its source (bodies of inner scripts included), so the list
+    cannot fall behind the script: the commands of its bodies, and of each
+    library function they call, directly or through another (a library such
+    as ``_transitions.lua`` holds every script's moves, and a script runs
+    only those it calls). ``redis.pcall`` (the best-effort wake-up) is left
+    out: a refusal there fails nothing.
     """
-    found = re.findall(r"redis\.call\('([A-Z]+)'", script_source(name))
-    return tuple(dict.fromkeys(found))
+    script = spec(name)
+    libraries: dict[str, str] = {}
+    for lua in script.files():
+        if lua.name.startswith("_"):
+            libraries.update(_library_functions(lua.read()))
+    texts = [_body(script)]
+    seen: set[str] = set()
+    found: list[str] = []
+    while texts:
+        text = texts.pop(0)
+        found += _COMMAND.findall(text)
+        for called in re.findall(r"\b(zdelay_\w+|periodic_\w+)\(", text):
+            if called in libraries and called not in seen:
+                seen.add(called)
+                texts.append(libraries[called])
+    # In the order they appear in the source, once each.
+    source = script_source(name)
+    wanted = set(found)
+    ordered = _COMMAND.findall(source)
+    return tuple(dict.fromkeys(command for command in ordered if command in wanted))
+
+
+# A command a script runs: named in its redis.call, or handed to
+# zdelay_t_each (_transitions.lua), which runs it on up to 1000 ids at a time.
+_COMMAND = re.compile(r"(?:redis\.call|zdelay_t_each)\('([A-Z]+)'")
+
+
+def _library_functions(text: str) -> dict[str, str]:
+    """Each ``local function`` of a library, by name: its text up to the next one."""
+    parts = re.split(r"^local function (\w+)", text, flags=re.MULTILINE)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
 @cache

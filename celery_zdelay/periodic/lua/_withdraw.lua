@@ -1,4 +1,5 @@
--- Loaded in front of define.lua and pause.lua (after _pointer.lua): take a
+-- Loaded in front of define.lua and pause.lua (after _pointer.lua and
+-- _transitions.lua): take a
 -- schedule's occurrences back from the shards, in the same script as the
 -- change that makes them obsolete, so that once the change is written no
 -- companion can release one of them any more.
@@ -72,18 +73,13 @@ local function periodic_withdraw_apply(plan)
   local taken = {}
   for _, item in ipairs(plan) do
     local s, found, refs = item[1], item[2], item[3]
-    for _, pair in ipairs(found) do
-      local id = pair[1]
-      if pair[2] == 'due' then
-        redis.call('ZREM', s.due, id)
-      else
-        redis.call('ZREM', s.lease, id)
-        redis.call('HDEL', s.leased, id)
-      end
-      redis.call('HDEL', s.msg, id)
-      taken[id] = pair[2]
+    local entries = {}
+    for j, pair in ipairs(found) do
+      entries[j] = {pair[1], pair[2] == 'due' and s.due or s.lease}
+      taken[pair[1]] = pair[2]
     end
-    zdelay_refs_apply(s.templates, refs)
+    -- Occurrences carry no key or tags (no marks to leave with them).
+    zdelay_t_cancel(s, entries, refs, nil)
   end
   return taken
 end

@@ -188,19 +188,6 @@ local function zdelay_refs_plan(templates, delta, created, counts)
   return plan
 end
 
--- Writes the counts of *plan*; a template whose count reaches 0 is deleted
--- with it, unless *keep* names it (this call parks entries that use it).
-local function zdelay_refs_apply(templates, plan, keep)
-  for _, item in ipairs(plan) do
-    local tid, count = item[1], item[2]
-    if count > 0 or (keep and keep[tid]) then
-      redis.call('HSET', templates, '#' .. tid, math.max(count, 1))
-    else
-      redis.call('HDEL', templates, tid, '#' .. tid)
-    end
-  end
-end
-
 -- Adds *by* to delta[tid], ignoring entries without a template.
 local function zdelay_count(delta, tid, by)
   if tid then delta[tid] = (delta[tid] or 0) + by end

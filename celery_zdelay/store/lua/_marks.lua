@@ -1,7 +1,9 @@
 -- Loaded in front of the scripts that remove entries (see scripts.py): the
 -- keys and tags of entries ("marks", see celery_zdelay/store/marks.py) leave
 -- with the entry, in the script that removes it, so the index is exact
--- after a crash at any instant.
+-- after a crash at any instant. This file reads them and plans the writes;
+-- the transition that moves the entry writes them (zdelay_marks_apply in
+-- _transitions.lua).
 --
 -- marks hash   "i:<id>" -> record of a parked (or in-flight) entry
 --              "d:<id>" -> record of a dead-lettered entry (requeue restores it)
@@ -35,7 +37,7 @@ local function zdelay_mark_holder(value)
 end
 
 -- Reads only (call before the first write). The writes that make the marks
--- of *ids* leave, as they leave the due set or the lease: *how* is
+-- of *ids* leave (for zdelay_marks_apply), as they leave the due set or the lease: *how* is
 -- "release" (published: an until_finished key is held for its hold ms
 -- from *now_ms*), "cancel" or "dead" (the record is kept for a requeue).
 -- Returns nil when the shard has no marks at all: one EXISTS per call.
@@ -72,16 +74,4 @@ local function zdelay_marks_plan(marks, tagged, ids, how, now_ms)
     end
   end
   return plan
-end
-
--- Writes *plan* (from zdelay_marks_plan; nil: nothing to do).
-local function zdelay_marks_apply(marks, tagged, plan)
-  if not plan then return end
-  for k = 1, #plan.hdel, 1000 do
-    redis.call('HDEL', marks, unpack(plan.hdel, k, math.min(k + 999, #plan.hdel)))
-  end
-  for _, pair in ipairs(plan.hset) do redis.call('HSET', marks, pair[1], pair[2]) end
-  for k = 1, #plan.zrem, 1000 do
-    redis.call('ZREM', tagged, unpack(plan.zrem, k, math.min(k + 999, #plan.zrem)))
-  end
 end

@@ -29,11 +29,6 @@ for i = 2, #ARGV do
 end
 local refs = templates and zdelay_refs_plan(templates, released_templates) or {}
 local marks_plan = marks and zdelay_marks_plan(marks, tagged, owned, 'release')
-for _, id in ipairs(owned) do
-  redis.call('ZREM', lease, id)
-  redis.call('HDEL', leased, id)
-  redis.call('HDEL', msg, id)
-end
-if templates then zdelay_refs_apply(templates, refs) end
-if marks then zdelay_marks_apply(marks, tagged, marks_plan) end
+zdelay_t_release({lease = lease, leased = leased, msg = msg, templates = templates,
+  marks = marks, tagged = tagged}, owned, true, templates and refs, nil, marks_plan)
 return #owned

@@ -26,12 +26,8 @@ local refs = templates and zdelay_refs_plan(templates, released_templates) or {}
 local gone = {}
 for i = 1, #ARGV do if result[i] == 1 then gone[#gone + 1] = ARGV[i] end end
 local marks_plan = marks and zdelay_marks_plan(marks, tagged, gone, 'cancel')
-for i = 1, #ARGV do
-  if result[i] == 1 then
-    redis.call('ZREM', due, ARGV[i])
-    redis.call('HDEL', msg, ARGV[i])
-  end
-end
-if templates then zdelay_refs_apply(templates, refs) end
-if marks then zdelay_marks_apply(marks, tagged, marks_plan) end
+local entries = {}
+for i, id in ipairs(gone) do entries[i] = {id, due} end
+zdelay_t_cancel({due = due, msg = msg, templates = templates, marks = marks, tagged = tagged},
+  entries, templates and refs, marks_plan)
 return result

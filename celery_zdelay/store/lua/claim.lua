@@ -34,16 +34,17 @@ if n > 0 then
   local payloads = redis.call('HMGET', msg, unpack(ids))
   token = redis.call('INCR', tags)
   result[2] = token
-  -- The claimed entries are exactly the n lowest ranks.
-  redis.call('ZREMRANGEBYRANK', due, 0, n - 1)
+  local entries = {}
   for j = 1, n do
     local id, score = claimed[2 * j - 1], claimed[2 * j]
-    redis.call('ZADD', lease, expiry, id)
-    redis.call('HSET', leased, id, zdelay_leased_value(score, token))
+    entries[j] = {id, score}
     result[#result + 1] = id
     result[#result + 1] = tonumber(score)
     result[#result + 1] = payloads[j]
   end
+  -- The claimed entries are exactly the n lowest ranks (KEYS[1] is a held
+  -- set when a control releases what it held: see control.py).
+  zdelay_t_claim({lease = lease, leased = leased}, due, entries, token, expiry)
 end
 
 zdelay_next_events(result, due, lease)

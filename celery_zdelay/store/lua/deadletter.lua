@@ -27,13 +27,6 @@ end
 local gone = {}
 for _, entry in ipairs(owned) do gone[#gone + 1] = entry[1] end
 local marks_plan = marks and zdelay_marks_plan(marks, tagged, gone, 'dead', now_ms)
-zdelay_marks_apply(marks, tagged, marks_plan)
-for _, entry in ipairs(owned) do
-  local id = entry[1]
-  redis.call('HSET', dead_msg, id, entry[2] .. '\n' .. entry[3])
-  redis.call('ZADD', dead, now_ms, id)
-  redis.call('ZREM', lease, id)
-  redis.call('HDEL', leased, id)
-  redis.call('HDEL', msg, id)
-end
+zdelay_t_bury({lease = lease, leased = leased, msg = msg, dead = dead, dead_msg = dead_msg,
+  marks = marks, tagged = tagged}, owned, true, now_ms, marks_plan)
 return #owned

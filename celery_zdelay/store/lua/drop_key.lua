@@ -9,5 +9,5 @@
 local marks, key, checked = KEYS[1], ARGV[1], ARGV[2]
 zdelay_expect(marks, 'hash')
 if redis.call('HGET', marks, 'k:' .. key) ~= checked then return 0 end
-redis.call('HDEL', marks, 'k:' .. key)
+zdelay_t_key_free(marks, 'k:' .. key)
 return 1

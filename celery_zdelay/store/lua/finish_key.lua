@@ -14,7 +14,7 @@ zdelay_expect(marks, 'hash', due, 'zset', KEYS[3], 'zset', KEYS[4], 'hash')
 local holder, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
 if holder ~= id then return 0 end
 if until_ms then
-  redis.call('HDEL', marks, 'k:' .. key)
+  zdelay_t_key_free(marks, 'k:' .. key)
   return 1
 end
 -- Released through the generic path and run before the companion's ack
@@ -23,5 +23,5 @@ end
 local state = zdelay_where({due = due, lease = KEYS[3], msg = KEYS[4]}, id)
 if state == 'due' or state == 'held' then return 0 end
 -- A hold that ended at 0: free now, and the ack (see _marks.lua) removes it.
-redis.call('HSET', marks, 'k:' .. key, id .. '\n0')
+zdelay_t_key_hold(marks, 'k:' .. key, id .. '\n0')
 return 1

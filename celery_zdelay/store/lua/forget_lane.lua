@@ -10,5 +10,5 @@
 -- returns 1 when forgotten, 0 when entries are still held
 zdelay_expect(KEYS[1], 'zset', KEYS[2], 'set')
 if redis.call('ZCARD', KEYS[1]) > 0 then return 0 end
-redis.call('SREM', KEYS[2], ARGV[1])
+zdelay_t_forget_lane({lanes = KEYS[2]}, ARGV[1])
 return 1

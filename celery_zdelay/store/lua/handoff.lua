@@ -171,9 +171,11 @@ local bad_ids = {}
 for _, entry in ipairs(bad) do bad_ids[#bad_ids + 1] = entry[1] end
 local bad_marks = zdelay_marks_plan(marks, tagged, bad_ids, 'dead', now_ms)
 
-if taken > 0 then
-  redis.call('ZREMRANGEBYRANK', due, 0, taken - 1)
-end
+local s = {due = due, msg = msg, lease = lease, leased = leased, templates = templates,
+  dead = dead, dead_msg = dead_msg, marks = marks, tagged = tagged}
+-- The first *taken* entries leave the due set: each is handed off
+-- (released), leased or dead-lettered below, in this script.
+zdelay_t_take(due, taken)
 
 local result = {now_ms, 0, -1, -1, needs_dests, #generic, #bad}
 if #handed > 0 then
@@ -184,30 +186,22 @@ if #handed > 0 then
       redis.call('LPUSH', dest, unpack(messages, k, math.min(k + 999, #messages)))
     end
   end
-  for k = 1, #handed, 1000 do
-    redis.call('HDEL', msg, unpack(handed, k, math.min(k + 999, #handed)))
-  end
-  zdelay_refs_apply(templates, refs, still_used)
 end
-zdelay_marks_apply(marks, tagged, handed_marks)
-zdelay_marks_apply(marks, tagged, bad_marks)
+zdelay_t_release(s, handed, false, #handed > 0 and refs, still_used, handed_marks)
 
 local token = 0
 if #generic > 0 then token = redis.call('INCR', tags) end
 result[2] = token
 
+zdelay_t_lease(s, generic, token, expiry)
 for _, entry in ipairs(generic) do
-  redis.call('ZADD', lease, expiry, entry[1])
-  redis.call('HSET', leased, entry[1], zdelay_leased_value(entry[2], token))
   result[#result + 1] = entry[1]
   result[#result + 1] = tonumber(entry[2])
   result[#result + 1] = entry[3]
 end
 
+zdelay_t_bury(s, bad, false, now_ms, bad_marks)
 for _, entry in ipairs(bad) do
-  redis.call('HSET', dead_msg, entry[1], entry[2] .. '\n' .. (entry[3] or ''))
-  redis.call('ZADD', dead, now_ms, entry[1])
-  redis.call('HDEL', msg, entry[1])
   result[#result + 1] = entry[1]
   result[#result + 1] = entry[2]
 end

@@ -22,10 +22,5 @@ for i = 3, #ARGV do
   local score = zdelay_number(zdelay_owned(lease, leased, ARGV[i], token))
   if score then owned[#owned + 1] = {ARGV[i], score} end
 end
-if #owned > 0 then redis.call('SADD', lanes, ARGV[2]) end
-for _, entry in ipairs(owned) do
-  redis.call('ZADD', held, entry[2], entry[1])
-  redis.call('ZREM', lease, entry[1])
-  redis.call('HDEL', leased, entry[1])
-end
+zdelay_t_hold({lease = lease, leased = leased, lanes = lanes}, held, ARGV[2], owned)
 return #owned

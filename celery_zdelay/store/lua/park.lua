@@ -235,24 +235,15 @@ if not redis.call('SET', marker, table.concat(result, ','), 'NX', 'PX', ARGV[2])
   return previous
 end
 
+local stored = {}
 for i = first_template, first_entry - 1, 2 do
-  if created[ARGV[i]] then redis.call('HSETNX', templates, ARGV[i], ARGV[i + 1]) end
+  if created[ARGV[i]] then stored[#stored + 1] = {ARGV[i], ARGV[i + 1]} end
 end
-
-zdelay_marks_apply(marks, tagged, forget_plan)
-
-for e, entry in ipairs(entries) do
-  local id = entry[1]
-  if entry[4] then
-    redis.call('ZREM', lease, id)
-    redis.call('HDEL', leased, id)
-  end
-  if unheld[id] then redis.call('ZREM', unheld[id], id) end
-  redis.call('ZADD', due, entry[3], id)  -- replaces the score of an id parked before
-  redis.call('HSET', msg, id, stamped(ARGV[first_entry + 5 * (e - 1) + 3]))
-end
-
-zdelay_refs_apply(templates, refs, keep)
+for _, entry in ipairs(entries) do entry[5] = unheld[entry[1]] end
+-- Each payload stamped as it is written: one copy alive at a time.
+local function payload(e) return stamped(ARGV[first_entry + 5 * (e - 1) + 3]) end
+zdelay_t_park({due = due, msg = msg, lease = lease, leased = leased, templates = templates,
+  marks = marks, tagged = tagged}, entries, payload, stored, forget_plan, refs, keep)
 
 -- Only when the earliest due time moved earlier: nothing was due before
 -- the earliest entry of this call.

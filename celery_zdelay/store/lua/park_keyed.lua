@@ -153,13 +153,10 @@ for e = 1, n do
   end
 end
 
--- Writes: the replaced entries leave, the others are parked, then indexed.
-zdelay_marks_apply(marks, tagged, kplan)
-for _, item in ipairs(replaced) do
-  redis.call('ZREM', item[2], item[1])  -- its due set or held set
-  redis.call('HDEL', kmsg, item[1])
-end
-zdelay_refs_apply(ktemplates, krefs)
+-- Writes: the replaced entries leave (from the due set or a held set) and
+-- the marks of ids parked again with them, the others are parked, then indexed.
+local kshard = {due = kdue, msg = kmsg, templates = ktemplates, marks = marks, tagged = tagged}
+zdelay_t_cancel(kshard, replaced, krefs, kplan)
 
 -- ARGV is Redis's table (the global cannot be reassigned): park.lua reads
 -- it, so it holds the entries to park while zdelay_park() runs.
@@ -194,15 +191,9 @@ end
 
 for _, e in ipairs(order) do
   local id, key = all_args[kfirst + 5 * (e - 1)], keyof[e]
-  if key ~= '' or #tagsof[e] > 0 then
-    redis.call('HSET', marks, 'i:' .. id, records[e])
-  end
-  if key ~= '' and holders[key][3] == e then
-    redis.call('HSET', marks, 'k:' .. key, id)
-  end
-  for _, tag in ipairs(tagsof[e]) do
-    redis.call('ZADD', tagged, 0, tag .. '\n' .. id)
-  end
+  local record = (key ~= '' or #tagsof[e] > 0) and records[e]
+  if key ~= '' and holders[key][3] ~= e then key = '' end
+  zdelay_t_index(kshard, id, record, key, tagsof[e], false)
 end
 
 local result = {}

@@ -22,14 +22,5 @@ end
 local refs = zdelay_refs_plan(templates, released)
 local marked = marks and redis.call('EXISTS', marks) == 1
 if marked then zdelay_expect(marks, 'hash') end
-redis.call('HDEL', dead_msg, unpack(ARGV))
-local removed = redis.call('ZREM', dead, unpack(ARGV))
-zdelay_refs_apply(templates, refs)
-if marked then
-  for k = 1, #ARGV, 1000 do
-    local fields = {}
-    for j = k, math.min(k + 999, #ARGV) do fields[#fields + 1] = 'd:' .. ARGV[j] end
-    redis.call('HDEL', marks, unpack(fields))
-  end
-end
-return removed
+return zdelay_t_purge({dead = dead, dead_msg = dead_msg, templates = templates, marks = marks},
+  ARGV, refs, marked)

@@ -60,13 +60,7 @@ if #pushed > 0 then
     tag = tag + 1
     redis.call('LPUSH', item[1], item[2] .. tag_prefix .. tag .. '"}}')
   end
-  for k = 1, #pushed, 1000 do
-    local last = math.min(k + 999, #pushed)
-    redis.call('ZREM', lease, unpack(pushed, k, last))
-    redis.call('HDEL', leased, unpack(pushed, k, last))
-    redis.call('HDEL', msg, unpack(pushed, k, last))
-  end
-  zdelay_refs_apply(templates, refs)
-  zdelay_marks_apply(marks, tagged, marks_plan)
+  zdelay_t_release({lease = lease, leased = leased, msg = msg, templates = templates,
+    marks = marks, tagged = tagged}, pushed, true, refs, nil, marks_plan)
 end
 return {pushed, refused}

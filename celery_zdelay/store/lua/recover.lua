@@ -13,10 +13,10 @@ local now_ms = zdelay_now_ms()
 local expired = redis.call('ZRANGEBYSCORE', lease, '-inf', now_ms, 'LIMIT', 0, tonumber(ARGV[1]))
 if #expired == 0 then return 0 end
 local values = redis.call('HMGET', leased, unpack(expired))
-for j, id in ipairs(expired) do
+local scores = {}
+for j = 1, #expired do
   -- A leased record that is missing or unreadable: due now rather than lost.
-  redis.call('ZADD', due, zdelay_due_score(values[j]) or now_ms * 1024, id)
-  redis.call('HDEL', leased, id)
+  scores[j] = zdelay_due_score(values[j]) or now_ms * 1024
 end
-redis.call('ZREMRANGEBYRANK', lease, 0, #expired - 1)
+zdelay_t_recover({due = due, lease = lease, leased = leased}, expired, scores)
 return #expired

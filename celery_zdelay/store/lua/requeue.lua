@@ -66,18 +66,7 @@ if marks and #chosen > 0 and redis.call('EXISTS', marks) == 1 then
     end
   end
 end
-for _, item in ipairs(restore) do
-  local id, record, key, tags = item[1], item[2], item[3], item[4]
-  redis.call('HDEL', marks, 'd:' .. id)
-  if record then redis.call('HSET', marks, 'i:' .. id, record) end
-  if key ~= '' then redis.call('HSET', marks, 'k:' .. key, id) end
-  for _, tag in ipairs(tags) do redis.call('ZADD', tagged, 0, tag .. '\n' .. id) end
-end
-for _, entry in ipairs(chosen) do
-  redis.call('HSET', msg, entry[1], entry[2])
-  redis.call('ZADD', due, now_ms * 1024, entry[1])
-  redis.call('ZREM', dead, entry[1])
-  redis.call('HDEL', dead_msg, entry[1])
-end
+zdelay_t_requeue({dead = dead, dead_msg = dead_msg, due = due, msg = msg, marks = marks,
+  tagged = tagged}, chosen, restore, now_ms * 1024)
 if #chosen > 0 then zdelay_wake(ARGV[1], now_ms) end
 return result

@@ -49,13 +49,15 @@ if mode == 'r' then due_ms = now_ms + ms end
 
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local before = tonumber(head[2])
-redis.call('ZREM', from, id)
--- Take the next sequence slot of the new millisecond, as park.lua does.
+-- Take the next sequence slot of the new millisecond, as park.lua does,
+-- after the entries there other than this one (read before the move).
 local lo = due_ms * 1024
-local top = redis.call('ZREVRANGEBYSCORE', due, lo + 1023, lo, 'WITHSCORES', 'LIMIT', 0, 1)
+local top = redis.call('ZREVRANGEBYSCORE', due, lo + 1023, lo, 'WITHSCORES', 'LIMIT', 0, 2)
+local last = top[2]
+if top[1] == id then last = top[4] end
 local score = lo
-if top[2] then score = math.min(tonumber(top[2]) + 1, lo + 1023) end
-redis.call('ZADD', due, score, id)
+if last then score = math.min(tonumber(last) + 1, lo + 1023) end
+zdelay_t_reschedule({due = due}, id, from, score)
 -- A held entry may come back to an empty due set: then it is the earliest.
 if not before or score < before then
   zdelay_wake(ARGV[1], due_ms)

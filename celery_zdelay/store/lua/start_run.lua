@@ -29,14 +29,13 @@ end
 local ends = id .. '\n' .. string.format('%.0f', now_ms + hold_ms)
 local holder = live(redis.call('HGET', marks, held))
 if not holder then
-  redis.call('HSET', marks, held, ends)
-  if zdelay_mark_holder(redis.call('HGET', marks, buffered)) == id then
-    redis.call('HDEL', marks, buffered)
-  end
+  local was_waiting = zdelay_mark_holder(redis.call('HGET', marks, buffered)) == id
+  zdelay_t_key_hold(marks, held, ends)
+  if was_waiting then zdelay_t_key_free(marks, buffered) end
   return {'run'}
 end
 if ARGV[4] == 'buffer_one' and not live(redis.call('HGET', marks, buffered)) then
-  redis.call('HSET', marks, buffered, ends)
+  zdelay_t_key_hold(marks, buffered, ends)
   return {'wait', holder}
 end
 return {'skip', holder}

@@ -15,9 +15,5 @@ for i = 2, #ARGV do
   local score = zdelay_number(zdelay_owned(lease, leased, ARGV[i], token))
   if score then owned[#owned + 1] = {ARGV[i], score} end
 end
-for _, entry in ipairs(owned) do
-  redis.call('ZADD', due, entry[2], entry[1])
-  redis.call('ZREM', lease, entry[1])
-  redis.call('HDEL', leased, entry[1])
-end
+zdelay_t_unclaim({due = due, lease = lease, leased = leased}, owned)
 return #owned
