@@ -122,6 +122,33 @@ def test_a_dead_letter_requeued_after_its_key_was_taken_leaves_no_empty_record(
     assert redis_client.hget(SHARD0.marks, f"i:{dead.id}") is None
 
 
+def test_an_id_dead_lettered_again_without_its_key_leaves_no_record_of_the_old_one(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a keyed task dead-lettered (its queue's list is a string key)
+    app = _app(make_test_app)
+    record = app.tasks["tests.record"]
+    redis_client.set("poison", "not a list")
+    record.apply_delayed((1,), countdown=0, task_id="id-1", key="k1", queue="poison")
+    _one_pass(app)
+    assert redis_client.hget(SHARD0.marks, "d:id-1") is not None
+
+    # When the same id is parked again, plainly, and dead-lettered again
+    record.apply_delayed((2,), countdown=0, task_id="id-1", queue="poison")
+    _one_pass(app)
+
+    # Then the dead letter is the new one, and the index keeps nothing of the
+    # old one: no record a requeue would give back the old key with
+    assert redis_client.zscore(SHARD0.dead, "id-1") is not None
+    assert redis_client.hget(SHARD0.marks, "d:id-1") is None
+    found = celery_zdelay.lookup("id-1", app=app)
+    assert found is not None
+    assert found.key is None
+    assert steering.requeue_dead(["id-1"], app=app) == [True]
+    assert key_holder(store_for(app), "k1") is None
+    assert redis_client.hget(SHARD0.marks, "i:id-1") is None
+
+
 def test_an_id_parked_again_while_held_is_in_one_state_only(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:

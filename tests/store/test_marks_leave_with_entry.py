@@ -29,6 +29,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.client import store_errors
+from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import FOREIGN, SHARD0, refused_while_written_over
@@ -71,6 +72,30 @@ def test_an_until_finished_key_released_is_held_for_the_entrys_own_hold_from_the
     assert holder[1] is not None
     assert before + hold_ms <= holder[1] <= after + hold_ms
     assert _marks(redis_client) == {"k:k": f"runs\n{holder[1]}"}
+
+
+# -- _marks.lua: a dead letter replaced --------------------------------------------------
+
+
+def test_an_unmarked_entry_dead_lettered_over_a_marked_dead_letter_leaves_no_record(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    # Breaks if: a dead-lettered entry without a record keeps the "d:" record
+    # of the dead letter of its id it replaces (found by the model test: a
+    # requeue then gave the new entry the old one's key).
+    now = redis_ms(redis_client)
+    reason = DeadReason(reason="test", due_ms=now, companion="c-test")
+    store.park([marked_request("id-1", now - 1000, "k1", tags=("t1",))])
+    first = store.claim(0, limit=10, lease_ms=HOUR)
+    assert store.dead_letter(0, first.token, [("id-1", reason)]) == 1
+    assert "d:id-1" in _marks(redis_client)
+
+    store.park([ParkRequest("id-1", Due("a", now - 500), PAYLOAD)])
+    again = store.claim(0, limit=10, lease_ms=HOUR)
+    assert store.dead_letter(0, again.token, [("id-1", reason)]) == 1
+
+    assert _marks(redis_client) == {}
+    assert check_marks(store) == []
 
 
 # -- _marks.lua: what an unmarked shard pays --------------------------------------------

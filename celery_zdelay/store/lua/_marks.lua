@@ -50,8 +50,13 @@ local function zdelay_marks_plan(marks, tagged, ids, how, now_ms)
     for j = k, math.min(k + 999, #ids) do fields[#fields + 1] = 'i:' .. ids[j] end
     local records = redis.call('HMGET', marks, unpack(fields))
     for j, record in ipairs(records) do
+      local id = ids[k + j - 1]
+      if not record and how == 'dead' then
+        -- It replaces the dead letter of its id: the record of that one
+        -- (its key and tags, for a requeue) must not outlive it.
+        plan.hdel[#plan.hdel + 1] = 'd:' .. id
+      end
       if record then
-        local id = ids[k + j - 1]
         local mode, hold_ms, key, tags = zdelay_mark_parse(record)
         plan.hdel[#plan.hdel + 1] = 'i:' .. id
         if how == 'dead' then
