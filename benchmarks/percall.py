@@ -37,9 +37,9 @@ import json
 import pstats
 import statistics
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from .common import percentile, spread
@@ -58,7 +58,14 @@ CALLS: dict[str, tuple[Callable[[int], dict[str, Any]], Callable[[int], dict[str
 }
 
 
-def profile(n: int, rounds: int, calls: list[str] | None = None) -> dict[str, Any]:
+def profile(
+    n: int, rounds: int, calls: list[str] | None = None, *, timing_only: bool = False
+) -> dict[str, Any]:
+    """Time the *calls* (kinds of :data:`CALLS`) in *rounds* interleaved rounds of *n*.
+
+    Then, unless *timing_only* (``before_after --percall``), each path's
+    Redis commands, script times and cProfile.
+    """
     kinds = calls or list(CALLS)
     with Resources() as res:
         _, app, client = res.redis_app()
@@ -113,6 +120,12 @@ def profile(n: int, rounds: int, calls: list[str] | None = None) -> dict[str, An
                 [d / a for d, a in zip(wall[f"apply_delayed{suffix}"], wall[against], strict=True)]
             )
         for name, path in paths.items():
+            out["paths"][name] = {
+                "wall_p50_us": spread(wall[name], digits=1),
+                "cpu_us": round(statistics.median(cpu[name]), 1),
+            }
+            if timing_only:
+                continue
             client.flushdb()
             reset_stats(client)
             run(path, n)
@@ -125,13 +138,9 @@ def profile(n: int, rounds: int, calls: list[str] | None = None) -> dict[str, An
             profiler.enable()
             run(path, n)
             profiler.disable()
-            out["paths"][name] = {
-                "wall_p50_us": spread(wall[name], digits=1),
-                "cpu_us": round(statistics.median(cpu[name]), 1),
-                "commands": commands,
-                "scripts": scripts,
-                "python": _own_time(profiler, n),
-            }
+            out["paths"][name].update(
+                commands=commands, scripts=scripts, python=_own_time(profiler, n)
+            )
     return out
 
 
