@@ -18,6 +18,12 @@ Each round measures, at the sizes of :data:`SIZES`:
 - P5: ``apply_delayed`` against ``apply_async(countdown=)`` per call (its
   own interleaved rounds inside), and ``apply_delayed_many`` tasks per second.
 
+With ``--percall`` a round is instead ``benchmarks.percall``'s timing of
+one call of each kind users make (plain, ``queue=``, ``key=``, ``tags=``;
+``--n`` calls per path, 3 interleaved rounds inside), no profiling: each
+path's p50 and each ``apply_delayed`` / ``apply_async`` ratio, so the P5
+per-call cost of two commits is compared in one run (about 10 s a round).
+
 It prints, per figure, the median of each side with its spread and the
 median of the per-round ratios (after / before), and writes the rounds to
 ``benchmarks/results/<stamp>-before-after.json``.
@@ -76,6 +82,20 @@ print(json.dumps({
 }))
 """
 
+#: One ``--percall`` round: the per-call timing of benchmarks/percall.py.
+_PERCALL_ROUND = """
+import json, sys
+import celery_zdelay
+from benchmarks.percall import profile
+out = profile(int(sys.argv[1]), 3, timing_only=True)
+figures = {"package": celery_zdelay.__file__}
+for name, path in out["paths"].items():
+    figures[name + " p50 us"] = path["wall_p50_us"]["median"]
+for name, ratio in out["ratios"].items():
+    figures[name] = ratio["median"]
+print(json.dumps(figures))
+"""
+
 #: Whether a higher figure is better, by figure name.
 HIGHER_IS_BETTER = {
     "P1 handoff /s": True,
@@ -99,7 +119,7 @@ def _package_at(commit: str, into: Path) -> Path:
     return into
 
 
-def _round(package_root: Path) -> dict[str, Any]:
+def _round(package_root: Path, percall_n: int | None = None) -> dict[str, Any]:
     # PYTHONSAFEPATH: no process puts its working directory (this checkout,
     # with its own package) in front of PYTHONPATH, workers and companions
     # included (they inherit both).
@@ -108,8 +128,13 @@ def _round(package_root: Path) -> dict[str, Any]:
         "PYTHONPATH": os.pathsep.join([str(package_root), str(ROOT)]),
         "PYTHONSAFEPATH": "1",
     }
+    argv = (
+        ["-c", _ROUND, json.dumps(SIZES.as_dict())]
+        if percall_n is None
+        else ["-c", _PERCALL_ROUND, str(percall_n)]
+    )
     done = subprocess.run(
-        [sys.executable, "-c", _ROUND, json.dumps(SIZES.as_dict())],
+        [sys.executable, *argv],
         cwd=ROOT,
         env=env,
         check=True,
@@ -124,8 +149,11 @@ def _round(package_root: Path) -> dict[str, Any]:
     return figures
 
 
-def compare(base: str, rounds: int) -> dict[str, Any]:
-    """Run *rounds* interleaved rounds of each side; return the rounds and their summary."""
+def compare(base: str, rounds: int, percall_n: int | None = None) -> dict[str, Any]:
+    """Run *rounds* interleaved rounds of each side; return the rounds and their summary.
+
+    With *percall_n*, each round is the per-call timing (``--percall``).
+    """
     with tempfile.TemporaryDirectory(prefix="zdelay-before-") as tmp:
         sides = {"before": _package_at(base, Path(tmp)), "after": ROOT}
         measured: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
@@ -133,10 +161,10 @@ def compare(base: str, rounds: int) -> dict[str, Any]:
             # ABBA: neither side always runs first, on a warmer or cooler machine.
             order = ("before", "after") if number % 2 == 0 else ("after", "before")
             for side in order:
-                measured[side].append(_round(sides[side]))
+                measured[side].append(_round(sides[side], percall_n))
                 print(f"round {number + 1}/{rounds} {side}: {measured[side][-1]}", flush=True)
     summary = {}
-    for name in HIGHER_IS_BETTER:
+    for name in measured["after"][0]:
         before = [r[name] for r in measured["before"]]
         after = [r[name] for r in measured["after"]]
         summary[name] = {
@@ -147,7 +175,7 @@ def compare(base: str, rounds: int) -> dict[str, Any]:
     return {
         "base": base,
         "rounds": rounds,
-        "sizes": SIZES.as_dict(),
+        "sizes": SIZES.as_dict() if percall_n is None else {"percall_n": percall_n},
         "measured": measured,
         "summary": summary,
     }
@@ -158,16 +186,17 @@ def render(out: dict[str, Any]) -> str:
         f"before = celery_zdelay at {out['base']}, after = this checkout; "
         f"{out['rounds']} interleaved rounds; median [min-max]",
         "",
-        f"{'figure':<34} {'before':>22} {'after':>22} {'after/before':>20}",
+        f"{'figure':<44} {'before':>22} {'after':>22} {'after/before':>20}",
     ]
     for name, row in out["summary"].items():
         cells = [
             f"{row[side]['median']:g} [{row[side]['min']:g}-{row[side]['max']:g}]"
             for side in ("before", "after", "after / before")
         ]
-        better = "higher" if HIGHER_IS_BETTER[name] else "lower"
+        # Per-call times and their ratios: lower is better.
+        better = "higher" if HIGHER_IS_BETTER.get(name, False) else "lower"
         lines.append(
-            f"{name:<34} {cells[0]:>22} {cells[1]:>22} {cells[2]:>20}  ({better} is better)"
+            f"{name:<44} {cells[0]:>22} {cells[1]:>22} {cells[2]:>20}  ({better} is better)"
         )
     return "\n".join(lines)
 
@@ -176,8 +205,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="commit whose package is 'before'")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per side (default 5)")
+    parser.add_argument(
+        "--percall",
+        action="store_true",
+        help="compare the per-call cost of each kind of call (benchmarks.percall), nothing else",
+    )
+    parser.add_argument("--n", type=int, default=500, help="with --percall: calls per path")
     options = parser.parse_args()
-    out = compare(options.base, options.rounds)
+    out = compare(options.base, options.rounds, options.n if options.percall else None)
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = RESULTS / f"{stamp}-before-after.json"

@@ -58,10 +58,13 @@ class CapturingProducer(Producer):  # type: ignore[misc]
     channel (the RPC backend declares its reply queue on it).
     """
 
-    def __init__(self, connection: Connection, event_exchange: str) -> None:
+    def __init__(self, connection: Connection, event_exchange: str | Callable[[], str]) -> None:
         super().__init__(None, auto_declare=False)
         # kombu's name for "the connection this producer belongs to".
         self.__connection__ = connection
+        #: The events exchange, or a function that reads it: looked up only
+        #: for a message sent to a named exchange (a task message on the
+        #: default exchange, the common case, is never an event).
         self._event_exchange = event_exchange
         #: Task messages captured, in publish order.
         self.messages: list[CapturedMessage] = []
@@ -91,6 +94,11 @@ class CapturingProducer(Producer):  # type: ignore[misc]
             _held.set(message.task_name)
         return result
 
+    def _events_exchange(self) -> str:
+        if callable(self._event_exchange):
+            self._event_exchange = self._event_exchange()
+        return self._event_exchange
+
     def _publish(
         self,
         body: bytes | str,
@@ -107,11 +115,14 @@ class CapturingProducer(Producer):  # type: ignore[misc]
         *args: Any,
         **kwargs: Any,
     ) -> None:
-        if exchange == self._event_exchange:
+        is_task = "id" in headers and "task" in headers
+        # A task message on the default exchange is no event: the setting
+        # is read only for the others.
+        if (exchange or not is_task) and exchange == self._events_exchange():
             # A task-sent event (task_send_sent_event): it would describe a
             # publish that has not happened, so it is not parked or sent.
             return
-        if "id" not in headers or "task" not in headers:
+        if not is_task:
             raise ConfigurationError(
                 "celery-zdelay parks task protocol 2 messages only; "
                 "remove task_protocol = 1 from the Celery configuration."
@@ -146,7 +157,7 @@ def capture(app: Celery, send: Callable[[CapturingProducer], R]) -> tuple[R, lis
     while *send* runs, that method of *app* hands out the capturing producer
     too, in this thread or task only.
     """
-    producer = CapturingProducer(_lazy_connection(app), app.conf.event_exchange)
+    producer = CapturingProducer(_lazy_connection(app), lambda: str(app.conf.event_exchange))
     _route_acquired_producers(app)
     _hold_after_publish()
     token = _capturing.set((app, producer))

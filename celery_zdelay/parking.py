@@ -79,11 +79,12 @@ def park_task(
     _check_given_id(options)
     spread_ms = _take_jitter(options)
     key = _take_marks(app, options)
-    if _runs_now(app):
+    eager = _eager(app)
+    if eager and _runs_now(app, eager):
         return task.apply_async(args, kwargs, countdown=countdown, eta=eta, **options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)
-    with _not_eager(app):
+    with _not_eager(app, eager):
         result, messages = capture(
             app, lambda producer: task.apply_async(args, kwargs, producer=producer, **options)
         )
@@ -366,7 +367,7 @@ def park_messages(
     # The worker gives the task this ETA back in request.eta (periodic ticks,
     # parked through park_requests, have none: Celery beat sends none).
     carry_eta(app, messages, dues)
-    requests = park_requests(app, messages, dues)
+    requests = _requests(app, parking, messages, dues)
     pending = _current_batch.get()
     if pending is not None and pending.app is app:
         if any(r.mark is not None and r.mark.key is not None for r in requests):
@@ -381,13 +382,14 @@ def park_messages(
         with park_span([message.task_id for message in messages]):
             parked = parking.store.park(requests)
         ids = [p.task_id for p in parked]
-        for message, parked_id in zip(messages, ids, strict=True):
-            logger.debug(
-                "Parked %s[%s]%s",
-                message.task_name,
-                message.task_id,
-                "" if parked_id == message.task_id else f": its key is held by {parked_id}",
-            )
+        if logger.isEnabledFor(logging.DEBUG):  # the loop itself costs a few µs per park
+            for message, parked_id in zip(messages, ids, strict=True):
+                logger.debug(
+                    "Parked %s[%s]%s",
+                    message.task_name,
+                    message.task_id,
+                    "" if parked_id == message.task_id else f": its key is held by {parked_id}",
+                )
         _announce(app, messages, parked)
         if not parking.companion_checked:
             _warn_without_companion(app, parking)
@@ -456,7 +458,13 @@ def park_requests(
         ConfigurationError: an id, key or tag breaks that rule; nothing of
             *messages* is parked.
     """
-    parking = producing(app)
+    return _requests(app, producing(app), messages, dues)
+
+
+def _requests(
+    app: Celery, parking: Producing, messages: list[TaskMessage], dues: Sequence[Due]
+) -> list[ParkRequest]:
+    """:func:`park_requests` with the app's :class:`Producing` already looked up."""
     encoder = parking.encoder
     requests = []
     for message, due in zip(messages, dues, strict=True):
@@ -582,26 +590,40 @@ def _handoff_dest(app: Celery, layout: RedisLayout | None, message: TaskMessage)
     return layout.list_key(message.routing_key, message.priority)
 
 
-def _runs_now(app: Celery) -> bool:
+def _eager(app: Celery) -> bool:
+    """Whether *app* is under ``task_always_eager`` now.
+
+    Read once per delayed call and passed on: reading a Celery setting costs
+    a few microseconds, a tenth of what a plain park's Python costs beyond
+    Celery's own build.
+    """
+    return bool(app.conf.task_always_eager)
+
+
+def _runs_now(app: Celery, eager: bool | None = None) -> bool:
     """Whether a delayed call of *app* runs at once instead of being parked.
 
     Under ``task_always_eager`` it runs, as ``apply_async`` does, unless
     :mod:`celery_zdelay.testing` bound the app to a test (it sets
     :data:`~celery_zdelay.app_state.PARK_WHEN_EAGER`): then it is parked as
-    in production, so the test can fast-forward it.
+    in production, so the test can fast-forward it. *eager* is
+    :func:`_eager` when the caller read it already.
     """
-    return bool(app.conf.task_always_eager) and not getattr(app, PARK_WHEN_EAGER, False)
+    if eager is None:
+        eager = _eager(app)
+    return eager and not getattr(app, PARK_WHEN_EAGER, False)
 
 
 @contextmanager
-def _not_eager(app: Celery) -> Iterator[None]:
+def _not_eager(app: Celery, eager: bool | None = None) -> Iterator[None]:
     """Let Celery build the message it would publish, even under eager.
 
     Production is never eager; under ``task_always_eager`` Celery would run
     the task instead of handing its message to the capturing producer (and
     ``send_task`` would warn). Only a test binding parks under eager.
+    *eager* is :func:`_eager` when the caller read it already.
     """
-    if not app.conf.task_always_eager:
+    if not (_eager(app) if eager is None else eager):
         yield
         return
     changes = app.conf.changes

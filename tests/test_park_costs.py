@@ -7,6 +7,7 @@ and still wakes a companion only when the earliest due time moved earlier."""
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ import celery_zdelay
 from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
+from celery_zdelay.store.counts import counts
 from celery_zdelay.store.scripts import script_commands
 
 pytestmark = pytest.mark.timeout(120)
@@ -210,3 +212,70 @@ def test_a_call_of_more_than_a_thousand_entries_parks_every_one(app: Celery) -> 
     assert sorted(parked) == sorted(r.id for r in results)
     assert parked[:1_000] == [r.id for r in results[:1_000]]
     assert store.client.hlen(keys.msg) == 2_345
+
+
+# -- the Python side of one park (issue 35) -----------------------------------
+
+
+def test_each_park_is_logged_at_debug_and_nothing_is_formatted_above_it(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an app that parked once (the first park's companion warning is behind it)
+    record = app.tasks["tests.record"]
+    record.apply_delayed((0,), countdown=600)
+    caplog.clear()
+
+    # When one task is parked with the parking log at DEBUG, and one at INFO
+    with caplog.at_level(logging.DEBUG, logger="celery_zdelay.parking"):
+        logged = record.apply_delayed((1,), countdown=600)
+    lines = [r.getMessage() for r in caplog.records if r.name == "celery_zdelay.parking"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="celery_zdelay.parking"):
+        quiet = record.apply_delayed((2,), countdown=600)
+
+    # Then the first names its task and id, the second logs nothing, and both are parked
+    assert lines == [f"Parked tests.record[{logged.id}]"]
+    assert not [r for r in caplog.records if r.name == "celery_zdelay.parking"]
+    assert celery_zdelay.lookup(logged.id, app=app) is not None
+    assert celery_zdelay.lookup(quiet.id, app=app) is not None
+
+
+def test_eager_is_read_on_every_call_so_a_change_between_calls_holds(app: Celery) -> None:
+    # Given the test app, not bound to a test (it parks nothing under eager)
+    record = app.tasks["tests.record"]
+
+    # When task_always_eager is switched on, a call made, then off, and another made
+    app.conf.task_always_eager = True
+    try:
+        ran = record.apply_delayed(("eager",), countdown=600)
+    finally:
+        app.conf.task_always_eager = False
+    parked = record.apply_delayed(("parked",), countdown=600)
+
+    # Then the first ran now (as apply_async does under eager) and parked
+    # nothing, and the second was parked
+    assert ran.successful()
+    assert celery_zdelay.lookup(ran.id, app=app) is None
+    assert celery_zdelay.lookup(parked.id, app=app) is not None
+
+
+def test_a_task_sent_to_a_named_exchange_is_parked_and_its_sent_event_is_not(
+    make_test_app: Any, redis_client: Any
+) -> None:
+    # Given an app that sends task-sent events to an exchange of its own, and
+    # a task routed to a named exchange (the events exchange is read for it)
+    app = make_test_app(
+        conf={
+            "task_send_sent_event": True,
+            "event_exchange": "zdelay-test-events",
+            "task_routes": {"tests.record": {"exchange": "orders", "routing_key": "orders"}},
+        }
+    )
+    record = app.tasks["tests.record"]
+
+    # When it parks a task
+    result = record.apply_delayed(("routed",), countdown=600)
+
+    # Then the store holds that task alone, and no event
+    assert celery_zdelay.lookup(result.id, app=app) is not None
+    assert counts(store_for(app)).parked == 1

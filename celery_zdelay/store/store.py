@@ -191,9 +191,13 @@ class Store:
         """
         marked = any(request.mark is not None for request in requests)
         script = "park_keyed" if marked else "park"
-        by_shard: dict[int, list[int]] = defaultdict(list)
-        for index, request in enumerate(requests):
-            by_shard[self.shard_of(request.task_id)].append(index)
+        by_shard: dict[int, list[int]]
+        if len(requests) == 1:  # apply_delayed: one entry, one shard
+            by_shard = {self.shard_of(requests[0].task_id): [0]}
+        else:
+            by_shard = defaultdict(list)
+            for index, request in enumerate(requests):
+                by_shard[self.shard_of(request.task_id)].append(index)
         with store_errors(self.url):
             self._check_sizes(requests)
             for shard in by_shard:  # once per Store: the first shard's key will do
