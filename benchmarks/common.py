@@ -243,3 +243,26 @@ def release_all(companion: Any, n: int, what: str) -> tuple[int, int]:
         released += report.released
         handed_off += report.handed_off
     return passes, handed_off
+
+
+def wait_for_list(
+    client: redis.Redis, queue: str, n: int, deadline: float, what: str
+) -> tuple[int | None, int]:
+    """Poll broker list *queue* until it holds *n* messages, every 2 ms, until *deadline*.
+
+    Returns (epoch ms the first message was seen, epoch ms all were): the
+    burst benchmarks' "due until all in the broker".
+    """
+    from .infra import BenchmarkError
+
+    first_ms = None
+    while True:
+        count = int(client.llen(queue))
+        stamp = now_ms()
+        if count and first_ms is None:
+            first_ms = stamp
+        if count >= n:
+            return first_ms, stamp
+        if time.monotonic() > deadline:
+            raise BenchmarkError(f"{what}: {count:,} of {n:,} released within the deadline")
+        time.sleep(0.002)

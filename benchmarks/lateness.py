@@ -45,6 +45,7 @@ from .common import (
     parked_due_range,
     prepare_before_due,
     quantiles,
+    wait_for_list,
 )
 from .infra import (
     BenchmarkError,
@@ -162,18 +163,8 @@ def run_burst(sizes: Sizes) -> dict[str, Any]:
         timer = ScriptTimer(client)
         time.sleep(max(0.0, (due_ms - now_ms()) / 1000 - 0.05))
         load = MachineLoad()
-        first_ms = None
         deadline = time.monotonic() + 60 + n / 1000
-        while True:
-            count = int(client.llen("bench"))
-            stamp = now_ms()
-            if count and first_ms is None:
-                first_ms = stamp
-            if count >= n:
-                break
-            if time.monotonic() > deadline:
-                raise BenchmarkError(f"burst: {count} of {n} released within the deadline")
-            time.sleep(0.002)
+        first_ms, stamp = wait_for_list(client, "bench", n, deadline, "burst")
         machine = load.stop()
         scripts = timer.summary()
         companion.stop()

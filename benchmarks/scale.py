@@ -70,7 +70,7 @@ from celery_zdelay.steering import cancel_ids
 from celery_zdelay.store import Store
 from celery_zdelay.store.store import ParkRequest
 
-from .common import eta_for, now_ms, quantiles
+from .common import eta_for, now_ms, quantiles, wait_for_list
 from .infra import BenchmarkError, MachineLoad, Resources, loadavg, used_memory
 from .web import redis_usec, request_page
 
@@ -450,17 +450,7 @@ def _burst(app: Celery, client: redis.Redis, filler: _Filler, n: int) -> dict[st
     time.sleep(max(0.0, (due - now_ms()) / 1000 - 0.05))
     load = MachineLoad()
     deadline = time.monotonic() + 60 + n / 1000
-    first_ms = None
-    while True:
-        count = int(client.llen(queue))
-        stamp = now_ms()
-        if count and first_ms is None:
-            first_ms = stamp
-        if count >= n:
-            break
-        if time.monotonic() > deadline:
-            raise BenchmarkError(f"scale: {count:,} of {n:,} released within the deadline")
-        time.sleep(0.002)
+    first_ms, stamp = wait_for_list(client, queue, n, deadline, "scale")
     machine = load.stop()
     client.delete(queue)
     seconds = (stamp - due) / 1000
