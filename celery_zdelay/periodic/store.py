@@ -9,6 +9,7 @@ the store's ``park.lua``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -109,8 +110,7 @@ def next_visit_ms(pointer: Pointer | None, last_run_ms: int) -> float:
 
 @dataclass
 class Snapshot:
-    """What a reader needs of the schedules: all of them, or those due (see ``PeriodicStore.view``).
-    """
+    """What a reader needs of the schedules: all, or those due (see ``PeriodicStore.view``)."""
 
     now_ms: int
     definitions: dict[str, Definition] = field(default_factory=dict)
@@ -270,7 +270,10 @@ class PeriodicStore:
             names = sorted(set(snap.visits) | set(snap.held))
             if not names:
                 return snap
-            with client.pipeline(transaction=True) as pipe:
+            # A transaction, so a definition and its pointer are of one
+            # version (not on a Redis Cluster store: redis-py before 6 refuses
+            # one there, and a pass reads them as it did before, apart).
+            with client.pipeline(transaction=not self.store.cluster) as pipe:
                 pipe.hmget(k.defs, names)
                 pipe.hmget(k.pointers, names)
                 pipe.hmget(k.runs, names)
@@ -287,10 +290,8 @@ class PeriodicStore:
             else:
                 self._read_definition(snap, name, body)
             if pointer is not None:
-                try:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
                     snap.pointers[name] = Pointer.from_json(pointer)
-                except (ValueError, KeyError, TypeError):
-                    pass
             if run is not None:
                 _read_run(snap, name, run)
         return snap
@@ -316,7 +317,11 @@ class PeriodicStore:
         the zset, or something removed it: :meth:`revisit_all` builds it.
         """
         k = self.keys
-        with store_errors(self.store.url), self.store.client.pipeline(transaction=True) as pipe:
+        client = self.store.client
+        with (
+            store_errors(self.store.url),
+            client.pipeline(transaction=not self.store.cluster) as pipe,
+        ):
             pipe.zcard(k.visits)
             pipe.hlen(k.defs)
             pipe.scard(k.paused)

@@ -9,6 +9,7 @@ and only the schedules found there. Counted on a private Redis from ``INFO``
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 import redis
 
 from celery_zdelay import periodic
+from celery_zdelay.periodic import server as server_module
 from celery_zdelay.periodic.server import PeriodicServer
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
@@ -123,4 +125,35 @@ def test_a_schedule_not_due_is_served_when_it_comes_due(
     assert set(snap.visits) == {"every-second"}
     assert any(t.startswith("periodic:every-second:v1:") for t in server._pending)
     pointer = server.periodic.snapshot().pointers["daily-7"]
-    assert pointer.version == 2 and len(pointer.parked) == 1
+    assert pointer.version == 2
+    assert len(pointer.parked) == 1
+
+
+def test_an_unchanged_beat_schedule_is_not_rebuilt_and_an_edit_in_place_is_seen(
+    make_test_app: AppFactory, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a companion serving 1,000 schedules, its configuration stored
+    server = _served(make_test_app, private_redis.url, "conf", 1_000)
+    built: list[int] = []
+    real = server_module.definitions_from_config
+
+    def counting(app: Any) -> Any:
+        built.append(1)
+        return real(app)
+
+    monkeypatch.setattr(server_module, "definitions_from_config", counting)
+
+    # When its periodic check compares the same beat_schedule again
+    assert server.reconcile() == "same"
+
+    # Then no definition is built (a second at 10,000 entries, every 5 s)
+    assert built == []
+
+    # And an entry edited in place is still a change, stored and served
+    server.app.conf.beat_schedule["daily-3"]["args"] = (3, "edited")
+    assert server.reconcile() == "done"
+    assert built == [1]
+    assert json.loads(server.periodic.snapshot().definitions["daily-3"].body())["args"] == [
+        3,
+        "edited",
+    ]
