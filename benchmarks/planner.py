@@ -12,6 +12,8 @@ work grows", docs/performance.rst). For each size N, on a private Redis
   with nothing due: the wall time of a pass (median of the round; the
   figure is the median of the rounds, with their spread), and, from
   ``INFO``, the commands, bytes sent by Redis and Redis's own time per pass;
+- ``schedules_in`` (what ``periodic list``, ``status`` and a Prometheus
+  scrape read: every schedule, one line or gauge each);
 - an edit of one entry (its arguments) as a deploy's ``beat_schedule`` or a
   django-celery-beat row reaches the companions: ``reconcile`` (the whole
   configuration compared, ``define.lua`` in "config" mode), then the next
@@ -36,6 +38,7 @@ import redis
 
 from celery_zdelay import periodic
 from celery_zdelay.parking import store_for
+from celery_zdelay.periodic.api import schedules_in
 from celery_zdelay.periodic.server import PeriodicServer
 
 from .infra import Resources, loadavg
@@ -118,8 +121,14 @@ def _measure(url: str, client: redis.Redis, size: int, rounds: int, passes: int)
     started = time.perf_counter()
     parked_after_put = planner._tend()
     put_pass_s = time.perf_counter() - started
+    # What periodic list, status and a scrape read: every schedule.
+    started = time.perf_counter()
+    _, listed = schedules_in(planner.periodic)
+    list_s = time.perf_counter() - started
+    assert len(listed) == size
     app.close()
     return {
+        "list_all_ms": round(list_s * 1000, 1),
         "store_s": round(stored_s, 3),
         "first_pass_s": round(first_pass_s, 3),
         "pass_ms": {

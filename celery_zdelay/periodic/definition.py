@@ -107,7 +107,19 @@ class Definition:
     overlap_timeout_ms: int | None = None
 
     def body(self) -> str:
-        """Return the canonical JSON stored in Redis (equal definitions, equal text)."""
+        """Return the canonical JSON stored in Redis (equal definitions, equal text).
+
+        Encoded once per definition (it is frozen): a configuration is
+        encoded to be checked, fingerprinted and stored.
+        """
+        known: str | None = self.__dict__.get("_body")
+        if known is not None:
+            return known
+        text = self._encode()
+        object.__setattr__(self, "_body", text)
+        return text
+
+    def _encode(self) -> str:
         data: dict[str, Any] = {
             "task": self.task,
             "schedule": self.schedule,
