@@ -34,7 +34,7 @@ from ..errors import ZDelayError
 from ..parking import park_requests
 from ..schedule import Due
 from ..store import ParkRequest, Store
-from .definition import Definition, config_hash, definitions_from_config
+from .definition import Definition, config_hash, definitions_from_config, entry_copy
 from .django_beat import DjangoBeatSource, SourceUnavailableError, uses_django_beat
 from .occurrences import plan
 from .overlap import overlap_headers
@@ -74,23 +74,20 @@ def occurrence_id(name: str, version: int, occurrence_ms: int) -> str:
     return f"{_version_prefix(name, version)}{when.isoformat(timespec='milliseconds')[:-6]}Z"
 
 
-def _config_copy(beat_schedule: Any) -> dict[str, Any]:
-    """A copy of *beat_schedule* to compare with the next one read.
+def _seen_entries(
+    beat_schedule: Any, definitions: Sequence[Definition]
+) -> dict[str, tuple[Any, Definition]]:
+    """Name -> (a copy of its entry, its definition), for the entries served.
 
-    Each entry and its containers (args, kwargs, options) are copied, so an
-    entry changed in place compares unequal; schedule objects are compared
-    with their own ``==`` (Celery's compare what they run on). An object
-    without one compares unequal to itself here, and the entries are then
-    built and compared as before.
+    Those in error are left out: they are checked again at the next read.
     """
+    built = {d.name: d for d in definitions}
+    if not isinstance(beat_schedule, dict):
+        return {}
     return {
-        name: {
-            key: value.copy() if isinstance(value, (dict, list)) else value
-            for key, value in entry.items()
-        }
-        if isinstance(entry, dict)
-        else entry
-        for name, entry in dict(beat_schedule).items()
+        str(name): (entry_copy(entry), built[str(name)])
+        for name, entry in beat_schedule.items()
+        if str(name) in built
     }
 
 
@@ -111,8 +108,9 @@ class PeriodicServer:
         self._config_hash: str | None = None
         self._config_errors: dict[str, str] = {}
         #: The beat_schedule last compared with what is stored, as it was
-        #: then (see :func:`_config_copy`), and the hash it gave.
-        self._config_seen: tuple[dict[str, Any], str] | None = None
+        #: then (name -> (entry copy, definition), see :func:`entry_copy`),
+        #: and the hash it gave.
+        self._config_seen: tuple[dict[str, tuple[Any, Definition]], str] | None = None
         self._last_tend = 0.0
         self._imported = False
         #: Whether beat's last runs were offered to Redis (the first store).
@@ -177,12 +175,17 @@ class PeriodicServer:
                 not force
                 and seen is not None
                 and seen[1] == self._config_hash
-                and dict(current) == seen[0]
+                and isinstance(current, dict)
+                and current.keys() == seen[0].keys()
+                and all(entry == seen[0][name][0] for name, entry in current.items())
             ):
                 # Entries equal to those compared last time: no definition is
                 # built, no body encoded (a second at 10,000 entries).
                 return "same"
-            definitions, errors = definitions_from_config(self.app)
+            # Entries unchanged since keep their definitions: an edit builds one.
+            definitions, errors = definitions_from_config(
+                self.app, previous=seen[0] if seen is not None else None
+            )
             self._config_seen = None
         digest = config_hash(definitions, errors)
         # Rows are read only when their change marker moved, and each read
@@ -190,7 +193,7 @@ class PeriodicServer:
         # companion stored before are newer than what another stored since.
         unchanged = digest == self._config_hash and errors == self._config_errors
         if unchanged and self._source is None and not force:
-            self._config_seen = (_config_copy(current), digest)
+            self._config_seen = (_seen_entries(current, definitions), digest)
             return "same"
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
@@ -222,7 +225,7 @@ class PeriodicServer:
         )
         self._config_hash = digest
         if self._source is None:
-            self._config_seen = (_config_copy(current), digest)
+            self._config_seen = (_seen_entries(current, definitions), digest)
         if status == "older" and self._source is not None:
             # Read before another companion read a later edit: that is stored,
             # and this one reads the rows again at its next check.

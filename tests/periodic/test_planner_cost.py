@@ -137,23 +137,26 @@ def test_an_unchanged_beat_schedule_is_not_rebuilt_and_an_edit_in_place_is_seen(
     built: list[int] = []
     real = server_module.definitions_from_config
 
-    def counting(app: Any) -> Any:
+    def counting(app: Any, **options: Any) -> Any:
         built.append(1)
-        return real(app)
+        return real(app, **options)
 
     monkeypatch.setattr(server_module, "definitions_from_config", counting)
 
     # When its periodic check compares the same beat_schedule again
     assert server.reconcile() == "same"
 
-    # Then no definition is built (a second at 10,000 entries, every 5 s)
+    # Then no definition is built (a second at 10,000 entries, every 5 s, before)
     assert built == []
 
-    # And an entry edited in place is still a change, stored and served
+    # And an entry edited in place is still a change, stored and served,
+    # the other entries' definitions kept as they were
+    kept = server.periodic.snapshot().definitions["daily-4"]
     server.app.conf.beat_schedule["daily-3"]["args"] = (3, "edited")
     assert server.reconcile() == "done"
     assert built == [1]
-    assert json.loads(server.periodic.snapshot().definitions["daily-3"].body())["args"] == [
-        3,
-        "edited",
-    ]
+    stored = server.periodic.snapshot().definitions
+    assert json.loads(stored["daily-3"].body())["args"] == [3, "edited"]
+    assert stored["daily-4"] == kept
+    assert server._config_seen is not None
+    assert server._config_seen[0]["daily-3"][1].args == [3, "edited"]
