@@ -94,8 +94,8 @@ def test_a_pass_with_nothing_due_costs_the_same_with_100_or_5000_schedules(
     large_commands, large_bytes = _pass_cost(large, client)
 
     # Then a pass over 5,000 sends as many commands and as many bytes as one
-    # over 100 (before the visits zset: 8 commands either way, but every
-    # definition, pointer and run, 1,483,753 B a pass at 5,000 against 28,952 B
+    # over 100 (before the visits zset: 9 commands either way, but every
+    # definition, pointer and run, 1,483,753 B a pass at 5,000 against 28,951 B
     # at 100; now 5 commands and 108 B at both)
     print(
         f"pass with nothing due: 100 schedules {small_commands} commands {small_bytes} B; "
