@@ -38,6 +38,7 @@ __all__ = [
     "config_hash",
     "definitions_from_config",
     "entry_copy",
+    "same_entry",
 ]
 
 #: What happens to occurrences no companion released in time (all were
@@ -234,7 +235,7 @@ def definitions_from_config(
     definitions, errors = [], {}
     for name, entry in raw.items():
         seen = previous.get(str(name)) if previous else None
-        if seen is not None and seen[0] == entry:
+        if seen is not None and same_entry(seen[0], entry):
             definitions.append(seen[1])
             continue
         try:
@@ -242,6 +243,22 @@ def definitions_from_config(
         except ConfigurationError as exc:
             errors[str(name)] = str(exc)
     return definitions, errors
+
+
+def same_entry(seen: Any, entry: Any) -> bool:
+    """Whether *entry* is what *seen* (an :func:`entry_copy`) was.
+
+    ``==``, and a schedule object of the same class and ``relative``
+    (Celery's ``schedule`` compares its interval only).
+    """
+    if seen != entry:
+        return False
+    if not isinstance(seen, dict) or not isinstance(entry, dict):
+        return True
+    before, after = seen.get("schedule"), entry.get("schedule")
+    return type(before) is type(after) and getattr(before, "relative", None) == getattr(
+        after, "relative", None
+    )
 
 
 def entry_copy(entry: Any) -> Any:

@@ -34,7 +34,13 @@ from ..errors import ZDelayError
 from ..parking import park_requests
 from ..schedule import Due
 from ..store import ParkRequest, Store
-from .definition import Definition, config_hash, definitions_from_config, entry_copy
+from .definition import (
+    Definition,
+    config_hash,
+    definitions_from_config,
+    entry_copy,
+    same_entry,
+)
 from .django_beat import DjangoBeatSource, SourceUnavailableError, uses_django_beat
 from .occurrences import plan
 from .overlap import overlap_headers
@@ -177,7 +183,7 @@ class PeriodicServer:
                 and seen[1] == self._config_hash
                 and isinstance(current, dict)
                 and current.keys() == seen[0].keys()
-                and all(entry == seen[0][name][0] for name, entry in current.items())
+                and all(same_entry(seen[0][name][0], entry) for name, entry in current.items())
             ):
                 # Entries equal to those compared last time: no definition is
                 # built, no body encoded (a second at 10,000 entries).

@@ -160,3 +160,24 @@ def test_an_unchanged_beat_schedule_is_not_rebuilt_and_an_edit_in_place_is_seen(
     assert stored["daily-4"] == kept
     assert server._config_seen is not None
     assert server._config_seen[0]["daily-3"][1].args == [3, "edited"]
+
+
+def test_a_schedule_made_relative_in_place_of_the_same_interval_is_a_change(
+    make_test_app: AppFactory, private_redis: RedisServer
+) -> None:
+    # Given a companion serving an entry every 60 s, its configuration stored
+    from celery.schedules import schedule
+
+    app = make_test_app(
+        broker=f"{private_redis.url}/0", conf={"zdelay_redis_url": f"{private_redis.url}/0"}
+    )
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": schedule(60.0)}})
+    assert server.reconcile() == "done"
+    assert server.reconcile() == "same"
+
+    # When the entry gets schedule(60, relative=True), which Celery's == finds equal
+    app.conf.beat_schedule["a"]["schedule"] = schedule(60.0, relative=True)
+
+    # Then it is a change all the same
+    assert server.reconcile() == "done"
+    assert server.periodic.snapshot().definitions["a"].schedule.get("relative") is True
