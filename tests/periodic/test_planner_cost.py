@@ -181,3 +181,55 @@ def test_a_schedule_made_relative_in_place_of_the_same_interval_is_a_change(
     # Then it is a change all the same
     assert server.reconcile() == "done"
     assert server.periodic.snapshot().definitions["a"].schedule.get("relative") is True
+
+
+def test_a_store_without_the_visits_zset_gets_it_built_and_every_schedule_served(
+    make_test_app: AppFactory, private_redis: RedisServer
+) -> None:
+    # Given 200 schedules stored, and a store that lost (or never had) the visits zset
+    server = _served(make_test_app, private_redis.url, "upgrade", 200)
+    client = server.periodic.store.client
+    keys = server.periodic.keys
+    scores = dict(client.zrange(keys.visits, 0, -1, withscores=True))
+    client.delete(keys.visits)
+
+    # When a companion starts on it (its first pass checks the zset)
+    again = PeriodicServer(server.app, server.periodic.store, companion_id="upgraded")
+    tend(again)
+
+    # Then every schedule is scored again as its stored state says
+    assert dict(client.zrange(keys.visits, 0, -1, withscores=True)) == scores
+
+
+def test_an_occurrence_that_never_runs_stops_being_looked_at_once_forgotten(
+    make_test_app: AppFactory, private_redis: RedisServer
+) -> None:
+    # Given a 60 s schedule with three occurrences parked ahead (a long horizon)
+    app = make_test_app(
+        broker=f"{private_redis.url}/0", conf={"zdelay_redis_url": f"{private_redis.url}/0"}
+    )
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": 60.0}})
+    server.reconcile()
+    server.horizon_ms = 150_000
+    assert tend(server) == 3
+    periodic_store = server.periodic
+    pointer = periodic_store.snapshot().pointers["a"]
+    first_ms = min(ms for ms, _ in pointer.parked)
+    client = periodic_store.store.client
+    # scored at the first of them: it has not run
+    assert client.zscore(periodic_store.keys.visits, "a") == first_ms
+
+    # When they are cancelled (they never run), and a pass looks at the
+    # schedule after its pointer would forget them (a minute after their
+    # time: here at once), with nothing to plan (its pointer beyond the horizon)
+    periodic_store.store.cancel([task_id for _, task_id in pointer.parked])
+    periodic_store.remember_parked_ms = -600_000
+    server.horizon_ms = 100_000
+    assert tend(server) == 0
+
+    # Then revisit.lua forgets them, and the schedule is scored at its pointer:
+    # not looked at by every pass until its next occurrence to plan
+    after = periodic_store.snapshot().pointers["a"]
+    assert after.ms == pointer.ms
+    assert after.parked == []
+    assert client.zscore(periodic_store.keys.visits, "a") == pointer.ms
