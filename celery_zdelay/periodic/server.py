@@ -276,7 +276,9 @@ class PeriodicServer:
     def tend(self) -> int:
         """Park what is due within the horizon for every schedule; return how many parked.
 
-        Cheap when there is nothing to do: one pipelined read.
+        Cheap when there is nothing to do, however many schedules are stored:
+        the clock and one pipelined read of the schedules due
+        (:meth:`PeriodicStore.view`).
         """
         now = time.monotonic()
         if now - self._last_tend < TEND_EVERY_SECONDS:
