@@ -37,6 +37,8 @@ __all__ = [
     "Definition",
     "config_hash",
     "definitions_from_config",
+    "entry_copy",
+    "same_entry",
 ]
 
 #: What happens to occurrences no companion released in time (all were
@@ -107,7 +109,19 @@ class Definition:
     overlap_timeout_ms: int | None = None
 
     def body(self) -> str:
-        """Return the canonical JSON stored in Redis (equal definitions, equal text)."""
+        """Return the canonical JSON stored in Redis (equal definitions, equal text).
+
+        Encoded once per definition (it is frozen): a configuration is
+        encoded to be checked, fingerprinted and stored.
+        """
+        known: str | None = self.__dict__.get("_body")
+        if known is not None:
+            return known
+        text = self._encode()
+        object.__setattr__(self, "_body", text)
+        return text
+
+    def _encode(self) -> str:
         data: dict[str, Any] = {
             "task": self.task,
             "schedule": self.schedule,
@@ -203,11 +217,16 @@ class Definition:
         return f"solar {sun['event']} at {sun['lat']},{sun['lon']}" + jitter
 
 
-def definitions_from_config(app: Celery) -> tuple[list[Definition], dict[str, str]]:
+def definitions_from_config(
+    app: Celery, *, previous: Mapping[str, tuple[Any, Definition]] | None = None
+) -> tuple[list[Definition], dict[str, str]]:
     """Read ``app.conf.beat_schedule``; return the valid definitions and the errors.
 
     Errors map an entry's name to what is wrong with it, so one bad entry is
-    reported by name while every other entry is served.
+    reported by name while every other entry is served. *previous* maps
+    names to (the entry as it was, its definition) from an earlier read: an
+    entry equal to it keeps that definition, not built again (see
+    :func:`entry_copy`).
     """
     raw = app.conf.beat_schedule or {}
     if not isinstance(raw, Mapping):
@@ -215,11 +234,48 @@ def definitions_from_config(app: Celery) -> tuple[list[Definition], dict[str, st
     known = set(app.tasks.keys())
     definitions, errors = [], {}
     for name, entry in raw.items():
+        seen = previous.get(str(name)) if previous else None
+        if seen is not None and same_entry(seen[0], entry):
+            definitions.append(seen[1])
+            continue
         try:
             definitions.append(from_beat_entry(str(name), entry, known_tasks=known))
         except ConfigurationError as exc:
             errors[str(name)] = str(exc)
     return definitions, errors
+
+
+def same_entry(seen: Any, entry: Any) -> bool:
+    """Whether *entry* is what *seen* (an :func:`entry_copy`) was.
+
+    ``==``, and a schedule object of the same class and ``relative``
+    (Celery's ``schedule`` compares its interval only).
+    """
+    if seen != entry:
+        return False
+    if not isinstance(seen, dict) or not isinstance(entry, dict):
+        return True
+    before, after = seen.get("schedule"), entry.get("schedule")
+    return type(before) is type(after) and getattr(before, "relative", None) == getattr(
+        after, "relative", None
+    )
+
+
+def entry_copy(entry: Any) -> Any:
+    """A copy of a ``beat_schedule`` entry to compare with the next one read.
+
+    The entry and its containers (args, kwargs, options) are copied, so an
+    entry changed in place compares unequal; schedule objects are compared
+    with their own ``==`` (Celery's compare what they run on). An object
+    without one compares unequal to itself here, and the entry is then
+    built again, as it would be without the copy.
+    """
+    if not isinstance(entry, dict):
+        return entry
+    return {
+        key: value.copy() if isinstance(value, (dict, list)) else value
+        for key, value in entry.items()
+    }
 
 
 def from_beat_entry(

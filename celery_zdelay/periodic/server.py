@@ -5,11 +5,14 @@ Every companion does the same thing, with no leader and no lock:
 * at start (and when its ``beat_schedule`` changes) it stores its
   configuration in Redis, unless a newer one is stored already
   (:meth:`PeriodicServer.reconcile`);
-* on every pass it reads the stored schedules and parks each one's
-  occurrences up to :data:`HORIZON_MS` ahead, each under a deterministic id
-  (schedule, version, occurrence time) and through ``park_once``, so a
-  second companion parking the same occurrence changes nothing, and an
-  occurrence already released is never parked again (:meth:`tend`).
+* on every pass it reads the schedules due (those whose score in the
+  visits zset, kept by the scripts that write pointers and runs, falls
+  within :data:`HORIZON_MS`) and parks each one's occurrences up to
+  :data:`HORIZON_MS` ahead, each under a deterministic id (schedule,
+  version, occurrence time) and through ``park_once``, so a second
+  companion parking the same occurrence changes nothing, and an occurrence
+  already released is never parked again (:meth:`tend`). A pass costs what
+  is due, not what is stored.
 
 Releasing is the companion's ordinary job: an occurrence is a parked entry.
 """
@@ -31,11 +34,17 @@ from ..errors import ZDelayError
 from ..parking import park_requests
 from ..schedule import Due
 from ..store import ParkRequest, Store
-from .definition import Definition, config_hash, definitions_from_config
+from .definition import (
+    Definition,
+    config_hash,
+    definitions_from_config,
+    entry_copy,
+    same_entry,
+)
 from .django_beat import DjangoBeatSource, SourceUnavailableError, uses_django_beat
 from .occurrences import plan
 from .overlap import overlap_headers
-from .store import LATE_MS, WAITING_HELD, PeriodicStore, Snapshot
+from .store import LATE_MS, WAITING_HELD, PeriodicStore, Snapshot, next_visit_ms
 from .takeover import since_for
 
 if TYPE_CHECKING:
@@ -71,6 +80,23 @@ def occurrence_id(name: str, version: int, occurrence_ms: int) -> str:
     return f"{_version_prefix(name, version)}{when.isoformat(timespec='milliseconds')[:-6]}Z"
 
 
+def _seen_entries(
+    beat_schedule: Any, definitions: Sequence[Definition]
+) -> dict[str, tuple[Any, Definition]]:
+    """Name -> (a copy of its entry, its definition), for the entries served.
+
+    Those in error are left out: they are checked again at the next read.
+    """
+    built = {d.name: d for d in definitions}
+    if not isinstance(beat_schedule, dict):
+        return {}
+    return {
+        str(name): (entry_copy(entry), built[str(name)])
+        for name, entry in beat_schedule.items()
+        if str(name) in built
+    }
+
+
 def _version_prefix(name: str, version: int) -> str:
     """What the ids of one version's occurrences start with."""
     return f"periodic:{name}:v{version}:"
@@ -87,6 +113,10 @@ class PeriodicServer:
         self._schedules: dict[tuple[str, int], BaseSchedule] = {}
         self._config_hash: str | None = None
         self._config_errors: dict[str, str] = {}
+        #: The beat_schedule last compared with what is stored, as it was
+        #: then (name -> (entry copy, definition), see :func:`entry_copy`),
+        #: and the hash it gave.
+        self._config_seen: tuple[dict[str, tuple[Any, Definition]], str] | None = None
         self._last_tend = 0.0
         self._imported = False
         #: Whether beat's last runs were offered to Redis (the first store).
@@ -102,8 +132,11 @@ class PeriodicServer:
         #: The earliest occurrence ms in _pending (or earlier: one released
         #: since stays until the next tend), None when there is none.
         self._next_pending_ms: int | None = None
-        #: Occurrences found released after their time: not looked up again.
-        self._settled: set[str] = set()
+        #: Occurrences found released after their time (id -> schedule): not looked up again.
+        self._settled: dict[str, str] = {}
+        #: Whether the visits zset was checked against the schedules lately
+        #: (at the first pass, then with each reconcile check).
+        self._visits_checked = False
         #: Schedules with missed occurrences still waiting or held (logged once).
         self._gaps: set[str] = set()
         #: Set once the first pass is over: a starting companion releases
@@ -142,13 +175,31 @@ class PeriodicServer:
                 return "same"
             self._source_answers()
         else:
-            definitions, errors = definitions_from_config(self.app)
+            current = self.app.conf.beat_schedule or {}
+            seen = self._config_seen
+            if (
+                not force
+                and seen is not None
+                and seen[1] == self._config_hash
+                and isinstance(current, dict)
+                and current.keys() == seen[0].keys()
+                and all(same_entry(seen[0][name][0], entry) for name, entry in current.items())
+            ):
+                # Entries equal to those compared last time: no definition is
+                # built, no body encoded (a second at 10,000 entries).
+                return "same"
+            # Entries unchanged since keep their definitions: an edit builds one.
+            definitions, errors = definitions_from_config(
+                self.app, previous=seen[0] if seen is not None else None
+            )
+            self._config_seen = None
         digest = config_hash(definitions, errors)
         # Rows are read only when their change marker moved, and each read
         # goes to Redis with that marker: rows edited back to what this
         # companion stored before are newer than what another stored since.
         unchanged = digest == self._config_hash and errors == self._config_errors
         if unchanged and self._source is None and not force:
+            self._config_seen = (_seen_entries(current, definitions), digest)
             return "same"
         for name, error in errors.items():
             logger.error("Periodic task %r is not served: %s", name, error)
@@ -179,6 +230,8 @@ class PeriodicServer:
             made=None if self._source is None else self._source.made(),
         )
         self._config_hash = digest
+        if self._source is None:
+            self._config_seen = (_seen_entries(current, definitions), digest)
         if status == "older" and self._source is not None:
             # Read before another companion read a later edit: that is stored,
             # and this one reads the rows again at its next check.
@@ -223,7 +276,9 @@ class PeriodicServer:
     def tend(self) -> int:
         """Park what is due within the horizon for every schedule; return how many parked.
 
-        Cheap when there is nothing to do: one pipelined read.
+        Cheap when there is nothing to do, however many schedules are stored:
+        the clock and one pipelined read of the schedules due
+        (:meth:`PeriodicStore.view`).
         """
         now = time.monotonic()
         if now - self._last_tend < TEND_EVERY_SECONDS:
@@ -262,7 +317,10 @@ class PeriodicServer:
                 self._source_fails(exc)
         if now - self._last_check >= RECONCILE_CHECK_SECONDS:
             self.reconcile()
-        snap = self.periodic.snapshot()
+            self._visits_checked = False
+        if not self._visits_checked:
+            self._check_visits()
+        snap = self.periodic.view(self.horizon_ms)
         if not snap.meta and self._config_hash is not None:
             # Redis lost everything (restarted without persistence, flushed):
             # store this companion's schedule again rather than serve nothing.
@@ -272,7 +330,7 @@ class PeriodicServer:
                 # The rows did not change, but what was stored from them is gone.
                 self._source.read_again()
             self.reconcile()
-            snap = self.periodic.snapshot()
+            snap = self.periodic.view(self.horizon_ms)
         self._cancel(snap)
         self._withdraw_held_of_the_past(snap)
         # Built aside, then swapped in: note_released may read it meanwhile
@@ -292,21 +350,65 @@ class PeriodicServer:
         self._pending = pending
         self._next_pending_ms = min((ms for _, ms in pending.values()), default=None)
         parked = 0
-        # Kept while a pointer remembers them: each is asked about once.
+        # Kept while a pointer remembers them: each is asked about once (those
+        # of schedules not read this pass are kept as they are).
         remembered = {task_id for p in snap.pointers.values() for _, task_id in p.parked}
-        self._settled &= remembered | set(pending)
+        self._settled = {
+            task_id: name
+            for task_id, name in self._settled.items()
+            if name not in snap.pointers or task_id in remembered or task_id in pending
+        }
+        advanced: set[str] = set()
         for name, definition in snap.definitions.items():
             if name in snap.paused:
                 continue
             try:
                 gap_decided = self._sort_out_missed(definition, snap)
-                parked += self._tend_one(definition, snap, gap_decided=gap_decided)
+                parked += self._tend_one(definition, snap, gap_decided=gap_decided, moved=advanced)
             except Exception as exc:
                 if isinstance(exc, ZDelayError) and exc.transient:
                     raise  # the store's state, not this schedule's: the caller waits
                 logger.exception("Periodic task %r: parking its next occurrences failed", name)
+        self._revisit_stale(snap, advanced)
         self.parked += parked
         return parked
+
+    def _check_visits(self) -> None:
+        """Build the visits zset again when it does not hold every schedule not paused.
+
+        A store written by a release without it (or a zset removed by hand)
+        would leave schedules unserved: they are put back, each as its
+        stored state says. Three counts when nothing is missing.
+        """
+        if not self.periodic.visits_complete():
+            listed = self.periodic.revisit_all()
+            logger.info("Periodic schedules indexed for the planner again: %d", listed)
+        self._visits_checked = True
+
+    def _revisit_stale(self, snap: Snapshot, advanced: set[str]) -> None:
+        """Score again the schedules read this pass whose score their state no longer gives.
+
+        ``advance.lua`` and ``record_runs.lua`` score a schedule as they
+        write it; one left as it was keeps its score, which may point at an
+        occurrence that never runs (withdrawn by the missed policy,
+        cancelled, dead-lettered) or at ids its pointer no longer needs to
+        remember. ``revisit.lua`` forgets those ids (as ``advance.lua``
+        does) and scores it from its stored state, so it is looked at again
+        when that state says, not at every pass.
+        """
+        forget_before = snap.now_ms - self.periodic.remember_parked_ms
+        stale = []
+        for name, score in snap.visits.items():
+            if name in advanced:
+                continue
+            pointer = snap.pointers.get(name)
+            last_run = snap.runs.get(name, (-1, 0))[0]
+            if next_visit_ms(pointer, last_run) != score or (
+                pointer is not None and any(ms < forget_before for ms, _ in pointer.parked)
+            ):
+                stale.append(name)
+        if stale:
+            self.periodic.revisit(stale, snap.now_ms)
 
     def due_by(self, ms: int) -> bool:
         """Whether an occurrence not yet seen released is due at or before *ms*.
@@ -475,7 +577,9 @@ class PeriodicServer:
             return False
         where = self.periodic.waiting_among(list(asked))
         # Released, in flight or withdrawn: not asked about again.
-        self._settled |= {t for t in asked if t not in where and t not in known}
+        self._settled.update(
+            {t: definition.name for t in asked if t not in where and t not in known}
+        )
         held = {t for t, place in where.items() if place == WAITING_HELD}
         if held != set(known):
             self.periodic.note_held(
@@ -512,7 +616,7 @@ class PeriodicServer:
         kept = waiting[:1] if definition.missed == "once" else []
         withdrawn = waiting[len(kept) :]
         found = self.periodic.store.cancel(withdrawn) if withdrawn else []
-        self._settled |= set(withdrawn)
+        self._settled.update(dict.fromkeys(withdrawn, definition.name))
         # Those this companion took back: another one back from the same
         # outage finds them gone and counts none.
         self.periodic.count(definition.name, "missed", sum(found))
@@ -538,8 +642,14 @@ class PeriodicServer:
         return True
 
     def _tend_one(
-        self, definition: Definition, snap: Snapshot, *, gap_decided: bool = False
+        self,
+        definition: Definition,
+        snap: Snapshot,
+        *,
+        gap_decided: bool = False,
+        moved: set[str] | None = None,
     ) -> int:
+        """Park what is due of one schedule; add its name to *moved* if its pointer is written."""
         pointer = snap.pointers.get(definition.name)
         if pointer is None:
             return 0
@@ -561,6 +671,8 @@ class PeriodicServer:
             todo_park = todo_park[: max(0, definition.max_runs - pointer.runs)]
         if not todo_park:
             if todo.pointer_ms != pointer.ms:
+                if moved is not None:
+                    moved.add(definition.name)
                 self.periodic.advance(
                     definition.name,
                     version,
@@ -616,6 +728,8 @@ class PeriodicServer:
             return 0
         # Past what the dates and the limit left out too, unless parking stopped early.
         new_pointer = todo.pointer_ms if len(parked) == len(todo_park) else parked[-1][0]
+        if moved is not None:
+            moved.add(definition.name)
         status = self.periodic.advance(
             definition.name,
             version,

@@ -9,7 +9,9 @@ the store's ``park.lua``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -28,6 +30,7 @@ __all__ = [
     "PeriodicStore",
     "Pointer",
     "Snapshot",
+    "next_visit_ms",
 ]
 
 #: Where an occurrence waits (see :meth:`PeriodicStore.waiting_among`).
@@ -51,6 +54,9 @@ REMEMBER_PARKED_MS = 60_000
 #: that stalls between reading a pointer and parking what follows it (GC,
 #: swap, a frozen VM) for less than this cannot run a tick again.
 TICK_MEMORY_MS = 3_600_000
+#: Names per ``revisit.lua`` call when the visits zset is built again (a
+#: call then costs Redis about a millisecond).
+REVISIT_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -91,9 +97,20 @@ class Pointer:
         )
 
 
+def next_visit_ms(pointer: Pointer | None, last_run_ms: int) -> float:
+    """The score a schedule has in the visits zset (``periodic_next_visit`` in ``_pointer.lua``).
+
+    Its pointer's ms, or the earliest occurrence parked after *last_run_ms*
+    (the last run recorded), if earlier; infinity without a pointer.
+    """
+    if pointer is None:
+        return math.inf
+    return min([pointer.ms, *(ms for ms, _ in pointer.parked if ms > last_run_ms)])
+
+
 @dataclass
 class Snapshot:
-    """Everything about the schedules, read in one round trip."""
+    """What a reader needs of the schedules: all, or those due (see ``PeriodicStore.view``)."""
 
     now_ms: int
     definitions: dict[str, Definition] = field(default_factory=dict)
@@ -113,6 +130,9 @@ class Snapshot:
     #: name -> [(occurrence ms, id)] of occurrences found held back by a
     #: pause or a rate limit (see :meth:`PeriodicStore.note_held`).
     held: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    #: name -> score in the visits zset, of the schedules a planner pass
+    #: looks at (:meth:`PeriodicStore.view`; empty from :meth:`PeriodicStore.snapshot`).
+    visits: dict[str, float] = field(default_factory=dict)
 
 
 def _lua(name: str) -> LuaFile:
@@ -125,12 +145,13 @@ _POINTER, _WITHDRAW = _lua("_pointer"), _lua("_withdraw")
 #: The periodic scripts (declared with the store's registry: see store/scripts.py).
 PERIODIC_SCRIPTS = register(
     ScriptSpec("define", _lua("define"), (_POINTER, TRANSITIONS, _WITHDRAW)),
-    ScriptSpec("advance", _lua("advance")),
+    ScriptSpec("advance", _lua("advance"), (_POINTER,)),
     ScriptSpec("pause", _lua("pause"), (_POINTER, TRANSITIONS, _WITHDRAW)),
     # In front of the store's park.lua, in the same script: checked and
     # remembered in the step that parks.
     ScriptSpec("park_once", _lua("park_once"), leads_into=spec("park")),
-    ScriptSpec("record_runs", _lua("record_runs")),
+    ScriptSpec("record_runs", _lua("record_runs"), (_POINTER,)),
+    ScriptSpec("revisit", _lua("revisit"), (_POINTER,)),
 )
 
 
@@ -148,6 +169,9 @@ class PeriodicStore:
         self._pause = scripts["pause"]
         self._park_once = scripts["park_once"]
         self._record_runs = scripts["record_runs"]
+        self._revisit = scripts["revisit"]
+        #: name -> (stored body, its Definition): a body read again is not decoded again.
+        self._decoded: dict[str, tuple[bytes, Definition]] = {}
         #: See :data:`TICK_MEMORY_MS`.
         self.tick_memory_ms = TICK_MEMORY_MS
         #: See :data:`REMEMBER_PARKED_MS`.
@@ -201,13 +225,7 @@ class PeriodicStore:
         snap.to_cancel = sorted(_text(i) for i in cancel)
         snap.meta = {_text(a): _text(b) for a, b in meta.items()}
         for raw_name, raw in runs.items():
-            try:
-                run = json.loads(raw)
-                snap.runs[_text(raw_name)] = (int(run["ms"]), int(run["lateness_ms"]))
-                if isinstance(run.get("id"), str):
-                    snap.last_ids[_text(raw_name)] = run["id"]
-            except (ValueError, KeyError, TypeError):
-                continue
+            _read_run(snap, _text(raw_name), raw)
         for raw_member, ms in held:
             name, _, task_id = _text(raw_member).partition("\n")
             snap.held.setdefault(name, []).append((int(ms), task_id))
@@ -218,6 +236,129 @@ class PeriodicStore:
             except ValueError:
                 continue
         return snap
+
+    def view(self, horizon_ms: int) -> Snapshot:
+        """Read what one planner pass needs: the schedules due, not every schedule.
+
+        Those whose score in the visits zset is at most now + *horizon_ms*
+        (a pointer to plan from, or an occurrence parked and not recorded
+        as run), and those with occurrences held back (the held zset, read
+        whole: it holds what a pause or a rate limit holds, not every
+        schedule). Their definitions, pointers, runs and pause state are
+        read in one transaction, so a definition and its pointer are of
+        one version. Costs what is due and held, whatever else is stored.
+        ``counts`` are not read (nothing plans from them).
+        """
+        k = self.keys
+        client = self.store.client
+        with store_errors(self.store.url):
+            seconds, micros = client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            with client.pipeline(transaction=False) as pipe:
+                pipe.zrangebyscore(k.visits, "-inf", now_ms + horizon_ms, withscores=True)
+                pipe.smembers(k.cancel)
+                pipe.hmget(k.meta, _META_FIELDS)
+                pipe.zrange(k.held, 0, -1, withscores=True)
+                visits, cancel, meta, held = pipe.execute()
+            snap = Snapshot(now_ms=now_ms)
+            snap.visits = {_text(name): float(score) for name, score in visits}
+            snap.to_cancel = sorted(_text(i) for i in cancel)
+            snap.meta = {f: _text(v) for f, v in zip(_META_FIELDS, meta, strict=True) if v}
+            for raw_member, ms in held:
+                name, _, task_id = _text(raw_member).partition("\n")
+                snap.held.setdefault(name, []).append((int(ms), task_id))
+            names = sorted(set(snap.visits) | set(snap.held))
+            if not names:
+                return snap
+            # A transaction, so a definition and its pointer are of one
+            # version (not on a Redis Cluster store: redis-py before 6 refuses
+            # one there, and a pass reads them as it did before, apart).
+            with client.pipeline(transaction=not self.store.cluster) as pipe:
+                pipe.hmget(k.defs, names)
+                pipe.hmget(k.pointers, names)
+                pipe.hmget(k.runs, names)
+                for name in names:
+                    pipe.sismember(k.paused, name)
+                defs, pointers, runs, *paused = pipe.execute()
+        for name, body, pointer, run, is_paused in zip(
+            names, defs, pointers, runs, paused, strict=True
+        ):
+            if is_paused:
+                snap.paused.add(name)
+            if body is None:
+                self._decoded.pop(name, None)
+            else:
+                self._read_definition(snap, name, body)
+            if pointer is not None:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    snap.pointers[name] = Pointer.from_json(pointer)
+            if run is not None:
+                _read_run(snap, name, run)
+        return snap
+
+    def _read_definition(self, snap: Snapshot, name: str, body: bytes | str) -> None:
+        raw = body.encode() if isinstance(body, str) else body
+        cached = self._decoded.get(name)
+        if cached is not None and cached[0] == raw:
+            snap.definitions[name] = cached[1]
+            return
+        try:
+            definition = Definition.from_body(name, raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            snap.unreadable[name] = repr(exc)
+            return
+        self._decoded[name] = (raw, definition)
+        snap.definitions[name] = definition
+
+    def visits_complete(self) -> bool:
+        """Whether the visits zset holds as many names as there are schedules not paused.
+
+        Three counts. Not so when the store was written by a release without
+        the zset, or something removed it: :meth:`revisit_all` builds it.
+        """
+        k = self.keys
+        client = self.store.client
+        with (
+            store_errors(self.store.url),
+            client.pipeline(transaction=not self.store.cluster) as pipe,
+        ):
+            pipe.zcard(k.visits)
+            pipe.hlen(k.defs)
+            pipe.scard(k.paused)
+            visits, defs, paused = pipe.execute()
+        return int(visits) == int(defs) - int(paused)
+
+    def revisit_all(self) -> int:
+        """Put every schedule in the visits zset as its state says; return how many are in it.
+
+        Reads every name once (``HKEYS``), then ``revisit.lua`` in batches
+        of :data:`REVISIT_BATCH`: for a starting companion whose store lacks
+        the zset, not for a pass.
+        """
+        k = self.keys
+        with store_errors(self.store.url):
+            seconds, micros = self.store.client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            names = {_text(n) for n in self.store.client.hkeys(k.defs)}
+            names |= {_text(n) for n in self.store.client.zrange(k.visits, 0, -1)}
+        ordered = sorted(names)
+        listed = 0
+        for at in range(0, len(ordered), REVISIT_BATCH):
+            listed += self.revisit(ordered[at : at + REVISIT_BATCH], now_ms)
+        return listed
+
+    def revisit(self, names: Sequence[str], now_ms: int) -> int:
+        """Score *names* in the visits zset from their stored state (``revisit.lua``)."""
+        if not names:
+            return 0
+        k = self.keys
+        with store_errors(self.store.url):
+            return int(
+                self._revisit(
+                    keys=[k.defs, k.pointers, k.paused, k.runs, k.visits],
+                    args=[now_ms - self.remember_parked_ms, *names],
+                )
+            )
 
     # -- definitions ----------------------------------------------------------
 
@@ -294,6 +435,7 @@ class PeriodicStore:
                     k.cancel,
                     k.meta,
                     k.superseded,
+                    k.visits,
                     *self._shard_keys(),
                 ],
                 args=args,
@@ -310,7 +452,15 @@ class PeriodicStore:
         with store_errors(self.store.url):
             done = int(
                 self._pause(
-                    keys=[k.defs, k.pointers, k.paused, k.cancel, k.versions, *self._shard_keys()],
+                    keys=[
+                        k.defs,
+                        k.pointers,
+                        k.paused,
+                        k.cancel,
+                        k.versions,
+                        k.visits,
+                        *self._shard_keys(),
+                    ],
                     args=["pause" if paused else "resume", name],
                 )
             )
@@ -469,7 +619,7 @@ class PeriodicStore:
         args.append(len(missed_ids))
         for ms, task_id in [*missed_ids, *parked]:
             args += [ms, task_id]
-        keys = [k.pointers, k.paused, k.counts, k.missed_prefix + name]
+        keys = [k.pointers, k.paused, k.counts, k.missed_prefix + name, k.runs, k.visits]
         with store_errors(self.store.url):
             reply = int(self._advance(keys=keys, args=args))
         return {1: "done", 0: "paused"}.get(reply, "changed")
@@ -484,7 +634,9 @@ class PeriodicStore:
         for name, record in runs.items():
             args += [name, record]
         with store_errors(self.store.url):
-            recorded = self._record_runs(keys=[self.keys.runs], args=args)
+            recorded = self._record_runs(
+                keys=[self.keys.runs, self.keys.pointers, self.keys.visits], args=args
+            )
         return [_text(name) for name in recorded]
 
     def count(self, name: str, counter: str, ticks: int = 1) -> None:
@@ -518,6 +670,21 @@ class PeriodicStore:
         if task_ids:
             with store_errors(self.store.url):
                 self.store.client.srem(self.keys.cancel, *task_ids)
+
+
+#: The fields of the meta hash a pass reads (not "unserved": it lists every bad entry).
+_META_FIELDS = ("hash", "written_by", "written_ms", "made")
+
+
+def _read_run(snap: Snapshot, name: str, raw: str | bytes) -> None:
+    """Add one stored run record to *snap* (left out when it cannot be read)."""
+    try:
+        run = json.loads(raw)
+        snap.runs[name] = (int(run["ms"]), int(run["lateness_ms"]))
+        if isinstance(run.get("id"), str):
+            snap.last_ids[name] = run["id"]
+    except (ValueError, KeyError, TypeError):
+        return
 
 
 def _unserved(raw: Any) -> dict[str, str]:

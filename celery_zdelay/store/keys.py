@@ -122,6 +122,11 @@ class PeriodicKeys:
     #: ZSET "<name>\n<occurrence id>" -> occurrence ms: occurrences found held
     #: back by a pause or a rate limit, until released or withdrawn.
     held: str
+    #: ZSET name -> epoch ms from which a planner pass looks at the schedule:
+    #: its pointer's ms, or the earliest occurrence parked that no companion
+    #: recorded as run, if earlier (see ``_pointer.lua``). Paused schedules
+    #: are not in it. Written by the scripts that write pointers and runs.
+    visits: str
 
 
 def periodic_keys(prefix: str) -> PeriodicKeys:
@@ -139,6 +144,7 @@ def periodic_keys(prefix: str) -> PeriodicKeys:
         counts=f"{tag}:counts",
         missed_prefix=f"{tag}:missed:",
         held=f"{tag}:held",
+        visits=f"{tag}:visits",
     )
 
 

@@ -29,3 +29,31 @@ local function periodic_parked(r, now_ms)
   end
   return ahead, due
 end
+
+-- The ms from which a planner pass looks at schedule *name* (its score in
+-- the visits zset, see PeriodicKeys.visits): its pointer's ms (where the
+-- next occurrences are planned from), or the earliest occurrence the
+-- pointer lists as parked that no companion recorded as run (in the runs
+-- hash; none given: none recorded), if earlier, so companions look at it
+-- until its run is recorded.
+-- A pointer that cannot be read is never looked at ('+inf'), as a pass
+-- leaves it out. Must equal next_visit_ms() in periodic/store.py.
+local function periodic_next_visit(r, runs, name)
+  local at = r and tonumber(r.ms)
+  if not at then return '+inf' end
+  local last = -1
+  if runs then
+    local ok, run = pcall(cjson.decode, redis.call('HGET', runs, name) or '')
+    if ok and type(run) == 'table' and tonumber(run.ms) then last = tonumber(run.ms) end
+  end
+  if type(r.ids) == 'table' then
+    for _, pair in ipairs(r.ids) do
+      if type(pair) == 'table' and type(pair[1]) == 'number' and pair[1] > last
+          and pair[1] < at then
+        at = pair[1]
+      end
+    end
+  end
+  -- As an integer: a Lua number would be written as 1.7649720000001e+12.
+  return string.format('%d', at)
+end

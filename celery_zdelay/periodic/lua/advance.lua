@@ -5,6 +5,8 @@
 -- KEYS[3] counts hash     "<name>\n<counter>" -> ticks (see PeriodicStore.count)
 -- KEYS[4] missed zset     this schedule's occurrence ids left out -> their ms
 --                         (what "periodic backfill" runs)
+-- KEYS[5] runs hash       name -> last occurrence released (see record_runs.lua)
+-- KEYS[6] visits zset     name -> ms a planner pass looks at it from (see _pointer.lua)
 -- ARGV[1] name
 -- ARGV[2] version the occurrences were planned from
 -- ARGV[3] new pointer ms (the newest occurrence planned)
@@ -17,9 +19,11 @@
 -- returns 1; 0 when the schedule was paused since it was read (the caller
 --         cancels what it parked); -1 when the definition changed or went
 --         away (the caller cancels what it parked ahead: see define.lua)
-local pointers, paused, counts, missed_ids = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local pointers, paused, counts, missed_ids, runs, visits =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local name = ARGV[1]
-zdelay_expect(pointers, 'hash', paused, 'set', counts, 'hash', missed_ids, 'zset')
+zdelay_expect(pointers, 'hash', paused, 'set', counts, 'hash', missed_ids, 'zset',
+  runs, 'hash', visits, 'zset')
 -- Most missed occurrences remembered per schedule (the newest).
 local KEEP_MISSED = 1000
 local listed_missed = tonumber(ARGV[6]) or 0
@@ -67,4 +71,5 @@ end
 r.ids = ids
 r.n = (tonumber(r.n) or 0) + added
 redis.call('HSET', pointers, name, cjson.encode(r))
+redis.call('ZADD', visits, periodic_next_visit(r, runs, name), name)
 return 1

@@ -9,7 +9,8 @@
 -- KEYS[5] cancel set       occurrence ids every companion cancels (then forgets)
 -- KEYS[6] meta hash        hash, written_by, written_ms, made of the stored configuration
 -- KEYS[7] superseded set   configuration hashes replaced by a newer one
--- KEYS[8..] the shards' keys, five per shard (see _withdraw.lua); none on a
+-- KEYS[8] visits zset      name -> ms a planner pass looks at it from (see _pointer.lua)
+-- KEYS[9..] the shards' keys, five per shard (see _withdraw.lua); none on a
 --           Redis Cluster, whose shards are other slots
 -- ARGV[1] mode             "config": replace the entries from configuration
 --                          "put": add or replace one entry; "drop": remove ARGV[6..]
@@ -51,12 +52,12 @@
 -- version counters, template counts): a failure leaves every schedule as it was.
 if redis.replicate_commands then redis.replicate_commands() end
 
-local defs, versions, pointers, paused, cancel, meta, superseded =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local defs, versions, pointers, paused, cancel, meta, superseded, visits =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local mode = ARGV[1]
 zdelay_expect(defs, 'hash', versions, 'hash', pointers, 'hash', paused, 'set', cancel, 'set',
-  meta, 'hash', superseded, 'set')
-local shards = periodic_shards(8)
+  meta, 'hash', superseded, 'set', visits, 'zset')
+local shards = periodic_shards(9)
 local now_ms = zdelay_now_ms()
 
 -- 1. Decide (reads only): which names are new, changed or removed.
@@ -145,6 +146,7 @@ for _, name in ipairs(drops) do
   redis.call('HDEL', defs, name)
   redis.call('HDEL', pointers, name)
   redis.call('SREM', paused, name)
+  redis.call('ZREM', visits, name)
   changed[#changed + 1] = 'removed'
   changed[#changed + 1] = name
 end
@@ -171,6 +173,11 @@ for _, p in ipairs(puts) do
   end
   redis.call('HSET', defs, name, body)
   redis.call('HSET', pointers, name, cjson.encode(record))
+  -- Looked at from the new pointer on (no id parked yet); a paused one
+  -- stays out of the visits until its resume.
+  if redis.call('SISMEMBER', paused, name) == 0 then
+    redis.call('ZADD', visits, periodic_next_visit(record, nil, name), name)
+  end
   changed[#changed + 1] = kind
   changed[#changed + 1] = name
 end

@@ -5,18 +5,21 @@
 -- KEYS[3] paused set
 -- KEYS[4] cancel set
 -- KEYS[5] versions hash    (see define.lua)
--- KEYS[6..] the shards' keys, five per shard (see _withdraw.lua); none on a
+-- KEYS[6] visits zset      (see _pointer.lua): a paused schedule is not in it
+-- KEYS[7..] the shards' keys, five per shard (see _withdraw.lua); none on a
 --           Redis Cluster
 -- ARGV[1] "pause" or "resume"
 -- ARGV[2] name
 -- returns 1 done, 0 no such schedule, 2 already so
 if redis.replicate_commands then redis.replicate_commands() end
 
-local defs, pointers, paused, cancel, versions = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local defs, pointers, paused, cancel, versions, visits =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local name = ARGV[2]
 -- Everything that can fail is checked before the first write.
-zdelay_expect(defs, 'hash', pointers, 'hash', paused, 'set', cancel, 'set', versions, 'hash')
-local shards = periodic_shards(6)
+zdelay_expect(defs, 'hash', pointers, 'hash', paused, 'set', cancel, 'set', versions, 'hash',
+  visits, 'zset')
+local shards = periodic_shards(7)
 if redis.call('HEXISTS', defs, name) == 0 then return 0 end
 local r = periodic_pointer(pointers, name)
 if ARGV[1] == 'pause' then
@@ -31,6 +34,7 @@ if ARGV[1] == 'pause' then
   end
   local plan = periodic_withdraw_plan(shards, ids)
   redis.call('SADD', paused, name)
+  redis.call('ZREM', visits, name)
   if #shards > 0 then
     -- Those taken back from the due set never ran: they no longer count
     -- against zdelay_max_runs (those leased are in flight and run).
@@ -62,4 +66,5 @@ r.v = redis.call('HINCRBY', versions, name, 1)
 r.ms = zdelay_now_ms()
 r.ids = {}
 redis.call('HSET', pointers, name, cjson.encode(r))
+redis.call('ZADD', visits, periodic_next_visit(r, nil, name), name)
 return 1
