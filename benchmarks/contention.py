@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from celery_zdelay.config import get_config
-from celery_zdelay.store.keys import shard_keys
+from celery_zdelay.store.redis_keys import shard_keys
 
 from .common import Sizes, now_ms, park_bulk, prepare_before_due
 from .infra import BenchmarkError, MachineLoad, Resources, ScriptTimer, wait_for

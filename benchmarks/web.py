@@ -40,7 +40,7 @@ from typing import Any
 import celery_zdelay
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
-from celery_zdelay.store.keys import shard_keys
+from celery_zdelay.store.redis_keys import shard_keys
 
 from .common import PARK_CHUNK, Sizes, eta_for, now_ms, quantiles
 from .infra import MachineLoad, Resources

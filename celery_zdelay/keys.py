@@ -34,8 +34,8 @@ from typing import Any
 from .errors import ConfigurationError
 from .names import MAX_NAME_LENGTH, validate_name, validate_task_id
 from .store.headers import KEY_HEADER, ON_KEY_HEADER, TAGS_HEADER
-from .store.keys import shard_of
 from .store.marks import ON_KEY_MODES, Mark
+from .store.redis_keys import shard_of
 
 __all__ = [
     "MAX_KEY_LENGTH",

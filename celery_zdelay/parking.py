@@ -40,7 +40,7 @@ from .steering import announce_cancelled
 from .store import Parked, ParkRequest, admin
 from .store.client import store_errors
 from .store.headers import ETA_HEADER, KEY_HEADER, ON_KEY_HEADER, PARK_HEADER, TAGS_HEADER
-from .store.keys import canvas_key
+from .store.redis_keys import canvas_key
 from .tracing import park_span
 
 if TYPE_CHECKING:

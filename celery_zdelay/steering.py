@@ -33,10 +33,10 @@ from .names import validate_task_id
 from .schedule import Due, due_from
 from .store import Store, admin
 from .store.client import store_errors
-from .store.keys import canvas_key
 from .store.lookup import find, select
 from .store.read_model import EntryState, ParkedTask
 from .store.reading import ADMIN_BATCH
+from .store.redis_keys import canvas_key
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -81,8 +81,8 @@ from .store.headers import (
     SCHEDULE_HEADER,
     header_of,
 )
-from .store.keys import seen_key
 from .store.marks import finish_key, start_run
+from .store.redis_keys import seen_key
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -158,7 +158,7 @@ def main() -> int:
 def wait_until_ready(companion_log: Path) -> None:
     """Wait for the worker to answer a ping and for the companion's heartbeat."""
     from celery_zdelay.parking import store_for
-    from celery_zdelay.store.keys import companions_key
+    from celery_zdelay.store.redis_keys import companions_key
     from example_project import celery_app
 
     deadline = time.monotonic() + START_TIMEOUT

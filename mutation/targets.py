@@ -458,6 +458,13 @@ LUA = (
         _PERIODIC + "record_runs.lua",
         ("tests/periodic/test_last_run_record.py", "tests/periodic/test_periodic_settle.py"),
     ),
+    # The planner's index: a schedule a pass left untouched is looked at again
+    # when its pointer or its next unrun occurrence is due, never sooner.
+    Target(
+        "revisit.lua",
+        _PERIODIC + "revisit.lua",
+        ("tests/periodic/test_planner_cost.py",),
+    ),
 )
 
 #: The kill tests: files written against the mutants the rest of the suite let

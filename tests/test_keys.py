@@ -23,8 +23,8 @@ from celery_zdelay import ConfigurationError
 from celery_zdelay.companion import Companion
 from celery_zdelay.keys import task_id_for
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.keys import shard_of
 from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.redis_keys import shard_of
 from celery_zdelay.testing import RedisServer
 from tests.helpers import ROOT, CeleryProcess, Runs, wait_for
 from tests.project import app_env

@@ -64,9 +64,9 @@ from celery_zdelay.app_state import RELEASED_BY_TEST, store_for
 from celery_zdelay.companion import Companion
 from celery_zdelay.store import admin
 from celery_zdelay.store.admin import MAX_LIST_LIMIT, EntryState
-from celery_zdelay.store.keys import held_set_key, lanes_key, shard_keys
 from celery_zdelay.store.lookup import find
 from celery_zdelay.store.marks import tag_count
+from celery_zdelay.store.redis_keys import held_set_key, lanes_key, shard_keys
 from celery_zdelay.testing import RedisServer
 from celery_zdelay.testing.worker import InProcessWorker
 from tests.conftest import BACKEND_DB, BROKER_DB, RECORD_DB
@@ -188,7 +188,7 @@ def _text(value: Any) -> str:
 
 
 def read_store(client: redis.Redis) -> Snapshot:
-    """Read the shard's state from its Redis keys (store/keys.py names them)."""
+    """Read the shard's state from its Redis keys (store/redis_keys.py names them)."""
     held_prefix = held_set_key(PREFIX, SHARD, "")
     held_names = sorted(
         _text(k)[len(held_prefix) :]

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from ..store import ParkRequest, Store
 from ..store.client import store_errors
-from ..store.keys import held_set_key, lanes_key, periodic_keys
+from ..store.redis_keys import held_set_key, lanes_key, periodic_keys
 from ..store.scripts import TRANSITIONS, LuaFile, Scripts, ScriptSpec, register, spec
 from .definition import Definition
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .keys import ShardKeys, shard_keys
+from .redis_keys import ShardKeys, shard_keys
 from .store import Claimed, ClaimResult, Parked, ParkRequest, Store
 
 __all__ = ["ClaimResult", "Claimed", "ParkRequest", "Parked", "ShardKeys", "Store", "shard_keys"]

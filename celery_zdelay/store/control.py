@@ -3,7 +3,7 @@
 Where each piece lives, and why:
 
 - limits set at run time and pauses: two hashes under one hash tag
-  (:func:`~.keys.control_keys`), read by every companion every
+  (:func:`~.redis_keys.control_keys`), read by every companion every
   :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS`;
 - a token bucket per limit, a hash tag of its own (``take_tokens.lua``): it
   is never touched in the same script as a shard, so it works on a Redis
@@ -28,7 +28,7 @@ from typing import Any
 
 from ..rates import RateLimit, parse_limit
 from .client import store_errors
-from .keys import control_keys, held_set_key, lanes_key
+from .redis_keys import control_keys, held_set_key, lanes_key
 from .store import ClaimResult, Store, claim_result
 
 __all__ = [

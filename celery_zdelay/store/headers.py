@@ -3,7 +3,7 @@
 A parked message carries these headers from the producer through the store
 to the worker, beside Celery's own; the store reads some of them (a signed
 entry's key and tags), the worker the rest. Like the Redis key names
-(:mod:`celery_zdelay.store.keys`), each name is written here once, and every
+(:mod:`celery_zdelay.store.redis_keys`), each name is written here once, and every
 module that reads or writes one imports it from here.
 
 Celery's worker holds every message header as an attribute of the task's

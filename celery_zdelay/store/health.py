@@ -18,8 +18,8 @@ from ..config import MAX_SHARDS
 from .client import sanitize_url, store_errors
 from .counts import Counts, counts
 from .heartbeats import CompanionInfo, companions
-from .keys import shard_keys
 from .reading import as_text as _text
+from .redis_keys import shard_keys
 from .store import Store
 
 __all__ = [
@@ -79,7 +79,7 @@ def _channel_pattern(channels: Sequence[str]) -> str:
     """An ACL channel pattern that covers *channels*: ``&{zdelay:*}:wake`` for every shard."""
     if not channels:
         return "&*"
-    # Every shard's channel is "{<prefix>:<shard>}:wake" (store/keys.py).
+    # Every shard's channel is "{<prefix>:<shard>}:wake" (store/redis_keys.py).
     return "&" + re.sub(r":\d+\}:wake$", ":*}:wake", channels[0])
 
 

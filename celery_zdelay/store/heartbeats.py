@@ -14,8 +14,8 @@ import logging
 from dataclasses import asdict, dataclass
 
 from .client import store_errors
-from .keys import companions_key
 from .reading import as_text as _text
+from .redis_keys import companions_key
 from .store import Store
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The keys and tags of parked entries, in the store: written, read, checked and repaired.
 
-Each shard has two more keys (see :class:`~celery_zdelay.store.keys.ShardKeys`):
+Each shard has two more keys (see :class:`~celery_zdelay.store.redis_keys.ShardKeys`):
 ``marks``, a hash of each marked entry's record (``i:<id>``; ``d:<id>`` while
 it is dead-lettered) and of each key's holder (``k:<key>``), and ``tagged``,
 a sorted set of ``<tag>\\n<id>`` read by lexical range. ``park_keyed.lua``

@@ -31,8 +31,8 @@ from ..due_score import due_ms_of, score_of, score_range
 from ..entry import TemplateLookup, entry_headers, entry_routing_key, expand_entry
 from ..errors import ConfigurationError, EntryError
 from .client import store_errors
-from .keys import held_set_key
 from .marks import mark_records, signed_with_tag, tagged_ids
+from .redis_keys import held_set_key
 from .store import Store
 
 __all__ = [

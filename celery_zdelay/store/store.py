@@ -33,7 +33,7 @@ from .client import (
 )
 from .dead_reason import DeadReason
 from .headers import KEY_HEADER
-from .keys import ShardKeys, held_set_key, lanes_key, shard_keys, shard_of
+from .redis_keys import ShardKeys, held_set_key, lanes_key, shard_keys, shard_of
 from .scripts import Scripts, script_commands
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from celery_zdelay.cli import (
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
-from celery_zdelay.store.keys import companions_key, shard_of
+from celery_zdelay.store.redis_keys import companions_key, shard_of
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for

@@ -24,7 +24,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.companion.metrics import Metrics, MetricsServer
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
-from celery_zdelay.store.keys import periodic_keys
+from celery_zdelay.store.redis_keys import periodic_keys
 from celery_zdelay.testing import RedisServer, free_port
 from tests.conftest import AppFactory
 from tests.helpers import ROOT, CeleryProcess, wait_for

@@ -11,7 +11,7 @@ import redis
 
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store, admin
-from celery_zdelay.store.keys import shard_keys
+from celery_zdelay.store.redis_keys import shard_keys
 from tests.conftest import AppFactory
 from tests.helpers import Runs, wait_for
 

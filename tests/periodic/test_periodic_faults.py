@@ -21,7 +21,7 @@ from celery import Celery
 
 from celery_zdelay.periodic.definition import from_beat_entry
 from celery_zdelay.periodic.server import occurrence_id
-from celery_zdelay.store.keys import periodic_keys
+from celery_zdelay.store.redis_keys import periodic_keys
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import CeleryProcess, Runs
 from tests.support.clock import redis_ms

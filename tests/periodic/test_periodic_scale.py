@@ -11,7 +11,7 @@ from celery_zdelay import periodic
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.server import PeriodicServer
-from celery_zdelay.store.keys import periodic_keys
+from celery_zdelay.store.redis_keys import periodic_keys
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.servers import LocalCluster

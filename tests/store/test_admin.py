@@ -18,7 +18,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.errors import StoreUnavailableError
 from celery_zdelay.store import Store, admin
-from celery_zdelay.store.keys import companions_key
+from celery_zdelay.store.redis_keys import companions_key
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.support.deadletters import make_dead_letter

@@ -16,7 +16,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.admin import requeue_dead
 from celery_zdelay.store.dead_reason import DeadReason
-from celery_zdelay.store.keys import lanes_key
+from celery_zdelay.store.redis_keys import lanes_key
 from tests.conftest import AppFactory
 from tests.support.deadletters import dead_reasons
 from tests.support.keys import PREFIX, SHARD0

@@ -23,13 +23,13 @@ from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.store import Parked, Store, admin
 from celery_zdelay.store.control import pause_lane
 from celery_zdelay.store.dead_reason import DeadReason
-from celery_zdelay.store.keys import held_set_key
 from celery_zdelay.store.marks import (
     check_marks,
     finish_key,
     key_holder,
     tagged_ids,
 )
+from celery_zdelay.store.redis_keys import held_set_key
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import keys_of

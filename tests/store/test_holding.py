@@ -18,7 +18,7 @@ from celery import Celery
 
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.control import ControlStore
-from celery_zdelay.store.keys import held_set_key, lanes_key
+from celery_zdelay.store.redis_keys import held_set_key, lanes_key
 from tests.support.keys import PREFIX, SHARD0, refused_while_written_over
 from tests.support.store import claim_parked
 

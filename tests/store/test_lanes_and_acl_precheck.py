@@ -30,7 +30,7 @@ from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.control import ControlStore
-from celery_zdelay.store.keys import held_set_key, lanes_key
+from celery_zdelay.store.redis_keys import held_set_key, lanes_key
 from celery_zdelay.store.scripts import Scripts
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory

@@ -21,8 +21,8 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import Store
 from celery_zdelay.store.control import ControlStore
-from celery_zdelay.store.keys import held_set_key, lanes_key
 from celery_zdelay.store.marks import check_marks, tagged_ids
+from celery_zdelay.store.redis_keys import held_set_key, lanes_key
 from tests.support.clock import redis_ms
 from tests.support.keys import PREFIX, SHARD0
 from tests.support.wake import wake_ups

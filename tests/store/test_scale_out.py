@@ -8,7 +8,7 @@ import redis
 import celery_zdelay
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.keys import shard_keys
+from celery_zdelay.store.redis_keys import shard_keys
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import Runs

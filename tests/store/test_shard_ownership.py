@@ -13,7 +13,7 @@ import redis
 from celery import Celery
 
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.keys import shard_keys
+from celery_zdelay.store.redis_keys import shard_keys
 
 pytestmark = pytest.mark.timeout(60)
 

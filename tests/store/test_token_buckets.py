@@ -21,7 +21,7 @@ from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.rates import parse_limit
 from celery_zdelay.store.control import ControlStore
-from celery_zdelay.store.keys import control_keys
+from celery_zdelay.store.redis_keys import control_keys
 from tests.support.clock import redis_ms
 from tests.support.keys import PREFIX
 

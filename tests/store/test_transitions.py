@@ -16,8 +16,8 @@ import redis
 
 from celery_zdelay.store import Store
 from celery_zdelay.store.dead_reason import DeadReason
-from celery_zdelay.store.keys import shard_keys
 from celery_zdelay.store.marks import check_marks
+from celery_zdelay.store.redis_keys import shard_keys
 from tests.support.store import ids_on_shard, marked_request
 
 pytestmark = pytest.mark.timeout(60)

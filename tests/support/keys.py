@@ -1,7 +1,7 @@
 """Key names of the default prefix, from the code that names them.
 
 Tests read and write Redis directly (an attacker, a crash, an operator):
-they name keys through :func:`celery_zdelay.store.keys.shard_keys`, so a
+they name keys through :func:`celery_zdelay.store.redis_keys.shard_keys`, so a
 renamed key breaks the code and the tests together, not the tests alone.
 """
 
@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 
 from celery_zdelay.errors import StoreRefusedError
-from celery_zdelay.store.keys import ShardKeys, shard_keys
+from celery_zdelay.store.redis_keys import ShardKeys, shard_keys
 
 __all__ = ["FOREIGN", "PREFIX", "SHARD0", "forged_tag", "keys_of", "refused_while_written_over"]
 

@@ -24,8 +24,8 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.control import pause_lane
-from celery_zdelay.store.keys import companions_key, held_set_key
 from celery_zdelay.store.marks import Mark
+from celery_zdelay.store.redis_keys import companions_key, held_set_key
 from celery_zdelay.testing import RedisServer
 from tests.helpers import wait_for
 from tests.support.keys import keys_of

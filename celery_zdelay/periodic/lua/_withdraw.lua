@@ -6,7 +6,7 @@
 --
 -- The shard keys come last in KEYS, five per shard, from index *first*:
 -- due zset, msg hash, lease zset, leased hash, templates hash (see
--- store/keys.py). A store on a Redis Cluster passes none (its shards are
+-- store/redis_keys.py). A store on a Redis Cluster passes none (its shards are
 -- other slots): the caller then lists the ids in the cancel set instead.
 
 -- The shards named in KEYS from index *first*, their key types checked
