@@ -463,7 +463,7 @@ LUA = (
     Target(
         "revisit.lua",
         _PERIODIC + "revisit.lua",
-        ("tests/periodic/test_planner_cost.py",),
+        ("tests/periodic/test_revisit.py", "tests/periodic/test_planner_cost.py"),
     ),
 )
 
@@ -485,6 +485,7 @@ KILL_TESTS = frozenset(
         "tests/periodic/test_overlap_policy.py",
         "tests/periodic/test_pause_resume_schedule.py",
         "tests/periodic/test_pointer_advance.py",
+        "tests/periodic/test_revisit.py",
         "tests/periodic/test_schedule_versions.py",
         "tests/periodic/test_withdrawal.py",
         "tests/store/test_acknowledged_entries.py",
