@@ -196,7 +196,8 @@ class CeleryProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
-            raise AssertionError(f"did not stop on SIGTERM:\n{self.log()[-3000:]}") from None
+            said = _tail_from_traceback(self.log())
+            raise AssertionError(f"did not stop on SIGTERM:\n{said}") from None
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -207,6 +208,16 @@ class CeleryProcess:
                 self.process.kill()
                 self.process.wait(timeout=10)
         self.log_path.unlink(missing_ok=True)
+
+
+def _tail_from_traceback(log: str, limit: int = 8000) -> str:
+    """The end of *log*, from its first traceback when it has one (a process
+    that printed one and then hung: the traceback's head says why)."""
+    start = log.find("Traceback (most recent call last)")
+    text = log[start:] if start >= 0 else log
+    if len(text) <= limit:
+        return text
+    return text[: limit // 2] + "\n[...]\n" + text[-limit // 2 :]
 
 
 #: At teardown, how long SIGTERMed processes get to exit before SIGKILL: the
