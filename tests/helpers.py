@@ -186,12 +186,25 @@ class CeleryProcess:
             self.process.kill()
             self.process.wait(timeout=10)
 
-    def terminate(self, *, timeout: float = 20.0) -> int:
-        """SIGTERM and wait; return the exit code."""
+    def terminate(self, *, timeout: float = 20.0, resend_after: float | None = None) -> int:
+        """SIGTERM and wait; return the exit code.
+
+        With *resend_after*, a second SIGTERM goes that many seconds after
+        the first if the process still runs: as an operator's second
+        ``kill`` would, for ``celery beat``, whose handler raises
+        ``SystemExit`` wherever the main thread is, and a finalizer
+        (``__del__``) that it lands in swallows it ("Exception ignored"):
+        beat then runs on (seen under load).
+        """
         assert self.process is not None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
+            if resend_after is not None:
+                try:
+                    return self.process.wait(timeout=resend_after)
+                except subprocess.TimeoutExpired:
+                    self.process.send_signal(signal.SIGTERM)
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()

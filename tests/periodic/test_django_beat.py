@@ -333,7 +333,7 @@ def test_a_real_celery_beat_then_the_companion_lose_and_double_no_tick(
 
     # When beat is stopped (it writes last_run_at as it closes) and a
     # companion takes over, following docs/beat.rst's steps
-    assert beat.terminate() == 0
+    assert beat.terminate(resend_after=10) == 0
     stopped = time.monotonic()
     last_run = row_of(database, "switching")["last_run_at"]
     companion(app, processes, database, "--beat", "-S", "django")

@@ -53,7 +53,7 @@ def test_switching_from_a_running_celery_beat_loses_and_doubles_no_tick(
     wait_for(lambda: len(_runs_of(runs)) >= 2, timeout=60)
 
     # When it is stopped and a companion started in its place (docs/beat.rst)
-    assert beat.terminate() == 0
+    assert beat.terminate(resend_after=10) == 0
     stopped_ms = redis_ms(redis_client)
     by_beat = _runs_of(runs)
     last_by_beat = beat_last_runs(schedule_file)["every3"]
