@@ -237,6 +237,66 @@ class PeriodicStore:
                 continue
         return snap
 
+    def overview(self, first: int) -> tuple[int, int, list[str]]:
+        """How many schedules are stored and paused, and the names of the *first* to run.
+
+        Three small reads whatever is stored: ``HLEN`` of the definitions,
+        ``SCARD`` of the paused set, and the head of the visits zset (the
+        schedules not paused, soonest visit first). What ``zdelay status``
+        shows of a store with more schedules than it lists.
+        """
+        k = self.keys
+        with store_errors(self.store.url), self.store.client.pipeline(transaction=False) as pipe:
+            pipe.hlen(k.defs)
+            pipe.scard(k.paused)
+            pipe.zrange(k.visits, 0, max(first, 1) - 1)
+            stored, paused, names = pipe.execute()
+        return int(stored), int(paused), [_text(n) for n in names][:first]
+
+    def snapshot_of(self, names: Sequence[str]) -> Snapshot:
+        """Read what :meth:`snapshot` reads, for the schedules *names* only.
+
+        Costs what it reads (``HMGET`` and one ``SISMEMBER`` per name), not
+        what is stored. Names not stored are left out.
+        """
+        k = self.keys
+        fields = [f"{name}\n{counter}" for name in names for counter in COUNTERS]
+        with store_errors(self.store.url):
+            seconds, micros = self.store.client.time()
+            if not names:
+                return Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
+            with self.store.client.pipeline(transaction=False) as pipe:
+                pipe.hmget(k.defs, names)
+                pipe.hmget(k.pointers, names)
+                pipe.hmget(k.runs, names)
+                pipe.hmget(k.counts, fields)
+                for name in names:
+                    pipe.sismember(k.paused, name)
+                defs, pointers, runs, counts, *paused = pipe.execute()
+        snap = Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
+        for name, body, pointer, run, is_paused in zip(
+            names, defs, pointers, runs, paused, strict=True
+        ):
+            if body is None:
+                continue
+            try:
+                snap.definitions[name] = Definition.from_body(name, body)
+            except (ValueError, KeyError, TypeError) as exc:
+                snap.unreadable[name] = repr(exc)
+            if is_paused:
+                snap.paused.add(name)
+            if pointer is not None:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    snap.pointers[name] = Pointer.from_json(pointer)
+            if run is not None:
+                _read_run(snap, name, run)
+        for field_name, raw_count in zip(fields, counts, strict=True):
+            name, _, counter = field_name.partition("\n")
+            if raw_count is not None and name in snap.definitions:
+                with contextlib.suppress(ValueError):
+                    snap.counts.setdefault(name, {})[counter] = int(raw_count)
+        return snap
+
     def view(self, horizon_ms: int) -> Snapshot:
         """Read what one planner pass needs: the schedules due, not every schedule.
 
