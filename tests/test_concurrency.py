@@ -26,8 +26,11 @@ from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import controls
 from celery_zdelay.parking import store_for
 from celery_zdelay.store.control import ControlStore
+from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs, wait_for
+from tests.servers import LocalCluster
+from tests.support.cli import run
 from tests.support.clock import redis_ms
 
 pytestmark = pytest.mark.timeout(180)
@@ -54,12 +57,12 @@ def _slot_records(client: redis.Redis) -> list[bytes]:
 def _most_at_once(runs: list[dict[str, Any]]) -> int:
     """The most runs between their "started" and "finished" records at one instant."""
     events = []
-    for run in runs:
-        if run["result"] == "started":
-            events.append((run["redis_ms"], 1))
-        elif run["result"] == "finished":
+    for one in runs:
+        if one["result"] == "started":
+            events.append((one["redis_ms"], 1))
+        elif one["result"] == "finished":
             # At a tie, an end comes before a start: the slot was freed first.
-            events.append((run["redis_ms"], -1))
+            events.append((one["redis_ms"], -1))
     most = now = 0
     for _, change in sorted(events):
         now += change
@@ -187,6 +190,9 @@ def test_each_limit_key_has_its_own_slots_and_what_waits_shows_as_held_by_concur
     (info,) = [c for c in controls(app=app) if c.name == TENANTS]
     assert (info.concurrency, info.running, info.running_keys, info.waiting) == (1, 2, 2, 1)
     assert info.as_json()["running"] == 2
+    # And so does the CLI, and the listing marks the held task
+    assert "concurrency 1 per key (2 running over 2 keys)" in run(app, "limit").output
+    assert f"held by {TENANTS} (concurrency)" in run(app, "list").output
 
     # When a worker runs what was released
     worker(app)
@@ -377,3 +383,38 @@ def test_slots_ended_by_time_are_free_and_a_record_goes_with_its_last_slot(
     assert _slot_records(redis_client) == []
     control.take_slots("task:y", 1, ["d"], hold_ms=200)
     wait_for(lambda: _slot_records(redis_client) == [], timeout=5)
+
+
+def test_slots_hold_on_a_redis_cluster_store(
+    make_test_app: AppFactory, cluster: LocalCluster, broker_server: RedisServer
+) -> None:
+    # Given a store on a 3-master cluster (4 shards over its nodes, each slot
+    # record on whichever node its hash tag is) and 1 at once per tenant
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={
+            "zdelay_redis_url": cluster.url,
+            "zdelay_shards": 4,
+            "zdelay_concurrency": {TENANTS: 1},
+        },
+    )
+    record = app.tasks["tests.record"]
+    parked = {
+        key: [record.apply_delayed((i,), countdown=0, **_tenant(key)) for i in range(3)]
+        for key in ("tenant:a", "tenant:b", "tenant:c")
+    }
+
+    # When a companion releases what is due
+    # Then one task per tenant goes, the others are held for concurrency
+    assert _release(app) == 3
+    control = ControlStore(store_for(app))
+    assert control.running(TENANTS) == (3, 3, False)
+
+    # And when tenant a's task ends (as its worker frees its slot), one more of a goes
+    gone = [r for r in parked["tenant:a"] if celery_zdelay.lookup(r.id, app=app) is None]
+    control.free_slots(f"{TENANTS} tenant:a", [gone[0].id])
+    assert _release(app) == 1
+    assert control.running(TENANTS) == (3, 3, False)
+    waiting = [r for rs in parked.values() for r in rs if celery_zdelay.lookup(r.id, app=app)]
+    assert len(waiting) == 5
+    assert {celery_zdelay.lookup(r.id, app=app).held_reason for r in waiting} == {"concurrency"}
