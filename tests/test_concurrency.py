@@ -25,7 +25,7 @@ from celery_zdelay.config import get_config
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import controls
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.control import ControlStore
+from celery_zdelay.store.control import ControlStore, concurrency_lane, hold_reason, lane_control
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs, wait_for
@@ -418,3 +418,13 @@ def test_slots_hold_on_a_redis_cluster_store(
     waiting = [r for rs in parked.values() for r in rs if celery_zdelay.lookup(r.id, app=app)]
     assert len(waiting) == 5
     assert {celery_zdelay.lookup(r.id, app=app).held_reason for r in waiting} == {"concurrency"}
+
+
+def test_a_concurrency_lane_names_its_control_and_its_reason() -> None:
+    lane = concurrency_lane(f"{TENANTS} tenant:a b")
+    assert lane_control(lane) == TENANTS
+    assert lane_control(concurrency_lane("task:proj.export")) == "task:proj.export"
+    assert hold_reason(lane, paused=set()) == "concurrency"
+    # A paused control's lane holds by pause: nothing of it leaves then
+    assert hold_reason(lane, paused={TENANTS}) == "pause"
+    assert hold_reason("task:proj.export", paused=set()) == "rate_limit"
