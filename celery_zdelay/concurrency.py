@@ -5,7 +5,8 @@
 each control that were released and have not finished. A ``task:`` or
 ``queue:`` control counts all its tasks together; a ``limit_key:<glob>``
 control counts each distinct limit key matching the glob on its own (the
-key a task was parked with, carried in the ``zdelay_limit_key`` header).
+key a task was parked with, carried in the ``zdelay_limit_key`` header:
+``store.headers.LIMIT_KEY_HEADER``).
 
 A *slot name* says which count a task takes a slot in: the control name, or
 for a glob the control name, a space and the limit key (control names hold
@@ -23,15 +24,10 @@ from .errors import ConfigurationError
 from .rates import control_name
 
 __all__ = [
-    "LIMIT_KEY_HEADER",
     "control_of_slot",
     "parse_concurrency",
     "slots_of",
 ]
-
-#: The header a parked task's limit key travels in (set by ``apply_delayed(...,
-#: limit_key=...)``), read by the companion and the worker.
-LIMIT_KEY_HEADER = "zdelay_limit_key"
 
 _LIMIT_KEY = "limit_key:"
 

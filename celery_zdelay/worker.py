@@ -67,7 +67,7 @@ from celery.exceptions import Ignore, WorkerLostError
 from redis.exceptions import RedisError
 
 from .app_state import store_for
-from .concurrency import LIMIT_KEY_HEADER, slots_of
+from .concurrency import slots_of
 from .config import get_config, unknown_settings
 from .errors import ZDelayError
 from .periodic.overlap import overlap_key_of_run
@@ -77,6 +77,7 @@ from .store.control import free_slots
 from .store.headers import (
     ETA_HEADER,
     KEY_HEADER,
+    LIMIT_KEY_HEADER,
     ON_KEY_HEADER,
     OVERLAP_HEADER,
     OVERLAP_TIMEOUT_HEADER,

@@ -28,12 +28,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..concurrency import LIMIT_KEY_HEADER, control_of_slot, slots_of
+from ..concurrency import control_of_slot, slots_of
 from ..entry import TaskMessage
 from ..rates import RateLimit
 from ..redis_layout import RedisLayout
 from ..store import Store
 from ..store.control import ControlStore, lane_control, pause_lane
+from ..store.headers import LIMIT_KEY_HEADER
 
 __all__ = ["ALL_LIMITS", "MIN_THROTTLE_SECONDS", "REFRESH_SECONDS", "Gate", "queue_of"]
 
