@@ -71,7 +71,8 @@ def _most_at_once(runs: list[dict[str, Any]]) -> int:
 
 
 def _release(app: Celery) -> int:
-    with Companion(app) as companion:
+    # The app's own store (closed with the app): a Companion's own is left open.
+    with Companion(app, store=store_for(app)) as companion:
         return companion.release_due().released
 
 

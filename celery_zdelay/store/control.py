@@ -248,13 +248,18 @@ class ControlStore:
                 num=keys_at_most + 1,
             )
         cut = len(keys) > keys_at_most
-        total = 0
-        counted = 0
-        for key in keys[:keys_at_most]:
-            live = self.live_slots(f"{control} {_text(key)}", now_ms)
-            total += live
-            counted += 1 if live else 0
-        return total, counted, cut
+        records = [
+            self.keys.slots(self.prefix, f"{control} {_text(k)}") for k in keys[:keys_at_most]
+        ]
+        with store_errors(self.store.url):
+            if self.store.cluster:
+                counts = [self.store.client.zcount(r, f"({now_ms}", "+inf") for r in records]
+            else:
+                with self.store.client.pipeline(transaction=False) as pipe:
+                    for record in records:
+                        pipe.zcount(record, f"({now_ms}", "+inf")
+                    counts = pipe.execute()
+        return sum(int(c) for c in counts), sum(1 for c in counts if int(c)), cut
 
     # -- held entries -----------------------------------------------------------
 
