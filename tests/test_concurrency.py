@@ -116,6 +116,45 @@ def test_three_companions_never_have_more_than_two_running_and_each_task_runs_on
     wait_for(lambda: _slot_records(redis_client) == [], timeout=10)
 
 
+def test_two_companions_run_one_task_per_tenant_at_a_time_and_tenants_side_by_side(
+    make_test_app: AppFactory,
+    worker: Callable[..., CeleryProcess],
+    companion: Callable[..., CeleryProcess],
+    runs: Runs,
+    redis_client: redis.Redis,
+) -> None:
+    # Given 1 at once per tenant, 2 companions on 4 shards and 3 workers
+    app = make_test_app(conf={"zdelay_shards": 4, "zdelay_concurrency": {TENANTS: 1}})
+    for _ in range(3):
+        worker(app)
+    for _ in range(2):
+        companion(app)
+
+    # When 5 tasks of 0.3 s of each of two tenants fall due at once
+    due_ms = redis_ms(redis_client) + 2_000
+    tenant_of = {}
+    for key in ("tenant:a", "tenant:b"):
+        for _ in range(5):
+            result = app.tasks[SLOW].apply_delayed((0.3,), countdown=2.0, **_tenant(key))
+            tenant_of[result.id] = key
+    wait_for(
+        lambda: Counter(r["result"] for r in runs.all())["finished"] >= 10,
+        timeout=90,
+        message=lambda: f"10 finished runs, have {runs.all()}",
+    )
+
+    # Then each tenant never had two running at once, and the two ran side by side
+    done = runs.all()
+    for key in ("tenant:a", "tenant:b"):
+        assert _most_at_once([r for r in done if tenant_of[r["id"]] == key]) == 1
+    assert _most_at_once(done) == 2
+    # And every task ran exactly once, none before it was due
+    starts = [r for r in done if r["result"] == "started"]
+    assert Counter(r["id"] for r in starts) == Counter(list(tenant_of))
+    assert all(r["redis_ms"] >= due_ms for r in starts)
+    wait_for(lambda: _slot_records(redis_client) == [], timeout=10)
+
+
 def test_a_worker_killed_with_sigkill_frees_its_slot_when_the_hold_ends(
     make_test_app: AppFactory,
     worker: Callable[..., CeleryProcess],
