@@ -15,9 +15,10 @@ entries it got none for in the lane of the slot name, and drains that lane
 as slots free (it looks every :data:`REFRESH_SECONDS` while anything is
 held).
 
-With no limit, pause or concurrency control configured and nothing held, the gate costs one read
-of two small hashes every :data:`REFRESH_SECONDS` and nothing per entry:
-:attr:`Gate.active` is False and the companion skips it.
+With no limit, pause or concurrency control configured and nothing held,
+the gate costs one read of two small hashes every :data:`REFRESH_SECONDS`
+and nothing per entry: :attr:`Gate.active` is False and the companion
+skips it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ On each shard the pass claims due entries in bounded batches (handoff.lua
 straight into a Redis broker, or claim.lua into a lease), publishes what was
 leased, acknowledges what the broker accepted, gives back what it did not,
 holds what a rate limit, pause or concurrency control holds (taking a
-concurrency slot for each entry it publishes), and dead-letters what can never be
-published. What it did goes into a :class:`PassReport` and out as signals
+concurrency slot for each entry it publishes), and dead-letters what can
+never be published. What it did goes into a :class:`PassReport` and out as signals
 (:mod:`celery_zdelay.signals`), which the metrics and the audit log receive.
 The loop around it (sleeping, backoff, heartbeats) is :mod:`.loop`.
 """
