@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from kombu.utils.url import maybe_sanitize_url
 
+from .concurrency import parse_concurrency
 from .errors import ConfigurationError
 from .rates import RateLimit, parse_limits
 
@@ -73,6 +74,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_whole_messages": "park messages exactly as pushed: a faster handoff, more Redis memory",
     "zdelay_rate_limits": "release rate limits per queue or task, global across companions",
     "zdelay_key_hold_seconds": 'most seconds an on_key="until_finished" key is held after release',
+    "zdelay_concurrency": "most tasks released and not finished, per queue, task or limit key",
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -130,6 +132,9 @@ class ZDelayConfig:
     #: ``zdelay_key_hold_seconds`` in ms: how long an ``until_finished`` key
     #: stays held after the release if no worker reports the task finished.
     key_hold_ms: int = round(DEFAULT_KEY_HOLD_SECONDS * 1000)
+    #: ``zdelay_concurrency``: control name -> most tasks released and not
+    #: finished. A slot is held at most :attr:`key_hold_ms` after the release.
+    concurrency: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def redis_url(self) -> str:
@@ -288,6 +293,7 @@ def _build(
             DEFAULT_KEY_HOLD_SECONDS,
             0.001,
         ),
+        concurrency=parse_concurrency(raw["zdelay_concurrency"]),
     )
 
 

@@ -58,7 +58,7 @@ task_dead_lettered = Signal(name="zdelay_task_dead_lettered")
 #: Sent when a rate limit or a pause held entries back (parked in Redis until
 #: it allows them). Sender: the companion. Arguments: ``shard``; ``control``,
 #: the control name (``"queue:emails"``, ``"task:proj.sms"``); ``reason``,
-#: ``"rate_limit"`` or ``"pause"``; ``count``.
+#: ``"rate_limit"``, ``"concurrency"`` or ``"pause"``; ``count``.
 tasks_held = Signal(name="zdelay_tasks_held")
 
 #: Sent after parked tasks were cancelled, whoever cancelled them (Python,

@@ -196,6 +196,23 @@ class ControlKeys:
         """
         return f"{{{prefix}:bucket:{name}}}"
 
+    def slots(self, prefix: str, slot: str) -> str:
+        """Return the ZSET of the tasks holding a slot of *slot* (a hash tag of its own).
+
+        Task id -> ms (Redis clock) its slot ends by itself. Like a bucket,
+        only ever touched alone (take_slots.lua, a worker's ZREM); Redis
+        deletes it with its last member, and it expires with its last slot.
+        """
+        return f"{{{prefix}:slots:{slot}}}"
+
+    def slot_keys(self, prefix: str, control: str) -> str:
+        """Return the ZSET of the limit keys of a ``limit_key:`` concurrency control with slots.
+
+        Limit key -> ms its latest slot ends: what ``controls()`` sums the
+        running count of a glob over. Trimmed by expiry when written.
+        """
+        return f"{{{prefix}:slotkeys:{control}}}"
+
 
 def control_keys(prefix: str) -> ControlKeys:
     """Return the key names of release control under *prefix*."""

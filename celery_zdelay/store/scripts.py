@@ -164,6 +164,7 @@ STORE_SCRIPTS: tuple[ScriptSpec, ...] = (
     _store_script("start_run", MARKS, TRANSITIONS),
     _store_script("drop_key", TRANSITIONS),
     _store_script("take_tokens"),
+    _store_script("take_slots"),
     _store_script("hold", TRANSITIONS),
     _store_script("forget_lane", TRANSITIONS),
     # Asked before a script first runs: it must run whatever the user lacks.
@@ -330,6 +331,7 @@ class Scripts:
     start_run: Script
     drop_key: Script
     take_tokens: Script
+    take_slots: Script
     hold: Script
     forget_lane: Script
     #: Asks which command of a script the user may not run (``allowed.lua``).

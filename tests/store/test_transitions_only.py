@@ -100,6 +100,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("own.lua", "DEL", "owner"): "a shard's ownership lease, given up",
     ("take_tokens.lua", "HSET", "bucket"): "a rate limit's token bucket",
     ("take_tokens.lua", "PEXPIRE", "bucket"): "a rate limit's token bucket",
+    ("take_slots.lua", "ZREMRANGEBYSCORE", "slots"): "a concurrency control's slots",
+    ("take_slots.lua", "ZADD", "slots"): "a concurrency control's slots",
+    ("take_slots.lua", "PEXPIREAT", "slots"): "a concurrency control's slots",
     ("define.lua", "HSET", "meta"): _PERIODIC,
     ("define.lua", "SADD", "cancel"): "the periodic cancel set: ids every companion cancels "
     "where they are held (through cancel.lua)",
