@@ -480,7 +480,7 @@ class PeriodicStore:
             ids = sorted(_text(i) for i in self.store.client.smembers(self.keys.cancel))
         if not ids:
             return []
-        found = self.store.cancel(ids)
+        found = self.store.cancel(ids, how="withdrawn")
         self.forget_cancelled(ids)
         return [i for i, was in zip(ids, found, strict=True) if was]
 
