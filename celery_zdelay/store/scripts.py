@@ -263,8 +263,9 @@ def script_commands(name: str) -> tuple[str, ...]:
     cannot fall behind the script: the commands of its bodies, and of each
     library function they call, directly or through another (a library such
     as ``_transitions.lua`` holds every script's moves, and a script runs
-    only those it calls), and what a library runs as it loads. ``redis.pcall`` (the best-effort wake-up) is left
-    out: a refusal there fails nothing.
+    only those it calls), and what a library runs as it loads.
+    ``redis.pcall`` (the best-effort wake-up) is left out: a refusal there
+    fails nothing.
     """
     script = spec(name)
     libraries: dict[str, str] = {}
@@ -275,7 +276,8 @@ def script_commands(name: str) -> tuple[str, ...]:
         if lua.name.startswith("_"):
             text = lua.read()
             libraries.update(_library_functions(text))
-            preambles.append(re.split(r"^local function ", text, maxsplit=1, flags=re.MULTILINE)[0])
+            preamble = re.split(r"^local function ", text, maxsplit=1, flags=re.MULTILINE)[0]
+            preambles.append(preamble)
     texts = [*preambles, _body(script)]
     seen: set[str] = set()
     found: list[str] = []

@@ -57,7 +57,8 @@ def test_parked_rescheduled_and_cancelled_by_alice_reads_back_in_order(app: Cele
     assert [e.event for e in events] == ["parked", "rescheduled", "cancelled"]
     parked, moved, cancelled = events
     assert parked.call == "plain"
-    assert parked.due is not None and moved.due is not None
+    assert parked.due is not None
+    assert moved.due is not None
     assert timedelta(minutes=59) < parked.due - parked.at < timedelta(minutes=61)
     assert timedelta(minutes=119) < moved.due - moved.at < timedelta(minutes=121)
     assert (cancelled.reason, cancelled.by) == ("id", "alice")
@@ -102,7 +103,8 @@ def test_released_by_the_companion_with_how_late(app: Celery) -> None:
     parked, released = celery_zdelay.history(result.id, app=app)
     assert (parked.event, released.event) == ("parked", "released")
     assert released.by == companion_id
-    assert released.late_ms is not None and released.late_ms >= 0
+    assert released.late_ms is not None
+    assert released.late_ms >= 0
     assert parked.due is not None
     assert released.at >= parked.due - timedelta(milliseconds=1)
 
@@ -115,7 +117,8 @@ def test_released_through_the_generic_path_records_too(make_test_app: AppFactory
 
     released = celery_zdelay.history(result.id, app=app)[-1]
     assert (released.event, released.by) == ("released", companion_id)
-    assert released.late_ms is not None and released.late_ms >= 0
+    assert released.late_ms is not None
+    assert released.late_ms >= 0
 
 
 def test_held_by_a_pause_says_pause_and_which_control(app: Celery) -> None:
