@@ -54,9 +54,10 @@ HEARTBEAT_SECONDS = 5.0
 FIRST_PERIODIC_PASS_SECONDS = 30.0
 #: Seconds between sweeps of expired task histories (store/history.py).
 HISTORY_SWEEP_SECONDS = 1.0
-#: Records one sweep call deletes at most, and calls per shard per sweep: a
-#: sweep never blocks Redis for long, and keeps up with 10,000 a second.
-HISTORY_SWEEP_LIMIT = 1000
+#: Records one sweep call looks at, and calls per shard per sweep: a call
+#: never blocks Redis for long, and a sweep looks at 10,000 records a second
+#: per shard (a scan of a million records takes 100 s).
+HISTORY_SWEEP_COUNT = 1000
 HISTORY_SWEEP_CALLS = 10
 #: Pauses after consecutive failures (store or broker unreachable), growing to the last.
 BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -94,6 +95,8 @@ class Companion:
         self._started = time.monotonic()
         self._last_heartbeat = 0.0
         self._last_history_sweep = 0.0
+        #: Where the sweep's scan of each shard's history is (0: a new scan).
+        self._history_cursors: dict[int, int] = {}
         self._live_companions = 1
         self._ownership = (
             ShardOwnership(self.store, self.id, self.shards, lease_ms=self.lease_ms)
@@ -394,9 +397,12 @@ class Companion:
         shards = self._ownership.shards() if self._ownership else self.shards
         try:
             for shard in shards:
+                cursor = self._history_cursors.get(shard, 0)
                 for _ in range(HISTORY_SWEEP_CALLS):
-                    if sweep_history(self.store, shard, HISTORY_SWEEP_LIMIT) < HISTORY_SWEEP_LIMIT:
+                    cursor, _ = sweep_history(self.store, shard, cursor, HISTORY_SWEEP_COUNT)
+                    if cursor == 0:
                         break
+                self._history_cursors[shard] = cursor
         except Exception as exc:
             logger.debug("History sweep failed: %r", exc)
 

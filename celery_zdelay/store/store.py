@@ -200,12 +200,10 @@ class Store:
         """
         if not self.config.history_ms:
             return _NO_HISTORY
-        keys = self._keys[shard]
         # Who it was, as one field of a line: characters no name may hold
         # (tabs, newlines, NUL: they separate the record) are replaced.
         who = _REFUSED_IN_BY.sub("?", by or "")
-        trailer = f"{HISTORY_SENTINEL}{self.config.history_ms}\0{how}\0{who}"
-        return _HistoryArgs([keys.history, keys.history_exp], [trailer])
+        return _HistoryArgs([self._keys[shard].history], [f"{HISTORY_SENTINEL}{how}\0{who}"])
 
     # -- producers ------------------------------------------------------------
 

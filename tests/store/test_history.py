@@ -12,7 +12,6 @@ companion and worker.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import pytest
 import redis
@@ -181,39 +180,51 @@ def test_history_seconds_zero_records_nothing_and_touches_no_key(
     assert celery_zdelay.history(cancelled.id, app=app) == []
     assert celery_zdelay.history(released.id, app=app) == []
     keys = shard_keys(store_for(app).config.key_prefix, 0)
-    assert redis_client.exists(keys.history, keys.history_exp) == 0
+    assert redis_client.exists(keys.history) == 0
 
 
-def test_an_expired_history_is_not_read_and_the_sweep_deletes_it(
+def test_an_expired_history_is_not_read_and_the_sweep_deletes_it_and_no_other(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
-    app = make_test_app(conf={"zdelay_history_seconds": 0.3})
-    result = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
+    # Given a task whose history is kept 2 s, and one parked 1.2 s later
+    app = make_test_app(conf={"zdelay_history_seconds": 2})
     store = store_for(app)
-    assert _events(result.id, app) == ["parked"]
-    keys = store.keys(store.shard_of(result.id))
+    old = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
+    assert _events(old.id, app) == ["parked"]
+    parked_ms = store.time_ms()
+    wait_for(lambda: store.time_ms() > parked_ms + 1200, timeout=5)
+    new = app.tasks["tests.record"].apply_delayed((2,), countdown=3600)
+    keys = store.keys(0)
 
-    # Read as gone once its time is over, before any sweep
-    wait_for(lambda: celery_zdelay.history(result.id, app=app) == [], timeout=10)
-    assert redis_client.hexists(keys.history, result.id)
+    # When the first one's time is over: read as gone, before any sweep
+    wait_for(lambda: celery_zdelay.history(old.id, app=app) == [], timeout=10)
+    assert redis_client.hexists(keys.history, old.id)
 
-    # The sweep deletes it, record and expiry both
-    assert sweep_history(store, store.shard_of(result.id), 1000) == 1
-    assert not redis_client.hexists(keys.history, result.id)
-    assert redis_client.zscore(keys.history_exp, result.id) is None
+    # Then a sweep (a whole scan) deletes it, and keeps the one not expired
+    deleted, cursor = 0, 0
+    while True:
+        cursor, step = sweep_history(store, 0, cursor, 10)
+        deleted += step
+        if cursor == 0:
+            break
+    assert deleted == 1
+    assert not redis_client.hexists(keys.history, old.id)
+    assert _events(new.id, app) == ["parked"]
 
 
 def test_a_new_event_keeps_the_record_longer(make_test_app: AppFactory) -> None:
-    # Kept for zdelay_history_seconds after the *last* event
-    app = make_test_app(conf={"zdelay_history_seconds": 60})
-    result = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
+    # Kept for zdelay_history_seconds after the *last* event: a record whose
+    # first event is older than that, but not its last, is read and kept
+    app = make_test_app(conf={"zdelay_history_seconds": 1})
     store = store_for(app)
-    keys = store.keys(store.shard_of(result.id))
-    first: Any = store.client.zscore(keys.history_exp, result.id)
-    wait_for(lambda: store.time_ms() > first - 60_000 + 50, timeout=5)
+    result = app.tasks["tests.record"].apply_delayed((1,), countdown=3600)
+    parked_ms = store.time_ms()
+    wait_for(lambda: store.time_ms() > parked_ms + 700, timeout=5)
     celery_zdelay.cancel(result.id, app=app)
+    wait_for(lambda: store.time_ms() > parked_ms + 1100, timeout=5)
 
-    assert store.client.zscore(keys.history_exp, result.id) > first
+    assert _events(result.id, app) == ["parked", "cancelled"]
+    assert sweep_history(store, 0, 0, 1000) == (0, 0)
 
 
 def test_a_history_key_of_another_type_is_refused_before_anything_moves(

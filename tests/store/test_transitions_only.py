@@ -137,10 +137,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("revisit.lua", "ZREM", "visits"): _PERIODIC,
     # A task id's history (lua/_history.lua, called by the transitions):
     # what happened to an id, kept after it is gone; no entry's state.
-    ("_history.lua", "HSET", "zdelay_h.hist"): _HISTORY,
-    ("_history.lua", "ZADD", "zdelay_h.exp"): _HISTORY,
+    ("_history.lua", "HSET", "hist"): _HISTORY,
     ("history_sweep.lua", "HDEL", "hist"): _HISTORY,
-    ("history_sweep.lua", "ZREM", "exp"): _HISTORY,
     ("shift.lua", "ZADD", "due"): "celery_zdelay.testing's fast-forward, in tests only: every "
     "due score moves earlier at once, nothing changes state",
 }

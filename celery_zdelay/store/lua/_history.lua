@@ -4,8 +4,8 @@
 -- zdelay_h_record, so every path that moves an entry records in one place.
 --
 -- Asked for by the caller, per call: it appends to KEYS the shard's
--- history hash and history_exp zset, and to ARGV one string
---   "\0zdelay-history\0<keep ms>\0<how>\0<by>"
+-- history hash, and to ARGV one string
+--   "\0zdelay-history\0<how>\0<by>"
 -- (how: plain, keyed or bulk for a park, id, tag or withdrawn for a cancel;
 -- by: who, as the caller says). They are taken off here, before the
 -- script's body reads KEYS and ARGV, so no script lays out its arguments
@@ -14,10 +14,13 @@
 -- cannot start with a NUL byte (celery_zdelay/names.py), nor can the other
 -- last arguments of the scripts (payloads, reasons and envelopes are JSON).
 --
--- history hash      id -> its events, oldest first, one line each,
---                   "<code>\t<at ms>[\t<field>...]" (see zdelay_h_line)
--- history_exp zset  id -> ms after which its record is expired: read as
---                   gone, and deleted by history_sweep.lua in bounded steps
+-- history hash  id -> its events, oldest first, one line each,
+--               "<code>\t<at ms>[\t<field>...]" (see the functions below)
+-- A record expires zdelay_history_seconds after its last line's time: a
+-- read ignores it from then on, and history_sweep.lua deletes it, scanning
+-- the hash in bounded steps. No expiry is written: a zset of expiries cost
+-- more Redis time on the release path than everything else here together,
+-- and 140 bytes per task (docs/performance.rst).
 -- A record keeps its last ZDELAY_H_CAP events: a task rescheduled a million
 -- times holds 50 lines.
 local zdelay_h = nil
@@ -25,7 +28,7 @@ do
   local last = ARGV[#ARGV]
   if type(last) == 'string' and string.sub(last, 1, 16) == '\0zdelay-history\0' then
     table.remove(ARGV)
-    local exp, hist = table.remove(KEYS), table.remove(KEYS)
+    local hist = table.remove(KEYS)
     local fields, start = {}, 17
     while true do
       local nul = string.find(last, '\0', start, true)
@@ -33,34 +36,28 @@ do
       fields[#fields + 1] = string.sub(last, start, nul - 1)
       start = nul + 1
     end
-    local keep_ms = zdelay_number(fields[1])
-    if not keep_ms or keep_ms <= 0 then
-      error({err = 'ERR celery-zdelay history: the keep time is not a positive number'})
+    -- Before any write: a key of another type fails the call here, by a
+    -- read that checks the type as it reads (not TYPE and a comparison);
+    -- the check of _guard.lua only says the fix.
+    if not pcall(function() return redis.call('HLEN', hist) end) then
+      zdelay_expect(hist, 'hash')
     end
-    -- Before any write: a key of another type fails the call here. Two
-    -- reads that check the types as they read (not TYPE and a comparison
-    -- each); the checks of _guard.lua only say the fix.
-    local typed = pcall(function()
-      redis.call('HLEN', hist)
-      redis.call('ZCARD', exp)
-    end)
-    if not typed then zdelay_expect(hist, 'hash', exp, 'zset') end
     -- TIME before any write (Redis 6.2 replicates a script that reads the
     -- clock by its effects only when asked first).
     if redis.replicate_commands then redis.replicate_commands() end
-    zdelay_h = {hist = hist, exp = exp, keep_ms = keep_ms, how = fields[2] or '',
-      by = fields[3] or '', now = zdelay_now_ms()}
+    zdelay_h = {hist = hist, how = fields[1] or '', by = fields[2] or '', now = zdelay_now_ms()}
+    zdelay_h.at = '\t' .. string.format('%.0f', zdelay_h.now)
   end
 end
 
 -- Events kept per id: the oldest go first.
 local ZDELAY_H_CAP = 50
+-- A line is at least 15 bytes (code, tab, 13 digits): a value shorter than
+-- this never holds more than ZDELAY_H_CAP lines, and is never counted.
+local ZDELAY_H_CAP_BYTES = 15 * ZDELAY_H_CAP
 
--- *value* with at most ZDELAY_H_CAP lines (the first ones dropped). A line
--- is at least 15 bytes (code, tab, 13 digits), so a value shorter than
--- 15 * cap bytes is never counted.
+-- *value* with at most ZDELAY_H_CAP lines (the first ones dropped).
 local function zdelay_h_capped(value)
-  if #value < 15 * ZDELAY_H_CAP then return value end
   local _, newlines = string.gsub(value, '\n', '\n')
   local drop = newlines + 1 - ZDELAY_H_CAP
   local pos = 0
@@ -71,71 +68,81 @@ local function zdelay_h_capped(value)
   return string.sub(value, pos + 1)
 end
 
--- One event line: *code* (P parked, S rescheduled, H held, R released,
--- C cancelled, D dead-lettered, Q requeued, X purged), when, and its fields.
-local function zdelay_h_line(code, ...)
-  local line = code .. '\t' .. string.format('%.0f', zdelay_h.now)
-  for _, field in ipairs({...}) do line = line .. '\t' .. field end
-  return line
-end
+-- Event lines are "<code>\t<at ms>[\t<field>...]": code P parked, S
+-- rescheduled, H held, R released, C cancelled, D dead-lettered, Q
+-- requeued, X purged (celery_zdelay/store/history.py reads them). Each is
+-- built by concatenation from zdelay_h.at (the tab and the call's time,
+-- formatted once): the release path pays no string.format per task.
 
--- Appends line(j) to the record of ids[j] for each j, and keeps the records
--- for zdelay_h.keep_ms from now. Reads only the history hash, whose type
+-- Appends lines[j] to the record of ids[j] for each j. Reads only the history hash, whose type
 -- was checked when the call began, so it cannot fail after a write. An id
 -- twice in *ids* gets both lines.
-local function zdelay_h_record(ids, line)
-  if not zdelay_h or #ids == 0 then return end
+local function zdelay_h_record(ids, lines)
+  if #ids == 0 then return end
   local values, order = {}, {}
+  local hist = zdelay_h.hist
   for k = 1, #ids, 1000 do
     local last = math.min(k + 999, #ids)
-    local fresh = {}
+    local fresh, asked = {}, {}
     for j = k, last do
-      if values[ids[j]] == nil and not fresh[ids[j]] then
-        fresh[ids[j]] = true
-        fresh[#fresh + 1] = ids[j]
+      local id = ids[j]
+      if values[id] == nil and not asked[id] then
+        asked[id] = true
+        fresh[#fresh + 1] = id
       end
     end
     if #fresh > 0 then
-      local old = redis.call('HMGET', zdelay_h.hist, unpack(fresh))
-      for i, id in ipairs(fresh) do
-        values[id] = old[i] or false
-        order[#order + 1] = id
+      local old = redis.call('HMGET', hist, unpack(fresh))
+      for i = 1, #fresh do
+        values[fresh[i]] = old[i] or false
+        order[#order + 1] = fresh[i]
       end
     end
     for j = k, last do
-      local id, old = ids[j], values[ids[j]]
-      values[id] = old and zdelay_h_capped(old .. '\n' .. line(j)) or line(j)
+      local id = ids[j]
+      local old = values[id]
+      if old then
+        local value = old .. '\n' .. lines[j]
+        if #value >= ZDELAY_H_CAP_BYTES then value = zdelay_h_capped(value) end
+        values[id] = value
+      else
+        values[id] = lines[j]
+      end
     end
   end
-  local expiry = zdelay_h.now + zdelay_h.keep_ms
   for k = 1, #order, 500 do
-    local fields, members = {}, {}
+    local fields, n = {}, 0
     for j = k, math.min(k + 499, #order) do
       local id = order[j]
-      fields[#fields + 1] = id
-      fields[#fields + 1] = values[id]
-      members[#members + 1] = expiry
-      members[#members + 1] = id
+      n = n + 2
+      fields[n - 1], fields[n] = id, values[id]
     end
-    redis.call('HSET', zdelay_h.hist, unpack(fields))
-    redis.call('ZADD', zdelay_h.exp, unpack(members))
+    redis.call('HSET', hist, unpack(fields))
   end
 end
 
 -- The ids of *entries* (tables whose first item is the id).
 local function zdelay_h_ids(entries)
   local ids = {}
-  for j, entry in ipairs(entries) do ids[j] = entry[1] end
+  for j = 1, #entries do ids[j] = entries[j][1] end
   return ids
+end
+
+-- The same *line* for each of *ids*.
+local function zdelay_h_same(ids, line)
+  local lines = {}
+  for j = 1, #ids do lines[j] = line end
+  zdelay_h_record(ids, lines)
 end
 
 -- Parked: *entries* {id, due ms, ...}; which call parked them (plain,
 -- keyed, bulk) as the caller says.
 local function zdelay_h_parked(entries)
   if not zdelay_h then return end
-  zdelay_h_record(zdelay_h_ids(entries), function(j)
-    return zdelay_h_line('P', string.format('%.0f', entries[j][2]), zdelay_h.how)
-  end)
+  local head, tail = 'P' .. zdelay_h.at .. '\t', '\t' .. zdelay_h.how
+  local lines = {}
+  for j = 1, #entries do lines[j] = head .. string.format('%.0f', entries[j][2]) .. tail end
+  zdelay_h_record(zdelay_h_ids(entries), lines)
 end
 
 -- Released by the caller (a companion) at *scores* (due scores, by index of
@@ -148,14 +155,18 @@ local function zdelay_h_released(ids, scores, leased)
     scores = {}
     for k = 1, #ids, 1000 do
       local values = redis.call('HMGET', leased, unpack(ids, k, math.min(k + 999, #ids)))
-      for i, value in ipairs(values) do scores[k + i - 1] = zdelay_due_score(value) end
+      for i = 1, #values do scores[k + i - 1] = zdelay_due_score(values[i]) or false end
     end
   end
-  zdelay_h_record(ids, function(j)
+  local head, now, floor, max = 'R' .. zdelay_h.at .. '\t' .. zdelay_h.by .. '\t', zdelay_h.now,
+    math.floor, math.max
+  local lines = {}
+  for j = 1, #ids do
     local score = scores and tonumber(scores[j])
-    local late = score and math.max(0, zdelay_h.now - math.floor(score / 1024)) or ''
-    return zdelay_h_line('R', zdelay_h.by, type(late) == 'number' and string.format('%.0f', late) or '')
-  end)
+    -- Small whole numbers: concatenation writes them without an exponent.
+    lines[j] = score and (head .. max(0, now - floor(score / 1024))) or head
+  end
+  zdelay_h_record(ids, lines)
 end
 
 -- Cancelled: replaced by a keyed park (the call parks), or cancelled by id
@@ -164,9 +175,7 @@ local function zdelay_h_cancelled(entries)
   if not zdelay_h then return end
   local how = zdelay_h.how
   if how == 'plain' or how == 'keyed' or how == 'bulk' then how = 'replaced' end
-  zdelay_h_record(zdelay_h_ids(entries), function()
-    return zdelay_h_line('C', how, zdelay_h.by)
-  end)
+  zdelay_h_same(zdelay_h_ids(entries), 'C' .. zdelay_h.at .. '\t' .. how .. '\t' .. zdelay_h.by)
 end
 
 -- Held back by control *lane* (hold.lua): by a pause or a rate limit
@@ -175,27 +184,24 @@ local function zdelay_h_held(lane, entries)
   if not zdelay_h then return end
   local reason, control = 'rate_limit', lane
   if string.sub(lane, 1, 6) == 'pause|' then reason, control = 'pause', string.sub(lane, 7) end
-  zdelay_h_record(zdelay_h_ids(entries), function()
-    return zdelay_h_line('H', reason, control)
-  end)
+  zdelay_h_same(zdelay_h_ids(entries), 'H' .. zdelay_h.at .. '\t' .. reason .. '\t' .. control)
 end
 
 -- Dead-lettered: *entries* {id, reason JSON (one line), ...}.
 local function zdelay_h_dead(entries)
   if not zdelay_h then return end
-  zdelay_h_record(zdelay_h_ids(entries), function(j)
-    return zdelay_h_line('D', entries[j][2])
-  end)
+  local head, lines = 'D' .. zdelay_h.at .. '\t', {}
+  for j = 1, #entries do lines[j] = head .. entries[j][2] end
+  zdelay_h_record(zdelay_h_ids(entries), lines)
 end
 
--- An event with no field of its own (Q requeued, S rescheduled with its due
--- ms as *field*, X purged) for each of *ids*.
+-- An event with no field of its own (Q requeued, X purged), or one (S
+-- rescheduled: its due ms as *field*), for each of *ids*.
 local function zdelay_h_simple(code, ids, field)
   if not zdelay_h then return end
-  zdelay_h_record(ids, function()
-    if field then return zdelay_h_line(code, field) end
-    return zdelay_h_line(code)
-  end)
+  local line = code .. zdelay_h.at
+  if field then line = line .. '\t' .. field end
+  zdelay_h_same(ids, line)
 end
 
 -- Purged: only the ids *dead* holds (read before the transition deletes them).

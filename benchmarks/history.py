@@ -1,0 +1,144 @@
+"""What a task's history costs (issue 36): Redis bytes per task, and P1 with it on and off.
+
+``python -m benchmarks.history [--n 100000] [--rounds 5] [--seconds 86400]``
+parks *n* due ``bench.noop`` tasks in bulk and times one companion
+releasing them all by the atomic handoff (P1, as ``benchmarks.release``
+does), once with ``zdelay_history_seconds`` = *seconds* and once with 0,
+round after round in the order on, off, off, on, ... (each round on its own
+private Redis), so that the machine's load falls on both alike. After a
+round with history on, the history hash and expiry zset of every shard are
+measured with ``MEMORY USAGE ... SAMPLES 0`` (exact): each task then holds
+a record of two events (parked, released).
+
+It prints the median release rate of each side with its spread, the median
+of the per-pair ratios (on / off), the bulk park rate of each side, and
+the bytes per task; and writes them to
+``benchmarks/results/<stamp>-history.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from celery_zdelay.companion import Companion
+
+from .common import now_ms, park_bulk, release_all, spread
+from .infra import ROOT, Resources
+from .proj import make_app
+
+
+def one_round(history_seconds: float, n: int) -> dict[str, Any]:
+    """Park *n* due tasks on a private Redis, release them all; the figures of that round."""
+    with Resources() as res:
+        server = res.redis()
+        url = f"{server.url}/0"
+        app = make_app(broker=url, store=url, conf={"zdelay_history_seconds": history_seconds})
+        res.callback(app.close)
+        client = server.client()
+        res.callback(client.close)
+        companion = Companion(app)
+        res.callback(companion.close)
+        # Connected and past handoff detection before the clock starts.
+        companion.release_due()
+        companion.publisher.publish([])
+        park_s = park_bulk(app, n, now_ms() - 1000)
+        client.config_resetstat()
+        started = time.perf_counter()
+        release_all(companion, n, "handoff")
+        seconds = time.perf_counter() - started
+        # Redis's own time in the scripts: steadier than the wall clock on a
+        # shared machine.
+        stats = client.info("commandstats")
+        script_usec = sum(
+            int(stats[name]["usec"])
+            for name in ("cmdstat_evalsha", "cmdstat_eval")
+            if name in stats
+        )
+        history_keys = [key for key in client.keys("*:history*") if key.endswith(b":history")]
+        history_bytes = sum(int(client.memory_usage(key, samples=0) or 0) for key in history_keys)
+        records = sum(int(client.hlen(key)) for key in history_keys if key.endswith(b":history"))
+        lengths = [
+            len(value)
+            for key in history_keys
+            if key.endswith(b":history")
+            for value in client.hvals(key)[:1000]
+        ]
+        return {
+            "history_seconds": history_seconds,
+            "n": n,
+            "release_rate": round(n / seconds),
+            "script_us_per_task": round(script_usec / n, 2),
+            "park_rate": round(n / park_s),
+            "records": records,
+            "history_bytes": history_bytes,
+            "bytes_per_task": round(history_bytes / n, 1),
+            "record_value_bytes": statistics.median(lengths) if lengths else 0,
+        }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each side")
+    parser.add_argument("--seconds", type=float, default=86_400.0, help="history kept (on side)")
+    args = parser.parse_args(argv)
+
+    on: list[dict[str, Any]] = []
+    off: list[dict[str, Any]] = []
+    for index in range(args.rounds):
+        # on, off, off, on, ...: neither side always runs first
+        order = [(on, args.seconds), (off, 0.0)]
+        if index % 2:
+            order.reverse()
+        for side, seconds in order:
+            side.append(one_round(seconds, args.n))
+            print(json.dumps(side[-1]), flush=True)
+
+    ratios = [a["release_rate"] / b["release_rate"] for a, b in zip(on, off, strict=True)]
+    park_ratios = [a["park_rate"] / b["park_rate"] for a, b in zip(on, off, strict=True)]
+    script_ratios = [
+        a["script_us_per_task"] / b["script_us_per_task"] for a, b in zip(on, off, strict=True)
+    ]
+    summary = {
+        "n": args.n,
+        "rounds": args.rounds,
+        "history_seconds": args.seconds,
+        "p1_on": spread([r["release_rate"] for r in on], digits=0),
+        "p1_off": spread([r["release_rate"] for r in off], digits=0),
+        "p1_ratio_on_off": spread(ratios),
+        "script_us_on": spread([r["script_us_per_task"] for r in on], digits=2),
+        "script_us_off": spread([r["script_us_per_task"] for r in off], digits=2),
+        "script_ratio_on_off": spread(script_ratios),
+        "park_rate_on": spread([r["park_rate"] for r in on], digits=0),
+        "park_rate_off": spread([r["park_rate"] for r in off], digits=0),
+        "park_ratio_on_off": spread(park_ratios),
+        "bytes_per_task": spread([r["bytes_per_task"] for r in on], digits=1),
+        "record_value_bytes": on[0]["record_value_bytes"],
+        "off_history_bytes": max(r["history_bytes"] for r in off),
+        "rounds_on": on,
+        "rounds_off": off,
+    }
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = ROOT / "benchmarks" / "results" / f"{stamp}-history.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    for name in (
+        "p1_on",
+        "p1_off",
+        "p1_ratio_on_off",
+        "script_us_on",
+        "script_us_off",
+        "script_ratio_on_off",
+        "park_ratio_on_off",
+        "bytes_per_task",
+    ):
+        print(f"{name}: {json.dumps({k: v for k, v in summary[name].items() if k != 'rounds'})}")
+    print(f"record value: {summary['record_value_bytes']} bytes; written to {path}")
+
+
+if __name__ == "__main__":
+    main()
