@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import celery
 
+from ._format import duration
 from .app_state import store_for
 from .names import validate_task_id
 from .store.history import HistoryLine, read_history
@@ -20,7 +21,7 @@ from .store.history import HistoryLine, read_history
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["HistoryEvent", "history"]
+__all__ = ["HistoryEvent", "describe", "event_json", "history"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,43 @@ def history(task_id: str, *, app: Celery | None = None) -> list[HistoryEvent]:
     task_id = validate_task_id(task_id, done="looked up")
     app = app if app is not None else celery.current_app._get_current_object()
     return [_event(line) for line in read_history(store_for(app), task_id)]
+
+
+def describe(event: HistoryEvent) -> str:
+    """Return what *event* says beside its name, for people (the CLI, the dashboard).
+
+    ``plain call, due 2025-06-01T12:30:03Z``, ``pause (queue:emails)``,
+    ``by <companion>, 12ms late``, ``tag, by alice``, the dead letter's reason.
+    """
+    parts: list[str] = []
+    if event.call:
+        parts.append(f"{event.call} call")
+    if event.due is not None:
+        parts.append(f"due {event.due.strftime('%Y-%m-%dT%H:%M:%SZ')}")
+    if event.event == "held":
+        return f"{event.reason or '?'} ({event.by})" if event.by else event.reason or ""
+    if event.event == "dead":
+        return event.reason or ""
+    if event.reason:
+        parts.append(event.reason)
+    if event.by:
+        parts.append(f"by {event.by}")
+    if event.late_ms is not None:
+        parts.append(f"{duration(event.late_ms)} late")
+    return ", ".join(parts)
+
+
+def event_json(event: HistoryEvent) -> dict[str, Any]:
+    """Return *event* as JSON fields (times as ISO 8601 UTC; fields that do not apply: null)."""
+    return {
+        "event": event.event,
+        "at": event.at.isoformat(timespec="milliseconds"),
+        "by": event.by,
+        "late_ms": event.late_ms,
+        "reason": event.reason,
+        "call": event.call,
+        "due": event.due.isoformat(timespec="milliseconds") if event.due else None,
+    }
 
 
 def _event(line: HistoryLine) -> HistoryEvent:
