@@ -16,12 +16,13 @@ import celery
 from ._format import duration
 from .app_state import store_for
 from .names import validate_task_id
+from .store import Store
 from .store.history import HistoryLine, read_history
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["HistoryEvent", "describe", "event_json", "history"]
+__all__ = ["HistoryEvent", "describe", "event_json", "history", "history_in"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,12 @@ def history(task_id: str, *, app: Celery | None = None) -> list[HistoryEvent]:
     """
     task_id = validate_task_id(task_id, done="looked up")
     app = app if app is not None else celery.current_app._get_current_object()
-    return [_event(line) for line in read_history(store_for(app), task_id)]
+    return history_in(store_for(app), task_id)
+
+
+def history_in(store: Store, task_id: str) -> list[HistoryEvent]:
+    """:func:`history` read from *store* (the dashboard's and the CLI's own)."""
+    return [_event(line) for line in read_history(store, task_id)]
 
 
 def describe(event: HistoryEvent) -> str:
