@@ -73,8 +73,8 @@ def test_an_operator_reads_what_happened_to_a_task_that_is_gone(
             ("parked", page.locator("#history td.detail").first.text_content()),
             ("cancelled", "id, by dashboard"),
         ]
-        assert page.locator("#history td.detail").first.text_content().startswith(
-            "plain call, due "
+        assert (
+            page.locator("#history td.detail").first.text_content().startswith("plain call, due ")
         )
 
         # And the email's page shows it held by the pause, then released by
