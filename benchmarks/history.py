@@ -10,6 +10,11 @@ round with history on, the history hash and expiry zset of every shard are
 measured with ``MEMORY USAGE ... SAMPLES 0`` (exact): each task then holds
 a record of two events (parked, released).
 
+With ``--record`` it instead times the record alone: ``zdelay_h_released``
+(``store/lua/_history.lua``) on 1,000 ids per call over 20,000 records that
+hold their "parked" line, against the same script without it, ten rounds on
+a private Redis, by Redis's own time in the scripts (``INFO commandstats``).
+
 It prints the median release rate of each side with its spread, the median
 of the per-pair ratios (on / off), the bulk park rate of each side, and
 the bytes per task; and writes them to
@@ -81,12 +86,58 @@ def one_round(history_seconds: float, n: int) -> dict[str, Any]:
         }
 
 
+def record_cost(rounds: int = 10, n: int = 20_000) -> dict[str, Any]:
+    """Redis time per task of recording a release (µs), and of the same script without it."""
+    from celery_zdelay.store.scripts import GUARD, HISTORY
+
+    with Resources() as res:
+        client = res.redis().client()
+        res.callback(client.close)
+        ids = [f"{i:08x}-87cf-4033-9341-18f8ceebdab9" for i in range(n)]
+
+        def script(body: str) -> Any:
+            head = "local ids = {} for i = 1, #ARGV do ids[i] = ARGV[i] end\n"
+            return client.register_script(GUARD.read() + HISTORY.read() + head + body + " return 1")
+
+        scores = "local s = {} for j = 1, #ids do s[j] = 1733000000000 * 1024 end\n"
+        park = script(
+            "local e = {} for j = 1, #ids do e[j] = {ids[j], 1733000000000} end zdelay_h_parked(e)"
+        )
+        release = script(scores + "zdelay_h_released(ids, s, nil)")
+        bare = script(scores)
+        trailer = "\0zdelay-history\0bulk\0vm:14660:777af301"
+
+        def run(each: Any, keys: list[str]) -> float:
+            client.config_resetstat()
+            for k in range(0, n, 1000):
+                each(keys=keys, args=[*ids[k : k + 1000], *([trailer] if keys else [])])
+            stats = client.info("commandstats")
+            names = ("cmdstat_evalsha", "cmdstat_eval")
+            return sum(int(stats[name]["usec"]) for name in names if name in stats) / n
+
+        with_record: list[float] = []
+        without: list[float] = []
+        for _ in range(rounds):
+            client.flushall()
+            run(park, ["{z:0}:history"])
+            with_record.append(run(release, ["{z:0}:history"]))
+            without.append(run(bare, []))
+        return {
+            "release_record_us": spread(with_record, digits=2),
+            "without_us": spread(without, digits=2),
+        }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each side")
     parser.add_argument("--seconds", type=float, default=86_400.0, help="history kept (on side)")
+    parser.add_argument("--record", action="store_true", help="time the record alone")
     args = parser.parse_args(argv)
+    if args.record:
+        print(json.dumps(record_cost(), indent=2))
+        return
 
     on: list[dict[str, Any]] = []
     off: list[dict[str, Any]] = []
