@@ -240,3 +240,16 @@ def test_a_history_key_of_another_type_is_refused_before_anything_moves(
         celery_zdelay.cancel(result.id, app=app)
 
     assert redis_client.zscore(keys.due, result.id) is not None
+
+
+def test_held_by_a_rate_limit_says_rate_limit_and_which_control(app: Celery) -> None:
+    # A limit of one a minute, burst 1: of two tasks due now, one goes, one is held
+    celery_zdelay.set_rate_limit("task:tests.record", {"rate": "1/m", "burst": 1}, app=app)
+    task = app.tasks["tests.record"]
+    results = [task.apply_delayed((n,), countdown=0) for n in range(2)]
+    _release(app)
+
+    last = {r.id: celery_zdelay.history(r.id, app=app)[-1] for r in results}
+    assert sorted(e.event for e in last.values()) == ["held", "released"]
+    (held,) = [e for e in last.values() if e.event == "held"]
+    assert (held.reason, held.by) == ("rate_limit", "task:tests.record")
