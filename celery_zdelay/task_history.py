@@ -46,7 +46,8 @@ class HistoryEvent:
     #: ``"matching"`` (other filters), ``"replaced"`` (by a keyed park) or
     #: ``"withdrawn"`` (a periodic occurrence); dead: the dead letter's reason.
     reason: str | None = None
-    #: Parked: which call, ``"plain"``, ``"keyed"`` or ``"bulk"``.
+    #: Parked: which call, ``"plain"``, ``"keyed"``, ``"bulk"`` or ``"periodic"``
+    #: (an occurrence of a periodic schedule).
     call: str | None = None
     #: Parked and rescheduled: the due time it was given.
     due: datetime | None = None

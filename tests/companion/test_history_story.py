@@ -21,6 +21,7 @@ import redis
 from celery import Celery
 
 import celery_zdelay
+from celery_zdelay import periodic
 from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs, wait_for
 
@@ -165,3 +166,24 @@ def test_with_history_seconds_zero_a_released_task_leaves_no_history(
     assert celery_zdelay.history(result.id, app=app) == []
     store = celery_zdelay.parking.store_for(app)
     assert redis_client.exists(store.keys(store.shard_of(result.id)).history) == 0
+
+
+def test_a_periodic_occurrence_is_parked_by_its_schedule_and_released(
+    make_test_app: AppFactory,
+    runs: Runs,
+    companion: Callable[..., CeleryProcess],
+    worker: Callable[..., CeleryProcess],
+) -> None:
+    app = make_test_app(queues=QUEUES)
+    periodic.add("tick", app=app, task="tests.record", schedule=1)
+    companion(app, "--beat")
+    worker(app, "celery")
+
+    def last_run() -> str | None:
+        (tick,) = periodic.schedules(app)[1]
+        return tick.last_run_id
+
+    occurrence = wait_for(last_run, timeout=60, message="a released occurrence")
+    wait_for(lambda: _events(app, occurrence)[-1:] == ["released"], timeout=30)
+    parked = celery_zdelay.history(occurrence, app=app)[0]
+    assert (parked.event, parked.call) == ("parked", "periodic")

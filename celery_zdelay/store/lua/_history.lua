@@ -1,18 +1,19 @@
 -- Loaded in front of every script that includes _transitions.lua (see
 -- scripts.py): the history of each task id ("did it fire, when, and who
--- cancelled it?", celery_zdelay/history.py reads it). The transitions call
+-- cancelled it?", celery_zdelay/store/history.py reads it). The transitions call
 -- zdelay_h_record, so every path that moves an entry records in one place.
 --
 -- Asked for by the caller, per call: it appends to KEYS the shard's
 -- history hash, and to ARGV one string
 --   "\0zdelay-history\0<how>\0<by>"
--- (how: plain, keyed or bulk for a park, id, tag or withdrawn for a cancel;
--- by: who, as the caller says). They are taken off here, before the
+-- (how: plain, keyed or bulk for a park; id, tag, matching or withdrawn
+-- for a cancel; by: who, as the caller says). They are taken off here, before the
 -- script's body reads KEYS and ARGV, so no script lays out its arguments
 -- differently for it. Without them (zdelay_history_seconds = 0) nothing is
 -- recorded and no key is touched: one string comparison per call. Task ids
--- cannot start with a NUL byte (celery_zdelay/names.py), nor can the other
--- last arguments of the scripts (payloads, reasons and envelopes are JSON).
+-- cannot start with a NUL byte (celery_zdelay/names.py); the scripts' other
+-- last arguments are JSON (payloads, reasons, envelopes), digits (counts,
+-- tokens) or a queue list key, none of which starts with that NUL-framed word.
 --
 -- history hash  id -> its events, oldest first, one line each,
 --               "<code>\t<at ms>[\t<field>...]" (see the functions below)
@@ -74,9 +75,9 @@ end
 -- built by concatenation from zdelay_h.at (the tab and the call's time,
 -- formatted once): the release path pays no string.format per task.
 
--- Appends lines[j] to the record of ids[j] for each j. Reads only the history hash, whose type
--- was checked when the call began, so it cannot fail after a write. An id
--- twice in *ids* gets both lines.
+-- Appends lines[j] to the record of ids[j] for each j. Reads only the
+-- history hash, whose type was checked when the call began, so it cannot
+-- fail after a write. An id twice in *ids* gets both lines.
 local function zdelay_h_record(ids, lines)
   if #ids == 0 then return end
   local values, order = {}, {}
