@@ -51,6 +51,10 @@ DEFAULT_RETRY_POLICY: Mapping[str, float] = {
 #: release, when no worker reports the task finished (a worker was lost).
 DEFAULT_KEY_HOLD_SECONDS = 3600.0
 
+#: Seconds a task id's history is kept after its last event (0: none is
+#: recorded). See docs/performance.rst for the figures behind it.
+DEFAULT_HISTORY_SECONDS = 86400.0
+
 #: Largest batch: Lua's unpack() limit keeps one call's arguments below 8000.
 MAX_BATCH_SIZE = 2000
 #: Largest shard count; keys of each shard are scanned by status.
@@ -75,6 +79,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_rate_limits": "release rate limits per queue or task, global across companions",
     "zdelay_key_hold_seconds": 'most seconds an on_key="until_finished" key is held after release',
     "zdelay_concurrency": "most tasks released and not finished, per queue, task or limit key",
+    "zdelay_history_seconds": "seconds a task's history is kept after its last event (0: off)",
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -135,6 +140,9 @@ class ZDelayConfig:
     #: ``zdelay_concurrency``: control name -> most tasks released and not
     #: finished. A slot is held at most :attr:`key_hold_ms` after the release.
     concurrency: Mapping[str, int] = field(default_factory=dict)
+    #: ``zdelay_history_seconds`` in ms: how long a task id's history (see
+    #: :func:`celery_zdelay.history`) is kept after its last event; 0 records none.
+    history_ms: int = round(DEFAULT_HISTORY_SECONDS * 1000)
 
     @property
     def redis_url(self) -> str:
@@ -294,6 +302,9 @@ def _build(
             0.001,
         ),
         concurrency=parse_concurrency(raw["zdelay_concurrency"]),
+        history_ms=_seconds_ms(
+            "zdelay_history_seconds", raw["zdelay_history_seconds"], DEFAULT_HISTORY_SECONDS, 0.0
+        ),
     )
 
 

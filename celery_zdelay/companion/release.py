@@ -491,7 +491,7 @@ class ReleasePass:
             (entry.task_id, str(message.handoff_dest), message.envelope_head)
             for entry, message in entries
         ]
-        pushed_ids, refused = self.store.push(shard, result.token, routes)
+        pushed_ids, refused = self.store.push(shard, result.token, routes, by=self.id)
         pushed = set(pushed_ids)
         released = [(entry, message) for entry, message in entries if entry.task_id in pushed]
         self._released(shard, "handoff", released, result, claimed_at, report)
@@ -517,7 +517,7 @@ class ReleasePass:
         settled = set(outcome.accepted) | set(outcome.rejected)
         returned = [entry.task_id for i, (entry, _) in enumerate(entries) if i not in settled]
 
-        self.store.ack(shard, result.token, [entry.task_id for entry, _ in accepted])
+        self.store.ack(shard, result.token, [entry.task_id for entry, _ in accepted], by=self.id)
         if returned:
             self.store.unclaim(shard, result.token, returned)
             report.returned += len(returned)

@@ -540,7 +540,7 @@ class PeriodicStore:
             ids = sorted(_text(i) for i in self.store.client.smembers(self.keys.cancel))
         if not ids:
             return []
-        found = self.store.cancel(ids)
+        found = self.store.cancel(ids, how="withdrawn")
         self.forget_cancelled(ids)
         return [i for i, was in zip(ids, found, strict=True) if was]
 
@@ -558,8 +558,13 @@ class PeriodicStore:
         # Checked as Store.park checks its scripts: a command refused after
         # the tick is written would leave an occurrence ticked, never parked.
         store.ensure_allowed(keys[0], "park_once")
+        # Its history says parked by the schedule (lua/_history.lua takes
+        # these off before park_once.lua reads its arguments).
+        history = store.history_args(shard, "periodic")
         with store_errors(store.url):
-            reply = self._park_once(keys=keys, args=[*args, self.tick_memory_ms])
+            reply = self._park_once(
+                keys=[*keys, *history.keys], args=[*args, self.tick_memory_ms, *history.args]
+            )
         return bool(reply)
 
     def parked_among(self, task_ids: Sequence[str]) -> set[str]:

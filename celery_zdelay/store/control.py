@@ -268,6 +268,8 @@ class ControlStore:
         if not task_ids:
             return 0
         keys = self.store.keys(shard)
+        # Their history says held, and why (hold.lua knows a pause's lane).
+        history = self.store.history_args(shard)
         with store_errors(self.store.url):
             return int(
                 self._hold(
@@ -276,8 +278,9 @@ class ControlStore:
                         keys.leased,
                         held_set_key(self.prefix, shard, name),
                         lanes_key(self.prefix, shard),
+                        *history.keys,
                     ],
-                    args=[token, name, *task_ids],
+                    args=[token, name, *task_ids, *history.args],
                     client=self.store.client,
                 )
             )

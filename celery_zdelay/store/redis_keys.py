@@ -63,6 +63,9 @@ class ShardKeys:
     marks: str
     #: ZSET "<tag>\n<id>", all scored 0: the entries of a tag, by ZRANGEBYLEX.
     tagged: str
+    #: HASH id -> its history: one line per event, oldest first (lua/_history.lua),
+    #: expired ``zdelay_history_seconds`` after its last (ignored by reads, swept).
+    history: str
 
     def marker(self) -> str:
         """Return a new STRING key marking one park call (expires on its own)."""
@@ -91,6 +94,7 @@ def shard_keys(prefix: str, shard: int) -> ShardKeys:
         ticks=f"{tag}:ticks",
         marks=f"{tag}:marks",
         tagged=f"{tag}:tagged",
+        history=f"{tag}:history",
     )
 
 
