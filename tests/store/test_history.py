@@ -253,3 +253,23 @@ def test_held_by_a_rate_limit_says_rate_limit_and_which_control(app: Celery) -> 
     assert sorted(e.event for e in last.values()) == ["held", "released"]
     (held,) = [e for e in last.values() if e.event == "held"]
     assert (held.reason, held.by) == ("rate_limit", "task:tests.record")
+
+
+def test_held_by_a_concurrency_control_says_concurrency_and_which_control(
+    make_test_app: AppFactory,
+) -> None:
+    # One at a time per tenant: of two tasks of tenant a due now, one goes, one waits
+    control = "limit_key:tenant:*"
+    app = make_test_app(conf={"zdelay_concurrency": {control: 1}})
+    task = app.tasks["tests.record"]
+    results = [
+        task.apply_delayed((n,), countdown=0, headers={"zdelay_limit_key": "tenant:a"})
+        for n in range(2)
+    ]
+    _release(app)
+
+    last = {r.id: celery_zdelay.history(r.id, app=app)[-1] for r in results}
+    assert sorted(e.event for e in last.values()) == ["held", "released"]
+    (held,) = [e for e in last.values() if e.event == "held"]
+    # The control, not the lane's slot name (which adds the limit key)
+    assert (held.reason, held.by) == ("concurrency", control)

@@ -179,12 +179,17 @@ local function zdelay_h_cancelled(entries)
   zdelay_h_same(zdelay_h_ids(entries), 'C' .. zdelay_h.at .. '\t' .. how .. '\t' .. zdelay_h.by)
 end
 
--- Held back by control *lane* (hold.lua): by a pause or a rate limit
--- (store/control.py names a pause's lane "pause|<control>").
+-- Held back by control *lane* (hold.lua): by a pause, a rate limit or a
+-- concurrency control (store/control.py names a pause's lane
+-- "pause|<control>", a concurrency control's "concurrency|<control>[ <limit key>]").
 local function zdelay_h_held(lane, entries)
   if not zdelay_h then return end
   local reason, control = 'rate_limit', lane
-  if string.sub(lane, 1, 6) == 'pause|' then reason, control = 'pause', string.sub(lane, 7) end
+  if string.sub(lane, 1, 6) == 'pause|' then
+    reason, control = 'pause', string.sub(lane, 7)
+  elseif string.sub(lane, 1, 12) == 'concurrency|' then
+    reason, control = 'concurrency', string.match(string.sub(lane, 13), '^[^ ]*')
+  end
   zdelay_h_same(zdelay_h_ids(entries), 'H' .. zdelay_h.at .. '\t' .. reason .. '\t' .. control)
 end
 
