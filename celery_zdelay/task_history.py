@@ -42,7 +42,7 @@ class HistoryEvent:
     by: str | None = None
     #: Released: ms after its due time (Redis clock).
     late_ms: int | None = None
-    #: Held: ``"pause"`` or ``"rate_limit"``; cancelled: ``"id"``, ``"tag"``,
+    #: Held: ``"pause"``, ``"rate_limit"`` or ``"concurrency"``; cancelled: ``"id"``, ``"tag"``,
     #: ``"matching"`` (other filters), ``"replaced"`` (by a keyed park) or
     #: ``"withdrawn"`` (a periodic occurrence); dead: the dead letter's reason.
     reason: str | None = None
