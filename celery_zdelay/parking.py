@@ -33,6 +33,7 @@ from .keys import (
     set_headers,
     task_id_for,
 )
+from .limit_keys import take_limit_key
 from .names import validate_task_id
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from, jitter_ms
@@ -78,6 +79,7 @@ def park_task(
     app = task._get_app()
     _check_given_id(options)
     spread_ms = _take_jitter(options)
+    take_limit_key(app, options)
     key = _take_marks(app, options)
     eager = _eager(app)
     if eager and _runs_now(app, eager):
@@ -172,6 +174,7 @@ def park_many(
             "with apply_delayed. Nothing was parked."
         )
     spread_ms = _take_jitter(options)
+    take_limit_key(app, options)
     keys = options.pop("keys", None)
     if keys is not None:
         return _park_many_keyed(task, list(calls), keys, countdown, eta, spread_ms, options)
@@ -256,9 +259,10 @@ def apply_delayed(
     signature = maybe_signature(sig, app=app)
     if not isinstance(signature, Signature):
         raise ConfigurationError(f"apply_delayed needs a signature or canvas, got {sig!r}.")
-    if any(name in options for name in ("key", "on_key", "tags")):
+    if any(name in options for name in ("key", "on_key", "tags", "limit_key")):
         raise ConfigurationError(
-            "key=, on_key= and tags= go on a task's own call: task.apply_delayed(..., key=...), "
+            "key=, on_key=, tags= and limit_key= go on a task's own call: "
+            "task.apply_delayed(..., key=...), "
             "task.apply_delayed_many or celery_zdelay.send_delayed, not on a signature or "
             "canvas, which may park several messages. Nothing was parked."
         )
@@ -295,9 +299,11 @@ def send_delayed(
     eta: Any = None,
     **options: Any,
 ) -> Any:
-    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=`` too)."""
+    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=``,
+    ``limit_key=`` too)."""
     _check_given_id(options)
     spread_ms = _take_jitter(options)
+    take_limit_key(app, options)
     key = _take_marks(app, options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)

@@ -14,7 +14,16 @@ Where each piece lives, and why:
   holds in the set named by the control (``task:proj.send``), a pause in a
   set of its own (:func:`pause_lane`), so that on resume what the pause
   held meets every limit, while what the limit held has passed the limits
-  before it (see :meth:`~celery_zdelay.companion.gate.Gate.lane_of`).
+  before it (see :meth:`~celery_zdelay.companion.gate.Gate.lane_of`). A
+  ``limit_key:<glob>`` limit holds each limit key in a lane of its own,
+  ``limit_key:<key>``, with a bucket of its own named by the lane.
+
+Per-key state does not outlive its use: a bucket expires once it would be
+full again (``take_tokens.lua``), a held set is deleted by Redis when its
+last entry leaves, and its name leaves the lanes set when a companion finds
+it empty (``forget_lane.lua``). Totals (:func:`lane_group`) count per-key
+lanes under their glob, so what a listing of controls or a metric shows is
+bounded by the number of limits, not of keys.
 
 Like :class:`~.store.Store`, this decides nothing: the companion's gate does.
 """
@@ -22,11 +31,11 @@ Like :class:`~.store.Store`, this decides nothing: the companion's gate does.
 from __future__ import annotations
 
 import json
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..rates import RateLimit, parse_limit
+from ..rates import LIMIT_KEY, RateLimit, key_control, parse_limit
 from .client import store_errors
 from .redis_keys import control_keys, held_set_key, lanes_key
 from .store import ClaimResult, Store, claim_result
@@ -34,11 +43,14 @@ from .store import ClaimResult, Store, claim_result
 __all__ = [
     "PAUSE_LANE",
     "REMOVED",
+    "UNMATCHED_KEYS",
     "ControlState",
     "ControlStore",
     "HoldReasons",
     "hold_reason",
+    "is_key_lane",
     "lane_control",
+    "lane_group",
     "pause_lane",
 ]
 
@@ -55,8 +67,36 @@ def pause_lane(control: str) -> str:
 
 
 def lane_control(lane: str) -> str:
-    """Return the control whose pause or rate limit holds the entries of *lane*."""
+    """Return the control whose pause or rate limit holds the entries of *lane*.
+
+    For a per-key lane, the lane itself (``limit_key:tenant:42``): which
+    key's limit holds them (:func:`lane_group` gives the glob).
+    """
     return lane[len(PAUSE_LANE) :] if lane.startswith(PAUSE_LANE) else lane
+
+
+def is_key_lane(lane: str) -> bool:
+    """Whether *lane* (or control name) is a limit key's: ``limit_key:...``."""
+    return lane.startswith(f"{LIMIT_KEY}:")
+
+
+#: What per-key lanes count under when no limit or pause of *names* matches
+#: their key any more (a limit removed, its held sets drained).
+UNMATCHED_KEYS = f"{LIMIT_KEY}:*"
+
+
+def lane_group(lane: str, names: Iterable[str]) -> str:
+    """Return the control *lane* counts under in totals, of the control *names*.
+
+    Its own control, but for a per-key lane: the first ``limit_key:<glob>``
+    of *names* that matches its key, or :data:`UNMATCHED_KEYS`. A million
+    keys held count under as many names as there are globs.
+    """
+    control = lane_control(lane)
+    names = list(names)
+    if not is_key_lane(control) or control in names:
+        return control
+    return key_control(control[len(LIMIT_KEY) + 1 :], names) or UNMATCHED_KEYS
 
 
 @dataclass(frozen=True)
@@ -209,6 +249,25 @@ class ControlStore:
         with store_errors(self.store.url):
             return int(self.store.client.zcard(held_set_key(self.prefix, shard, name)))
 
+    def held_counts(self, shard: int, names: Iterable[str]) -> dict[str, int]:
+        """Return how many entries each of *names* holds on *shard*, in one round trip.
+
+        (On a Redis Cluster, one call per name: the held sets of a shard
+        share its slot, but redis-py's cluster pipeline is not used here.)
+        """
+        name_list = list(names)
+        with store_errors(self.store.url):
+            if self.store.cluster:
+                counts = [
+                    self.store.client.zcard(held_set_key(self.prefix, shard, n)) for n in name_list
+                ]
+            else:
+                with self.store.client.pipeline(transaction=False) as pipe:
+                    for name in name_list:
+                        pipe.zcard(held_set_key(self.prefix, shard, name))
+                    counts = pipe.execute()
+        return {name: int(count) for name, count in zip(name_list, counts, strict=True)}
+
     def claim_held(self, shard: int, name: str, *, limit: int, lease_ms: int) -> ClaimResult:
         """Lease up to *limit* of the entries *name* holds on *shard*, in due order.
 
@@ -243,15 +302,20 @@ class ControlStore:
             )
 
 
-def hold_reason(lane: str, paused: Container[str]) -> str:
+def hold_reason(lane: str, paused: Collection[str]) -> str:
     """Return why *lane* holds entries: ``"pause"`` or ``"rate_limit"``.
 
     A pause's lane holds by pause until it is drained; a limit's, by pause
-    while its control is paused too (nothing of it leaves then), else by
+    while its control is paused too (nothing of it leaves then; for a
+    per-key lane, a paused ``limit_key:<glob>`` matching its key), else by
     rate limit. A held set outlives its control (a removed limit is drained
     under no limit, a resumed pause at once).
     """
-    return "pause" if lane.startswith(PAUSE_LANE) or lane in paused else "rate_limit"
+    if lane.startswith(PAUSE_LANE) or lane in paused:
+        return "pause"
+    if is_key_lane(lane) and key_control(lane[len(LIMIT_KEY) + 1 :], paused) is not None:
+        return "pause"
+    return "rate_limit"
 
 
 class HoldReasons:
