@@ -34,13 +34,20 @@ from .keys import (
     task_id_for,
 )
 from .limit_keys import take_limit_key
-from .names import validate_task_id
+from .names import validate_limit_key, validate_task_id
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from, jitter_ms
 from .steering import announce_cancelled
 from .store import Parked, ParkRequest, admin
 from .store.client import store_errors
-from .store.headers import ETA_HEADER, KEY_HEADER, ON_KEY_HEADER, PARK_HEADER, TAGS_HEADER
+from .store.headers import (
+    ETA_HEADER,
+    KEY_HEADER,
+    LIMIT_KEY_HEADER,
+    ON_KEY_HEADER,
+    PARK_HEADER,
+    TAGS_HEADER,
+)
 from .store.redis_keys import canvas_key
 from .tracing import park_span
 
@@ -458,10 +465,11 @@ def park_requests(
     Every park path (a task's call, ``send_delayed``, a canvas, a batch,
     transparent mode, periodic ticks) comes through here: each id is checked
     by the rule of :mod:`celery_zdelay.names` before anything is written, as
-    the key and tags are (:func:`~celery_zdelay.keys.mark_from_headers`).
+    the key and tags are (:func:`~celery_zdelay.keys.mark_from_headers`) and
+    the limit key (its ``zdelay_limit_key`` header).
 
     Raises:
-        ConfigurationError: an id, key or tag breaks that rule; nothing of
+        ConfigurationError: an id, key, tag or limit key breaks that rule; nothing of
             *messages* is parked.
     """
     return _requests(app, producing(app), messages, dues)
@@ -475,6 +483,9 @@ def _requests(
     requests = []
     for message, due in zip(messages, dues, strict=True):
         validate_task_id(message.task_id)
+        if LIMIT_KEY_HEADER in message.headers:
+            # Set by limit_key= (checked there) or by hand (transparent mode).
+            validate_limit_key(message.headers[LIMIT_KEY_HEADER])
         if parking.config.worker_dedupe:
             # The worker-side guard tells a second publish of this park from
             # a redelivery by it (celery_zdelay.worker.refuse_second_delivery).

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from werkzeug.test import Client
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
@@ -25,6 +26,7 @@ from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import controls
 from celery_zdelay.rates import control_name
 from celery_zdelay.store.headers import LIMIT_KEY_HEADER
+from celery_zdelay.web import create_app
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, most_in_any_window
 from tests.helpers import wait_for
@@ -80,6 +82,20 @@ def test_a_bad_limit_key_is_refused_and_nothing_is_parked(
     with pytest.raises(ConfigurationError, match="limit_key="):
         record.apply_delayed_many([(1,), (2,)], countdown=60, limit_key=bad)
     assert _parked(redis_client) == 0
+
+
+def test_transparent_mode_checks_a_limit_key_header_and_parks_and_sends_nothing_bad(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    app = _app(make_test_app, "100/s", zdelay_threshold=60)
+    record = app.tasks["tests.record"]
+    with pytest.raises(ConfigurationError, match="limit_key="):
+        record.apply_async((1,), countdown=3600, headers={LIMIT_KEY_HEADER: "a\nb"})
+    assert _parked(redis_client) == 0
+    assert redis_client.llen("celery") == 0
+    # A good one is parked as limit_key= parks it
+    record.apply_async((2,), countdown=3600, headers={LIMIT_KEY_HEADER: "tenant:1"})
+    assert _parked(redis_client) == 1
 
 
 def test_a_limit_key_no_limit_matches_is_warned_once_and_released_all_the_same(
@@ -147,6 +163,11 @@ def test_each_key_has_its_own_bucket_and_is_shown_held_by_its_key(
     assert "4 waiting" in listing
     assert "over 2 keys" in listing
     assert "tenant:1" not in listing.replace(PER_TENANT, "")
+    # And so does the dashboard's page of limits: one row for the glob
+    page = Client(create_app(app)).get("/control").get_data(as_text=True)
+    assert page.count('<tr data-name="limit_key:') == 1
+    assert "4 held by the limit" in page
+    assert "over 2 keys, a bucket each" in page
 
 
 def test_a_paused_glob_holds_every_key_it_matches_and_resume_releases_them(

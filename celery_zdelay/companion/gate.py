@@ -232,8 +232,11 @@ class Gate:
         Entries go out in due order across shards: a backlog on one shard does
         not overtake older entries held on another.
         """
+        shard_list = list(shards)
+        peeked = self.control.peek_shards(shard_list, name, count)
         scores = [
-            [(score, shard) for score in self.control.peek(shard, name, count)] for shard in shards
+            [(score, shard) for score in found]
+            for shard, found in zip(shard_list, peeked, strict=True)
         ]
         return [shard for _, shard in _first(scores, count)]
 

@@ -244,6 +244,20 @@ class ControlStore:
             )
         return [int(score) for _, score in reply]
 
+    def peek_shards(self, shards: Sequence[int], name: str, count: int) -> list[list[int]]:
+        """:meth:`peek` on each of *shards*, in one round trip (one per shard on a Cluster).
+
+        A per-key limit peeks every shard for each key with tasks held, every
+        pass: one round trip per key rather than per key and shard.
+        """
+        if self.store.cluster:
+            return [self.peek(shard, name, count) for shard in shards]
+        with store_errors(self.store.url), self.store.client.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.zrange(held_set_key(self.prefix, shard, name), 0, count - 1, withscores=True)
+            replies: list[Any] = pipe.execute()
+        return [[int(score) for _, score in reply] for reply in replies]
+
     def held_count(self, shard: int, name: str) -> int:
         """Return how many entries *name* holds on *shard*."""
         with store_errors(self.store.url):
