@@ -18,18 +18,23 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.test import Client
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
+from celery_zdelay.companion.metrics import Metrics
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import controls
 from celery_zdelay.rates import control_name
 from celery_zdelay.store.headers import LIMIT_KEY_HEADER
+from celery_zdelay.testing import RedisServer
 from celery_zdelay.web import create_app
 from tests.conftest import AppFactory
 from tests.control_support import BrokerTap, most_in_any_window
 from tests.helpers import wait_for
+from tests.servers import LocalCluster
 from tests.support.cli import run
 from tests.support.keys import keys_of
 
@@ -47,6 +52,11 @@ def _app(make_test_app: AppFactory, limit: Any = None, **conf: Any) -> Celery:
 def _released(client: redis.Redis, queue: str = "celery") -> list[dict[str, Any]]:
     """The messages in a broker list, oldest push first (kombu pushes at the head)."""
     return [json.loads(raw) for raw in reversed(client.lrange(queue, 0, -1))]
+
+
+def _scrape(metrics: Metrics) -> list[Any]:
+    text = generate_latest(metrics.registry).decode()
+    return [x for family in text_string_to_metric_families(text) for x in family.samples]
 
 
 def _parked(client: redis.Redis) -> int:
@@ -143,7 +153,12 @@ def test_each_key_has_its_own_bucket_and_is_shown_held_by_its_key(
 
     # When a companion makes a pass
     with Companion(app) as comp:
-        report = comp.release_due()
+        metrics = Metrics(comp.store).connect(comp)
+        try:
+            report = comp.release_due()
+            samples = _scrape(metrics)
+        finally:
+            metrics.close()
 
     # Then every keyed task met the gate (handoff.lua, which cannot read
     # headers, would have moved them all); each tenant got its own token,
@@ -163,11 +178,48 @@ def test_each_key_has_its_own_bucket_and_is_shown_held_by_its_key(
     assert "4 waiting" in listing
     assert "over 2 keys" in listing
     assert "tenant:1" not in listing.replace(PER_TENANT, "")
+    # And so do the gauge and the counter: one label value for the glob
+    gauge = [x for x in samples if x.name == "zdelay_held_tasks"]
+    assert [(x.labels["control"], x.labels["reason"], x.value) for x in gauge] == [
+        (PER_TENANT, "rate_limit", 4)
+    ]
+    assert {x.labels["control"] for x in samples if x.name == "zdelay_held_total"} == {PER_TENANT}
     # And so does the dashboard's page of limits: one row for the glob
     page = Client(create_app(app)).get("/control").get_data(as_text=True)
     assert page.count('<tr data-name="limit_key:') == 1
     assert "4 held by the limit" in page
     assert "over 2 keys, a bucket each" in page
+
+
+def test_each_key_has_its_own_bucket_on_a_redis_cluster_store(
+    make_test_app: AppFactory,
+    cluster: LocalCluster,
+    broker_server: RedisServer,
+    broker_client: redis.Redis,
+) -> None:
+    # Given a store on a 3-master cluster (each key's bucket in a slot of
+    # its own), a separate broker, and 1/m per tenant
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={
+            "zdelay_redis_url": cluster.url,
+            "zdelay_shards": SHARDS,
+            "zdelay_rate_limits": {PER_TENANT: {"rate": "1/m", "burst": 1}},
+        },
+    )
+    record = app.tasks["tests.record"]
+    for tenant in range(5):
+        for i in range(2):
+            record.apply_delayed((i,), countdown=0, limit_key=f"tenant:{tenant}")
+
+    # When a companion makes a pass
+    with Companion(app) as comp:
+        comp.release_due()
+
+    # Then one task per tenant went out, the other waits under the glob
+    assert broker_client.llen("celery") == 5
+    (info,) = controls(app=app)
+    assert (info.name, info.waiting, info.held_keys) == (PER_TENANT, 5, 5)
 
 
 def test_a_paused_glob_holds_every_key_it_matches_and_resume_releases_them(
