@@ -315,16 +315,18 @@ def test_per_key_buckets_hold_across_three_companions(
     for tenant in range(3):
         mine = [a for a in arrivals if key_of[a.task_id] == f"tenant:{tenant}"]
         # ...and no tenant ever got more than burst + rate x T in any T
-        # (slack of 5: the tap takes messages late on a loaded machine)
+        # (slack of 8, under a second's worth: the tap takes messages late
+        # on a loaded machine, which bunches them; a bucket shared by the
+        # companions' or none would be off by 20 and more)
         for window in (1.0, 2.0, 3.0):
-            assert most_in_any_window(mine, window) <= burst + rate * window + 5, (tenant, window)
+            assert most_in_any_window(mine, window) <= burst + rate * window + 8, (tenant, window)
         # ...and each drained at its own rate: a bucket of its own
         elapsed = mine[-1].at - mine[0].at
         assert elapsed >= (each - burst) / rate * 0.9, (tenant, elapsed)
     # And the tenants ran side by side, not one after another (a bucket
-    # shared by all three would take (180 - 10) / 10 = 17 s)
+    # shared by all three takes (180 - 10) / 10 = 17 s: measured so)
     span = arrivals[-1].at - arrivals[0].at
-    assert span < 10.0, span
+    assert span < 12.0, span
 
 
 # -- memory ---------------------------------------------------------------------------
