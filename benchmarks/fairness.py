@@ -59,7 +59,12 @@ def run_fairness(sizes: Sizes) -> dict[str, Any]:
 
 
 def _run(
-    limit: dict[str, Any], *, seconds: float, drain: bool, companions: int = 3
+    limit: dict[str, Any],
+    *,
+    seconds: float,
+    drain: bool,
+    companions: int = 3,
+    settle_s: float = 0.0,
 ) -> dict[str, Any]:
     total = BIG + SMALL * (KEYS - 1)
     with Resources() as res:
@@ -84,6 +89,8 @@ def _run(
 
         thread = threading.Thread(target=tap, daemon=True)
         thread.start()
+        # (*settle_s*: time for the companions to share the shards out first)
+        time.sleep(settle_s)
         noop = app.tasks["bench.noop"]
         due = now_ms() + 5_000
         for tenant in range(KEYS):
