@@ -120,6 +120,12 @@ def _ratelimit_cluster(sizes: Sizes) -> dict[str, Any]:
     return run_ratelimit(sizes, cluster=True)
 
 
+def _fairness(sizes: Sizes) -> dict[str, Any]:
+    from .fairness import run_fairness
+
+    return run_fairness(sizes)
+
+
 def _web(sizes: Sizes) -> dict[str, Any]:
     from .web import run_web, table
 
@@ -170,6 +176,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
         "release control: the same limit with the store on a 3-master Redis Cluster",
         _ratelimit_cluster,
     ),
+    "fairness": ("release control: per-key limits, exact per key and fair between keys", _fairness),
     "web": ("dashboard pages over 1,000,000 parked", _web),
     "scale": ("cost as the work grows: 0 to 10,000,000 parked", _scale),
     "peers": (

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError, ZDelayError
 from .events import connect_receivers as _connect_events
 from .fixup import install_everywhere as _install_everywhere
+from .limit_keys import UnmatchedLimitKeyWarning
 from .limits import pause, resume, set_rate_limit
 from .parking import apply_delayed, batch, send_delayed
 from .revocation import connect_receivers as _connect_revocation
@@ -48,6 +49,7 @@ __all__ = [
     "StoreUnavailableError",
     "Task",
     "TransparentAMQP",
+    "UnmatchedLimitKeyWarning",
     "ZDelayError",
     "__version__",
     "apply_delayed",

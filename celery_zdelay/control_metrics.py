@@ -1,7 +1,9 @@
 """Prometheus gauges of release control, read from Redis at each scrape::
 
     zdelay_held_tasks{control,reason}   entries held back, all shards; reason
-                                        "pause", "rate_limit" or "concurrency"
+                                        "pause", "rate_limit" or "concurrency";
+                                        per-key lanes count under their
+                                        limit_key:<glob>
 
 Held entries are overdue by definition, and count as such in the lateness
 of their release; this gauge tells throttling and pauses apart from a slow
@@ -17,7 +19,7 @@ from typing import Any
 
 from .errors import ZDelayError
 from .store import Store
-from .store.control import ControlStore, hold_reason, lane_control
+from .store.control import ControlStore, hold_reason, lane_group
 
 __all__ = ["ControlCollector"]
 
@@ -45,12 +47,21 @@ class ControlCollector:
     def collect(self) -> Iterator[Any]:
         family = self._family()
         try:
-            paused = self.control.read().paused
+            state = self.control.read()
+            paused = state.paused
+            # Per-key lanes count under their limit_key:<glob>: label values
+            # stay as few as the limits, however many keys are held.
+            known = {
+                *self.store.config.rate_limits,
+                *state.limits,
+                *paused,
+                *self.store.config.concurrency,
+            }
             held: dict[tuple[str, str], int] = {}
             for shard, lanes in self.control.lanes(self.store.shards).items():
-                for lane in lanes:
-                    labels = (lane_control(lane), hold_reason(lane, paused))
-                    held[labels] = held.get(labels, 0) + self.control.held_count(shard, lane)
+                for lane, count in self.control.held_counts(shard, sorted(lanes)).items():
+                    labels = (lane_group(lane, known), hold_reason(lane, paused))
+                    held[labels] = held.get(labels, 0) + count
         except ZDelayError as exc:
             logger.warning("Metrics scrape could not read the held entries: %s", exc)
             return

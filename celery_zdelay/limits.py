@@ -1,6 +1,8 @@
-"""Release control from Python: global rate limits, pauses and concurrency, per queue or task.
+"""Release control from Python: rate limits, pauses and concurrency, per queue, task or limit key.
 
-A control name is ``"queue:<queue>"`` or ``"task:<task name>"``. Limits come
+A control name is ``"queue:<queue>"``, ``"task:<task name>"`` or
+``"limit_key:<glob>"`` (a bucket per distinct ``limit_key=`` the glob
+matches). Limits come
 from ``app.conf.zdelay_rate_limits`` and from :func:`set_rate_limit` (stored
 in Redis, which wins over the setting, so a change needs no restart); pauses
 from :func:`pause`/:func:`resume` (stored in Redis: durable). Every companion
@@ -24,7 +26,7 @@ from .app_state import store_for
 from .config import get_config
 from .rates import RateLimit, control_name, parse_limit
 from .steering import audit_line
-from .store.control import ControlStore, lane_control
+from .store.control import ControlStore, is_key_lane, lane_group
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -58,7 +60,7 @@ RUNNING_KEYS_SHOWN = 1000
 class ControlInfo:
     """What limits and pauses one queue or task, and what waits for it."""
 
-    #: ``"queue:<name>"`` or ``"task:<name>"``.
+    #: ``"queue:<name>"``, ``"task:<name>"`` or ``"limit_key:<glob>"``.
     name: str
     #: The limit in force, or None.
     limit: RateLimit | None
@@ -66,7 +68,8 @@ class ControlInfo:
     source: str | None
     #: Ms (Redis clock) since the name is paused, or None when it is not.
     paused_since_ms: int | None
-    #: Entries held back by this control, all shards.
+    #: Entries held back by this control, all shards (for a
+    #: ``limit_key:<glob>``: by the limits of all the keys it matches).
     waiting: int
     #: ``zdelay_concurrency``: most released and not finished (for a
     #: ``limit_key:`` glob, per distinct key), or None.
@@ -78,6 +81,10 @@ class ControlInfo:
     running_keys: int = 0
     #: Whether the glob had more keys with slots than were summed.
     running_cut: bool = False
+    #: For a ``limit_key:<glob>``: how many distinct keys have entries held
+    #: (each in a lane of its own); 0 for other controls. Keys are counted,
+    #: never listed: a million keys make one row.
+    held_keys: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +99,7 @@ class ControlInfo:
             "running": self.running,
             "running_keys": self.running_keys,
             "running_cut": self.running_cut,
+            "held_keys": self.held_keys,
         }
 
 
@@ -180,8 +188,13 @@ def resume(name: str, *, app: Celery | None = None, by: str | None = None) -> bo
 def controls(*, app: Celery | None = None) -> list[ControlInfo]:
     """Return every limited, paused or concurrency-controlled name, and every name holding entries.
 
-    The running count of a ``limit_key:`` concurrency control costs a read
-    per distinct key with a task running, at most :data:`RUNNING_KEYS_SHOWN`.
+    Entries held by per-key limits count under their ``limit_key:<glob>``
+    (:attr:`ControlInfo.held_keys` says how many keys): one row per glob
+    whatever the number of keys. Reading costs one round trip per shard
+    plus one count per held set (pipelined per shard), so it grows with the
+    keys that have entries held now, not with idle ones. The running count
+    of a ``limit_key:`` concurrency control costs a read per distinct key
+    with a task running, at most :data:`RUNNING_KEYS_SHOWN`.
     """
     app = _app(app)
     store = store_for(app)
@@ -190,12 +203,16 @@ def controls(*, app: Celery | None = None) -> list[ControlInfo]:
     concurrency = get_config(app).concurrency
     running = {name: control.running(name, keys_at_most=RUNNING_KEYS_SHOWN) for name in concurrency}
     state = control.read()
-    waiting: dict[str, int] = {}
-    for shard, lanes in control.lanes(store.shards).items():
-        for lane in lanes:
-            name = lane_control(lane)
-            waiting[name] = waiting.get(name, 0) + control.held_count(shard, lane)
     limits = rate_limits(app=app)
+    known = {*limits, *state.paused, *concurrency}
+    waiting: dict[str, int] = {}
+    held_keys: dict[str, set[str]] = {}
+    for shard, lanes in control.lanes(store.shards).items():
+        for lane, count in control.held_counts(shard, sorted(lanes)).items():
+            name = lane_group(lane, known)
+            waiting[name] = waiting.get(name, 0) + count
+            if is_key_lane(lane) and lane != name and count:
+                held_keys.setdefault(name, set()).add(lane)
     names = sorted(
         set(limits) | set(state.paused) | set(concurrency) | {n for n, c in waiting.items() if c}
     )
@@ -216,6 +233,7 @@ def controls(*, app: Celery | None = None) -> list[ControlInfo]:
             running=running[name][0] if name in running else 0,
             running_keys=running[name][1] if name in running else 0,
             running_cut=running[name][2] if name in running else False,
+            held_keys=len(held_keys.get(name, ())),
         )
         for name in names
         if name in limits
@@ -228,6 +246,8 @@ def controls(*, app: Celery | None = None) -> list[ControlInfo]:
 
 def _warn_unknown(app: Celery, name: str) -> None:
     kind, _, rest = name.partition(":")
+    if is_key_lane(name):
+        return  # any key may come: limit keys are not declared anywhere
     if kind == "queue":
         known = set(app.amqp.queues) | {app.conf.task_default_queue}
         if rest not in known:

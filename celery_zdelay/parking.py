@@ -33,13 +33,21 @@ from .keys import (
     set_headers,
     task_id_for,
 )
-from .names import validate_task_id
+from .limit_keys import take_limit_key
+from .names import validate_limit_key, validate_task_id
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from, jitter_ms
 from .steering import announce_cancelled
 from .store import Parked, ParkRequest, admin
 from .store.client import store_errors
-from .store.headers import ETA_HEADER, KEY_HEADER, ON_KEY_HEADER, PARK_HEADER, TAGS_HEADER
+from .store.headers import (
+    ETA_HEADER,
+    KEY_HEADER,
+    LIMIT_KEY_HEADER,
+    ON_KEY_HEADER,
+    PARK_HEADER,
+    TAGS_HEADER,
+)
 from .store.redis_keys import canvas_key
 from .tracing import park_span
 
@@ -78,6 +86,7 @@ def park_task(
     app = task._get_app()
     _check_given_id(options)
     spread_ms = _take_jitter(options)
+    take_limit_key(app, options)
     key = _take_marks(app, options)
     eager = _eager(app)
     if eager and _runs_now(app, eager):
@@ -172,6 +181,7 @@ def park_many(
             "with apply_delayed. Nothing was parked."
         )
     spread_ms = _take_jitter(options)
+    take_limit_key(app, options)
     keys = options.pop("keys", None)
     if keys is not None:
         return _park_many_keyed(task, list(calls), keys, countdown, eta, spread_ms, options)
@@ -256,9 +266,10 @@ def apply_delayed(
     signature = maybe_signature(sig, app=app)
     if not isinstance(signature, Signature):
         raise ConfigurationError(f"apply_delayed needs a signature or canvas, got {sig!r}.")
-    if any(name in options for name in ("key", "on_key", "tags")):
+    if any(name in options for name in ("key", "on_key", "tags", "limit_key")):
         raise ConfigurationError(
-            "key=, on_key= and tags= go on a task's own call: task.apply_delayed(..., key=...), "
+            "key=, on_key=, tags= and limit_key= go on a task's own call: "
+            "task.apply_delayed(..., key=...), "
             "task.apply_delayed_many or celery_zdelay.send_delayed, not on a signature or "
             "canvas, which may park several messages. Nothing was parked."
         )
@@ -295,9 +306,11 @@ def send_delayed(
     eta: Any = None,
     **options: Any,
 ) -> Any:
-    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=`` too)."""
+    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=``,
+    ``limit_key=`` too)."""
     _check_given_id(options)
     spread_ms = _take_jitter(options)
+    take_limit_key(app, options)
     key = _take_marks(app, options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)
@@ -452,10 +465,11 @@ def park_requests(
     Every park path (a task's call, ``send_delayed``, a canvas, a batch,
     transparent mode, periodic ticks) comes through here: each id is checked
     by the rule of :mod:`celery_zdelay.names` before anything is written, as
-    the key and tags are (:func:`~celery_zdelay.keys.mark_from_headers`).
+    the key and tags are (:func:`~celery_zdelay.keys.mark_from_headers`) and
+    the limit key (its ``zdelay_limit_key`` header).
 
     Raises:
-        ConfigurationError: an id, key or tag breaks that rule; nothing of
+        ConfigurationError: an id, key, tag or limit key breaks that rule; nothing of
             *messages* is parked.
     """
     return _requests(app, producing(app), messages, dues)
@@ -469,6 +483,9 @@ def _requests(
     requests = []
     for message, due in zip(messages, dues, strict=True):
         validate_task_id(message.task_id)
+        if LIMIT_KEY_HEADER in message.headers:
+            # Set by limit_key= (checked there) or by hand (transparent mode).
+            validate_limit_key(message.headers[LIMIT_KEY_HEADER])
         if parking.config.worker_dedupe:
             # The worker-side guard tells a second publish of this park from
             # a redelivery by it (celery_zdelay.worker.refuse_second_delivery).

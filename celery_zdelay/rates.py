@@ -8,14 +8,18 @@ give it explicitly as ``{"rate": "100/s", "burst": 500}``.
 
 A control name says what a limit or pause applies to: ``"queue:<name>"``
 (the Celery queue a task is routed to), ``"task:<name>"`` (a task name) or
-``"limit_key:<glob>"`` (the limit keys of tasks, each distinct key on its own).
+``"limit_key:<glob>"``: every distinct ``limit_key=`` of
+``apply_delayed`` that the glob matches (:func:`fnmatch.fnmatchcase`), each
+with a bucket of its own. A per-key lane, ``"limit_key:<key>"``
+(:func:`key_lane`), names one such key.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from celery.utils.time import rate as celery_rate
@@ -24,14 +28,19 @@ from .errors import ConfigurationError
 
 __all__ = [
     "CONTROL_KINDS",
+    "LIMIT_KEY",
     "RateLimit",
     "control_name",
+    "key_control",
+    "key_lane",
     "parse_limit",
     "parse_limits",
 ]
 
+#: The prefix of a control over limit keys, and of a per-key lane.
+LIMIT_KEY = "limit_key"
 #: The prefixes a control name may have.
-CONTROL_KINDS = ("queue", "task", "limit_key")
+CONTROL_KINDS = ("queue", "task", LIMIT_KEY)
 
 _PERIODS_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000}
 
@@ -54,6 +63,24 @@ class RateLimit:
         return {"rate": self.text, "burst": self.burst}
 
 
+def key_lane(limit_key: str) -> str:
+    """Return the lane, and bucket name, of one limit key: ``"limit_key:<key>"``."""
+    return f"{LIMIT_KEY}:{limit_key}"
+
+
+def key_control(limit_key: str, names: Iterable[str]) -> str | None:
+    """Return the ``limit_key:<glob>`` of *names* that governs *limit_key*, or None.
+
+    Where several globs match, the first in sorted order wins: every
+    companion picks the same one, whatever order it read them in.
+    """
+    prefix = f"{LIMIT_KEY}:"
+    for name in sorted(names):
+        if name.startswith(prefix) and fnmatchcase(limit_key, name[len(prefix) :]):
+            return name
+    return None
+
+
 def control_name(name: Any) -> str:
     """Return *name* checked: ``"queue:<name>"``, ``"task:<name>"`` or ``"limit_key:<glob>"``.
 
@@ -71,7 +98,7 @@ def control_name(name: Any) -> str:
         raise ConfigurationError(
             f"{name!r} is not a control name: write 'queue:<queue name>' (e.g. "
             f"'queue:emails'), 'task:<task name>' (e.g. 'task:proj.tasks.send_sms') or "
-            f"'limit_key:<glob>' (e.g. 'limit_key:tenant:*'), "
+            f"'limit_key:<glob>' (e.g. 'limit_key:tenant:*', a bucket per tenant), "
             f"without braces or spaces."
         )
     return str(name)

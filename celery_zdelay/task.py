@@ -36,6 +36,7 @@ class DelayedTaskMixin(RunHooks):
         on_key: str | None = None,
         tags: Iterable[str] | None = None,
         jitter: Any = None,
+        limit_key: str | None = None,
         **options: Any,
     ) -> Any:
         """Park this call until it is due; return its ``AsyncResult`` at once.
@@ -59,6 +60,12 @@ class DelayedTaskMixin(RunHooks):
         *jitter* seconds after its countdown or eta, never before it; its
         ``request.eta`` is that moment.
 
+        *limit_key* (a string such as ``"tenant:42"``) releases the task
+        under the limits of that key: a ``"limit_key:<glob>"`` entry of
+        ``zdelay_rate_limits`` matching it gives each distinct key a bucket
+        of its own, and a backlog drains fairly between keys (see
+        :doc:`/control`).
+
         Raises:
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
@@ -66,10 +73,16 @@ class DelayedTaskMixin(RunHooks):
                 non-empty string of at most 200 printable characters, the
                 ``task_id=`` holds a control character (see
                 :mod:`celery_zdelay.names`), *on_key* is not a mode, or
-                *jitter* is not a number of seconds from 0 to 86,400;
-                nothing was parked.
+                *jitter* is not a number of seconds from 0 to 86,400, or the
+                *limit_key* breaks the rule of keys; nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
+
+        Warns:
+            celery_zdelay.UnmatchedLimitKeyWarning: no per-key limit of the
+                settings matches *limit_key* (once per process per pattern).
         """
+        if limit_key is not None:
+            options["limit_key"] = limit_key
         for name, value in (("key", key), ("on_key", on_key), ("tags", tags), ("jitter", jitter)):
             if value is not None:
                 options[name] = value
@@ -85,6 +98,7 @@ class DelayedTaskMixin(RunHooks):
         on_key: str | None = None,
         tags: Iterable[str] | None = None,
         jitter: Any = None,
+        limit_key: str | None = None,
         **options: Any,
     ) -> list[Any]:
         """Park many calls of this task, all due at once; return one ``AsyncResult`` per call.
@@ -112,16 +126,20 @@ class DelayedTaskMixin(RunHooks):
         ``task_always_eager`` each call runs now, as ``apply_async`` does.
         *tags* tag every call; *keys* gives each call its key (None for
         none), with one *on_key* for all (see :meth:`apply_delayed`); the
-        result of a call whose key is held is the holder's.
+        result of a call whose key is held is the holder's. *limit_key*
+        applies to every call (see :meth:`apply_delayed`).
 
         Raises:
             celery_zdelay.ConfigurationError: an item is neither a tuple, list
                 nor dict, ``task_id=`` was given (each call has its own), or
-                *jitter* is not a number of seconds from 0 to 86,400.
+                *jitter* is not a number of seconds from 0 to 86,400, or the
+                *limit_key* breaks the rule of keys; nothing was parked.
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
+        if limit_key is not None:
+            options["limit_key"] = limit_key
         for name, value in (("keys", keys), ("on_key", on_key), ("tags", tags), ("jitter", jitter)):
             if value is not None:
                 options[name] = value

@@ -93,8 +93,9 @@ def limit(
 ) -> None:
     """Set a global release rate limit of a queue or task, or list them all.
 
-    NAME is queue:<queue> or task:<task name>; RATE is Celery's format
-    (50/s, 10/m, 1000/h), or off to remove the limit.
+    NAME is queue:<queue>, task:<task name> or limit_key:<glob> (a bucket per
+    distinct limit key the glob matches, e.g. limit_key:tenant:*); RATE is
+    Celery's format (50/s, 10/m, 1000/h), or off to remove the limit.
     """
     app = ctx.obj.app
     if name is not None and rate is None:
@@ -170,4 +171,7 @@ def _describe(info: limits.ControlInfo) -> str:
     if info.paused_since_ms is not None:
         parts.append(f"paused since {utc(info.paused_since_ms)}")
     parts.append(f"{info.waiting} waiting")
+    if info.held_keys:
+        # Counted, never listed: a glob may match a million keys.
+        parts.append(f"over {info.held_keys} keys (a bucket each)")
     return "  ".join(parts)

@@ -8,6 +8,12 @@ Redis in due order, never in a companion's memory. Each pass then releases
 held entries: none while paused; under a limit, as many as the tokens taken
 from the limit's bucket allow (one bucket for all companions and shards).
 
+A ``limit_key:<glob>`` limit holds each distinct limit key (the task's
+``zdelay_limit_key`` header) in a lane of its own, ``limit_key:<key>``, with
+a bucket of its own; the release pass drains those lanes in turns (see
+:mod:`.release`), so a key with a large backlog delays the others by at
+most one turn.
+
 A concurrency control (``zdelay_concurrency``) holds an entry when its
 slots are all taken: the companion takes a slot for each entry it is about
 to publish (``take_slots.lua``, one record for all companions), holds the
@@ -31,10 +37,10 @@ from typing import Any
 
 from ..concurrency import control_of_slot, slots_of
 from ..entry import TaskMessage
-from ..rates import RateLimit
+from ..rates import LIMIT_KEY, RateLimit, key_control, key_lane
 from ..redis_layout import RedisLayout
 from ..store import Store
-from ..store.control import ControlStore, lane_control, pause_lane
+from ..store.control import ControlStore, is_key_lane, lane_control, lane_group, pause_lane
 from ..store.headers import LIMIT_KEY_HEADER
 
 __all__ = ["ALL_LIMITS", "MIN_THROTTLE_SECONDS", "REFRESH_SECONDS", "Gate", "queue_of"]
@@ -84,14 +90,16 @@ class Gate:
 
     @property
     def by_task(self) -> bool:
-        """Whether a task name is limited or paused, or a concurrency control is set.
+        """Whether a task name or a limit key is limited or paused, or a concurrency control is set.
 
-        The handoff cannot tell tasks apart, and cannot take a concurrency
-        slot before it pushes (the slots are not in the shard's slot on a
-        Cluster): every entry is leased and released through the gate.
+        The handoff (handoff.lua) reads an entry's destination list only, not
+        its headers: it can tell neither tasks nor limit keys apart, and it
+        cannot take a concurrency slot before it pushes (the slots are not in
+        the shard's slot on a Cluster): then every entry is leased and asked
+        about here.
         """
         return bool(self.concurrency) or any(
-            name.startswith("task:") for name in (*self.limits, *self.paused)
+            name.startswith(("task:", f"{LIMIT_KEY}:")) for name in (*self.limits, *self.paused)
         )
 
     def slots_for(self, message: TaskMessage) -> list[tuple[str, int]]:
@@ -169,7 +177,15 @@ class Gate:
             return pause_lane(task)
         if queue in self.paused:
             return pause_lane(queue)
-        order = (queue, task)
+        limit_key = message.headers.get(LIMIT_KEY_HEADER)
+        order: tuple[str, ...] = (queue, task)
+        if isinstance(limit_key, str):
+            paused_by = key_control(limit_key, self.paused)
+            if paused_by is not None:
+                return pause_lane(paused_by)
+            # Last: what a queue or task limit lets through meets the key's
+            # bucket next, in the same pass.
+            order = (queue, task, key_lane(limit_key))
         start = (
             len(order)
             if passed == ALL_LIMITS
@@ -178,9 +194,34 @@ class Gate:
             else 0
         )
         for name in order[start:]:
-            if name in self.limits:
+            if self.limit_of(name) is not None:
                 return name
         return None
+
+    def limit_of(self, lane: str) -> RateLimit | None:
+        """Return the limit *lane*'s entries are released under, or None.
+
+        A per-key lane (``limit_key:<key>``) is under the first
+        ``limit_key:<glob>`` limit matching its key; each key has a bucket
+        of its own, named by the lane.
+        """
+        if not is_key_lane(lane):
+            return self.limits.get(lane)
+        control = key_control(lane[len(LIMIT_KEY) + 1 :], self.limits)
+        return None if control is None else self.limits[control]
+
+    def control_of(self, lane: str) -> str:
+        """Return the control *lane* counts under: for a per-key lane, its glob."""
+        return lane_group(lane, (*self.limits, *self.paused, *self.concurrency))
+
+    def is_paused(self, lane: str) -> bool:
+        """Whether a pause stops *lane* (a per-key lane: a paused glob matching its key)."""
+        control = lane_control(lane)
+        if control in self.paused:
+            return True
+        return is_key_lane(control) and (
+            key_control(control[len(LIMIT_KEY) + 1 :], self.paused) is not None
+        )
 
     def releasable(self, shards: Iterable[int]) -> dict[str, list[int]]:
         """Return the lanes that may hold entries on *shards* and whose control is not paused.
@@ -189,28 +230,37 @@ class Gate:
         companion may have held entries on a shard since the lanes were
         read, and due order across shards needs them all), else those with
         a held set of it (a removed limit or a resumed pause, to drain).
+        A ``limit_key:<glob>`` limit has no lane of its own: each key it
+        holds has one (``limit_key:<key>``), found in the lanes sets, and
+        looked for on every shard as a limit's.
 
         In the order entries flow between them: held sets to drain first,
-        then queue limits, then task limits, so that what one of them moves
-        to the next is released in the same pass, as the next allows.
+        then queue limits, then task limits, then per-key limits, so that
+        what one of them moves to the next is released in the same pass, as
+        the next allows.
         """
         shard_list = list(shards)
         found: dict[str, list[int]] = {}
         for name in self.limits:
-            found[name] = shard_list
+            if not is_key_lane(name):
+                found[name] = shard_list
         for shard in shard_list:
             for name in self.lanes.get(shard, ()):
-                if name not in self.limits:
+                if is_key_lane(name) and self.limit_of(name) is not None:
+                    found[name] = shard_list
+                elif name not in self.limits:
                     found.setdefault(name, []).append(shard)
         return {
             name: found[name]
             for name in sorted(found, key=self._flow_rank)
-            if lane_control(name) not in self.paused
+            if not self.is_paused(name)
         }
 
     def _flow_rank(self, name: str) -> tuple[int, str]:
-        if name not in self.limits:
+        if self.limit_of(name) is None:
             return (0, name)
+        if is_key_lane(name):
+            return (3, name)
         return (1 if name.startswith("queue:") else 2, name)
 
     def first_held(self, name: str, shards: Iterable[int], count: int) -> list[int]:
@@ -219,8 +269,11 @@ class Gate:
         Entries go out in due order across shards: a backlog on one shard does
         not overtake older entries held on another.
         """
+        shard_list = list(shards)
+        peeked = self.control.peek_shards(shard_list, name, count)
         scores = [
-            [(score, shard) for score in self.control.peek(shard, name, count)] for shard in shards
+            [(score, shard) for score in found]
+            for shard, found in zip(shard_list, peeked, strict=True)
         ]
         return [shard for _, shard in _first(scores, count)]
 

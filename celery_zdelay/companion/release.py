@@ -25,12 +25,13 @@ from ..config import ZDelayConfig
 from ..entry import TaskMessage, decode_entry
 from ..errors import EntryError
 from ..periodic.server import PeriodicServer
+from ..rates import RateLimit
 from ..store import Claimed, ClaimResult, Store
 from ..store.control import (
     concurrency_lane,
     free_slots,
     hold_reason,
-    lane_control,
+    is_key_lane,
     slot_of_lane,
 )
 from ..store.dead_reason import DeadReason
@@ -114,6 +115,8 @@ class ReleasePass:
         self._redis_clock: tuple[int, float] | None = None
         #: Routes (exchange, routing key) whose generic-path choice was logged.
         self._generic_routes: set[tuple[str, str]] = set()
+        #: Passes that released per-key lanes in turns: which key goes first.
+        self._turn = 0
 
     def release(self, shards: Sequence[int], report: PassReport, advance_ms: int = 0) -> None:
         """Release every entry due now on *shards*, into *report*.
@@ -352,7 +355,8 @@ class ReleasePass:
         count = self.gate.control.hold(shard, token, lane, task_ids)
         if not count:
             return
-        control = lane_control(lane)
+        # A per-key lane counts under its glob: as many names as limits.
+        control = self.gate.control_of(lane)
         report.held[control] = report.held.get(control, 0) + count
         self.gate.lanes.setdefault(shard, set()).add(lane)
         reason = hold_reason(lane, self.gate.paused)
@@ -367,68 +371,120 @@ class ReleasePass:
         given back. A companion that dies in between spent them on nothing:
         the limit is under-used for a moment, never exceeded, and its
         claimed entries come back when their lease expires.
+
+        Per-key lanes (``limit_key:<key>``, each with its bucket) go last,
+        in turns (:meth:`_release_in_turns`); every other lane is drained as
+        far as its limit allows before the next.
         """
         gate = self.gate
         for name, lane_shards in gate.releasable(shards).items():
-            limit = gate.limits.get(name)
-            slot = slot_of_lane(name)
+            limit = gate.limit_of(name)
+            if limit is not None and is_key_lane(name):
+                continue
             while not self._stopping.is_set() and not report.failed:
-                order = gate.first_held(name, lane_shards, self.batch_size)
-                wanted = len(order)
-                if not wanted:
-                    # Only held sets this companion knows of: a limit with
-                    # nothing held costs a peek per shard, no write.
-                    for shard in lane_shards:
-                        if name in gate.lanes.get(shard, ()) and gate.control.forget_lane(
-                            shard, name
-                        ):
-                            gate.lanes[shard].discard(name)
+                if not self._release_lane(name, lane_shards, limit, self.batch_size, report):
                     break
-                granted = wanted
+        # Asked again: the lanes above may have held entries in keys' lanes
+        # this pass (a pause resumed, a queue's tokens granted).
+        in_turns: list[tuple[str, list[int], RateLimit]] = []
+        for name, lane_shards in gate.releasable(shards).items():
+            limit = gate.limit_of(name)
+            if limit is not None and is_key_lane(name):
+                in_turns.append((name, lane_shards, limit))
+        self._release_in_turns(in_turns, report)
+
+    def _release_in_turns(
+        self, lanes: list[tuple[str, list[int], RateLimit]], report: PassReport
+    ) -> None:
+        """Release per-key lanes round robin: each key in turn, a share of a batch each.
+
+        Fairness between keys: a key with a backlog (and a bucket) large
+        enough to fill many batches releases one share, then every other
+        key releases its share, and so on; it delays the others by at most
+        one turn. The first key of a pass moves on by one every pass, so
+        no key is always served first. A lane leaves the turns once it has
+        no tokens or no entries left.
+        """
+        if not lanes:
+            return
+        start = self._turn % len(lanes)
+        self._turn += 1
+        active = lanes[start:] + lanes[:start]
+        share = max(1, self.batch_size // len(active))
+        while active and not self._stopping.is_set() and not report.failed:
+            active = [
+                lane
+                for lane in active
+                if not self._stopping.is_set()
+                and not report.failed
+                and self._release_lane(*lane, share, report)
+            ]
+
+    def _release_lane(
+        self,
+        name: str,
+        lane_shards: list[int],
+        limit: RateLimit | None,
+        most: int,
+        report: PassReport,
+    ) -> bool:
+        """Release up to *most* of the first entries *name* holds, as its limit allows.
+
+        Returns whether more may be released now: all *most* were granted
+        and claimed.
+        """
+        gate = self.gate
+        order = gate.first_held(name, lane_shards, most)
+        wanted = len(order)
+        if not wanted:
+            # Only held sets this companion knows of: a limit with
+            # nothing held costs a peek per shard, no write.
+            for shard in lane_shards:
+                if name in gate.lanes.get(shard, ()) and gate.control.forget_lane(shard, name):
+                    gate.lanes[shard].discard(name)
+            return False
+        granted = wanted
+        slot = slot_of_lane(name)
+        if slot is not None:
+            # Only as many as there are free slots now: the others would be
+            # claimed only to be held again. Each claimed entry still takes
+            # its slot (another companion may take the free ones first).
+            granted = min(wanted, self._free_slot_count(slot))
+            if not granted:
+                return False
+        elif limit is not None:
+            granted, wait_ms = gate.control.take_tokens(name, limit, wanted)
+            if granted < wanted:
+                self._note_wait(report, max(wait_ms / 1000, MIN_THROTTLE_SECONDS))
+            if not granted:
+                return False
+        claimed = 0
+        counts: dict[int, int] = {}
+        for shard in order[:granted]:
+            counts[shard] = counts.get(shard, 0) + 1
+        for shard, count in counts.items():
+            result = gate.control.claim_held(shard, name, limit=count, lease_ms=self.lease_ms)
+            claimed_at = time.perf_counter()
+            self._redis_clock = (result.now_ms, claimed_at)
+            claimed += len(result.entries)
+            if result.entries:
+                # Only a limit's tokens pass it: entries drained without
+                # (a pause resumed, a limit removed) meet every limit.
+                passed = name if limit is not None else None
                 if slot is not None:
-                    # Only as many as there are free slots now: the others
-                    # would be claimed only to be held again. Each claimed
-                    # entry still takes its slot (another companion may
-                    # take the free ones first).
-                    granted = min(wanted, self._free_slot_count(slot))
-                    if not granted:
-                        break
-                elif limit is not None:
-                    granted, wait_ms = gate.control.take_tokens(name, limit, wanted)
-                    if granted < wanted:
-                        self._note_wait(report, max(wait_ms / 1000, MIN_THROTTLE_SECONDS))
-                    if not granted:
-                        break
-                claimed = 0
-                counts: dict[int, int] = {}
-                for shard in order[:granted]:
-                    counts[shard] = counts.get(shard, 0) + 1
-                for shard, count in counts.items():
-                    result = gate.control.claim_held(
-                        shard, name, limit=count, lease_ms=self.lease_ms
-                    )
-                    claimed_at = time.perf_counter()
-                    self._redis_clock = (result.now_ms, claimed_at)
-                    claimed += len(result.entries)
-                    if result.entries:
-                        # Only a limit's tokens pass it: entries drained without
-                        # (a pause resumed, a limit removed) meet every limit.
-                        passed = name if limit is not None else None
-                        if slot is not None:
-                            # It waited for a slot after passing every limit.
-                            passed = ALL_LIMITS
-                        self._release_leased(shard, result, report, claimed_at, passed=passed)
-                if limit is not None:
-                    gate.control.give_back(name, limit, granted - claimed)
-                logger.debug(
-                    "%s: %d of the first %d held entries granted, %d claimed",
-                    name,
-                    granted,
-                    wanted,
-                    claimed,
-                )
-                if granted < self.batch_size or claimed < granted:
-                    break
+                    # It waited for a slot after passing every limit.
+                    passed = ALL_LIMITS
+                self._release_leased(shard, result, report, claimed_at, passed=passed)
+        if limit is not None:
+            gate.control.give_back(name, limit, granted - claimed)
+        logger.debug(
+            "%s: %d of the first %d held entries granted, %d claimed",
+            name,
+            granted,
+            wanted,
+            claimed,
+        )
+        return granted == most and claimed == granted
 
     def _free_slot_count(self, slot: str) -> int:
         """How many slots of *slot* are free now (all, once its control is gone)."""

@@ -19,10 +19,19 @@ Where each piece lives, and why:
   holds in the set named by the control (``task:proj.send``), a pause in a
   set of its own (:func:`pause_lane`), so that on resume what the pause
   held meets every limit, while what the limit held has passed the limits
-  before it (see :meth:`~celery_zdelay.companion.gate.Gate.lane_of`).
-  A concurrency control holds in a lane per slot name
+  before it (see :meth:`~celery_zdelay.companion.gate.Gate.lane_of`). A
+  ``limit_key:<glob>`` limit holds each limit key in a lane of its own,
+  ``limit_key:<key>``, with a bucket of its own named by the lane. A
+  concurrency control holds in a lane per slot name
   (:func:`concurrency_lane`): one tenant's full slots never stand in front
   of another tenant's entries.
+
+Per-key state does not outlive its use: a bucket expires once it would be
+full again (``take_tokens.lua``), a held set is deleted by Redis when its
+last entry leaves, and its name leaves the lanes set when a companion finds
+it empty (``forget_lane.lua``). Totals (:func:`lane_group`) count per-key
+lanes under their glob, so what a listing of controls or a metric shows is
+bounded by the number of limits, not of keys.
 
 Like :class:`~.store.Store`, this decides nothing: the companion's gate does.
 """
@@ -30,11 +39,11 @@ Like :class:`~.store.Store`, this decides nothing: the companion's gate does.
 from __future__ import annotations
 
 import json
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..rates import RateLimit, parse_limit
+from ..rates import LIMIT_KEY, RateLimit, key_control, parse_limit
 from .client import store_errors
 from .redis_keys import control_keys, held_set_key, lanes_key
 from .store import ClaimResult, Store, claim_result
@@ -43,13 +52,16 @@ __all__ = [
     "CONCURRENCY_LANE",
     "PAUSE_LANE",
     "REMOVED",
+    "UNMATCHED_KEYS",
     "ControlState",
     "ControlStore",
     "HoldReasons",
     "concurrency_lane",
     "free_slots",
     "hold_reason",
+    "is_key_lane",
     "lane_control",
+    "lane_group",
     "pause_lane",
     "slot_of_lane",
 ]
@@ -79,13 +91,41 @@ def slot_of_lane(lane: str) -> str | None:
 
 
 def lane_control(lane: str) -> str:
-    """Return the control whose pause, rate limit or concurrency holds the entries of *lane*."""
+    """Return the control whose pause, rate limit or concurrency holds the entries of *lane*.
+
+    For a per-key lane, the lane itself (``limit_key:tenant:42``): which
+    key's limit holds them (:func:`lane_group` gives the glob).
+    """
     if lane.startswith(PAUSE_LANE):
         return lane[len(PAUSE_LANE) :]
     if lane.startswith(CONCURRENCY_LANE):
         # A slot name is the control, then a space and a limit key for a glob.
         return lane[len(CONCURRENCY_LANE) :].split(" ", 1)[0]
     return lane
+
+
+def is_key_lane(lane: str) -> bool:
+    """Whether *lane* (or control name) is a limit key's: ``limit_key:...``."""
+    return lane.startswith(f"{LIMIT_KEY}:")
+
+
+#: What per-key lanes count under when no limit or pause of *names* matches
+#: their key any more (a limit removed, its held sets drained).
+UNMATCHED_KEYS = f"{LIMIT_KEY}:*"
+
+
+def lane_group(lane: str, names: Iterable[str]) -> str:
+    """Return the control *lane* counts under in totals, of the control *names*.
+
+    Its own control, but for a per-key lane: the first ``limit_key:<glob>``
+    of *names* that matches its key, or :data:`UNMATCHED_KEYS`. A million
+    keys held count under as many names as there are globs.
+    """
+    control = lane_control(lane)
+    names = list(names)
+    if not is_key_lane(control) or control in names:
+        return control
+    return key_control(control[len(LIMIT_KEY) + 1 :], names) or UNMATCHED_KEYS
 
 
 @dataclass(frozen=True)
@@ -312,10 +352,43 @@ class ControlStore:
             )
         return [int(score) for _, score in reply]
 
+    def peek_shards(self, shards: Sequence[int], name: str, count: int) -> list[list[int]]:
+        """:meth:`peek` on each of *shards*, in one round trip (one per shard on a Cluster).
+
+        A per-key limit peeks every shard for each key with tasks held, every
+        pass: one round trip per key rather than per key and shard.
+        """
+        if self.store.cluster:
+            return [self.peek(shard, name, count) for shard in shards]
+        with store_errors(self.store.url), self.store.client.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.zrange(held_set_key(self.prefix, shard, name), 0, count - 1, withscores=True)
+            replies: list[Any] = pipe.execute()
+        return [[int(score) for _, score in reply] for reply in replies]
+
     def held_count(self, shard: int, name: str) -> int:
         """Return how many entries *name* holds on *shard*."""
         with store_errors(self.store.url):
             return int(self.store.client.zcard(held_set_key(self.prefix, shard, name)))
+
+    def held_counts(self, shard: int, names: Iterable[str]) -> dict[str, int]:
+        """Return how many entries each of *names* holds on *shard*, in one round trip.
+
+        (On a Redis Cluster, one call per name: the held sets of a shard
+        share its slot, but redis-py's cluster pipeline is not used here.)
+        """
+        name_list = list(names)
+        with store_errors(self.store.url):
+            if self.store.cluster:
+                counts = [
+                    self.store.client.zcard(held_set_key(self.prefix, shard, n)) for n in name_list
+                ]
+            else:
+                with self.store.client.pipeline(transaction=False) as pipe:
+                    for name in name_list:
+                        pipe.zcard(held_set_key(self.prefix, shard, name))
+                    counts = pipe.execute()
+        return {name: int(count) for name, count in zip(name_list, counts, strict=True)}
 
     def claim_held(self, shard: int, name: str, *, limit: int, lease_ms: int) -> ClaimResult:
         """Lease up to *limit* of the entries *name* holds on *shard*, in due order.
@@ -372,16 +445,19 @@ def free_slots(store: Store, slots: Sequence[str], task_ids: Sequence[str]) -> N
             pipe.execute()
 
 
-def hold_reason(lane: str, paused: Container[str]) -> str:
+def hold_reason(lane: str, paused: Collection[str]) -> str:
     """Return why *lane* holds entries: ``"pause"``, ``"rate_limit"`` or ``"concurrency"``.
 
     A pause's lane holds by pause until it is drained; a limit's or a
     concurrency control's, by pause while its control is paused too
-    (nothing of it leaves then), else by rate limit or concurrency. A held
-    set outlives its control (a removed limit is drained under no limit, a
-    resumed pause at once).
+    (nothing of it leaves then; for a per-key lane, a paused
+    ``limit_key:<glob>`` matching its key), else by rate limit or
+    concurrency. A held set outlives its control (a removed limit is
+    drained under no limit, a resumed pause at once).
     """
     if lane.startswith(PAUSE_LANE) or lane_control(lane) in paused:
+        return "pause"
+    if is_key_lane(lane) and key_control(lane[len(LIMIT_KEY) + 1 :], paused) is not None:
         return "pause"
     return "concurrency" if lane.startswith(CONCURRENCY_LANE) else "rate_limit"
 

@@ -34,8 +34,10 @@ __all__ = [
 ETA_HEADER = "zdelay_eta"
 #: The task's key (``key=``), its ``on_key`` mode, and its tags (a list).
 KEY_HEADER, ON_KEY_HEADER, TAGS_HEADER = "zdelay_key", "zdelay_on_key", "zdelay_tags"
-#: The task's limit key (``limit_key=``, a string): the key its
-#: ``limit_key:<glob>`` controls count it under.
+#: The task's limit key (``limit_key=``, a string): the companion's gate
+#: holds it in a lane of that key under a ``limit_key:<glob>`` rate limit
+#: that matches it, and counts it under that key for a ``limit_key:<glob>``
+#: concurrency control.
 LIMIT_KEY_HEADER = "zdelay_limit_key"
 #: A random id of one park of the message, for the worker-side guard
 #: against a second publish (``zdelay_worker_dedupe``).

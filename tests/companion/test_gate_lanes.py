@@ -20,7 +20,14 @@ from celery_zdelay.config import get_config
 from celery_zdelay.entry import TaskMessage
 from celery_zdelay.rates import parse_limit
 from celery_zdelay.store import Store
-from celery_zdelay.store.control import hold_reason, lane_control, pause_lane
+from celery_zdelay.store.control import (
+    UNMATCHED_KEYS,
+    hold_reason,
+    lane_control,
+    lane_group,
+    pause_lane,
+)
+from celery_zdelay.store.headers import LIMIT_KEY_HEADER
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -82,3 +89,62 @@ def test_a_lane_names_its_control_and_why_it_holds() -> None:
     assert hold_reason(QUEUE, paused=set()) == "rate_limit"
     # A limit's set of a control paused too: nothing of it leaves, by the pause.
     assert hold_reason(QUEUE, paused={QUEUE}) == "pause"
+
+
+# -- per-key lanes --------------------------------------------------------------------
+
+PER_TENANT = "limit_key:tenant:*"
+
+
+def _keyed(limit_key: str) -> TaskMessage:
+    message = _message()
+    return TaskMessage(
+        body=message.body,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        headers={**message.headers, LIMIT_KEY_HEADER: limit_key},
+        properties={},
+        priority=0,
+        exchange="",
+        routing_key="emails",
+    )
+
+
+def test_a_limit_key_is_held_in_its_own_lane_after_its_queue_and_task(gate: Gate) -> None:
+    gate.limits = {QUEUE: parse_limit("1/h"), PER_TENANT: parse_limit("5/s")}
+    # Its queue's limit first, then its key's own lane: not the glob's
+    assert gate.lane_of(_keyed("tenant:42")) == QUEUE
+    assert gate.lane_of(_keyed("tenant:42"), passed=QUEUE) == "limit_key:tenant:42"
+    assert gate.lane_of(_keyed("tenant:42"), passed="limit_key:tenant:42") is None
+    # A key no glob matches, or a message without one, meets no per-key limit
+    assert gate.lane_of(_keyed("partner:1"), passed=QUEUE) is None
+    assert gate.lane_of(_message(), passed=QUEUE) is None
+    # Each key's lane is under the glob's limit, counted under the glob
+    assert gate.limit_of("limit_key:tenant:42") == parse_limit("5/s")
+    assert gate.control_of("limit_key:tenant:42") == PER_TENANT
+
+
+def test_keys_lanes_are_released_last_on_every_shard_and_not_while_their_glob_is_paused(
+    gate: Gate,
+) -> None:
+    gate.limits = {QUEUE: parse_limit("1/h"), PER_TENANT: parse_limit("5/s")}
+    gate.lanes = {1: {"limit_key:tenant:1"}, 2: {"limit_key:tenant:2", pause_lane(TASK)}}
+    assert gate.releasable([0, 1, 2]) == {
+        pause_lane(TASK): [2],
+        QUEUE: [0, 1, 2],
+        "limit_key:tenant:1": [0, 1, 2],
+        "limit_key:tenant:2": [0, 1, 2],
+    }
+    gate.paused = {PER_TENANT: 1}
+    assert list(gate.releasable([0, 1, 2])) == [pause_lane(TASK), QUEUE]
+    assert gate.lane_of(_keyed("tenant:1")) == pause_lane(PER_TENANT)
+    assert hold_reason("limit_key:tenant:1", paused={PER_TENANT}) == "pause"
+    assert hold_reason("limit_key:tenant:1", paused=set()) == "rate_limit"
+
+
+def test_a_key_lane_counts_under_the_first_glob_matching_it() -> None:
+    names = ["limit_key:tenant:*", "limit_key:tenant:4*", QUEUE]
+    assert lane_group("limit_key:tenant:42", names) == "limit_key:tenant:*"
+    assert lane_group("limit_key:other", names) == UNMATCHED_KEYS
+    assert lane_group(pause_lane(PER_TENANT), names) == PER_TENANT
+    assert lane_group(QUEUE, names) == QUEUE
