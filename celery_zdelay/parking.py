@@ -28,6 +28,7 @@ from .config import get_config
 from .entry import TaskMessage
 from .errors import ConfigurationError, ZDelayError
 from .keys import (
+    check_max_wait,
     check_task_id,
     mark_from_headers,
     set_headers,
@@ -39,7 +40,14 @@ from .schedule import Due, due_from, jitter_ms
 from .steering import announce_cancelled
 from .store import Parked, ParkRequest, admin
 from .store.client import store_errors
-from .store.headers import ETA_HEADER, KEY_HEADER, ON_KEY_HEADER, PARK_HEADER, TAGS_HEADER
+from .store.headers import (
+    ETA_HEADER,
+    KEY_HEADER,
+    MAX_WAIT_HEADER,
+    ON_KEY_HEADER,
+    PARK_HEADER,
+    TAGS_HEADER,
+)
 from .store.redis_keys import canvas_key
 from .tracing import park_span
 
@@ -128,18 +136,20 @@ def _members(sig: Signature) -> Iterator[Signature]:
 
 
 def _take_marks(app: Celery, options: dict[str, Any]) -> str | None:
-    """Move ``key=``, ``on_key=`` and ``tags=`` of *options* into its headers; return the key.
+    """Move ``key=``, ``on_key=``, ``tags=`` and ``max_wait=`` of *options* into its
+    headers; return the key.
 
     A keyed task's id is drawn on its key's shard (see :mod:`celery_zdelay.keys`).
     """
-    key, on_key, tags = (
+    key, on_key, tags, max_wait = (
         options.pop("key", None),
         options.pop("on_key", None),
         options.pop("tags", None),
+        options.pop("max_wait", None),
     )
-    if key is None and on_key is None and tags is None:
+    if key is None and on_key is None and tags is None and max_wait is None:
         return None
-    set_headers(options, key, on_key, tags)
+    set_headers(options, key, on_key, tags, max_wait)
     if key is None:
         return None
     if _current_batch.get() is not None:
@@ -165,11 +175,13 @@ def park_many(
 ) -> list[Any]:
     """Park many calls of *task*, all due at once; the body of ``Task.apply_delayed_many``."""
     app = task._get_app()
-    if "key" in options or ("on_key" in options and "keys" not in options):
+    if "key" in options or (
+        ("on_key" in options or "max_wait" in options) and "keys" not in options
+    ):
         raise ConfigurationError(
             "apply_delayed_many parks many calls, and a key names one parked task: pass "
-            "keys=[...] (one key per call, None for none) with on_key=, or park keyed calls "
-            "with apply_delayed. Nothing was parked."
+            "keys=[...] (one key per call, None for none) with on_key= (and max_wait= for "
+            'on_key="debounce"), or park keyed calls with apply_delayed. Nothing was parked.'
         )
     spread_ms = _take_jitter(options)
     keys = options.pop("keys", None)
@@ -207,12 +219,17 @@ def _park_many_keyed(
             "Nothing was parked."
         )
     app = task._get_app()
+    # One on_key and max_wait for every call: refused as a whole when they disagree,
+    # even if every key is None.
+    check_max_wait(keys, options.get("on_key"), options.get("max_wait"))
     per_call = []
     for key in keys:
         call_options = dict(options)
         call_options["key"] = key
         if key is None:
+            # A call without a key: its on_key and max_wait have nothing to apply to.
             call_options.pop("on_key", None)
+            call_options.pop("max_wait", None)
         per_call.append((call_options, _take_marks(app, call_options)))
     items = [split_call(call) for call in calls]
     if _runs_now(app):
@@ -256,10 +273,11 @@ def apply_delayed(
     signature = maybe_signature(sig, app=app)
     if not isinstance(signature, Signature):
         raise ConfigurationError(f"apply_delayed needs a signature or canvas, got {sig!r}.")
-    if any(name in options for name in ("key", "on_key", "tags")):
+    if any(name in options for name in ("key", "on_key", "tags", "max_wait")):
         raise ConfigurationError(
-            "key=, on_key= and tags= go on a task's own call: task.apply_delayed(..., key=...), "
-            "task.apply_delayed_many or celery_zdelay.send_delayed, not on a signature or "
+            "key=, on_key=, max_wait= and tags= go on a task's own call: "
+            "task.apply_delayed(..., key=...), task.apply_delayed_many or "
+            "celery_zdelay.send_delayed, not on a signature or "
             "canvas, which may park several messages. Nothing was parked."
         )
     _check_given_id(options)
@@ -295,7 +313,8 @@ def send_delayed(
     eta: Any = None,
     **options: Any,
 ) -> Any:
-    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=`` too)."""
+    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``on_key=``,
+    ``max_wait=``, ``tags=`` and ``jitter=`` too, as :meth:`~celery_zdelay.Task.apply_delayed`)."""
     _check_given_id(options)
     spread_ms = _take_jitter(options)
     key = _take_marks(app, options)
@@ -488,6 +507,7 @@ def _requests(
             if KEY_HEADER in message.headers
             or TAGS_HEADER in message.headers
             or ON_KEY_HEADER in message.headers
+            or MAX_WAIT_HEADER in message.headers
             else None
         )
         if mark is not None and mark.key is not None:
