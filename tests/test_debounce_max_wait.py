@@ -22,10 +22,12 @@ import redis
 from celery import Celery
 
 import celery_zdelay
-from celery_zdelay import ConfigurationError
+from celery_zdelay import ConfigurationError, steering
+from celery_zdelay.companion import Companion
 from celery_zdelay.keys import max_wait_ms
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import MAX_COUNTDOWN_S
+from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.headers import MAX_WAIT_HEADER
 from celery_zdelay.store.marks import check_marks
 from tests.helpers import CeleryProcess, Runs, wait_for
@@ -133,6 +135,50 @@ def test_with_jitter_the_cap_still_holds_and_nothing_is_early_below_it(
     assert any(
         _due_ms(redis_client, r.id) == _first_call_ms(redis_client, r.id) + 60_000 for r in parked
     )
+
+
+def test_a_burst_whose_task_is_held_by_a_pause_goes_on_and_its_cap_is_kept(
+    make_test_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    # Given a debounced task (max_wait 1 s) held behind a paused queue
+    app = make_test_app(queues=[{"name": "celery"}, {"name": "emails"}])
+    record = app.tasks["tests.record"]
+    celery_zdelay.pause("queue:emails", app=app)
+    first = record.apply_delayed(
+        (1,), countdown=0, queue="emails", key="k", on_key="debounce", max_wait=1
+    )
+    started = _first_call_ms(redis_client, first.id)
+    with Companion(app) as companion:
+        companion.release_due()
+    assert redis_client.zscore(SHARD0.due, first.id) is None  # held, not due
+    wait_for(lambda: redis_ms(redis_client) > started + 1000, timeout=5, message="the cap")
+
+    # When the next call asks for an hour, the burst's cap has passed
+    second = record.apply_delayed((2,), countdown=HOUR, queue="emails", key="k", on_key="debounce")
+
+    # Then it is due at the cap (at once), and the held one was taken out
+    assert _due_ms(redis_client, second.id) == started + 1000
+    assert celery_zdelay.lookup(first.id, app=app) is None
+    assert check_marks(store_for(app)) == []
+
+
+def test_a_requeued_dead_letter_keeps_its_burst(app: Celery, redis_client: redis.Redis) -> None:
+    # Given a debounced task (max_wait 1 h) released, dead-lettered and requeued
+    record = app.tasks["tests.record"]
+    first = record.apply_delayed((1,), countdown=0, key="k", on_key="debounce", max_wait=HOUR)
+    started = _first_call_ms(redis_client, first.id)
+    store = store_for(app)
+    claimed = store.claim(0, limit=10, lease_ms=HOUR * 1000)
+    reason = DeadReason(reason="broker refused", due_ms=started, companion="c-test")
+    assert store.dead_letter(0, claimed.token, [(first.id, reason)]) == 1
+    assert steering.requeue_dead([first.id], app=app) == [True]
+    assert _first_call_ms(redis_client, first.id) == started
+
+    # When a debounce asks for two hours, its run is owed since the first call
+    second = record.apply_delayed((2,), countdown=2 * HOUR, key="k", on_key="debounce")
+
+    assert _due_ms(redis_client, second.id) == started + HOUR * 1000
+    assert check_marks(store) == []
 
 
 # -- end to end -----------------------------------------------------------------------------
