@@ -34,7 +34,8 @@ never through the API) and checks:
 Time: due times are now, an hour or two hours from the Redis clock, so
 "due" never depends on how fast the machine is; :func:`_time_passes`
 moves the due set an hour earlier with the testing fast-forward's own
-script (``celery_zdelay/testing/shift.lua``).
+script (``celery_zdelay/testing/shift.lua``), and the debounce bursts'
+first calls with it.
 
 Budget: the Hypothesis profile named by ``ZDELAY_MODEL_PROFILE`` (``ci``,
 the default; ``deep`` for ``make model-check``). Every counterexample it
@@ -829,9 +830,13 @@ class StoreMachine(RuleBasedStateMachine):
     def time_passes(self) -> None:
         """An hour passes for the due set (the testing fast-forward's shift.lua)."""
         shift = resources.files("celery_zdelay.testing").joinpath("shift.lua").read_text()
-        self.client.register_script(shift)(keys=[KEYS.due], args=[HOUR_MS])
+        self.client.register_script(shift)(keys=[KEYS.due, KEYS.marks], args=[HOUR_MS])
         for entry in self.model.live("due"):
             entry.due_ms -= HOUR_MS
+        # A debounce's burst started an hour earlier too, parked, held, in flight or dead.
+        for entry in [*self.model.entries.values(), *self.model.dead.values()]:
+            if entry.first is not None:
+                entry.first = (entry.first[0] - HOUR_MS, entry.first[1] - HOUR_MS)
 
     # -- workers ------------------------------------------------------------------------
 
