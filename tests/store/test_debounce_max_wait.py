@@ -130,6 +130,23 @@ def test_a_later_call_is_capped_at_the_first_calls_time_plus_max_wait(
     assert check_marks(store) == []
 
 
+def test_a_countdown_is_capped_as_an_eta_is(store: Store, redis_client: redis.Redis) -> None:
+    first, _ = _first_call(store, redis_client, 2 * HOUR)
+
+    # Due 3 h after the Redis clock of the call: past the cap
+    request = ParkRequest("late", Due("r", 3 * HOUR), PAYLOAD, mark=Mark("k", "debounce", (), 0))
+    (late,) = store.park([request])
+    assert late == Parked("late", first + 2 * HOUR, True)
+
+    # Due 1 h after it: before the cap, due as asked (on the Redis clock)
+    before = redis_ms(redis_client)
+    request = ParkRequest("soon", Due("r", HOUR), PAYLOAD, mark=Mark("k", "debounce", (), 0))
+    (soon,) = store.park([request])
+    assert soon.due_ms is not None
+    assert before + HOUR <= soon.due_ms <= redis_ms(redis_client) + HOUR
+    assert _due(redis_client, "soon") == soon.due_ms
+
+
 def test_a_later_call_due_before_the_cap_is_due_when_it_asked(
     store: Store, redis_client: redis.Redis
 ) -> None:

@@ -31,24 +31,18 @@ local function zdelay_mark_parse(record)
   local tags = {}
   for i = 3, #lines do if lines[i] ~= '' then tags[#tags + 1] = lines[i] end end
   local fields = {}
-  local space = string.find(head, ' ', 1, true)
-  if space then
-    for name, value in string.gmatch(string.sub(head, space), ' (%a)([^ ]*)') do
-      fields[name] = string.match(value, '^%d+$') and tonumber(value) or nil
-    end
-    head = string.sub(head, 1, space - 1)
+  for name, value in string.gmatch(head, ' (%a)([^ ]*)') do
+    fields[name] = string.match(value, '^%d+$') and tonumber(value) or nil
   end
-  return string.sub(head, 1, 1), tonumber(string.sub(head, 2)) or 0, lines[2] or '', tags, fields
+  return string.sub(head, 1, 1), tonumber(string.match(head, '^.(%d*)')) or 0, lines[2] or '',
+    tags, fields
 end
 
 -- *record* with its head's fields replaced by *fields* (letter -> number, in
 -- the order of *names*; a nil one left out).
 local function zdelay_mark_with(record, names, fields)
-  local nl = string.find(record, '\n', 1, true)
-  local head, rest = record, ''
-  if nl then head, rest = string.sub(record, 1, nl - 1), string.sub(record, nl) end
-  local space = string.find(head, ' ', 1, true)
-  if space then head = string.sub(head, 1, space - 1) end
+  -- The mode and hold, then the rest from the first line's end.
+  local head, rest = string.match(record, '^([^ \n]*)[^\n]*(.*)$')
   for _, name in ipairs(names) do
     if fields[name] then head = head .. ' ' .. name .. string.format('%.0f', fields[name]) end
   end

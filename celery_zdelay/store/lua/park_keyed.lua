@@ -111,7 +111,8 @@ local function debounce(e, h, fields)
   if h and h[3] then
     local b = bursts[h[3]]
     if b then first, cap = b[1], b[2] end
-  elseif h and h[2] == nil and (h[4] == 'due' or h[4] == 'held') then
+  elseif h and (h[4] == 'due' or h[4] == 'held') then
+    -- Still waiting (a running hold or a task being released has no such place).
     local held = redis.call('HGET', marks, 'i:' .. h[1])
     local _, _, _, _, was = zdelay_mark_parse(held or '')
     if was.f then first, cap = was.f, was.w end
