@@ -120,13 +120,21 @@ def max_wait_ms(max_wait: Any) -> int:
         or not isinstance(seconds, numbers.Real)
         or not 0.001 <= cast("float", seconds) <= MAX_COUNTDOWN_S
     ):
-        shown = repr(max_wait) if len(repr(max_wait)) <= 60 else repr(max_wait)[:57] + "..."
+        shown = _shown(max_wait)
         raise ConfigurationError(
             f"max_wait= must be a number of seconds from 0.001 to {MAX_COUNTDOWN_S:.0f} "
             f"(or a timedelta), got {shown}: the longest a burst of debounce calls may "
             "postpone its run, counted from its first call. Nothing was written."
         )
     return min(math.floor(float(seconds) * 1000), MAX_COUNTDOWN_MS)
+
+
+def _shown(value: Any) -> str:
+    """*value*'s repr, cut short (an int of 4,300+ digits has no repr at all)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"(an integer of {value.bit_length()} bits)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_max_wait(key: Any, on_key: Any, max_wait: Any) -> int | None:

@@ -247,6 +247,7 @@ def test_a_stream_of_debounce_calls_runs_once_about_max_wait_after_the_first_cal
         ({"key": "k", "on_key": "debounce", "max_wait": math.inf}, "number of seconds"),
         ({"key": "k", "on_key": "debounce", "max_wait": MAX_COUNTDOWN_S + 1}, "number of seconds"),
         ({"key": "k", "on_key": "debounce", "max_wait": 10**400}, "number of seconds"),
+        ({"key": "k", "on_key": "debounce", "max_wait": 10**5000}, "an integer of 16610 bits"),
         ({"key": "k", "on_key": "debounce", "max_wait": timedelta(0)}, "from 0.001"),
     ],
 )
