@@ -30,7 +30,9 @@ from celery_zdelay.schedule import MAX_COUNTDOWN_S
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.headers import MAX_WAIT_HEADER
 from celery_zdelay.store.marks import check_marks
+from celery_zdelay.testing import RedisServer
 from tests.helpers import CeleryProcess, Runs, wait_for
+from tests.servers import LocalCluster
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 
@@ -178,6 +180,40 @@ def test_a_requeued_dead_letter_keeps_its_burst(app: Celery, redis_client: redis
     second = record.apply_delayed((2,), countdown=2 * HOUR, key="k", on_key="debounce")
 
     assert _due_ms(redis_client, second.id) == started + HOUR * 1000
+    assert check_marks(store) == []
+
+
+def test_bursts_are_capped_on_a_three_master_cluster(
+    make_test_app: Callable[..., Celery], cluster: LocalCluster, broker_server: RedisServer
+) -> None:
+    # Given six shards on a Redis Cluster, a burst under each of twelve keys
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={"zdelay_redis_url": cluster.url, "zdelay_shards": 6},
+    )
+    store = store_for(app)
+    assert store.cluster
+    record = app.tasks["tests.record"]
+    options: dict[str, Any] = {"on_key": "debounce", "max_wait": HOUR}
+    keys = [f"k{n}" for n in range(12)]
+    first = [
+        record.apply_delayed((n,), countdown=60, key=key, **options) for n, key in enumerate(keys)
+    ]
+
+    # When each key gets a call asking for two hours (one bulk call across shards)
+    again = record.apply_delayed_many(
+        [(n,) for n in range(12)], countdown=2 * HOUR, keys=keys, **options
+    )
+
+    # Then each is due an hour after its burst's first call, read from its record
+    for before, after in zip(first, again, strict=True):
+        assert after.id != before.id
+        marks = store.keys(store.shard_of(after.id)).marks
+        head = store.client.hget(marks, "i:" + after.id).decode().partition("\n")[0]
+        (started,) = [int(part[1:]) for part in head.split(" ") if part[0] == "f"]
+        found = celery_zdelay.lookup(after.id, app=app)
+        assert found is not None
+        assert found.due_ms == started + HOUR * 1000
     assert check_marks(store) == []
 
 
