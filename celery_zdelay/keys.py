@@ -7,7 +7,9 @@ with ``on_key`` saying what a second call does:
   parked task's result;
 - ``"replace"``: the parked task is cancelled and this one parked;
 - ``"debounce"``: as replace, for a *countdown* that restarts with every
-  call: the task runs once, after the calls have been quiet for it;
+  call: the task runs once, after the calls have been quiet for it; with
+  ``max_wait=`` (seconds), at most that long after the first call of the
+  burst, however steady the calls (:func:`max_wait_ms`);
 - ``"until_finished"``: as keep, and the key stays held after the release
   while the task runs, until its run ends however it ends (see
   :func:`celery_zdelay.worker.release_key`) or ``zdelay_key_hold_seconds``
@@ -27,13 +29,17 @@ index of both beside the entries (:mod:`celery_zdelay.store.marks`).
 
 from __future__ import annotations
 
+import math
+import numbers
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
 from .errors import ConfigurationError
 from .names import MAX_NAME_LENGTH, validate_name, validate_task_id
-from .store.headers import KEY_HEADER, ON_KEY_HEADER, TAGS_HEADER
+from .schedule import MAX_COUNTDOWN_MS, MAX_COUNTDOWN_S
+from .store.headers import KEY_HEADER, MAX_WAIT_HEADER, ON_KEY_HEADER, TAGS_HEADER
 from .store.marks import ON_KEY_MODES, Mark
 from .store.redis_keys import shard_of
 
@@ -42,7 +48,9 @@ __all__ = [
     "MAX_TAGS",
     "ON_KEY_MODES",
     "Mark",
+    "check_max_wait",
     "mark_from_headers",
+    "max_wait_ms",
     "task_id_for",
     "validate_key",
     "validate_tag",
@@ -94,18 +102,79 @@ def _validate_on_key(on_key: Any) -> str:
     return str(on_key)
 
 
-def set_headers(options: dict[str, Any], key: Any, on_key: Any, tags: Any) -> None:
-    """Check *key*, *on_key* and *tags* and put them in the headers of *options*.
+def max_wait_ms(max_wait: Any) -> int:
+    """Return ``max_wait=`` (seconds, or a ``timedelta``) in whole ms, checked.
+
+    Rounded down: the cap is a promise of "at most", never a millisecond later.
+
+    Raises:
+        ConfigurationError: it is not a number of seconds from 0.001 to
+            :data:`~celery_zdelay.schedule.MAX_COUNTDOWN_S` (a bool, NaN,
+            infinite, zero, negative, too large).
+    """
+    seconds = max_wait.total_seconds() if isinstance(max_wait, timedelta) else max_wait
+    # Compared as given (NaN fails it): an int beyond a float's range must
+    # not be turned into one first.
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, numbers.Real)
+        or not 0.001 <= cast("float", seconds) <= MAX_COUNTDOWN_S
+    ):
+        shown = _shown(max_wait)
+        raise ConfigurationError(
+            f"max_wait= must be a number of seconds from 0.001 to {MAX_COUNTDOWN_S:.0f} "
+            f"(or a timedelta), got {shown}: the longest a burst of debounce calls may "
+            "postpone its run, counted from its first call. Nothing was written."
+        )
+    return min(math.floor(float(seconds) * 1000), MAX_COUNTDOWN_MS)
+
+
+def _shown(value: Any) -> str:
+    """*value*'s repr, cut short (an int of 4,300+ digits has no repr at all)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"(an integer of {value.bit_length()} bits)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_max_wait(key: Any, on_key: Any, max_wait: Any) -> int | None:
+    """``max_wait=`` in ms (None for none), refused unless the call debounces a *key*.
+
+    Raises:
+        ConfigurationError: *max_wait* is given without *key* or with an
+            *on_key* other than ``"debounce"``, or is not a duration
+            (:func:`max_wait_ms`).
+    """
+    if max_wait is None:
+        return None
+    on_key = DEFAULT_ON_KEY if on_key is None else on_key
+    if key is None or on_key != "debounce":
+        raise ConfigurationError(
+            "max_wait= caps how long a debounced key's calls postpone its run: pass it "
+            'with key= and on_key="debounce" (got '
+            + ("no key=" if key is None else f"on_key={on_key!r}")
+            + "), or leave it out. Nothing was written."
+        )
+    return max_wait_ms(max_wait)
+
+
+def set_headers(
+    options: dict[str, Any], key: Any, on_key: Any, tags: Any, max_wait: Any = None
+) -> None:
+    """Check *key*, *on_key*, *tags* and *max_wait* and put them in the headers of *options*.
 
     The message headers are what is parked (and signed), so the key and
     tags travel with the task to the store and to the worker.
     """
     if key is None and on_key is not None:
         raise ConfigurationError("on_key= needs key=; nothing was written.")
+    wait_ms = check_max_wait(key, on_key, max_wait)
     headers = dict(options.get("headers") or {})
     if key is not None:
         headers[KEY_HEADER] = validate_key(key)
         headers[ON_KEY_HEADER] = _validate_on_key(DEFAULT_ON_KEY if on_key is None else on_key)
+    if wait_ms is not None:
+        headers[MAX_WAIT_HEADER] = wait_ms
     if tags is not None:
         headers[TAGS_HEADER] = list(_validate_tags(tags))
     options["headers"] = headers
@@ -122,17 +191,35 @@ def mark_from_headers(headers: Mapping[str, Any], *, hold_ms: int) -> Mark | Non
             f"The {ON_KEY_HEADER} header needs a {KEY_HEADER} header; nothing was written."
         )
     if key is None and not tags:
+        if headers.get(MAX_WAIT_HEADER) is not None:
+            check_max_wait(None, on_key, 1)  # raises: a cap the caller believes applies
         return None
+    mode = (
+        _validate_on_key(DEFAULT_ON_KEY if on_key is None else on_key)
+        if key is not None
+        else DEFAULT_ON_KEY
+    )
     return Mark(
         key=None if key is None else validate_key(key),
-        on_key=(
-            _validate_on_key(DEFAULT_ON_KEY if on_key is None else on_key)
-            if key is not None
-            else DEFAULT_ON_KEY
-        ),
+        on_key=mode,
         tags=_validate_tags(tags or ()),
         hold_ms=hold_ms,
+        max_wait_ms=_max_wait_header(headers.get(MAX_WAIT_HEADER), key, mode),
     )
+
+
+def _max_wait_header(value: Any, key: Any, on_key: str) -> int | None:
+    """The checked ms of a :data:`MAX_WAIT_HEADER` (set by hand in transparent mode too)."""
+    if value is None:
+        return None
+    check_max_wait(key, on_key, 1)  # the call must debounce a key
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNTDOWN_MS:
+        raise ConfigurationError(
+            f"The {MAX_WAIT_HEADER} header must be a whole number of ms from 1 to "
+            f"{MAX_COUNTDOWN_MS}, got {value!r}; pass max_wait= (seconds) to apply_delayed "
+            "instead. Nothing was written."
+        )
+    return value
 
 
 def task_id_for(key: str, shards: int) -> str:

@@ -28,6 +28,7 @@ from .config import get_config
 from .entry import TaskMessage
 from .errors import ConfigurationError, ZDelayError
 from .keys import (
+    check_max_wait,
     check_task_id,
     mark_from_headers,
     set_headers,
@@ -44,6 +45,7 @@ from .store.headers import (
     ETA_HEADER,
     KEY_HEADER,
     LIMIT_KEY_HEADER,
+    MAX_WAIT_HEADER,
     ON_KEY_HEADER,
     PARK_HEADER,
     TAGS_HEADER,
@@ -137,18 +139,20 @@ def _members(sig: Signature) -> Iterator[Signature]:
 
 
 def _take_marks(app: Celery, options: dict[str, Any]) -> str | None:
-    """Move ``key=``, ``on_key=`` and ``tags=`` of *options* into its headers; return the key.
+    """Move ``key=``, ``on_key=``, ``tags=`` and ``max_wait=`` of *options* into its
+    headers; return the key.
 
     A keyed task's id is drawn on its key's shard (see :mod:`celery_zdelay.keys`).
     """
-    key, on_key, tags = (
+    key, on_key, tags, max_wait = (
         options.pop("key", None),
         options.pop("on_key", None),
         options.pop("tags", None),
+        options.pop("max_wait", None),
     )
-    if key is None and on_key is None and tags is None:
+    if key is None and on_key is None and tags is None and max_wait is None:
         return None
-    set_headers(options, key, on_key, tags)
+    set_headers(options, key, on_key, tags, max_wait)
     if key is None:
         return None
     if _current_batch.get() is not None:
@@ -174,11 +178,13 @@ def park_many(
 ) -> list[Any]:
     """Park many calls of *task*, all due at once; the body of ``Task.apply_delayed_many``."""
     app = task._get_app()
-    if "key" in options or ("on_key" in options and "keys" not in options):
+    if "key" in options or (
+        ("on_key" in options or "max_wait" in options) and "keys" not in options
+    ):
         raise ConfigurationError(
             "apply_delayed_many parks many calls, and a key names one parked task: pass "
-            "keys=[...] (one key per call, None for none) with on_key=, or park keyed calls "
-            "with apply_delayed. Nothing was parked."
+            "keys=[...] (one key per call, None for none) with on_key= (and max_wait= for "
+            'on_key="debounce"), or park keyed calls with apply_delayed. Nothing was parked.'
         )
     spread_ms = _take_jitter(options)
     take_limit_key(app, options)
@@ -217,12 +223,17 @@ def _park_many_keyed(
             "Nothing was parked."
         )
     app = task._get_app()
+    # One on_key and max_wait for every call: refused as a whole when they disagree,
+    # even if every key is None.
+    check_max_wait(keys, options.get("on_key"), options.get("max_wait"))
     per_call = []
     for key in keys:
         call_options = dict(options)
         call_options["key"] = key
         if key is None:
+            # A call without a key: its on_key and max_wait have nothing to apply to.
             call_options.pop("on_key", None)
+            call_options.pop("max_wait", None)
         per_call.append((call_options, _take_marks(app, call_options)))
     items = [split_call(call) for call in calls]
     if _runs_now(app):
@@ -266,11 +277,11 @@ def apply_delayed(
     signature = maybe_signature(sig, app=app)
     if not isinstance(signature, Signature):
         raise ConfigurationError(f"apply_delayed needs a signature or canvas, got {sig!r}.")
-    if any(name in options for name in ("key", "on_key", "tags", "limit_key")):
+    if any(name in options for name in ("key", "on_key", "tags", "max_wait", "limit_key")):
         raise ConfigurationError(
-            "key=, on_key=, tags= and limit_key= go on a task's own call: "
-            "task.apply_delayed(..., key=...), "
-            "task.apply_delayed_many or celery_zdelay.send_delayed, not on a signature or "
+            "key=, on_key=, max_wait=, tags= and limit_key= go on a task's own call: "
+            "task.apply_delayed(..., key=...), task.apply_delayed_many or "
+            "celery_zdelay.send_delayed, not on a signature or "
             "canvas, which may park several messages. Nothing was parked."
         )
     _check_given_id(options)
@@ -306,8 +317,9 @@ def send_delayed(
     eta: Any = None,
     **options: Any,
 ) -> Any:
-    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``tags=``,
-    ``limit_key=`` too)."""
+    """Park a task by name, as ``app.send_task`` would send it (``key=``, ``on_key=``,
+    ``max_wait=``, ``tags=``, ``jitter=`` and ``limit_key=`` too, as
+    :meth:`~celery_zdelay.Task.apply_delayed`)."""
     _check_given_id(options)
     spread_ms = _take_jitter(options)
     take_limit_key(app, options)
@@ -505,6 +517,7 @@ def _requests(
             if KEY_HEADER in message.headers
             or TAGS_HEADER in message.headers
             or ON_KEY_HEADER in message.headers
+            or MAX_WAIT_HEADER in message.headers
             else None
         )
         if mark is not None and mark.key is not None:

@@ -37,6 +37,7 @@ class DelayedTaskMixin(RunHooks):
         tags: Iterable[str] | None = None,
         jitter: Any = None,
         limit_key: str | None = None,
+        max_wait: Any = None,
         **options: Any,
     ) -> Any:
         """Park this call until it is due; return its ``AsyncResult`` at once.
@@ -66,15 +67,26 @@ class DelayedTaskMixin(RunHooks):
         of its own, and a backlog drains fairly between keys (see
         :doc:`/control`).
 
+        *max_wait* (seconds, or a ``timedelta``; only with
+        ``on_key="debounce"``) ends a debounce that steady calls would
+        postpone for ever: the run is due at most *max_wait* after the
+        first call of the burst (the call that found the key free), on the
+        Redis clock, and never earlier than the debounce alone would make
+        it unless the cap says so; with *jitter* too, the cap still holds
+        (see :doc:`/keys-and-tags`).
+
         Raises:
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
             celery_zdelay.ConfigurationError: a key or tag is not a
                 non-empty string of at most 200 printable characters, the
                 ``task_id=`` holds a control character (see
-                :mod:`celery_zdelay.names`), *on_key* is not a mode, or
-                *jitter* is not a number of seconds from 0 to 86,400, or the
-                *limit_key* breaks the rule of keys; nothing was parked.
+                :mod:`celery_zdelay.names`), *on_key* is not a mode,
+                *jitter* is not a number of seconds from 0 to 86,400,
+                *max_wait* is given without ``key=`` and
+                ``on_key="debounce"`` or is not a number of seconds from
+                0.001 to about 100 years, or the *limit_key* breaks the rule
+                of keys; nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
 
         Warns:
@@ -83,7 +95,13 @@ class DelayedTaskMixin(RunHooks):
         """
         if limit_key is not None:
             options["limit_key"] = limit_key
-        for name, value in (("key", key), ("on_key", on_key), ("tags", tags), ("jitter", jitter)):
+        for name, value in (
+            ("key", key),
+            ("on_key", on_key),
+            ("tags", tags),
+            ("jitter", jitter),
+            ("max_wait", max_wait),
+        ):
             if value is not None:
                 options[name] = value
         return park_task(self, args, kwargs, countdown, eta, options)
@@ -99,6 +117,7 @@ class DelayedTaskMixin(RunHooks):
         tags: Iterable[str] | None = None,
         jitter: Any = None,
         limit_key: str | None = None,
+        max_wait: Any = None,
         **options: Any,
     ) -> list[Any]:
         """Park many calls of this task, all due at once; return one ``AsyncResult`` per call.
@@ -125,14 +144,17 @@ class DelayedTaskMixin(RunHooks):
         :func:`celery_zdelay.batch` the calls join the batch. Under
         ``task_always_eager`` each call runs now, as ``apply_async`` does.
         *tags* tag every call; *keys* gives each call its key (None for
-        none), with one *on_key* for all (see :meth:`apply_delayed`); the
-        result of a call whose key is held is the holder's. *limit_key*
-        applies to every call (see :meth:`apply_delayed`).
+        none), with one *on_key* (and *max_wait*, for ``"debounce"``) for
+        all (see :meth:`apply_delayed`); the result of a call whose key is
+        held is the holder's. *limit_key* applies to every call (see
+        :meth:`apply_delayed`).
 
         Raises:
             celery_zdelay.ConfigurationError: an item is neither a tuple, list
-                nor dict, ``task_id=`` was given (each call has its own), or
-                *jitter* is not a number of seconds from 0 to 86,400, or the
+                nor dict, ``task_id=`` was given (each call has its own),
+                *jitter* is not a number of seconds from 0 to 86,400,
+                *max_wait* is given without ``keys=`` and
+                ``on_key="debounce"`` or is not a duration, or the
                 *limit_key* breaks the rule of keys; nothing was parked.
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
@@ -140,7 +162,13 @@ class DelayedTaskMixin(RunHooks):
         """
         if limit_key is not None:
             options["limit_key"] = limit_key
-        for name, value in (("keys", keys), ("on_key", on_key), ("tags", tags), ("jitter", jitter)):
+        for name, value in (
+            ("keys", keys),
+            ("on_key", on_key),
+            ("tags", tags),
+            ("jitter", jitter),
+            ("max_wait", max_wait),
+        ):
             if value is not None:
                 options[name] = value
         return park_many(self, calls, countdown, eta, options)

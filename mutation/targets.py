@@ -54,6 +54,8 @@ _ADVANCE = "tests/periodic/test_pointer_advance.py"
 _DEFINE = "tests/periodic/test_schedule_versions.py"
 _PARK = "tests/store/test_park_script.py"
 _PARK_KEYED = "tests/store/test_keyed_parking.py"
+#: A debounce's burst and its max_wait cap, exact due times (park_keyed.lua, _marks.lua).
+_DEBOUNCE_MAX_WAIT = "tests/store/test_debounce_max_wait.py"
 _HANDOFF = "tests/store/test_handoff_pushes_once.py"
 _UNCLAIM_RECOVER = "tests/store/test_lease_return.py"
 _PUSH = "tests/store/test_push_to_broker_lists.py"
@@ -257,6 +259,7 @@ LUA = (
         (
             _MARKS,
             _PARK_KEYED,
+            _DEBOUNCE_MAX_WAIT,
             _PARK,
             *_ACK,
             *_STEERING[:1],
@@ -335,6 +338,7 @@ LUA = (
         _STORE + "park_keyed.lua",
         (
             _PARK_KEYED,
+            _DEBOUNCE_MAX_WAIT,
             "tests/test_keys.py",
             "tests/store/test_acknowledged_marks.py",
             _HELD_MEETS,

@@ -1,9 +1,10 @@
 """Given random sequences of public operations, the store always agrees with a plain model.
 
 A Hypothesis stateful test (issue 33): a :class:`RuleBasedStateMachine`
-parks (plain; keyed in each ``on_key`` mode; tagged; under an id used
-before; in bulk), cancels and reschedules (by id and by tag), pauses and
-resumes, sets and removes a rate limit, releases with one companion pass
+parks (plain; keyed in each ``on_key`` mode, a debounce with or without
+``max_wait``; tagged; under an id used before; in bulk), refuses a
+``max_wait`` that is not a debounce's, cancels and reschedules (by id and
+by tag), pauses and resumes, sets and removes a rate limit, releases with one companion pass
 run in this process, lets a companion die after its claim, stops Redis
 and starts it again from its append-only file, runs released tasks as a
 worker does (success, failure, retry, ``Ignore``, ``Reject``) and
@@ -13,9 +14,11 @@ never through the API) and checks:
 
 - each id the model knows is in exactly one state (due, held by one
   control, in flight, dead), and the store knows no other id;
-- due times are those the calls asked for (on the Redis clock);
+- due times are those the calls asked for (on the Redis clock), a
+  debounce's capped at its burst's first call + ``max_wait`` (issue 36);
 - the key index (holders, running holds) and the tag index match the
-  entries exactly, and so does each entry's record;
+  entries exactly, and so does each entry's record (a debounce's burst:
+  its first call and cap);
 - nothing is released before its due time, nothing twice, nothing lost:
   what the pass put in the broker is what the model says was due and let
   through, and what it dead-lettered is what the model dead-letters;
@@ -31,7 +34,8 @@ never through the API) and checks:
 Time: due times are now, an hour or two hours from the Redis clock, so
 "due" never depends on how fast the machine is; :func:`_time_passes`
 moves the due set an hour earlier with the testing fast-forward's own
-script (``celery_zdelay/testing/shift.lua``).
+script (``celery_zdelay/testing/shift.lua``), and the debounce bursts'
+first calls with it.
 
 Budget: the Hypothesis profile named by ``ZDELAY_MODEL_PROFILE`` (``ci``,
 the default; ``deep`` for ``make model-check``). Every counterexample it
@@ -115,6 +119,8 @@ MODES = ("keep", "replace", "debounce", "until_finished")
 OWN_IDS = ("id-1", "id-2")
 NEWLINE_ID = "id\n3"
 OUTCOMES = ("success", "failure", "retry", "ignore", "reject")
+#: A debounce's max_wait (seconds): none, or a cap below and above the countdowns.
+MAX_WAITS = (None, 1800, 5400)
 
 #: How the in-process worker's run of a task id ends (set by the machine).
 _outcome_of: dict[str, str] = {}
@@ -235,6 +241,12 @@ def parse_record(record: str) -> tuple[str | None, str | None, tuple[str, ...]]:
 
 MODE_LETTERS = {"keep": "k", "replace": "r", "debounce": "d", "until_finished": "u"}
 
+
+def record_fields(record: str) -> dict[str, int]:
+    """The head fields of a marks record (a debounce's "f" first call, "w" max_wait)."""
+    return {part[0]: int(part[1:]) for part in record.partition("\n")[0].split(" ")[1:]}
+
+
 # -- the model ------------------------------------------------------------------------
 
 
@@ -260,6 +272,10 @@ class Entry:
     lane: str | None = None
     #: Redis ms the lease of an in-flight entry ends.
     lease_until: int = 0
+    #: A debounce's burst (issue 36): bounds of its first call's Redis ms,
+    #: and its max_wait in ms (None: no cap).
+    first: tuple[int, int] | None = None
+    cap: int | None = None
 
     def order(self) -> tuple[int, int]:
         return (self.due_ms, self.seq)
@@ -347,6 +363,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.model = Model()
         #: Released messages not yet run: (queue, raw envelope).
         self.inbox: list[tuple[str, bytes]] = []
+        #: Bounds of the due ms of each entry the call being modelled parks.
+        self._due_bounds: dict[str, tuple[int, int]] = {}
+        #: Bounds of the Redis ms of the call being modelled (a burst's first call).
+        self._call_ms: tuple[int, int] = (0, 0)
         self.released_total = 0
         _outcome_of.clear()
 
@@ -384,10 +404,26 @@ class StoreMachine(RuleBasedStateMachine):
         mode: str | None,
         tags: tuple[str, ...],
         revoked: set[str],
+        asked: tuple[int, int] = (0, 0),
+        max_wait_ms: int | None = None,
     ) -> tuple[str, bool]:
-        """Park in the model as park_keyed.lua promises: (id parked for the call, parked?)."""
+        """Park in the model as park_keyed.lua promises: (id parked for the call, parked?).
+
+        *asked* bounds the due ms the call asked for; the entry's
+        ``due_bounds`` are those, capped for a debounce at its burst's first
+        call + max_wait (the burst passes from a holder still waiting).
+        """
         model = self.model
         holder = model.holders.get(key) if key is not None else None
+        first: tuple[int, int] | None = None
+        cap: int | None = None
+        if mode == "debounce":
+            waiting = model.entries.get(holder.id) if holder and not holder.running else None
+            if waiting is not None and waiting.state in ("due", "held") and waiting.first:
+                first, cap = waiting.first, waiting.cap
+            first = first or self._call_ms
+            if max_wait_ms is not None and (cap is None or max_wait_ms < cap):
+                cap = max_wait_ms
         if holder is not None:
             if holder.running and holder.id == task_id:
                 pass  # a running task parks itself again (a retry): parked
@@ -405,6 +441,10 @@ class StoreMachine(RuleBasedStateMachine):
             model.forget_marks(task_id)
         model.revoked.discard(task_id)
         model.first_seen.setdefault(task_id, model.next_seq())
+        low, high = asked
+        if first is not None and cap is not None:
+            low, high = min(low, first[0] + cap), min(high, first[1] + cap)
+        self._due_bounds[task_id] = (low, high)
         model.entries[task_id] = Entry(
             id=task_id,
             task=task,
@@ -414,14 +454,18 @@ class StoreMachine(RuleBasedStateMachine):
             tags=tags,
             due_ms=0,
             seq=model.next_seq(),
+            first=first,
+            cap=cap,
         )
         if key is not None:
             model.holders[key] = Holder(task_id)
         return task_id, True
 
-    def _settle_park(self, parked: dict[str, tuple[int, int]], revoked: set[str]) -> None:
-        for task_id, (low, high) in parked.items():
+    def _settle_park(self, parked: list[str], revoked: set[str]) -> None:
+        for task_id in parked:
+            low, high = self._due_bounds.pop(task_id)
             self.model.entries[task_id].due_ms = self._due_of(task_id, low, high)
+        self._due_bounds.clear()
         self.model.revoked |= revoked
 
     def _drain_broker(self) -> list[tuple[str, bytes]]:
@@ -443,6 +487,7 @@ class StoreMachine(RuleBasedStateMachine):
         key=st.one_of(st.none(), st.sampled_from(KEY_NAMES)),
         mode=st.sampled_from(MODES),
         tags=st.sets(st.sampled_from(TAG_NAMES), max_size=2),
+        max_wait=st.sampled_from(MAX_WAITS),
     )
     def park(
         self,
@@ -453,14 +498,20 @@ class StoreMachine(RuleBasedStateMachine):
         key: str | None,
         mode: str,
         tags: set[str],
+        max_wait: int | None,
     ) -> None:
-        """apply_delayed: plain, keyed in a mode, tagged, maybe under an id used before."""
+        """apply_delayed: plain, keyed in a mode (a debounce maybe with max_wait), tagged,
+        maybe under an id used before."""
         task_id = data.draw(self._own_ids(), label="task_id")
         options: dict[str, Any] = {"queue": queue}
         if task_id is not None:
             options["task_id"] = task_id
         if key is not None:
             options.update(key=key, on_key=mode)
+        if key is None or mode != "debounce":
+            max_wait = None
+        if max_wait is not None:
+            options["max_wait"] = max_wait
         if tags:
             options["tags"] = sorted(tags)
         holders_before = self.model.holder_ids()
@@ -471,18 +522,43 @@ class StoreMachine(RuleBasedStateMachine):
             with pytest.raises(celery_zdelay.ConfigurationError, match="control characters"):
                 self._task(task).apply_delayed((1,), countdown=countdown, **options)
             return
-        low = self._now() + countdown * 1000
+        before = self._now()
         result = self._task(task).apply_delayed((1,), countdown=countdown, **options)
-        high = self._now() + countdown * 1000
+        self._call_ms = (before, self._now())
         own = result.id if task_id is None else task_id
         if task_id is None and result.id in holders_before:
             own = f"kept-{self.model.next_seq()}"  # kept for a holder: never parked
         revoked: set[str] = set()
         expected, parked = self._park_one(
-            own, task, queue, key, mode if key is not None else None, tuple(sorted(tags)), revoked
+            own,
+            task,
+            queue,
+            key,
+            mode if key is not None else None,
+            tuple(sorted(tags)),
+            revoked,
+            asked=(self._call_ms[0] + countdown * 1000, self._call_ms[1] + countdown * 1000),
+            max_wait_ms=None if max_wait is None else max_wait * 1000,
         )
         assert result.id == expected, f"apply_delayed returned {result.id}, expected {expected}"
-        self._settle_park({own: (low, high)} if parked else {}, revoked)
+        self._settle_park([own] if parked else [], revoked)
+
+    @rule(
+        key=st.one_of(st.none(), st.sampled_from(KEY_NAMES)),
+        mode=st.sampled_from(("keep", "replace", "until_finished")),
+        many=st.booleans(),
+    )
+    def park_with_a_max_wait_that_is_no_debounces(
+        self, key: str | None, mode: str, many: bool
+    ) -> None:
+        """max_wait without a debounced key: refused, nothing written (the invariants check)."""
+        options: dict[str, Any] = {"max_wait": 60}
+        if key is not None:
+            options.update({"keys": [key]} if many else {"key": key}, on_key=mode)
+        task = self._task("model.run")
+        call = task.apply_delayed_many if many else task.apply_delayed
+        with pytest.raises(celery_zdelay.ConfigurationError, match="max_wait="):
+            call([(1,)] if many else (1,), countdown=0, **options)
 
     @rule(
         task=st.sampled_from(TASKS),
@@ -491,6 +567,7 @@ class StoreMachine(RuleBasedStateMachine):
         keys=st.lists(st.one_of(st.none(), st.sampled_from(KEY_NAMES)), min_size=1, max_size=3),
         mode=st.sampled_from(MODES),
         tags=st.sets(st.sampled_from(TAG_NAMES), max_size=2),
+        max_wait=st.sampled_from(MAX_WAITS),
     )
     def park_many(
         self,
@@ -500,18 +577,25 @@ class StoreMachine(RuleBasedStateMachine):
         keys: list[str | None],
         mode: str,
         tags: set[str],
+        max_wait: int | None,
     ) -> None:
-        """apply_delayed_many: calls due together, with or without keys, one on_key."""
+        """apply_delayed_many: calls due together, with or without keys, one on_key
+        (a debounce maybe with max_wait)."""
         options: dict[str, Any] = {"queue": queue}
         if any(k is not None for k in keys):
             options.update(keys=keys, on_key=mode)
+        if "keys" not in options or mode != "debounce":
+            max_wait = None
+        if max_wait is not None:
+            options["max_wait"] = max_wait
         if tags:
             options["tags"] = sorted(tags)
-        low = self._now() + countdown * 1000
+        before = self._now()
         results = self._task(task).apply_delayed_many(
             [(n,) for n in range(len(keys))], countdown=countdown, **options
         )
-        high = self._now() + countdown * 1000
+        self._call_ms = (before, self._now())
+        low, high = (self._call_ms[0] + countdown * 1000, self._call_ms[1] + countdown * 1000)
         returned = [r.id for r in results]
         # The model parks the calls one after the other under stand-in ids;
         # a call still parked at the end returned its own id (a result names
@@ -529,6 +613,8 @@ class StoreMachine(RuleBasedStateMachine):
                 mode if key is not None else None,
                 tuple(sorted(tags)),
                 revoked,
+                asked=(low, high),
+                max_wait_ms=None if max_wait is None or key is None else max_wait * 1000,
             )
         revoked -= set(stand_ins)
         real = {own: returned[n] for n, own in enumerate(stand_ins) if own in model.entries}
@@ -537,6 +623,7 @@ class StoreMachine(RuleBasedStateMachine):
             entry = model.entries.pop(own)
             entry.id = task_id
             model.entries[task_id] = entry
+            self._due_bounds[task_id] = self._due_bounds.pop(own)
         for holder in model.holders.values():
             holder.id = real.get(holder.id, holder.id)
         expected = [
@@ -544,7 +631,7 @@ class StoreMachine(RuleBasedStateMachine):
             for own, key in zip(stand_ins, keys, strict=True)
         ]
         assert returned == expected, f"apply_delayed_many returned {returned}, expected {expected}"
-        self._settle_park(dict.fromkeys(real.values(), (low, high)), revoked)
+        self._settle_park(list(real.values()), revoked)
 
     # -- steering ---------------------------------------------------------------------
 
@@ -743,9 +830,13 @@ class StoreMachine(RuleBasedStateMachine):
     def time_passes(self) -> None:
         """An hour passes for the due set (the testing fast-forward's shift.lua)."""
         shift = resources.files("celery_zdelay.testing").joinpath("shift.lua").read_text()
-        self.client.register_script(shift)(keys=[KEYS.due], args=[HOUR_MS])
+        self.client.register_script(shift)(keys=[KEYS.due, KEYS.marks], args=[HOUR_MS])
         for entry in self.model.live("due"):
             entry.due_ms -= HOUR_MS
+        # A debounce's burst started an hour earlier too, parked, held, in flight or dead.
+        for entry in [*self.model.entries.values(), *self.model.dead.values()]:
+            if entry.first is not None:
+                entry.first = (entry.first[0] - HOUR_MS, entry.first[1] - HOUR_MS)
 
     # -- workers ------------------------------------------------------------------------
 
@@ -802,7 +893,7 @@ class StoreMachine(RuleBasedStateMachine):
         entry = model.dead.pop(task_id)
         if entry.key is not None:
             if entry.key in model.holders:
-                entry = replace(entry, key=None, mode=None)
+                entry = replace(entry, key=None, mode=None, first=None, cap=None)
             else:
                 model.holders[entry.key] = Holder(task_id)
         model.entries[task_id] = replace(
@@ -847,6 +938,20 @@ class StoreMachine(RuleBasedStateMachine):
             if name.startswith(("i:", "d:"))
         }
         assert records == expected_marks, f"records {records}, model {expected_marks}"
+        # A debounce's record carries its burst: the first call's Redis ms
+        # (within the bounds of that call) and the cap; no other record has one.
+        for prefix, entries in (("i:", model.entries), ("d:", model.dead)):
+            for entry in entries.values():
+                if not entry.marked():
+                    continue
+                fields = record_fields(snap.marks[prefix + entry.id])
+                if entry.first is None:
+                    assert fields == {}, f"{entry.id}: fields {fields}, model no burst"
+                    continue
+                assert entry.first[0] <= fields["f"] <= entry.first[1], (
+                    f"{entry.id}: burst from {fields['f']}, model {entry.first}"
+                )
+                assert fields.get("w") == entry.cap, f"{entry.id}: cap {fields}, model {entry.cap}"
         holders = {
             name[2:]: (value.partition("\n")[0], bool(value.partition("\n")[2]))
             for name, value in snap.marks.items()

@@ -19,6 +19,7 @@ __all__ = [
     "ETA_HEADER",
     "KEY_HEADER",
     "LIMIT_KEY_HEADER",
+    "MAX_WAIT_HEADER",
     "ON_KEY_HEADER",
     "OVERLAP_HEADER",
     "OVERLAP_TIMEOUT_HEADER",
@@ -39,6 +40,9 @@ KEY_HEADER, ON_KEY_HEADER, TAGS_HEADER = "zdelay_key", "zdelay_on_key", "zdelay_
 #: that matches it, and counts it under that key for a ``limit_key:<glob>``
 #: concurrency control.
 LIMIT_KEY_HEADER = "zdelay_limit_key"
+#: A debounced task's ``max_wait=`` in ms: its key's burst of calls runs at
+#: most this long after the burst's first call.
+MAX_WAIT_HEADER = "zdelay_max_wait_ms"
 #: A random id of one park of the message, for the worker-side guard
 #: against a second publish (``zdelay_worker_dedupe``).
 PARK_HEADER = "zdelay_park"

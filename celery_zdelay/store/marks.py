@@ -77,11 +77,21 @@ class Mark:
     tags: tuple[str, ...]
     #: How long an ``until_finished`` key stays held after the release, at most.
     hold_ms: int
+    #: ``debounce`` only: the key's burst of calls runs at most this long
+    #: after its first call (``max_wait=``, in ms); None for no cap.
+    max_wait_ms: int | None = None
 
     def record(self) -> str:
-        """The store's record of this mark (see ``lua/_marks.lua``)."""
+        """The store's record of this mark (see ``lua/_marks.lua``).
+
+        A ``max_wait`` travels as the head's ``w`` field; ``park_keyed.lua``
+        adds the burst's first call (``f``) on the Redis clock.
+        """
         mode = ON_KEY_MODES[self.on_key] if self.key is not None else "-"
-        return "\n".join([f"{mode}{self.hold_ms}", self.key or "", *self.tags])
+        head = f"{mode}{self.hold_ms}"
+        if self.max_wait_ms is not None and self.key is not None:
+            head += f" w{self.max_wait_ms}"
+        return "\n".join([head, self.key or "", *self.tags])
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,8 @@ class ReleasedTask(ParkedTask):
     result: Any = None
 
 
-#: Moves a shard's due set earlier (``shift.lua``, run bare: no store checks).
+#: Moves a shard's due set earlier, and its debounce bursts' first calls
+#: (``shift.lua``, run bare: no store checks).
 SHIFT = register(
     ScriptSpec("shift", LuaFile(__package__ or "celery_zdelay.testing", "shift.lua"), guarded=False)
 )[0]
@@ -298,7 +299,8 @@ class FastForward:
     def _shift(self, store: Store, step_ms: int) -> None:
         script = Scripts(store.client, [SHIFT])["shift"]
         for shard in store.shards:
-            script(keys=[store.keys(shard).due], args=[step_ms])
+            keys = store.keys(shard)
+            script(keys=[keys.due, keys.marks], args=[step_ms])
 
     def _release_step(self, store: Store) -> list[ReleasedTask]:
         """Release what is due now through the companion; under eager, run it."""

@@ -144,6 +144,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("history_sweep.lua", "HDEL", "hist"): _HISTORY,
     ("shift.lua", "ZADD", "due"): "celery_zdelay.testing's fast-forward, in tests only: every "
     "due score moves earlier at once, nothing changes state",
+    ("shift.lua", "HSET", "marks"): "celery_zdelay.testing's fast-forward, in tests only: a "
+    "debounce's burst start (its record's f field) moves earlier with the due times; no key, "
+    "tag or state changes",
 }
 
 _CALL = re.compile(r"redis\.p?call\(\s*('([A-Z]+)'|[^,)]*)\s*(?:,\s*([^,)]+))?")

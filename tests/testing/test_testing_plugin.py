@@ -181,6 +181,35 @@ def test_a_task_parked_by_a_released_task_counts_from_when_it_ran(
     result.assert_outcomes(passed=2)
 
 
+def test_a_debounce_max_wait_counts_on_the_tests_clock(pytester: pytest.Pytester) -> None:
+    _suite(
+        pytester,
+        EAGER_APP,
+        """
+        from conftest import RUNS
+
+
+        def test_story(celery_app, zdelay):
+            remind = celery_app.tasks["shop.remind"]
+            options = {"key": "typing", "on_key": "debounce", "max_wait": 100}
+            remind.apply_delayed(("first",), countdown=60, **options)
+
+            # 50 s later, another call: its 60 s would pass the cap, 100 s
+            # after the first call, 50 s from now on the test's clock.
+            assert zdelay.advance(50) == []
+            remind.apply_delayed(("second",), countdown=60, **options)
+            (parked,) = zdelay.parked()
+            assert round(parked.due_in) == 50
+
+            assert zdelay.advance(49) == []
+            assert [t.name for t in zdelay.advance(1)] == ["shop.remind"]
+            assert [run[:2] for run in RUNS] == [("remind", "second")]
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
+
+
 def test_release_due_now_and_clear(pytester: pytest.Pytester) -> None:
     _suite(
         pytester,

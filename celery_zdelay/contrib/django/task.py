@@ -80,7 +80,7 @@ class Task(DelayedTaskMixin, DjangoTask):  # type: ignore[misc]
         key = options.get("key")
         # Bad input raises here, inside the transaction: at the commit, the
         # rows would already be committed (and, robust, the error only logged).
-        set_headers({}, key, options.get("on_key"), options.get("tags"))
+        set_headers({}, key, options.get("on_key"), options.get("tags"), options.get("max_wait"))
         task_id = options.pop("task_id", None) or _new_task_id(self, key)
         if key is not None:
             check_task_id(str(task_id), key, get_config(self._get_app()).shards)

@@ -10,10 +10,15 @@
 --              "k:<key>" -> holder: "<id>" (parked or in flight), or
 --                           "<id>\n<until ms>" (released, running: until_finished)
 -- tagged zset  "<tag>\n<id>", score 0: entries by tag (ZRANGEBYLEX)
--- record       "<mode><hold ms>\n<key>\n<tag>\n<tag>..."; mode "-" no key,
---              "k" keep, "r" replace, "d" debounce, "u" until_finished
+-- record       "<mode><hold ms>[ <field>...]\n<key>\n<tag>\n<tag>..."; mode "-" no key,
+--              "k" keep, "r" replace, "d" debounce, "u" until_finished;
+--              fields, each a letter and digits after a space (debounce):
+--              "w<ms>" the burst's max_wait, "f<ms>" its first call (Redis
+--              clock, written by park_keyed.lua). A record without them
+--              (written before max_wait existed) is a burst of unknown start.
 
--- Returns mode, hold ms, key ('' for none), list of tags of *record*.
+-- Returns mode, hold ms, key ('' for none), list of tags of *record*, and
+-- its head's fields (letter -> number; one that is not digits is nil).
 local function zdelay_mark_parse(record)
   local lines, start = {}, 1
   while true do
@@ -25,7 +30,23 @@ local function zdelay_mark_parse(record)
   local head = lines[1]
   local tags = {}
   for i = 3, #lines do if lines[i] ~= '' then tags[#tags + 1] = lines[i] end end
-  return string.sub(head, 1, 1), tonumber(string.sub(head, 2)) or 0, lines[2] or '', tags
+  local fields = {}
+  for name, value in string.gmatch(head, ' (%a)([^ ]*)') do
+    fields[name] = string.match(value, '^%d+$') and tonumber(value) or nil
+  end
+  return string.sub(head, 1, 1), tonumber(string.match(head, '^.(%d*)')) or 0, lines[2] or '',
+    tags, fields
+end
+
+-- *record* with its head's fields replaced by *fields* (letter -> number, in
+-- the order of *names*; a nil one left out).
+local function zdelay_mark_with(record, names, fields)
+  -- The mode and hold, then the rest from the first line's end.
+  local head, rest = string.match(record, '^([^ \n]*)[^\n]*(.*)$')
+  for _, name in ipairs(names) do
+    if fields[name] then head = head .. ' ' .. name .. string.format('%.0f', fields[name]) end
+  end
+  return head .. rest
 end
 
 -- Returns the id and, for a released entry, the ms its hold ends (else nil).

@@ -13,6 +13,10 @@
 -- which is given the same held sets (found here first, so that park.lua,
 -- run after this script's writes, never has to answer -2).
 --
+-- A debounce's record carries its burst (see the burst below and
+-- _marks.lua): an entry whose max_wait caps it is parked due at the cap,
+-- however it asked (countdown, eta, jitter).
+--
 -- KEYS[1..10] as park.lua (KEYS[6] the call marker, KEYS[8] the lanes set,
 --            KEYS[9] the marks hash, KEYS[10] the tagged zset: see
 --            _marks.lua), with no held set among them
@@ -92,15 +96,50 @@ local function holder_of(key)
   return h
 end
 
+-- A debounce's burst: the calls of a key from the one that found it free
+-- (or held by a task no longer waiting: released, running) to its run.
+-- Its first call's time ("f", Redis clock) and its max_wait ("w", the
+-- smallest any of its calls gave: a cap only tightens) pass from the
+-- parked holder a debounce takes out (or the earlier entry of this batch
+-- it replaces) to the new entry's record; the entry is due at the sooner
+-- of what it asked for (countdown, eta, jitter included) and f + w. A
+-- holder whose record has no "f" (another mode, or written before
+-- max_wait existed) starts a burst now.
+local bursts, capped = {}, {}
+local function debounce(e, h, fields)
+  local first, cap
+  if h and h[3] then
+    local b = bursts[h[3]]
+    if b then first, cap = b[1], b[2] end
+  elseif h and (h[4] == 'due' or h[4] == 'held') then
+    -- Still waiting (a running hold or a task being released has no such place).
+    local held = redis.call('HGET', marks, 'i:' .. h[1])
+    local _, _, _, _, was = zdelay_mark_parse(held or '')
+    if was.f then first, cap = was.f, was.w end
+  end
+  first = first or know
+  if fields.w and (not cap or fields.w < cap) then cap = fields.w end
+  bursts[e] = {first, cap}
+  records[e] = zdelay_mark_with(records[e], {'f', 'w'}, {f = first, w = cap})
+  if cap then
+    local base = kfirst + 5 * (e - 1)
+    local ms = tonumber(ARGV[base + 2])
+    if not ms then error({err = 'ERR celery-zdelay park_keyed: entry ' .. e .. ' has no due ms'}) end
+    local wanted = ARGV[base + 1] == 'r' and know + ms or ms
+    if first + cap < wanted then capped[e] = first + cap end
+  end
+end
+
 local parks, keyof, tagsof, replaced, took_out = {}, {}, {}, {}, {}
 local forget, forgotten, unheld = {}, {}, {}
 for e = 1, n do
   local id = ARGV[kfirst + 5 * (e - 1)]
-  local mode, _, key, tags = zdelay_mark_parse(records[e])
+  local mode, _, key, tags, fields = zdelay_mark_parse(records[e])
   keyof[e], tagsof[e] = key, tags
   parks[e] = true
   if key ~= '' then
     local h = holder_of(key)
+    if mode == 'd' then debounce(e, h, fields) end
     if h and h[2] ~= nil and h[1] == id then
       -- Its own task, running, parks itself again (Celery's retry under
       -- the same id): it is parked, and holds the key as parked.
@@ -178,6 +217,10 @@ for e = 1, n do
     order[#order + 1] = e
     local base = kfirst + 5 * (e - 1)
     for f = 0, 4 do kept[#kept + 1] = all_args[base + f] end
+    if capped[e] then
+      -- max_wait caps it: due at the burst's first call + max_wait.
+      kept[#kept - 3], kept[#kept - 2] = 'a', string.format('%.0f', capped[e])
+    end
   end
 end
 local due_of = {}
