@@ -36,6 +36,7 @@ class DelayedTaskMixin(RunHooks):
         on_key: str | None = None,
         tags: Iterable[str] | None = None,
         jitter: Any = None,
+        max_late: Any = None,
         **options: Any,
     ) -> Any:
         """Park this call until it is due; return its ``AsyncResult`` at once.
@@ -59,6 +60,14 @@ class DelayedTaskMixin(RunHooks):
         *jitter* seconds after its countdown or eta, never before it; its
         ``request.eta`` is that moment.
 
+        *max_late* (seconds, or a ``timedelta``) is how late after its due
+        time the task may still be released; a companion that would release
+        it later (after an outage, a long pause, a rate-limit backlog) does
+        what ``zdelay_on_stale`` says instead: dead-letter it with reason
+        ``"stale"`` (the default), drop it (cancelled, ``REVOKED``) or run it
+        anyway (counted). It overrides the companions' ``zdelay_max_late``
+        (see :doc:`/control`, "Stale releases").
+
         Raises:
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
@@ -66,11 +75,18 @@ class DelayedTaskMixin(RunHooks):
                 non-empty string of at most 200 printable characters, the
                 ``task_id=`` holds a control character (see
                 :mod:`celery_zdelay.names`), *on_key* is not a mode, or
-                *jitter* is not a number of seconds from 0 to 86,400;
-                nothing was parked.
+                *jitter* is not a number of seconds from 0 to 86,400, or
+                *max_late* not a number of seconds of at least 1; nothing
+                was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
-        for name, value in (("key", key), ("on_key", on_key), ("tags", tags), ("jitter", jitter)):
+        for name, value in (
+            ("key", key),
+            ("on_key", on_key),
+            ("tags", tags),
+            ("jitter", jitter),
+            ("max_late", max_late),
+        ):
             if value is not None:
                 options[name] = value
         return park_task(self, args, kwargs, countdown, eta, options)
@@ -85,6 +101,7 @@ class DelayedTaskMixin(RunHooks):
         on_key: str | None = None,
         tags: Iterable[str] | None = None,
         jitter: Any = None,
+        max_late: Any = None,
         **options: Any,
     ) -> list[Any]:
         """Park many calls of this task, all due at once; return one ``AsyncResult`` per call.
@@ -112,17 +129,25 @@ class DelayedTaskMixin(RunHooks):
         ``task_always_eager`` each call runs now, as ``apply_async`` does.
         *tags* tag every call; *keys* gives each call its key (None for
         none), with one *on_key* for all (see :meth:`apply_delayed`); the
-        result of a call whose key is held is the holder's.
+        result of a call whose key is held is the holder's. *max_late*
+        applies to every call (see :meth:`apply_delayed`).
 
         Raises:
             celery_zdelay.ConfigurationError: an item is neither a tuple, list
                 nor dict, ``task_id=`` was given (each call has its own), or
-                *jitter* is not a number of seconds from 0 to 86,400.
+                *jitter* is not a number of seconds from 0 to 86,400, or
+                *max_late* not a number of seconds of at least 1.
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
-        for name, value in (("keys", keys), ("on_key", on_key), ("tags", tags), ("jitter", jitter)):
+        for name, value in (
+            ("keys", keys),
+            ("on_key", on_key),
+            ("tags", tags),
+            ("jitter", jitter),
+            ("max_late", max_late),
+        ):
             if value is not None:
                 options[name] = value
         return park_many(self, calls, countdown, eta, options)
