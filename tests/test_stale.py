@@ -124,6 +124,30 @@ def test_a_stale_task_is_dead_lettered_with_reason_stale_and_a_requeue_runs_it(
     assert _parked(redis_client) == 0
 
 
+def test_a_running_companion_dead_letters_what_an_outage_left_stale_and_releases_the_rest(
+    make_test_app: AppFactory, redis_client: redis.Redis, companion: Any
+) -> None:
+    """The ``celery zdelay`` process, configured by its app's settings alone.
+
+    Catches the setting not reaching the companion's release pass (e.g.
+    ``max_late_ms=self.config.max_late_ms`` left out of the handoff call).
+    """
+    app = make_test_app(conf={"zdelay_max_late": 300})
+    record = app.tasks["tests.record"]
+    # Given what a 20-minute outage left: tasks due 20, 10 and 2 minutes ago
+    left = {ago: record.apply_delayed((ago,), eta=_ago(ago * 60)) for ago in (20, 10, 2)}
+    kept = record.apply_delayed(("own limit",), eta=_ago(20 * 60), max_late=3600)
+
+    # When the companion comes back
+    companion(app)
+
+    # Then what is past 5 minutes is dead-lettered as stale, the rest goes out
+    wait_for(lambda: redis_client.llen("celery") == 2, message="two released")
+    wait_for(lambda: len(dead_reasons(redis_client)) == 2, message="two dead-lettered")
+    assert dead_reasons(redis_client) == {left[20].id: "stale", left[10].id: "stale"}
+    assert sorted(_released_ids(redis_client)) == sorted([left[2].id, kept.id])
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_the_companions_setting_applies_at_release_and_a_calls_max_late_overrides_it(
     make_test_app: AppFactory, redis_client: redis.Redis, path: str
