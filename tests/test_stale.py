@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -146,6 +147,28 @@ def test_a_running_companion_dead_letters_what_an_outage_left_stale_and_releases
     wait_for(lambda: len(dead_reasons(redis_client)) == 2, message="two dead-lettered")
     assert dead_reasons(redis_client) == {left[20].id: "stale", left[10].id: "stale"}
     assert sorted(_released_ids(redis_client)) == sorted([left[2].id, kept.id])
+
+
+def test_a_backlog_gone_stale_is_logged_once_per_batch_not_once_per_task(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After an outage thousands go stale at once: one WARNING per batch says so
+    (an ERROR per task, as other dead letters get, would flood the log).
+    Catches the per-task line left at ERROR in _report_dead."""
+    record = app.tasks["tests.record"]
+    for i in range(50):
+        record.apply_delayed((i,), eta=_ago(120), max_late=60)
+
+    with caplog.at_level(logging.INFO, logger="celery_zdelay"), Companion(app) as companion:
+        assert companion.release_due().stale == {"dead": 50}
+
+    lines = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("celery_zdelay.companion")
+    ]
+    assert [r.getMessage()[:45] for r in lines] == ["Shard 0: 50 stale entries dead-lettered (cele"]
+    assert "zdelay dead requeue" in lines[0].getMessage()
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -5,9 +5,10 @@ straight into a Redis broker, or claim.lua into a lease), publishes what was
 leased, acknowledges what the broker accepted, gives back what it did not,
 holds what a rate limit or pause holds, and dead-letters what can never be
 published. An entry claimed later than its ``max_late`` is stale
-(:mod:`celery_zdelay.stale`): dead-lettered, dropped or published and counted,
-as ``zdelay_on_stale`` says. What it did goes into a :class:`PassReport` and out as signals
-(:mod:`celery_zdelay.signals`), which the metrics and the audit log receive.
+(:mod:`celery_zdelay.stale`): dead-lettered, dropped or published and
+counted, as ``zdelay_on_stale`` says. What it did goes into a
+:class:`PassReport` and out as signals (:mod:`celery_zdelay.signals`), which
+the metrics and the audit log receive.
 The loop around it (sleeping, backoff, heartbeats) is :mod:`.loop`.
 """
 
@@ -41,6 +42,13 @@ if TYPE_CHECKING:
 __all__ = ["PassReport", "ReleasePass"]
 
 logger = logging.getLogger(__name__)
+
+#: What each zdelay_on_stale outcome did, as the log says it.
+_STALE_DONE = {
+    "dead": "dead-lettered (celery -A proj zdelay dead requeue puts them back)",
+    "drop": "dropped (cancelled)",
+    "run": "published anyway",
+}
 
 #: How far past the Redis clock's estimate a periodic occurrence makes the
 #: handoff name what it moves: covers the estimate's error (the time between
@@ -317,7 +325,7 @@ class ReleasePass:
         if not dropped:
             return
         for task_id in dropped:
-            logger.warning(
+            logger.debug(
                 "Dropped stale %s on shard %d: released %d ms after due, past its max_late",
                 task_id,
                 shard,
@@ -337,6 +345,18 @@ class ReleasePass:
         if not stale:
             return
         report.stale[outcome] = report.stale.get(outcome, 0) + len(stale)
+        # One line per batch: after an outage a backlog goes stale by the
+        # thousand, and a line per task would cost more than releasing it
+        # (each task's line is at DEBUG; zdelay_audit_log keeps one each).
+        logger.warning(
+            "Shard %d: %d stale entries %s: released %.1f s to %.1f s after due, past their "
+            "max_late",
+            shard,
+            len(stale),
+            _STALE_DONE[outcome],
+            min(stale.values()) / 1000,
+            max(stale.values()) / 1000,
+        )
         self._send(
             signals.tasks_stale,
             shard=shard,
@@ -594,7 +614,10 @@ class ReleasePass:
         """Count, log and signal entries moved to the dead-letter set (audit included)."""
         report.dead_lettered += len(dead)
         for task_id, reason in dead:
-            logger.error(
+            # A stale entry is what its max_late asked for: summed up in
+            # one line per batch (_count_stale), not an error each.
+            logger.log(
+                logging.DEBUG if reason.reason == STALE_REASON else logging.ERROR,
                 "Dead-lettered %s on shard %d: %s",
                 task_id,
                 shard,
