@@ -22,6 +22,7 @@ from .steering import (
     reschedule_matching,
 )
 from .task import DelayedTaskMixin, Task
+from .task_history import HistoryEvent, history
 from .tracing import connect_receivers as _connect_tracing
 from .transparent import TransparentAMQP
 
@@ -41,6 +42,7 @@ __all__ = [
     "ConfigurationError",
     "DelayedTaskMixin",
     "EntryState",
+    "HistoryEvent",
     "ParkedTask",
     "StoreRefusedError",
     "StoreUnavailableError",
@@ -52,6 +54,7 @@ __all__ = [
     "batch",
     "cancel",
     "cancel_matching",
+    "history",
     "lookup",
     "pause",
     "reschedule",

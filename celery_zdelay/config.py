@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from kombu.utils.url import maybe_sanitize_url
 
 from . import stale
+from .concurrency import parse_concurrency
 from .errors import ConfigurationError
 from .rates import RateLimit, parse_limits
 
@@ -51,6 +52,10 @@ DEFAULT_RETRY_POLICY: Mapping[str, float] = {
 #: release, when no worker reports the task finished (a worker was lost).
 DEFAULT_KEY_HOLD_SECONDS = 3600.0
 
+#: Seconds a task id's history is kept after its last event (0: none is
+#: recorded). See docs/performance.rst for the figures behind it.
+DEFAULT_HISTORY_SECONDS = 86400.0
+
 #: Largest batch: Lua's unpack() limit keeps one call's arguments below 8000.
 MAX_BATCH_SIZE = 2000
 #: Largest shard count; keys of each shard are scanned by status.
@@ -76,6 +81,8 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_key_hold_seconds": 'most seconds an on_key="until_finished" key is held after release',
     "zdelay_max_late": "most seconds after its due time a task is still released as usual",
     "zdelay_on_stale": 'what a release past max_late does: "dead", "drop" or "run"',
+    "zdelay_concurrency": "most tasks released and not finished, per queue, task or limit key",
+    "zdelay_history_seconds": "seconds a task's history is kept after its last event (0: off)",
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -138,6 +145,12 @@ class ZDelayConfig:
     max_late_ms: int | None = None
     #: ``zdelay_on_stale``: what a release past the limit does (see stale.py).
     on_stale: str = "dead"
+    #: ``zdelay_concurrency``: control name -> most tasks released and not
+    #: finished. A slot is held at most :attr:`key_hold_ms` after the release.
+    concurrency: Mapping[str, int] = field(default_factory=dict)
+    #: ``zdelay_history_seconds`` in ms: how long a task id's history (see
+    #: :func:`celery_zdelay.history`) is kept after its last event; 0 records none.
+    history_ms: int = round(DEFAULT_HISTORY_SECONDS * 1000)
 
     @property
     def redis_url(self) -> str:
@@ -298,6 +311,10 @@ def _build(
         ),
         max_late_ms=stale.max_late_ms(raw["zdelay_max_late"], "zdelay_max_late"),
         on_stale=stale.on_stale(raw["zdelay_on_stale"]),
+        concurrency=parse_concurrency(raw["zdelay_concurrency"]),
+        history_ms=_seconds_ms(
+            "zdelay_history_seconds", raw["zdelay_history_seconds"], DEFAULT_HISTORY_SECONDS, 0.0
+        ),
     )
 
 

@@ -1,7 +1,7 @@
 """Prometheus gauges of release control, read from Redis at each scrape::
 
     zdelay_held_tasks{control,reason}   entries held back, all shards; reason
-                                        "pause" or "rate_limit"
+                                        "pause", "rate_limit" or "concurrency"
 
 Held entries are overdue by definition, and count as such in the lateness
 of their release; this gauge tells throttling and pauses apart from a slow

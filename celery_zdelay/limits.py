@@ -1,11 +1,13 @@
-"""Release control from Python: global rate limits and pauses, per queue or task.
+"""Release control from Python: global rate limits, pauses and concurrency, per queue or task.
 
 A control name is ``"queue:<queue>"`` or ``"task:<task name>"``. Limits come
 from ``app.conf.zdelay_rate_limits`` and from :func:`set_rate_limit` (stored
 in Redis, which wins over the setting, so a change needs no restart); pauses
 from :func:`pause`/:func:`resume` (stored in Redis: durable). Every companion
 reads both every :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS`, and a
-change wakes them. *app* defaults to ``celery.current_app``.
+change wakes them. Concurrency controls come from ``app.conf.zdelay_concurrency``
+only (see :mod:`celery_zdelay.concurrency`); :func:`controls` shows how many
+of each are running. *app* defaults to ``celery.current_app``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
 __all__ = [
+    "RUNNING_KEYS_SHOWN",
     "ControlInfo",
     "UnknownControlWarning",
     "controls",
@@ -46,6 +49,11 @@ class UnknownControlWarning(UserWarning):
     """
 
 
+#: Most distinct limit keys :func:`controls` sums the running count of one
+#: ``limit_key:`` concurrency control over (a listing must stay cheap).
+RUNNING_KEYS_SHOWN = 1000
+
+
 @dataclass(frozen=True)
 class ControlInfo:
     """What limits and pauses one queue or task, and what waits for it."""
@@ -60,6 +68,16 @@ class ControlInfo:
     paused_since_ms: int | None
     #: Entries held back by this control, all shards.
     waiting: int
+    #: ``zdelay_concurrency``: most released and not finished (for a
+    #: ``limit_key:`` glob, per distinct key), or None.
+    concurrency: int | None = None
+    #: Tasks released and not finished under it (live slots); for a glob,
+    #: summed over its keys (at most :data:`RUNNING_KEYS_SHOWN` of them).
+    running: int = 0
+    #: For a ``limit_key:`` glob: its keys with a task running.
+    running_keys: int = 0
+    #: Whether the glob had more keys with slots than were summed.
+    running_cut: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +88,10 @@ class ControlInfo:
             "paused": self.paused_since_ms is not None,
             "paused_since_ms": self.paused_since_ms,
             "waiting": self.waiting,
+            "concurrency": self.concurrency,
+            "running": self.running,
+            "running_keys": self.running_keys,
+            "running_cut": self.running_cut,
         }
 
 
@@ -156,11 +178,17 @@ def resume(name: str, *, app: Celery | None = None, by: str | None = None) -> bo
 
 
 def controls(*, app: Celery | None = None) -> list[ControlInfo]:
-    """Return every limited or paused name, and every name entries are still held under."""
+    """Return every limited, paused or concurrency-controlled name, and every name holding entries.
+
+    The running count of a ``limit_key:`` concurrency control costs a read
+    per distinct key with a task running, at most :data:`RUNNING_KEYS_SHOWN`.
+    """
     app = _app(app)
     store = store_for(app)
     control = ControlStore(store)
     settings = get_config(app).rate_limits
+    concurrency = get_config(app).concurrency
+    running = {name: control.running(name, keys_at_most=RUNNING_KEYS_SHOWN) for name in concurrency}
     state = control.read()
     waiting: dict[str, int] = {}
     for shard, lanes in control.lanes(store.shards).items():
@@ -168,7 +196,9 @@ def controls(*, app: Celery | None = None) -> list[ControlInfo]:
             name = lane_control(lane)
             waiting[name] = waiting.get(name, 0) + control.held_count(shard, lane)
     limits = rate_limits(app=app)
-    names = sorted(set(limits) | set(state.paused) | {n for n, c in waiting.items() if c})
+    names = sorted(
+        set(limits) | set(state.paused) | set(concurrency) | {n for n, c in waiting.items() if c}
+    )
     return [
         ControlInfo(
             name=name,
@@ -182,9 +212,17 @@ def controls(*, app: Celery | None = None) -> list[ControlInfo]:
             ),
             paused_since_ms=state.paused.get(name),
             waiting=waiting.get(name, 0),
+            concurrency=concurrency.get(name),
+            running=running[name][0] if name in running else 0,
+            running_keys=running[name][1] if name in running else 0,
+            running_cut=running[name][2] if name in running else False,
         )
         for name in names
-        if name in limits or name in state.paused or name in settings or waiting.get(name)
+        if name in limits
+        or name in state.paused
+        or name in settings
+        or name in concurrency
+        or waiting.get(name)
     ]
 
 

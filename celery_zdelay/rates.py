@@ -7,7 +7,8 @@ spell. The burst defaults to one second's worth of the rate (at least 1);
 give it explicitly as ``{"rate": "100/s", "burst": 500}``.
 
 A control name says what a limit or pause applies to: ``"queue:<name>"``
-(the Celery queue a task is routed to) or ``"task:<name>"`` (a task name).
+(the Celery queue a task is routed to), ``"task:<name>"`` (a task name) or
+``"limit_key:<glob>"`` (the limit keys of tasks, each distinct key on its own).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ __all__ = [
 ]
 
 #: The prefixes a control name may have.
-CONTROL_KINDS = ("queue", "task")
+CONTROL_KINDS = ("queue", "task", "limit_key")
 
 _PERIODS_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000}
 
@@ -54,7 +55,7 @@ class RateLimit:
 
 
 def control_name(name: Any) -> str:
-    """Return *name* checked: ``"queue:<name>"`` or ``"task:<name>"``.
+    """Return *name* checked: ``"queue:<name>"``, ``"task:<name>"`` or ``"limit_key:<glob>"``.
 
     Raises:
         ConfigurationError: the prefix is missing or unknown, or the rest is empty.
@@ -69,7 +70,8 @@ def control_name(name: Any) -> str:
     ):
         raise ConfigurationError(
             f"{name!r} is not a control name: write 'queue:<queue name>' (e.g. "
-            f"'queue:emails') or 'task:<task name>' (e.g. 'task:proj.tasks.send_sms'), "
+            f"'queue:emails'), 'task:<task name>' (e.g. 'task:proj.tasks.send_sms') or "
+            f"'limit_key:<glob>' (e.g. 'limit_key:tenant:*'), "
             f"without braces or spaces."
         )
     return str(name)

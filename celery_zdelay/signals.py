@@ -69,7 +69,7 @@ tasks_stale = Signal(name="zdelay_tasks_stale")
 #: Sent when a rate limit or a pause held entries back (parked in Redis until
 #: it allows them). Sender: the companion. Arguments: ``shard``; ``control``,
 #: the control name (``"queue:emails"``, ``"task:proj.sms"``); ``reason``,
-#: ``"rate_limit"`` or ``"pause"``; ``count``.
+#: ``"rate_limit"``, ``"concurrency"`` or ``"pause"``; ``count``.
 tasks_held = Signal(name="zdelay_tasks_held")
 
 #: Sent after parked tasks were cancelled, whoever cancelled them (Python,

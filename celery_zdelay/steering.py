@@ -88,12 +88,12 @@ def cancel_ids(
     task_ids = _checked(task_ids)
     app = _app(app)
     store = store_for(app)
-    found = store.cancel(list(task_ids))
+    found = store.cancel(list(task_ids), by=by)
     cancelled = [task_id for task_id, done in zip(task_ids, found, strict=True) if done]
     results = list(found)
     for index, (task_id, done) in enumerate(zip(task_ids, found, strict=True)):
         if not done:
-            members = _cancel_canvas(store, task_id)
+            members = _cancel_canvas(store, task_id, by)
             # The canvas's result id never runs either: report it with its members.
             cancelled += [*members, task_id] if members else []
             results[index] = bool(members)
@@ -101,10 +101,10 @@ def cancel_ids(
     return results
 
 
-def _cancel_canvas(store: Store, result_id: str) -> list[str]:
+def _cancel_canvas(store: Store, result_id: str, by: str | None = None) -> list[str]:
     """Cancel what was parked for the canvas whose result id is *result_id*; return those ids."""
     members = _canvas_members(store, result_id)
-    return [m for m, done in zip(members, store.cancel(members), strict=True) if done]
+    return [m for m, done in zip(members, store.cancel(members, by=by), strict=True) if done]
 
 
 def reschedule(
@@ -215,9 +215,11 @@ def cancel_matching(
     if dry_run:
         return len(ids)
     cancelled = 0
+    how = "tag" if tag is not None else "matching"
     for start in range(0, len(ids), ADMIN_BATCH):
         chunk = ids[start : start + ADMIN_BATCH]
-        done_ids = [t for t, done in zip(chunk, store.cancel(chunk), strict=True) if done]
+        found = store.cancel(chunk, how=how, by=by)
+        done_ids = [t for t, done in zip(chunk, found, strict=True) if done]
         announce_cancelled(app, done_ids, by)
         cancelled += len(done_ids)
     return cancelled

@@ -15,7 +15,8 @@ Then, around each run of a task:
   skips a periodic occurrence by its schedule's overlap policy;
 - **when it ends**: :func:`note_run_finished` records the end for the guard,
   and :func:`release_key` frees the key the run held (an ``until_finished``
-  key, or a schedule's overlap key) however the run ends: Celery's
+  key, or a schedule's overlap key) and its concurrency slots
+  (``zdelay_concurrency``) however the run ends: Celery's
   ``after_return`` is not called for ``Ignore``, ``Reject`` or a revoke, so
   the receivers at the end of this module listen to Celery's own signals
   (see :func:`release_after_run`).
@@ -66,14 +67,17 @@ from celery.exceptions import Ignore, WorkerLostError
 from redis.exceptions import RedisError
 
 from .app_state import store_for
+from .concurrency import slots_of
 from .config import get_config, unknown_settings
 from .errors import ZDelayError
 from .periodic.overlap import overlap_key_of_run
 from .periodic.store import PeriodicStore
 from .store import admin
+from .store.control import free_slots
 from .store.headers import (
     ETA_HEADER,
     KEY_HEADER,
+    LIMIT_KEY_HEADER,
     ON_KEY_HEADER,
     OVERLAP_HEADER,
     OVERLAP_TIMEOUT_HEADER,
@@ -100,6 +104,7 @@ __all__ = [
     "release_after_run",
     "release_after_worker_lost",
     "release_key",
+    "release_slots",
     "restore_eta",
     "startup_problems",
 ]
@@ -364,7 +369,7 @@ def apply_overlap_policy(task: Any) -> None:
 
 
 def release_key(task: Any, request: Any = None) -> None:
-    """Free the key the run of *request* (default: *task*'s current one) held.
+    """Free the key and concurrency slots the run of *request* (default: the current one) held.
 
     The ``until_finished`` key of a released task, or the key a periodic
     occurrence holds for its schedule's overlap policy. Called once per run
@@ -373,12 +378,14 @@ def release_key(task: Any, request: Any = None) -> None:
     run that never held it changes nothing. Should no call come (a worker
     that died), the hold ends by itself: ``zdelay_key_hold_seconds`` after
     the release, or the schedule's ``zdelay_overlap_timeout`` after the run
-    started.
+    started. The slots of ``zdelay_concurrency`` are freed the same way,
+    on the same ends (see :func:`release_slots`).
     """
     if request is None:
         request = task.request
     if request is None or request.is_eager:
         return
+    release_slots(task, request)
     key = header_of(request, KEY_HEADER)
     if not isinstance(key, str) or header_of(request, ON_KEY_HEADER) != "until_finished":
         # A periodic occurrence with an overlap policy holds its schedule's
@@ -393,6 +400,40 @@ def release_key(task: Any, request: Any = None) -> None:
         logger.warning(
             "Could not free key %r of %s[%s]: %r",
             key,
+            task.name,
+            request.id,
+            exc,
+            extra={"task_id": request.id},
+        )
+
+
+def release_slots(task: Any, request: Any) -> None:
+    """Free the ``zdelay_concurrency`` slots the run of *request* held (see :func:`release_key`).
+
+    The slots of its task's control, of every queue control (the worker
+    does not know which queue the companion saw; freeing a slot a task does
+    not hold changes nothing) and of its limit key's controls. Like a key,
+    a slot no call frees (a worker that died) ends by itself,
+    ``zdelay_key_hold_seconds`` after the release. A retry and a
+    ``Reject(requeue=True)`` keep the slots, as they keep the key: the task
+    has not finished, and its next run's end frees them.
+    """
+    if not request.id:
+        return
+    try:
+        app = task._get_app()
+        slots = slots_of(
+            get_config(app).concurrency,
+            task=task.name,
+            queue=None,
+            limit_key=header_of(request, LIMIT_KEY_HEADER),
+        )
+        if slots:
+            free_slots(store_for(app), [slot for slot, _ in slots], [request.id])
+    except (ZDelayError, RedisError, OSError) as exc:
+        # The slot ends on its own (zdelay_key_hold_seconds after the release).
+        logger.warning(
+            "Could not free the concurrency slots of %s[%s]: %r",
             task.name,
             request.id,
             exc,

@@ -53,6 +53,7 @@ STORE_FOUNDATIONS = frozenset(
     for name in (
         "_format",  # times and sizes in messages
         "bulk_limit",  # how many entries one script call may take
+        "concurrency",  # concurrency control values, read by config
         "config",  # the settings
         "due_score",  # the due set's score
         "entry",  # the parked entry's bytes

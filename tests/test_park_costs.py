@@ -20,6 +20,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.counts import counts
 from celery_zdelay.store.scripts import script_commands
+from tests.conftest import AppFactory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,9 +36,13 @@ def _commands_of_one_park(store: Store, task: Any, countdown: float) -> dict[str
     return {name: n for name, n in calls.items() if name in may_run}
 
 
-def test_one_park_of_one_task_runs_ten_commands_and_no_type_check(app: Celery) -> None:
+def test_one_park_of_one_task_runs_ten_commands_and_no_type_check(
+    make_test_app: AppFactory,
+) -> None:
     # Given an app whose store already parked a task (script loaded, ACL and
-    # bulk limit asked once, the handoff's destination named)
+    # bulk limit asked once, the handoff's destination named), recording no
+    # history (its cost is the next test's)
+    app = make_test_app(conf={"zdelay_history_seconds": 0})
     record = app.tasks["tests.record"]
     store = store_for(app)
     record.apply_delayed((0,), countdown=600)
@@ -56,6 +61,36 @@ def test_one_park_of_one_task_runs_ten_commands_and_no_type_check(app: Celery) -
     assert commands["set"] == 1
     assert "publish" not in commands  # nothing moved earlier: no wake-up
     assert sum(commands.values()) <= 10, commands
+
+
+def test_recording_the_history_of_a_park_costs_four_commands_and_no_type_check(
+    make_test_app: AppFactory,
+) -> None:
+    # Given an app recording history (the default) and one recording none,
+    # each of whose stores parked a task
+    app = make_test_app()
+    record = app.tasks["tests.record"]
+    store = store_for(app)
+    record.apply_delayed((0,), countdown=600)
+    off = make_test_app(conf={"zdelay_history_seconds": 0})
+    record_off = off.tasks["tests.record"]
+    record_off.apply_delayed((0,), countdown=600)
+
+    # When each parks one more task
+    with_history = _commands_of_one_park(store, record, 900)
+    without = _commands_of_one_park(store_for(off), record_off, 900)
+
+    # Then the history costs a read that checks its key's type (HLEN), the
+    # clock (TIME), the record read (HMGET) and written (HSET): four
+    # commands, no TYPE
+    assert "type" not in with_history
+    extra = {name: with_history.get(name, 0) - without.get(name, 0) for name in with_history}
+    assert {name: n for name, n in extra.items() if n} == {
+        "hlen": 1,
+        "time": 1,
+        "hmget": 1,
+        "hset": 1,
+    }
 
 
 def test_a_template_without_a_count_is_stored_again_by_the_next_park(app: Celery) -> None:

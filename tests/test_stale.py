@@ -116,6 +116,8 @@ def test_a_stale_task_is_dead_lettered_with_reason_stale_and_a_requeue_runs_it(
     letter = celery_zdelay.lookup(stale.id, app=app)
     assert letter is not None
     assert (letter.state, letter.reason) == ("dead", "stale")
+    last = celery_zdelay.history(stale.id, app=app)[-1]
+    assert (last.event, last.reason) == ("dead", "stale")
 
     # When it is requeued (due now), then the next pass releases it
     assert requeue_dead([stale.id], app=app) == [True]
@@ -230,6 +232,10 @@ def test_a_dropped_stale_task_ends_revoked_with_the_signal_and_the_flower_event(
     assert heard["task_ids"] == [stale.id]
     assert heard["by"].startswith("companion:")
     assert [e["uuid"] for e in seen.of_type("task-revoked")] == [stale.id]
+    # Its history says who cancelled it and why
+    last = celery_zdelay.history(stale.id, app=app)[-1]
+    assert (last.event, last.reason) == ("cancelled", "stale")
+    assert last.by == heard["by"]
 
 
 def test_drop_takes_an_entry_from_the_lease_only_under_its_own_claim(

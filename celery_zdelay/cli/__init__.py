@@ -17,7 +17,7 @@ from __future__ import annotations
 # Each module hangs its commands on the zdelay group when imported.
 from ..periodic import cli as periodic_cli  # noqa: F401
 from ..web import cli as web_cli  # noqa: F401
-from . import dead, inspect, limit, steer  # noqa: F401
+from . import dead, history, inspect, limit, steer  # noqa: F401
 from ._base import (
     EXIT_CHECK_FAILED,
     EXIT_CONFIG,

@@ -11,7 +11,7 @@ from ..limits import controls
 from ..periodic.views import (
     schedule_json,
     schedule_lines,
-    store_schedules,
+    status_schedules,
     unserved_problems,
 )
 from ..schedule import Due
@@ -108,11 +108,10 @@ def status(
     max_overdue_ms = round(max_overdue * 1000)
     with open_store(ctx) as store:
         current = admin.status(store)
-        _, schedules = store_schedules(store)
+        schedules = status_schedules(store)
         held = controls(app=ctx.obj.app)
-        active = sum(1 for info in schedules if not info.paused)
         problems = (
-            admin.check(current, max_overdue_ms=max_overdue_ms, active_schedules=active)
+            admin.check(current, max_overdue_ms=max_overdue_ms, active_schedules=schedules.active)
             if check
             else None
         )
@@ -128,15 +127,21 @@ def status(
         document = views.status_json(
             current, shards=shards, problems=problems, max_overdue_ms=max_overdue_ms
         )
-        document["periodic"] = [schedule_json(info) for info in schedules]
+        document["periodic"] = [schedule_json(info) for info in schedules.shown]
+        document["periodic_stored"] = schedules.stored
         document["controls"] = [info.as_json() for info in held]
         echo_json(document)
     elif problems is not None:
         click.echo(views.check_text(problems, current))
     else:
         click.echo(views.status_text(current, shards=shards, per_shard=per_shard))
-        if schedules:
-            click.echo("\nPeriodic schedules:\n" + "\n".join(schedule_lines(schedules)))
+        if schedules.shown:
+            click.echo("\nPeriodic schedules:\n" + "\n".join(schedule_lines(schedules.shown)))
+        if schedules.stored > len(schedules.shown):
+            click.echo(
+                f"... the {len(schedules.shown)} soonest to run of {schedules.stored} "
+                f"({schedules.paused} paused): celery -A proj zdelay periodic list shows all"
+            )
         if held:
             click.echo("\nRate limits and pauses:\n" + "\n".join(control_lines(held)))
     ctx.exit(EXIT_CHECK_FAILED if problems else EXIT_OK)

@@ -105,7 +105,7 @@ def limit(
         if as_json:
             echo_json([info.as_json() for info in found])
         elif not found:
-            click.echo("no rate limits or pauses")
+            click.echo("no rate limits, pauses or concurrency controls")
         else:
             click.echo("\n".join(control_lines(found)))
         ctx.exit(EXIT_OK)
@@ -163,6 +163,10 @@ def _describe(info: limits.ControlInfo) -> str:
         parts.append(f"limit {info.limit.text} (burst {info.limit.burst}, {info.source})")
     else:
         parts.append("no limit")
+    if info.concurrency is not None:
+        each = " per key" if info.name.startswith("limit_key:") else ""
+        keys = f" over {info.running_keys}{'+' if info.running_cut else ''} keys" if each else ""
+        parts.append(f"concurrency {info.concurrency}{each} ({info.running} running{keys})")
     if info.paused_since_ms is not None:
         parts.append(f"paused since {utc(info.paused_since_ms)}")
     parts.append(f"{info.waiting} waiting")

@@ -298,7 +298,7 @@ def _state_note(entry: ParkedTask) -> str:
 
 
 #: How ``list`` says why a control holds an entry.
-_REASON_WORDS = {"pause": "paused", "rate_limit": "rate limit"}
+_REASON_WORDS = {"pause": "paused", "rate_limit": "rate limit", "concurrency": "concurrency"}
 
 
 def listing_text(listing: Listing, *, show_shard: bool = False) -> str:

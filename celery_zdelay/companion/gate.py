@@ -8,9 +8,17 @@ Redis in due order, never in a companion's memory. Each pass then releases
 held entries: none while paused; under a limit, as many as the tokens taken
 from the limit's bucket allow (one bucket for all companions and shards).
 
-With no limit or pause configured and nothing held, the gate costs one read
-of two small hashes every :data:`REFRESH_SECONDS` and nothing per entry:
-:attr:`Gate.active` is False and the companion skips it.
+A concurrency control (``zdelay_concurrency``) holds an entry when its
+slots are all taken: the companion takes a slot for each entry it is about
+to publish (``take_slots.lua``, one record for all companions), holds the
+entries it got none for in the lane of the slot name, and drains that lane
+as slots free (it looks every :data:`REFRESH_SECONDS` while anything is
+held).
+
+With no limit, pause or concurrency control configured and nothing held,
+the gate costs one read of two small hashes every :data:`REFRESH_SECONDS`
+and nothing per entry: :attr:`Gate.active` is False and the companion
+skips it.
 """
 
 from __future__ import annotations
@@ -21,13 +29,15 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ..concurrency import control_of_slot, slots_of
 from ..entry import TaskMessage
 from ..rates import RateLimit
 from ..redis_layout import RedisLayout
 from ..store import Store
 from ..store.control import ControlStore, lane_control, pause_lane
+from ..store.headers import LIMIT_KEY_HEADER
 
-__all__ = ["MIN_THROTTLE_SECONDS", "REFRESH_SECONDS", "Gate", "queue_of"]
+__all__ = ["ALL_LIMITS", "MIN_THROTTLE_SECONDS", "REFRESH_SECONDS", "Gate", "queue_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +47,9 @@ REFRESH_SECONDS = 0.5
 #: Shortest sleep of a companion held back by a rate limit: it sleeps until
 #: the next token, but wakes for a few at a time rather than for each one.
 MIN_THROTTLE_SECONDS = 0.01
+#: What :meth:`Gate.lane_of` is told an entry passed when it waited for a
+#: concurrency slot: it had passed every rate limit before it waited.
+ALL_LIMITS = "|all limits"
 
 
 def queue_of(message: TaskMessage) -> str:
@@ -61,16 +74,36 @@ class Gate:
         self._read_at: float | None = None
         self._logged: dict[str, str] = {}
         self._held_dests: tuple[Any, list[str]] | None = None
+        #: ``zdelay_concurrency``: control name -> most released and not finished.
+        self.concurrency: dict[str, int] = dict(store.config.concurrency)
 
     @property
     def active(self) -> bool:
-        """Whether any limit or pause applies: then each claimed entry is checked."""
-        return bool(self.limits or self.paused)
+        """Whether a limit, pause or concurrency control applies: each claimed entry is checked."""
+        return bool(self.limits or self.paused or self.concurrency)
 
     @property
     def by_task(self) -> bool:
-        """Whether a task name is limited or paused: the handoff cannot tell tasks apart."""
-        return any(name.startswith("task:") for name in (*self.limits, *self.paused))
+        """Whether a task name is limited or paused, or a concurrency control is set.
+
+        The handoff cannot tell tasks apart, and cannot take a concurrency
+        slot before it pushes (the slots are not in the shard's slot on a
+        Cluster): every entry is leased and released through the gate.
+        """
+        return bool(self.concurrency) or any(
+            name.startswith("task:") for name in (*self.limits, *self.paused)
+        )
+
+    def slots_for(self, message: TaskMessage) -> list[tuple[str, int]]:
+        """Return the concurrency slots *message* needs before it is published: (slot, most)."""
+        if not self.concurrency:
+            return []
+        return slots_of(
+            self.concurrency,
+            task=message.task_name,
+            queue=queue_of(message),
+            limit_key=message.headers.get(LIMIT_KEY_HEADER),
+        )
 
     def held_dests(self, layout: RedisLayout) -> list[str]:
         """Return the Redis broker lists of the limited and paused queues, every priority."""
@@ -112,6 +145,10 @@ class Gate:
         self._read_at = now
         self._log_changes()
 
+    def slot_limit(self, slot: str) -> int | None:
+        """Return the most live slots of *slot* (a slot name), None if its control is gone."""
+        return self.concurrency.get(control_of_slot(slot))
+
     def lane_of(self, message: TaskMessage, *, passed: str | None = None) -> str | None:
         """Return the lane that holds *message* back, or None to release it.
 
@@ -133,7 +170,13 @@ class Gate:
         if queue in self.paused:
             return pause_lane(queue)
         order = (queue, task)
-        start = order.index(passed) + 1 if passed in order else 0
+        start = (
+            len(order)
+            if passed == ALL_LIMITS
+            else order.index(passed) + 1
+            if passed in order
+            else 0
+        )
         for name in order[start:]:
             if name in self.limits:
                 return name

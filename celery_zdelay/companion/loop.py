@@ -28,6 +28,7 @@ from ..store import Store
 from ..store.client import sanitize_url
 from ..store.health import log_store_warnings
 from ..store.heartbeats import CompanionInfo, forget_heartbeat, write_heartbeat
+from ..store.history import sweep_history
 from . import audit
 from .gate import REFRESH_SECONDS, Gate
 from .ownership import ShardOwnership
@@ -51,6 +52,13 @@ HEARTBEAT_SECONDS = 5.0
 #: Longest a starting companion waits for its first periodic pass before
 #: releasing (a pass that fails ends the wait at once).
 FIRST_PERIODIC_PASS_SECONDS = 30.0
+#: Seconds between sweeps of expired task histories (store/history.py).
+HISTORY_SWEEP_SECONDS = 1.0
+#: Records one sweep call looks at, and calls per shard per sweep: a call
+#: never blocks Redis for long, and a sweep looks at 10,000 records a second
+#: per shard (a scan of a million records takes 100 s).
+HISTORY_SWEEP_COUNT = 1000
+HISTORY_SWEEP_CALLS = 10
 #: Pauses after consecutive failures (store or broker unreachable), growing to the last.
 BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -86,6 +94,9 @@ class Companion:
         #: turn it into Redis time (the one clock ``status`` compares with).
         self._started = time.monotonic()
         self._last_heartbeat = 0.0
+        self._last_history_sweep = 0.0
+        #: Where the sweep's scan of each shard's history is (0: a new scan).
+        self._history_cursors: dict[int, int] = {}
         self._live_companions = 1
         self._ownership = (
             ShardOwnership(self.store, self.id, self.shards, lease_ms=self.lease_ms)
@@ -149,6 +160,7 @@ class Companion:
         try:
             while not self._stopping.is_set():
                 self._heartbeat()
+                self._sweep_history()
                 report = self._pass()
                 self._note_periodic_runs(report)
                 if report.failed:
@@ -373,6 +385,28 @@ class Companion:
             self._live_companions = write_heartbeat(self.store, info)
         except Exception as exc:
             logger.debug("Heartbeat failed: %r", exc)
+
+    def _sweep_history(self) -> None:
+        """Delete expired task histories of this companion's shards, in bounded steps.
+
+        Reads ignore an expired record already: this only frees its memory,
+        so a failure is logged and tried again on the next sweep.
+        """
+        now = time.monotonic()
+        if now - self._last_history_sweep < HISTORY_SWEEP_SECONDS:
+            return
+        self._last_history_sweep = now
+        shards = self._ownership.shards() if self._ownership else self.shards
+        try:
+            for shard in shards:
+                cursor = self._history_cursors.get(shard, 0)
+                for _ in range(HISTORY_SWEEP_CALLS):
+                    cursor, _ = sweep_history(self.store, shard, cursor, HISTORY_SWEEP_COUNT)
+                    if cursor == 0:
+                        break
+                self._history_cursors[shard] = cursor
+        except Exception as exc:
+            logger.debug("History sweep failed: %r", exc)
 
     def _forget_heartbeat(self) -> None:
         try:

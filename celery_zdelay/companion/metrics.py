@@ -36,7 +36,7 @@ fed by :mod:`celery_zdelay.signals`::
 
 and the entries held back now (:mod:`celery_zdelay.control_metrics`)::
 
-    zdelay_held_tasks{control,reason}           reason "rate_limit" or "pause"
+    zdelay_held_tasks{control,reason}           reason "rate_limit", "concurrency" or "pause"
 
 There is no cancellation counter: cancellations happen in producers and in
 ``zdelay cancel``; the one kind a companion makes, dropping a stale task, is

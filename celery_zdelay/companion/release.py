@@ -3,8 +3,9 @@
 On each shard the pass claims due entries in bounded batches (handoff.lua
 straight into a Redis broker, or claim.lua into a lease), publishes what was
 leased, acknowledges what the broker accepted, gives back what it did not,
-holds what a rate limit or pause holds, and dead-letters what can never be
-published. An entry claimed later than its ``max_late`` is stale
+holds what a rate limit, pause or concurrency control holds (taking a
+concurrency slot for each entry it publishes), and dead-letters what can
+never be published. An entry claimed later than its ``max_late`` is stale
 (:mod:`celery_zdelay.stale`): dead-lettered, dropped or published and
 counted, as ``zdelay_on_stale`` says. What it did goes into a
 :class:`PassReport` and out as signals (:mod:`celery_zdelay.signals`), which
@@ -30,9 +31,15 @@ from ..periodic.server import PeriodicServer
 from ..stale import MAX_LATE_LOWEST_SECONDS, STALE_REASON, exempt, is_stale
 from ..steering import announce_cancelled
 from ..store import Claimed, ClaimResult, Store
-from ..store.control import hold_reason, lane_control
+from ..store.control import (
+    concurrency_lane,
+    free_slots,
+    hold_reason,
+    lane_control,
+    slot_of_lane,
+)
 from ..store.dead_reason import DeadReason
-from .gate import MIN_THROTTLE_SECONDS, Gate
+from .gate import ALL_LIMITS, MIN_THROTTLE_SECONDS, Gate
 from .handoff import Handoff, detect_handoff
 from .publish import Publisher
 
@@ -289,16 +296,25 @@ class ReleasePass:
                 self._note_generic(message)
                 generic.append((entry, message))
 
+        slotted: dict[str, list[str]] = {}
+        if gate is not None and gate.concurrency and (pushable or generic):
+            pushable, generic, slotted = self._take_slots(pushable, generic, held)
         for lane, task_ids in held.items():
             self._hold(shard, token, lane, task_ids, report)
         if stale_drop:
             self._drop_stale(shard, token, report, stale_drop)
+        first_released = len(report.task_ids)
         if pushable:
             self._push(shard, result, report, pushable, claimed_at, stale_run)
         if generic:
             dead += self._publish(shard, result, report, generic, claimed_at, stale_run)
         if dead:
             self._dead_letter(shard, token, report, dead)
+        if slotted:
+            # A slot taken for an entry the broker did not get (given back,
+            # refused, dead-lettered) is freed: it runs nowhere.
+            released = set(report.task_ids[first_released:])
+            self._free_slots({i: s for i, s in slotted.items() if i not in released})
         if stale_dead:
             self._count_stale(shard, "dead", report, stale_dead)
 
@@ -321,7 +337,8 @@ class ReleasePass:
         self, shard: int, token: int, report: PassReport, stale: dict[str, int]
     ) -> None:
         """Cancel stale entries (``zdelay_on_stale = "drop"``), recorded as every cancel is."""
-        dropped = self.store.drop_stale(shard, token, list(stale))
+        by = f"companion:{self.id}"
+        dropped = self.store.drop_stale(shard, token, list(stale), by=by)
         if not dropped:
             return
         for task_id in dropped:
@@ -333,9 +350,7 @@ class ReleasePass:
                 extra={"task_id": task_id, "shard": shard},
             )
         # REVOKED in the result backend and task-revoked (their receivers), the audit line.
-        announce_cancelled(
-            self.app, dropped, f"companion:{self.id}", why=" (stale: released past its max_late)"
-        )
+        announce_cancelled(self.app, dropped, by, why=" (stale: released past its max_late)")
         self._count_stale(shard, "drop", report, {task_id: stale[task_id] for task_id in dropped})
 
     def _count_stale(
@@ -365,6 +380,71 @@ class ReleasePass:
             lateness_ms=list(stale.values()),
         )
 
+    def _take_slots(
+        self,
+        pushable: list[tuple[Claimed, TaskMessage]],
+        generic: list[tuple[Claimed, TaskMessage]],
+        held: dict[str, list[str]],
+    ) -> tuple[
+        list[tuple[Claimed, TaskMessage]],
+        list[tuple[Claimed, TaskMessage]],
+        dict[str, list[str]],
+    ]:
+        """Take the concurrency slots of the entries about to be published.
+
+        Returns the entries that got every slot they need (pushable,
+        generic) and, per task id, the slots it took. An entry short of a
+        slot goes into *held*, in the lane of the first slot it did not
+        get, and gives back the others it got (under-using them for a
+        moment, never exceeding them). Slots are taken in due order: the
+        earliest entries get them first.
+        """
+        gate = self.gate
+        needs: dict[str, list[str]] = {}
+        most: dict[str, int] = {}
+        slots_of: dict[str, list[str]] = {}
+        for entry, message in (*pushable, *generic):
+            slots = gate.slots_for(message)
+            slots_of[entry.task_id] = [slot for slot, _ in slots]
+            for slot, limit in slots:
+                needs.setdefault(slot, []).append(entry.task_id)
+                most[slot] = limit
+        granted = {
+            slot: set(
+                gate.control.take_slots(slot, most[slot], ids, hold_ms=self.config.key_hold_ms)
+            )
+            for slot, ids in needs.items()
+        }
+        given_back: dict[str, list[str]] = {}
+        slotted: dict[str, list[str]] = {}
+
+        def passes(entry: Claimed) -> bool:
+            slots = slots_of[entry.task_id]
+            missing = [slot for slot in slots if entry.task_id not in granted[slot]]
+            if not missing:
+                if slots:
+                    slotted[entry.task_id] = slots
+                return True
+            held.setdefault(concurrency_lane(missing[0]), []).append(entry.task_id)
+            got = [slot for slot in slots if entry.task_id in granted[slot]]
+            if got:
+                given_back[entry.task_id] = got
+            return False
+
+        pushable = [(entry, message) for entry, message in pushable if passes(entry)]
+        generic = [(entry, message) for entry, message in generic if passes(entry)]
+        self._free_slots(given_back)
+        return pushable, generic, slotted
+
+    def _free_slots(self, slots_by_id: dict[str, list[str]]) -> None:
+        """Free the concurrency slots of task ids that were not released."""
+        by_slot: dict[str, list[str]] = {}
+        for task_id, slots in slots_by_id.items():
+            for slot in slots:
+                by_slot.setdefault(slot, []).append(task_id)
+        for slot, task_ids in by_slot.items():
+            free_slots(self.store, [slot], task_ids)
+
     def _hold(
         self, shard: int, token: int, lane: str, task_ids: list[str], report: PassReport
     ) -> None:
@@ -391,6 +471,7 @@ class ReleasePass:
         gate = self.gate
         for name, lane_shards in gate.releasable(shards).items():
             limit = gate.limits.get(name)
+            slot = slot_of_lane(name)
             while not self._stopping.is_set() and not report.failed:
                 order = gate.first_held(name, lane_shards, self.batch_size)
                 wanted = len(order)
@@ -404,7 +485,15 @@ class ReleasePass:
                             gate.lanes[shard].discard(name)
                     break
                 granted = wanted
-                if limit is not None:
+                if slot is not None:
+                    # Only as many as there are free slots now: the others
+                    # would be claimed only to be held again. Each claimed
+                    # entry still takes its slot (another companion may
+                    # take the free ones first).
+                    granted = min(wanted, self._free_slot_count(slot))
+                    if not granted:
+                        break
+                elif limit is not None:
                     granted, wait_ms = gate.control.take_tokens(name, limit, wanted)
                     if granted < wanted:
                         self._note_wait(report, max(wait_ms / 1000, MIN_THROTTLE_SECONDS))
@@ -425,6 +514,9 @@ class ReleasePass:
                         # Only a limit's tokens pass it: entries drained without
                         # (a pause resumed, a limit removed) meet every limit.
                         passed = name if limit is not None else None
+                        if slot is not None:
+                            # It waited for a slot after passing every limit.
+                            passed = ALL_LIMITS
                         self._release_leased(shard, result, report, claimed_at, passed=passed)
                 if limit is not None:
                     gate.control.give_back(name, limit, granted - claimed)
@@ -437,6 +529,13 @@ class ReleasePass:
                 )
                 if granted < self.batch_size or claimed < granted:
                     break
+
+    def _free_slot_count(self, slot: str) -> int:
+        """How many slots of *slot* are free now (all, once its control is gone)."""
+        limit = self.gate.slot_limit(slot)
+        if limit is None:
+            return self.batch_size
+        return max(0, limit - self.gate.control.live_slots(slot))
 
     @staticmethod
     def _note_wait(report: PassReport, seconds: float) -> None:
@@ -493,7 +592,7 @@ class ReleasePass:
             (entry.task_id, str(message.handoff_dest), message.envelope_head)
             for entry, message in entries
         ]
-        pushed_ids, refused = self.store.push(shard, result.token, routes)
+        pushed_ids, refused = self.store.push(shard, result.token, routes, by=self.id)
         pushed = set(pushed_ids)
         released = [(entry, message) for entry, message in entries if entry.task_id in pushed]
         self._released(shard, "handoff", released, result, claimed_at, report, stale_run)
@@ -520,7 +619,7 @@ class ReleasePass:
         settled = set(outcome.accepted) | set(outcome.rejected)
         returned = [entry.task_id for i, (entry, _) in enumerate(entries) if i not in settled]
 
-        self.store.ack(shard, result.token, [entry.task_id for entry, _ in accepted])
+        self.store.ack(shard, result.token, [entry.task_id for entry, _ in accepted], by=self.id)
         if returned:
             self.store.unclaim(shard, result.token, returned)
             report.returned += len(returned)

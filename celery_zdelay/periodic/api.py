@@ -7,6 +7,7 @@ their restarts. Names are those of ``beat_schedule`` (or given to :func:`add`).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -68,11 +69,19 @@ def schedules(app: Celery) -> tuple[int, list[ScheduleInfo]]:
     return schedules_in(_periodic(app))
 
 
-def schedules_in(periodic: PeriodicStore) -> tuple[int, list[ScheduleInfo]]:
-    """Return the Redis clock (ms) and every schedule stored in *periodic*, by name."""
-    snap = periodic.snapshot()
+def schedules_in(
+    periodic: PeriodicStore, names: Sequence[str] | None = None
+) -> tuple[int, list[ScheduleInfo]]:
+    """Return the Redis clock (ms) and every schedule stored in *periodic*, by name.
+
+    With *names*, those of them stored, in that order: read for what they
+    are (see :meth:`PeriodicStore.snapshot_of`), not for what is stored.
+    """
+    snap = periodic.snapshot() if names is None else periodic.snapshot_of(names)
     result = []
-    for name in sorted(snap.definitions):
+    for name in sorted(snap.definitions) if names is None else names:
+        if name not in snap.definitions:
+            continue
         definition = snap.definitions[name]
         pointer = snap.pointers.get(name) or Pointer(0, 0, [])
         # When each runs: its time plus the schedule's jitter offset.

@@ -500,7 +500,7 @@ class PeriodicServer:
         if not snap.to_cancel:
             return
         store = self.periodic.store
-        found = store.cancel(snap.to_cancel)
+        found = store.cancel(snap.to_cancel, how="withdrawn")
         for task_id, was_parked in zip(snap.to_cancel, found, strict=True):
             if was_parked:
                 logger.info("Cancelled periodic occurrence %s", task_id, extra={"task_id": task_id})
@@ -528,7 +528,7 @@ class PeriodicServer:
         if not past:
             return
         ids = [task_id for gone in past.values() for task_id in gone]
-        for task_id, was in zip(ids, self.periodic.store.cancel(ids), strict=True):
+        for task_id, was in zip(ids, self.periodic.store.cancel(ids, how="withdrawn"), strict=True):
             if was:
                 logger.info(
                     "Cancelled periodic occurrence %s held back since its schedule changed",
@@ -615,7 +615,7 @@ class PeriodicServer:
         ]
         kept = waiting[:1] if definition.missed == "once" else []
         withdrawn = waiting[len(kept) :]
-        found = self.periodic.store.cancel(withdrawn) if withdrawn else []
+        found = self.periodic.store.cancel(withdrawn, how="withdrawn") if withdrawn else []
         self._settled.update(dict.fromkeys(withdrawn, definition.name))
         # Those this companion took back: another one back from the same
         # outage finds them gone and counts none.
@@ -746,7 +746,7 @@ class PeriodicServer:
             # is ahead; what was due already runs once (the new version
             # starts from the change there).
             taken_back = [t for ms, t in parked if status == "paused" or ms > snap.now_ms]
-            self.periodic.store.cancel(taken_back)
+            self.periodic.store.cancel(taken_back, how="withdrawn")
             for task_id in taken_back:
                 self._pending.pop(task_id, None)
             return 0

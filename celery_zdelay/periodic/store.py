@@ -237,6 +237,66 @@ class PeriodicStore:
                 continue
         return snap
 
+    def overview(self, first: int) -> tuple[int, int, list[str]]:
+        """How many schedules are stored and paused, and the names of the *first* to run.
+
+        Three small reads whatever is stored: ``HLEN`` of the definitions,
+        ``SCARD`` of the paused set, and the head of the visits zset (the
+        schedules not paused, soonest visit first). What ``zdelay status``
+        shows of a store with more schedules than it lists.
+        """
+        k = self.keys
+        with store_errors(self.store.url), self.store.client.pipeline(transaction=False) as pipe:
+            pipe.hlen(k.defs)
+            pipe.scard(k.paused)
+            pipe.zrange(k.visits, 0, max(first, 1) - 1)
+            stored, paused, names = pipe.execute()
+        return int(stored), int(paused), [_text(n) for n in names][:first]
+
+    def snapshot_of(self, names: Sequence[str]) -> Snapshot:
+        """Read what :meth:`snapshot` reads, for the schedules *names* only.
+
+        Costs what it reads (``HMGET`` and one ``SISMEMBER`` per name), not
+        what is stored. Names not stored are left out.
+        """
+        k = self.keys
+        fields = [f"{name}\n{counter}" for name in names for counter in COUNTERS]
+        with store_errors(self.store.url):
+            seconds, micros = self.store.client.time()
+            if not names:
+                return Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
+            with self.store.client.pipeline(transaction=False) as pipe:
+                pipe.hmget(k.defs, names)
+                pipe.hmget(k.pointers, names)
+                pipe.hmget(k.runs, names)
+                pipe.hmget(k.counts, fields)
+                for name in names:
+                    pipe.sismember(k.paused, name)
+                defs, pointers, runs, counts, *paused = pipe.execute()
+        snap = Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
+        for name, body, pointer, run, is_paused in zip(
+            names, defs, pointers, runs, paused, strict=True
+        ):
+            if body is None:
+                continue
+            try:
+                snap.definitions[name] = Definition.from_body(name, body)
+            except (ValueError, KeyError, TypeError) as exc:
+                snap.unreadable[name] = repr(exc)
+            if is_paused:
+                snap.paused.add(name)
+            if pointer is not None:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    snap.pointers[name] = Pointer.from_json(pointer)
+            if run is not None:
+                _read_run(snap, name, run)
+        for field_name, raw_count in zip(fields, counts, strict=True):
+            name, _, counter = field_name.partition("\n")
+            if raw_count is not None and name in snap.definitions:
+                with contextlib.suppress(ValueError):
+                    snap.counts.setdefault(name, {})[counter] = int(raw_count)
+        return snap
+
     def view(self, horizon_ms: int) -> Snapshot:
         """Read what one planner pass needs: the schedules due, not every schedule.
 
@@ -480,7 +540,7 @@ class PeriodicStore:
             ids = sorted(_text(i) for i in self.store.client.smembers(self.keys.cancel))
         if not ids:
             return []
-        found = self.store.cancel(ids)
+        found = self.store.cancel(ids, how="withdrawn")
         self.forget_cancelled(ids)
         return [i for i, was in zip(ids, found, strict=True) if was]
 
@@ -498,8 +558,13 @@ class PeriodicStore:
         # Checked as Store.park checks its scripts: a command refused after
         # the tick is written would leave an occurrence ticked, never parked.
         store.ensure_allowed(keys[0], "park_once")
+        # Its history says parked by the schedule (lua/_history.lua takes
+        # these off before park_once.lua reads its arguments).
+        history = store.history_args(shard, "periodic")
         with store_errors(store.url):
-            reply = self._park_once(keys=keys, args=[*args, self.tick_memory_ms])
+            reply = self._park_once(
+                keys=[*keys, *history.keys], args=[*args, self.tick_memory_ms, *history.args]
+            )
         return bool(reply)
 
     def parked_among(self, task_ids: Sequence[str]) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .._format import utc
@@ -10,18 +11,50 @@ from .api import ScheduleInfo, schedules_in
 from .store import PeriodicStore
 
 __all__ = [
+    "STATUS_SCHEDULES",
+    "StatusSchedules",
     "counts_text",
     "schedule_json",
     "schedule_lines",
-    "store_schedules",
+    "status_schedules",
     "unserved_lines",
     "unserved_problems",
 ]
 
 
-def store_schedules(store: Store) -> tuple[int, list[ScheduleInfo]]:
-    """Return the Redis clock and the schedules stored in *store*."""
-    return schedules_in(PeriodicStore(store))
+#: How many schedules ``zdelay status`` shows: all of them up to this many,
+#: else this many of the soonest to run, and how many more are stored
+#: (``periodic list`` shows them all). So status costs the same with 100,000
+#: schedules as with 50.
+STATUS_SCHEDULES = 50
+
+
+@dataclass(frozen=True)
+class StatusSchedules:
+    """What ``zdelay status`` shows of the periodic schedules."""
+
+    #: Schedules stored, and paused among them.
+    stored: int
+    paused: int
+    #: All of them, by name, or the :data:`STATUS_SCHEDULES` soonest to run.
+    shown: list[ScheduleInfo]
+
+    @property
+    def active(self) -> int:
+        """Schedules stored and not paused (what ``status --check`` wants served)."""
+        return max(self.stored - self.paused, 0)
+
+
+def status_schedules(store: Store) -> StatusSchedules:
+    """Return the schedules ``zdelay status`` shows, read for what it shows."""
+    periodic = PeriodicStore(store)
+    stored, paused, soonest = periodic.overview(STATUS_SCHEDULES)
+    _, shown = schedules_in(periodic, None if stored <= STATUS_SCHEDULES else soonest)
+    if stored <= STATUS_SCHEDULES:
+        # Everything was read: count from it (a paused name of a removed
+        # schedule is not counted).
+        stored, paused = len(shown), sum(1 for info in shown if info.paused)
+    return StatusSchedules(stored=stored, paused=paused, shown=shown)
 
 
 def unserved_problems(store: Store) -> list[str]:

@@ -8,6 +8,11 @@ Where each piece lives, and why:
 - a token bucket per limit, a hash tag of its own (``take_tokens.lua``): it
   is never touched in the same script as a shard, so it works on a Redis
   Cluster whatever node the shards are on;
+- concurrency slots (``zdelay_concurrency``): per control, or per limit
+  key of a ``limit_key:`` control, a sorted set of the task ids released
+  and not finished, scored by when each slot ends by itself, a hash tag of
+  its own (``take_slots.lua``), as the buckets; a worker frees a task's slot
+  when its run ends (:func:`free_slots`);
 - held entries: per shard and lane, a sorted set in the shard's slot
   (``hold.lua``), scored like the due set, released by ``claim.lua`` run
   on that set instead of the due set. A lane is a control's: a rate limit
@@ -15,6 +20,9 @@ Where each piece lives, and why:
   set of its own (:func:`pause_lane`), so that on resume what the pause
   held meets every limit, while what the limit held has passed the limits
   before it (see :meth:`~celery_zdelay.companion.gate.Gate.lane_of`).
+  A concurrency control holds in a lane per slot name
+  (:func:`concurrency_lane`): one tenant's full slots never stand in front
+  of another tenant's entries.
 
 Like :class:`~.store.Store`, this decides nothing: the companion's gate does.
 """
@@ -32,14 +40,18 @@ from .redis_keys import control_keys, held_set_key, lanes_key
 from .store import ClaimResult, Store, claim_result
 
 __all__ = [
+    "CONCURRENCY_LANE",
     "PAUSE_LANE",
     "REMOVED",
     "ControlState",
     "ControlStore",
     "HoldReasons",
+    "concurrency_lane",
+    "free_slots",
     "hold_reason",
     "lane_control",
     "pause_lane",
+    "slot_of_lane",
 ]
 
 #: What a limit set at run time to ``None`` stores when the settings define
@@ -47,6 +59,8 @@ __all__ = [
 REMOVED = "off"
 #: The prefix of a pause's lane: no control name starts with it.
 PAUSE_LANE = "pause|"
+#: The prefix of a concurrency control's lanes: no control name starts with it.
+CONCURRENCY_LANE = "concurrency|"
 
 
 def pause_lane(control: str) -> str:
@@ -54,9 +68,24 @@ def pause_lane(control: str) -> str:
     return PAUSE_LANE + control
 
 
+def concurrency_lane(slot: str) -> str:
+    """Return the lane in which entries wait for a free slot of *slot* (a slot name)."""
+    return CONCURRENCY_LANE + slot
+
+
+def slot_of_lane(lane: str) -> str | None:
+    """Return the slot name a concurrency lane waits for, None for other lanes."""
+    return lane[len(CONCURRENCY_LANE) :] if lane.startswith(CONCURRENCY_LANE) else None
+
+
 def lane_control(lane: str) -> str:
-    """Return the control whose pause or rate limit holds the entries of *lane*."""
-    return lane[len(PAUSE_LANE) :] if lane.startswith(PAUSE_LANE) else lane
+    """Return the control whose pause, rate limit or concurrency holds the entries of *lane*."""
+    if lane.startswith(PAUSE_LANE):
+        return lane[len(PAUSE_LANE) :]
+    if lane.startswith(CONCURRENCY_LANE):
+        # A slot name is the control, then a space and a limit key for a glob.
+        return lane[len(CONCURRENCY_LANE) :].split(" ", 1)[0]
+    return lane
 
 
 @dataclass(frozen=True)
@@ -156,6 +185,82 @@ class ControlStore:
                 client=self.store.client,
             )
 
+    # -- concurrency slots ------------------------------------------------------
+
+    def take_slots(
+        self, slot: str, limit: int, task_ids: Sequence[str], *, hold_ms: int
+    ) -> list[str]:
+        """Take a slot of *slot* for each of *task_ids* while fewer than *limit* are live.
+
+        Returns the ids granted, in order. An id that holds a live slot
+        already keeps it (its end moved *hold_ms* on). A slot no worker
+        frees ends by itself *hold_ms* after it was taken.
+        """
+        if not task_ids:
+            return []
+        with store_errors(self.store.url):
+            granted = self.store.scripts.take_slots(
+                keys=[self.keys.slots(self.prefix, slot)],
+                args=[limit, hold_ms, *task_ids],
+                client=self.store.client,
+            )
+            control, _, limit_key = slot.partition(" ")
+            if granted and limit_key:
+                # For controls(): which keys of a glob have slots (bounded below).
+                index = self.keys.slot_keys(self.prefix, control)
+                now_ms = self.store.time_ms()
+                with self.store.client.pipeline(transaction=False) as pipe:
+                    pipe.zremrangebyscore(index, "-inf", now_ms)
+                    pipe.zadd(index, {limit_key: now_ms + hold_ms})
+                    pipe.pexpire(index, hold_ms)
+                    pipe.execute()
+        return [_text(task_id) for task_id in granted]
+
+    def free_slots(self, slot: str, task_ids: Sequence[str]) -> None:
+        """Free the slots of *task_ids* in *slot* (those they do not hold: nothing)."""
+        free_slots(self.store, [slot], task_ids)
+
+    def live_slots(self, slot: str, now_ms: int | None = None) -> int:
+        """Return how many slots of *slot* are taken and have not ended."""
+        if now_ms is None:
+            now_ms = self.store.time_ms()
+        with store_errors(self.store.url):
+            return int(
+                self.store.client.zcount(self.keys.slots(self.prefix, slot), f"({now_ms}", "+inf")
+            )
+
+    def running(self, control: str, *, keys_at_most: int = 1000) -> tuple[int, int, bool]:
+        """Return the live slots of *control*: (count, distinct limit keys, whether cut short).
+
+        For a ``limit_key:`` control, summed over the first *keys_at_most*
+        limit keys with a live slot (the listing's bound); for another, its
+        one count (and 0 keys).
+        """
+        now_ms = self.store.time_ms()
+        if not control.startswith("limit_key:"):
+            return self.live_slots(control, now_ms), 0, False
+        with store_errors(self.store.url):
+            keys = self.store.client.zrangebyscore(
+                self.keys.slot_keys(self.prefix, control),
+                f"({now_ms}",
+                "+inf",
+                start=0,
+                num=keys_at_most + 1,
+            )
+        cut = len(keys) > keys_at_most
+        records = [
+            self.keys.slots(self.prefix, f"{control} {_text(k)}") for k in keys[:keys_at_most]
+        ]
+        with store_errors(self.store.url):
+            if self.store.cluster:
+                counts = [self.store.client.zcount(r, f"({now_ms}", "+inf") for r in records]
+            else:
+                with self.store.client.pipeline(transaction=False) as pipe:
+                    for record in records:
+                        pipe.zcount(record, f"({now_ms}", "+inf")
+                    counts = pipe.execute()
+        return sum(int(c) for c in counts), sum(1 for c in counts if int(c)), cut
+
     # -- held entries -----------------------------------------------------------
 
     def hold(self, shard: int, token: int, name: str, task_ids: Sequence[str]) -> int:
@@ -163,6 +268,8 @@ class ControlStore:
         if not task_ids:
             return 0
         keys = self.store.keys(shard)
+        # Their history says held, and why (hold.lua knows a pause's lane).
+        history = self.store.history_args(shard)
         with store_errors(self.store.url):
             return int(
                 self._hold(
@@ -171,8 +278,9 @@ class ControlStore:
                         keys.leased,
                         held_set_key(self.prefix, shard, name),
                         lanes_key(self.prefix, shard),
+                        *history.keys,
                     ],
-                    args=[token, name, *task_ids],
+                    args=[token, name, *task_ids, *history.args],
                     client=self.store.client,
                 )
             )
@@ -243,15 +351,39 @@ class ControlStore:
             )
 
 
-def hold_reason(lane: str, paused: Container[str]) -> str:
-    """Return why *lane* holds entries: ``"pause"`` or ``"rate_limit"``.
+def free_slots(store: Store, slots: Sequence[str], task_ids: Sequence[str]) -> None:
+    """Free the concurrency slots of *task_ids* in each of *slots* (slot names).
 
-    A pause's lane holds by pause until it is drained; a limit's, by pause
-    while its control is paused too (nothing of it leaves then), else by
-    rate limit. A held set outlives its control (a removed limit is drained
-    under no limit, a resumed pause at once).
+    One ZREM per slot record (each its own hash tag, so no script spans
+    them); Redis deletes a record with its last member. Freeing a slot a
+    task does not hold changes nothing.
     """
-    return "pause" if lane.startswith(PAUSE_LANE) or lane in paused else "rate_limit"
+    if not slots or not task_ids:
+        return
+    keys = control_keys(store.config.key_prefix)
+    with store_errors(store.url):
+        if store.cluster:
+            for slot in slots:
+                store.client.zrem(keys.slots(store.config.key_prefix, slot), *task_ids)
+            return
+        with store.client.pipeline(transaction=False) as pipe:
+            for slot in slots:
+                pipe.zrem(keys.slots(store.config.key_prefix, slot), *task_ids)
+            pipe.execute()
+
+
+def hold_reason(lane: str, paused: Container[str]) -> str:
+    """Return why *lane* holds entries: ``"pause"``, ``"rate_limit"`` or ``"concurrency"``.
+
+    A pause's lane holds by pause until it is drained; a limit's or a
+    concurrency control's, by pause while its control is paused too
+    (nothing of it leaves then), else by rate limit or concurrency. A held
+    set outlives its control (a removed limit is drained under no limit, a
+    resumed pause at once).
+    """
+    if lane.startswith(PAUSE_LANE) or lane_control(lane) in paused:
+        return "pause"
+    return "concurrency" if lane.startswith(CONCURRENCY_LANE) else "rate_limit"
 
 
 class HoldReasons:

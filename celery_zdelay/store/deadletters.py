@@ -112,6 +112,7 @@ def requeue_all_dead(store: Store, shards: Iterable[int] | None = None) -> tuple
 def _requeue_call(store: Store, shard: int, task_ids: list[str]) -> list[bool]:
     keys = store.keys(shard)
     store.ensure_allowed(keys.due, "requeue")
+    history = store.history_args(shard)
     with store_errors(store.url):
         reply = store.scripts.requeue(
             keys=[
@@ -122,8 +123,9 @@ def _requeue_call(store: Store, shard: int, task_ids: list[str]) -> list[bool]:
                 keys.lease,
                 keys.marks,
                 keys.tagged,
+                *history.keys,
             ],
-            args=[keys.wake, *task_ids],
+            args=[keys.wake, *task_ids, *history.args],
             client=store.client,
         )
     flags = [bool(int(flag)) for flag in reply]

@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "ETA_HEADER",
     "KEY_HEADER",
+    "LIMIT_KEY_HEADER",
     "ON_KEY_HEADER",
     "OVERLAP_HEADER",
     "OVERLAP_TIMEOUT_HEADER",
@@ -33,6 +34,9 @@ __all__ = [
 ETA_HEADER = "zdelay_eta"
 #: The task's key (``key=``), its ``on_key`` mode, and its tags (a list).
 KEY_HEADER, ON_KEY_HEADER, TAGS_HEADER = "zdelay_key", "zdelay_on_key", "zdelay_tags"
+#: The task's limit key (``limit_key=``, a string): the key its
+#: ``limit_key:<glob>`` controls count it under.
+LIMIT_KEY_HEADER = "zdelay_limit_key"
 #: A random id of one park of the message, for the worker-side guard
 #: against a second publish (``zdelay_worker_dedupe``).
 PARK_HEADER = "zdelay_park"

@@ -135,7 +135,7 @@ class ParkedTask:
     tags: tuple[str, ...] = ()
     #: The control holding it back (``"queue:emails"``), when ``state == "held"``.
     held_by: str | None = None
-    #: Why: ``"pause"`` or ``"rate_limit"``, when ``state == "held"``.
+    #: Why: ``"pause"``, ``"rate_limit"`` or ``"concurrency"``, when ``state == "held"``.
     held_reason: str | None = None
     #: Celery's ``argsrepr`` header: ``repr()`` of the positional arguments.
     argsrepr: str | None = None

@@ -63,6 +63,9 @@ class ShardKeys:
     marks: str
     #: ZSET "<tag>\n<id>", all scored 0: the entries of a tag, by ZRANGEBYLEX.
     tagged: str
+    #: HASH id -> its history: one line per event, oldest first (lua/_history.lua),
+    #: expired ``zdelay_history_seconds`` after its last (ignored by reads, swept).
+    history: str
 
     def marker(self) -> str:
         """Return a new STRING key marking one park call (expires on its own)."""
@@ -91,6 +94,7 @@ def shard_keys(prefix: str, shard: int) -> ShardKeys:
         ticks=f"{tag}:ticks",
         marks=f"{tag}:marks",
         tagged=f"{tag}:tagged",
+        history=f"{tag}:history",
     )
 
 
@@ -195,6 +199,23 @@ class ControlKeys:
         over the nodes; a bucket is only ever touched alone (take_tokens.lua).
         """
         return f"{{{prefix}:bucket:{name}}}"
+
+    def slots(self, prefix: str, slot: str) -> str:
+        """Return the ZSET of the tasks holding a slot of *slot* (a hash tag of its own).
+
+        Task id -> ms (Redis clock) its slot ends by itself. Like a bucket,
+        only ever touched alone (take_slots.lua, a worker's ZREM); Redis
+        deletes it with its last member, and it expires with its last slot.
+        """
+        return f"{{{prefix}:slots:{slot}}}"
+
+    def slot_keys(self, prefix: str, control: str) -> str:
+        """Return the ZSET of the limit keys of a ``limit_key:`` concurrency control with slots.
+
+        Limit key -> ms its latest slot ends: what ``controls()`` sums the
+        running count of a glob over. Trimmed by expiry when written.
+        """
+        return f"{{{prefix}:slotkeys:{control}}}"
 
 
 def control_keys(prefix: str) -> ControlKeys:

@@ -26,6 +26,7 @@ from .client import StoreClient
 __all__ = [
     "EXPAND",
     "GUARD",
+    "HISTORY",
     "MARKS",
     "STORE_SCRIPTS",
     "TRANSITIONS",
@@ -105,6 +106,10 @@ class ScriptSpec:
             if inner is not None:
                 found += inner.all_includes()
         found += self.includes
+        # Every script that moves an entry records its history (_history.lua,
+        # called by the transitions): loaded in front of the transitions.
+        if TRANSITIONS in found and HISTORY not in found:
+            found.insert(found.index(TRANSITIONS), HISTORY)
         return tuple(dict.fromkeys(found))
 
     def files(self) -> tuple[LuaFile, ...]:
@@ -127,6 +132,8 @@ WHERE = store_lua("_where")
 EXPAND = store_lua("_expand")
 #: The transitions of an entry's state: the only writers of the state keys.
 TRANSITIONS = store_lua("_transitions")
+#: A task id's history, recorded by the transitions (loaded in front of them).
+HISTORY = store_lua("_history")
 
 
 def _store_script(
@@ -165,8 +172,11 @@ STORE_SCRIPTS: tuple[ScriptSpec, ...] = (
     _store_script("start_run", MARKS, TRANSITIONS),
     _store_script("drop_key", TRANSITIONS),
     _store_script("take_tokens"),
+    _store_script("take_slots"),
     _store_script("hold", TRANSITIONS),
     _store_script("forget_lane", TRANSITIONS),
+    # Deletes expired history records (the companion's sweep).
+    _store_script("history_sweep"),
     # Asked before a script first runs: it must run whatever the user lacks.
     _store_script("allowed", guarded=False),
 )
@@ -255,15 +265,22 @@ def script_commands(name: str) -> tuple[str, ...]:
     cannot fall behind the script: the commands of its bodies, and of each
     library function they call, directly or through another (a library such
     as ``_transitions.lua`` holds every script's moves, and a script runs
-    only those it calls). ``redis.pcall`` (the best-effort wake-up) is left
-    out: a refusal there fails nothing.
+    only those it calls), and what a library runs as it loads.
+    ``redis.pcall`` (the best-effort wake-up) is left out: a refusal there
+    fails nothing.
     """
     script = spec(name)
     libraries: dict[str, str] = {}
+    # What a library runs as it loads, before its functions (_history.lua
+    # takes its arguments off there), runs on every call.
+    preambles: list[str] = []
     for lua in script.files():
         if lua.name.startswith("_"):
-            libraries.update(_library_functions(lua.read()))
-    texts = [_body(script)]
+            text = lua.read()
+            libraries.update(_library_functions(text))
+            preamble = re.split(r"^local function ", text, maxsplit=1, flags=re.MULTILINE)[0]
+            preambles.append(preamble)
+    texts = [*preambles, _body(script)]
     seen: set[str] = set()
     found: list[str] = []
     while texts:
@@ -332,7 +349,9 @@ class Scripts:
     start_run: Script
     drop_key: Script
     take_tokens: Script
+    take_slots: Script
     hold: Script
     forget_lane: Script
+    history_sweep: Script
     #: Asks which command of a script the user may not run (``allowed.lua``).
     allowed: Script

@@ -8,6 +8,7 @@ into values; it decides nothing about what to release.
 from __future__ import annotations
 
 import logging
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,22 @@ _LANES_CHANGED = -2
 #: Template records kept in memory by one Store (they never change: ids are
 #: content hashes).
 TEMPLATE_CACHE_SIZE = 4096
+
+#: Starts the last argument of a script call that records history (see
+#: lua/_history.lua): no task id, payload or reason starts with a NUL byte.
+HISTORY_SENTINEL = "\0zdelay-history\0"
+_REFUSED_IN_BY = re.compile("[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class _HistoryArgs:
+    """What a script call appends to its KEYS and ARGV to record history (none: off)."""
+
+    keys: list[str]
+    args: list[str]
+
+
+_NO_HISTORY = _HistoryArgs([], [])
 
 
 @dataclass(frozen=True)
@@ -171,6 +188,22 @@ class Store:
     @property
     def shards(self) -> range:
         return range(self.config.shards)
+
+    def history_args(self, shard: int, how: str = "", by: str | None = None) -> _HistoryArgs:
+        """Return what a script call appends to its KEYS and ARGV to record history.
+
+        Nothing when ``zdelay_history_seconds`` is 0: the script then
+        records nothing and touches no key of it (see lua/_history.lua).
+        *how* says which call it is (plain, keyed, bulk for a park; id,
+        tag, matching, withdrawn for a cancel), *by* who made it (a
+        companion's id for a release, the caller's ``by=`` for a cancel).
+        """
+        if not self.config.history_ms:
+            return _NO_HISTORY
+        # Who it was, as one field of a line: characters no name may hold
+        # (tabs, newlines, NUL: they separate the record) are replaced.
+        who = _REFUSED_IN_BY.sub("?", by or "")
+        return _HistoryArgs([self._keys[shard].history], [f"{HISTORY_SENTINEL}{how}\0{who}"])
 
     # -- producers ------------------------------------------------------------
 
@@ -364,17 +397,22 @@ class Store:
         check_shards: Sequence[int] = (),
     ) -> Any:
         """Call *script* (park or park_keyed) on *shard*, given the held sets of *lanes*."""
+        # Which call parks them, for their history.
+        how = "bulk" if len(requests) > 1 else "keyed" if script == "park_keyed" else "plain"
+        history = self.history_args(shard, how)
         if script == "park":
             keys, args = self.park_arguments(shard, requests, check_shards, lanes=lanes)
-            return self.scripts.park(keys=keys, args=args, client=client)
+            return self.scripts.park(
+                keys=[*keys, *history.keys], args=[*args, *history.args], client=client
+            )
         # park_keyed.lua takes park.lua's arguments with no held set, then the
         # marks, then the held sets (see its header).
         keys, args = self.park_arguments(shard, requests, check_shards)
         prefix = self.config.key_prefix
         records = [request.mark.record() if request.mark else "-0\n" for request in requests]
         return self.scripts.park_keyed(
-            keys=[*keys, *(held_set_key(prefix, shard, lane) for lane in lanes)],
-            args=[*args, *records, *lanes, len(lanes), len(requests)],
+            keys=[*keys, *(held_set_key(prefix, shard, lane) for lane in lanes), *history.keys],
+            args=[*args, *records, *lanes, len(lanes), len(requests), *history.args],
             client=client,
         )
 
@@ -437,8 +475,15 @@ class Store:
         ]
         return park_keys, args
 
-    def cancel(self, task_ids: Iterable[str]) -> list[bool]:
-        """Cancel parked entries; return, per id, whether it was still parked."""
+    def cancel(
+        self, task_ids: Iterable[str], *, how: str = "id", by: str | None = None
+    ) -> list[bool]:
+        """Cancel parked entries; return, per id, whether it was still parked.
+
+        *how* and *by* go into their history: cancelled by ``"id"``, by
+        ``"tag"``, by other filters (``"matching"``) or ``"withdrawn"`` (a
+        periodic occurrence), and by whom.
+        """
         ids = list(task_ids)
         by_shard: dict[int, list[int]] = defaultdict(list)
         for index, task_id in enumerate(ids):
@@ -449,20 +494,33 @@ class Store:
             for shard, indexes in by_shard.items():
                 keys = self._keys[shard]
                 self.ensure_allowed(keys.due, "cancel")
+                history = self.history_args(shard, how, by)
                 reply = self.scripts.cancel(
-                    keys=[keys.due, keys.msg, keys.templates, keys.marks, keys.tagged],
-                    args=[ids[i] for i in indexes],
+                    keys=[
+                        keys.due,
+                        keys.msg,
+                        keys.templates,
+                        keys.marks,
+                        keys.tagged,
+                        *history.keys,
+                    ],
+                    args=[*(ids[i] for i in indexes), *history.args],
                     client=self.client,
                 )
                 for index, flag in zip(indexes, reply, strict=True):
                     found[index] = bool(flag)
                 missing = [i for i in indexes if not found[i]]
                 if missing:
-                    self._cancel_held(shard, ids, missing, found)
+                    self._cancel_held(shard, ids, missing, found, history)
         return found
 
     def _cancel_held(
-        self, shard: int, ids: list[str], indexes: list[int], found: list[bool]
+        self,
+        shard: int,
+        ids: list[str],
+        indexes: list[int],
+        found: list[bool],
+        history: _HistoryArgs,
     ) -> None:
         """Cancel entries held back by a rate limit or pause (see store/control.py).
 
@@ -481,8 +539,9 @@ class Store:
                     keys.templates,
                     keys.marks,
                     keys.tagged,
+                    *history.keys,
                 ],
-                args=[ids[i] for i in indexes],
+                args=[*(ids[i] for i in indexes), *history.args],
                 client=self.client,
             )
             for index, flag in zip(indexes, reply, strict=True):
@@ -506,6 +565,7 @@ class Store:
             # a lane not given and the entry was not found: then they are read
             # (lanes come one per control name: this ends).
             lanes = self._lanes_seen.get(shard, [])
+            history = self.history_args(shard)
             while True:
                 reply = int(
                     self.scripts.reschedule(
@@ -513,8 +573,9 @@ class Store:
                             keys.due,
                             lanes_key(prefix, shard),
                             *(held_set_key(prefix, shard, lane) for lane in lanes),
+                            *history.keys,
                         ],
-                        args=[keys.wake, task_id, due.mode, due.ms, *lanes],
+                        args=[keys.wake, task_id, due.mode, due.ms, *lanes, *history.args],
                         client=self.client,
                     )
                 )
@@ -583,6 +644,7 @@ class Store:
         """
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "recover", "handoff")
+        history = self.history_args(shard, by=companion_id)
         reply = self._after_recover(
             keys,
             limit,
@@ -599,6 +661,7 @@ class Store:
                 *dests,
                 keys.marks,
                 keys.tagged,
+                *history.keys,
             ],
             [
                 lease_ms,
@@ -611,6 +674,7 @@ class Store:
                 "1" if with_ids else "0",
                 "\n".join(held_dests),
                 "" if max_late_ms is None else max_late_ms,
+                *history.args,
             ],
         )
         n_leased, n_dead = int(reply[5]), int(reply[6])
@@ -663,7 +727,7 @@ class Store:
         return replies
 
     def push(
-        self, shard: int, token: int, routes: Sequence[tuple[str, str, bytes]]
+        self, shard: int, token: int, routes: Sequence[tuple[str, str, bytes]], *, by: str = ""
     ) -> tuple[list[str], list[tuple[str, str]]]:
         """Push claimed entries into broker lists: *routes* are (id, list key, envelope).
 
@@ -671,16 +735,20 @@ class Store:
         up to the delivery tag's opening quote: push.lua pushes these bytes,
         never what the store holds by then. Returns the ids pushed and the
         (id, reason) of those refused (their list key holds another type);
-        an id this claim no longer owns is in neither.
+        an id this claim no longer owns is in neither. *by* (the companion's
+        id) is recorded in their history as who released them.
         """
         if not routes:
             return [], []
         keys = self._keys[shard]
+        history = self.history_args(shard, by=by)
         dests = sorted({dest for _, dest, _ in routes})
         index = {dest: i + 1 for i, dest in enumerate(dests)}
         args: list[Any] = [token, keys.tag_prefix]
         for task_id, dest, head in routes:
             args += [task_id, index[dest], head]
+        # push.lua finds marks and tagged last among its keys, and reads
+        # ARGV in triples: the history's go after (taken off first).
         self.ensure_allowed(keys.due, "push")
         with store_errors(self.url):
             pushed, refused = self.scripts.push(
@@ -693,8 +761,9 @@ class Store:
                     *dests,
                     keys.marks,
                     keys.tagged,
+                    *history.keys,
                 ],
-                args=args,
+                args=[*args, *history.args],
                 client=self.client,
             )
         return [task_id.decode() for task_id in pushed], [
@@ -731,11 +800,15 @@ class Store:
             members = self.client.smembers(self._keys[shard].dests)
         return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
 
-    def ack(self, shard: int, token: int, task_ids: Sequence[str]) -> int:
-        """Forget released entries this claim still owns; return how many."""
+    def ack(self, shard: int, token: int, task_ids: Sequence[str], *, by: str = "") -> int:
+        """Forget released entries this claim still owns; return how many.
+
+        *by* (the companion's id) is recorded in their history as who released them.
+        """
         if not task_ids:
             return 0
         keys = self._keys[shard]
+        history = self.history_args(shard, by=by)
         self.ensure_allowed(keys.due, "ack")
         with store_errors(self.url):
             return int(
@@ -747,8 +820,9 @@ class Store:
                         keys.templates,
                         keys.marks,
                         keys.tagged,
+                        *history.keys,
                     ],
-                    args=[token, *task_ids],
+                    args=[token, *task_ids, *history.args],
                     client=self.client,
                 )
             )
@@ -773,9 +847,11 @@ class Store:
         if not reasons:
             return 0
         keys = self._keys[shard]
+        history = self.history_args(shard)
         args: list[Any] = [token]
         for task_id, reason in reasons:
             args += [task_id, reason.to_json()]
+        args += history.args
         self.ensure_allowed(keys.due, "deadletter")
         with store_errors(self.url):
             return int(
@@ -788,26 +864,39 @@ class Store:
                         keys.dead_msg,
                         keys.marks,
                         keys.tagged,
+                        *history.keys,
                     ],
                     args=args,
                     client=self.client,
                 )
             )
 
-    def drop_stale(self, shard: int, token: int, task_ids: Sequence[str]) -> list[str]:
+    def drop_stale(
+        self, shard: int, token: int, task_ids: Sequence[str], *, by: str | None = None
+    ) -> list[str]:
         """Cancel claimed entries that went stale, if this claim still owns them.
 
         Lease -> gone in one script (``drop_stale.lua``): with their payload,
-        template count, key and tags. Returns the ids cancelled.
+        template count, key and tags; their history says cancelled, reason
+        ``stale``, by *by*. Returns the ids cancelled.
         """
         if not task_ids:
             return []
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "drop_stale")
+        history = self.history_args(shard, "stale", by)
         with store_errors(self.url):
             dropped = self.scripts.drop_stale(
-                keys=[keys.lease, keys.leased, keys.msg, keys.templates, keys.marks, keys.tagged],
-                args=[token, *task_ids],
+                keys=[
+                    keys.lease,
+                    keys.leased,
+                    keys.msg,
+                    keys.templates,
+                    keys.marks,
+                    keys.tagged,
+                    *history.keys,
+                ],
+                args=[token, *task_ids, *history.args],
                 client=self.client,
             )
         return [_text(task_id) for task_id in dropped]
@@ -821,11 +910,12 @@ class Store:
             return 0
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "purge")
+        history = self.history_args(shard)
         with store_errors(self.url):
             return int(
                 self.scripts.purge(
-                    keys=[keys.dead, keys.dead_msg, keys.templates, keys.marks],
-                    args=list(task_ids),
+                    keys=[keys.dead, keys.dead_msg, keys.templates, keys.marks, *history.keys],
+                    args=[*task_ids, *history.args],
                     client=self.client,
                 )
             )

@@ -36,6 +36,7 @@ from ..schedule import Due, due_from, parse_delay, parse_when
 from ..store import Store, admin
 from ..store.client import store_errors
 from ..store.marks import tag_count
+from ..task_history import HistoryEvent, describe, history_in
 from . import queries
 from .security import (
     CSRF_COOKIE,
@@ -339,14 +340,18 @@ class Dashboard:
             raise BadRequest(str(exc)) from None
         with ctx.timer():
             detail = queries.entry_detail(self.store, task_id)
+            # A task that is gone answers with its history ("did it fire?").
+            events = history_in(self.store, task_id)
             now_ms = self.store.time_ms()
-        status = 200 if detail is not None else 404
+        status = 200 if detail is not None or events else 404
         return self._render(
             ctx,
             "entry.html",
             status=status,
             task_id=task_id,
             entry=detail,
+            history=[_history_row(event) for event in events],
+            history_ms=self.store.config.history_ms,
             now_ms=now_ms,
             back="entry?" + urlencode({"id": task_id}),
         )
@@ -775,6 +780,17 @@ def _release_path(handoff: str) -> tuple[str, str]:
         why = text[3:].strip().removeprefix("(").removesuffix(")")
         return "publish to the broker", f"{why}: no atomic handoff" if why else ""
     return text, ""
+
+
+def _history_row(event: HistoryEvent) -> dict[str, Any]:
+    """One row of an entry's history table."""
+    at_ms = round(event.at.timestamp() * 1000)
+    return {
+        "event": event.event,
+        "at_ms": at_ms,
+        "at": event.at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at_ms % 1000:03d}Z",
+        "detail": describe(event),
+    }
 
 
 def _clip(value: Any, limit: int = CLIP) -> str:

@@ -124,12 +124,14 @@ def test_every_json_field_is_documented(app: Celery, stocked: Stock) -> None:
         "status": run(app, "status", "--json", "--check").stdout,
         "list": run(app, "list", "--json").stdout,
         "dead list": run(app, "dead", "list", "--json").stdout,
+        "history": run(app, "history", stocked.dead, "--json").stdout,
     }
     # Every list holds an entry, so the fields of its entries are checked too
     listed = {e["id"] for e in json.loads(documents["list"])["entries"]}
     assert listed == {stocked.overdue, stocked.soon, stocked.in_flight, *stocked.later}
     assert [e["id"] for e in json.loads(documents["dead list"])["entries"]] == [stocked.dead]
     assert len(json.loads(documents["status"])["companions"]) == 1
+    assert json.loads(documents["history"])["events"][-1]["event"] == "dead"
     for command, output in documents.items():
         section = page.split(f".. json: {command}\n", 1)[1].split("\n.. json: ", 1)[0]
         for field in set(_field_paths(json.loads(output))):

@@ -9,6 +9,7 @@ token, with its script.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -27,8 +28,29 @@ PACKAGE_ROOT = Path(celery_zdelay.__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
 
 
+#: Lua's comments and strings, leftmost first: code never holds "--", a quote
+#: or "[[" outside them, so scanning for these finds what Lua's lexer finds
+#: (a pattern of its own, not the mutator's tokenizer: it checks that one,
+#: and is 50 times faster on the 1,700 mutants compared).
+_PROSE = re.compile(
+    r"--\[(=*)\[.*?\]\1\]"  # long comment
+    r"|--[^\n]*"  # line comment
+    r'|"(?:\\.|[^"\\])*"'  # double-quoted string
+    r"|'(?:\\.|[^'\\])*'"  # single-quoted string
+    r"|\[(=*)\[.*?\]\2\]",  # long string
+    re.DOTALL,
+)
+
+
 def _prose(source: str) -> Counter[str]:
-    return Counter(t.text for t in tokenize(source) if t.kind in ("comment", "string"))
+    return Counter(match.group() for match in _PROSE.finditer(source))
+
+
+def test_the_prose_pattern_finds_what_the_tokenizer_finds() -> None:
+    for target in LUA:
+        source = (PACKAGE_ROOT / target.path).read_text()
+        tokens = Counter(t.text for t in tokenize(source) if t.kind in ("comment", "string"))
+        assert _prose(source) == tokens, target.name
 
 
 def test_comments_strings_and_long_brackets_are_single_tokens() -> None:
@@ -79,16 +101,21 @@ def test_every_mutant_of_every_script_compiles_and_leaves_comments_and_strings_a
     for target in LUA:
         original = (PACKAGE_ROOT / target.path).read_text()
         client.script_load(original)
+        prose = _prose(original)
         found = mutants(target.name, original)
         assert found, target.name
         for mutant in found:
             assert mutant.source != original, mutant.ident
             if mutant.kind != "line":
-                assert _prose(mutant.source) == _prose(original), mutant.ident
-            try:
-                client.script_load(mutant.source)
-            except redis.ResponseError as exc:  # pragma: no cover - the failure message
-                pytest.fail(f"{mutant.ident} does not compile: {exc}")
+                assert _prose(mutant.source) == prose, mutant.ident
+        # One round trip per script: SCRIPT LOAD of every mutant, pipelined.
+        with client.pipeline(transaction=False) as pipe:
+            for mutant in found:
+                pipe.script_load(mutant.source)
+            replies = pipe.execute(raise_on_error=False)
+        for mutant, reply in zip(found, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):  # pragma: no cover - the failure message
+                pytest.fail(f"{mutant.ident} does not compile: {reply}")
         total += len(found)
     client.script_flush()
     assert total > 500

@@ -31,6 +31,7 @@ from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.client import store_errors
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import FOREIGN, SHARD0, refused_while_written_over
 from tests.support.store import PAYLOAD, marked_request
@@ -102,10 +103,12 @@ def test_an_unmarked_entry_dead_lettered_over_a_marked_dead_letter_leaves_no_rec
 
 
 def test_a_shard_without_marks_reads_no_record_when_its_entries_leave(
-    store: Store, redis_client: redis.Redis
+    make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
     # Breaks if: the early return needs both no ids and no marks hash
     # (``and`` for ``or``): every removal would read records that cannot exist.
+    # (With no history recorded: its own reads are test_history.py's.)
+    store = store_for(make_test_app(conf={"zdelay_history_seconds": 0}))
     now = redis_ms(redis_client)
     store.park([ParkRequest(f"e{n}", Due("a", now - 1000 + n), PAYLOAD) for n in range(3)])
     claimed = store.claim(0, limit=2, lease_ms=HOUR)

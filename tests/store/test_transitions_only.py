@@ -84,6 +84,7 @@ WRITES = frozenset(
 _COUNTER = "the tags counter: claim tokens and delivery tags, no entry's state"
 _BROKER = "a kombu queue list: the message leaves the store here (its entry's move is a transition)"
 _PERIODIC = "the periodic schedule's own record, not a parked entry's"
+_HISTORY = "a task id's history: a record of its transitions, written by them, never read by one"
 
 #: (file, command, the key as the script names it) -> why it is no entry's state.
 ALLOWED: dict[tuple[str, str, str], str] = {
@@ -100,6 +101,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("own.lua", "DEL", "owner"): "a shard's ownership lease, given up",
     ("take_tokens.lua", "HSET", "bucket"): "a rate limit's token bucket",
     ("take_tokens.lua", "PEXPIRE", "bucket"): "a rate limit's token bucket",
+    ("take_slots.lua", "ZREMRANGEBYSCORE", "slots"): "a concurrency control's slots",
+    ("take_slots.lua", "ZADD", "slots"): "a concurrency control's slots",
+    ("take_slots.lua", "PEXPIREAT", "slots"): "a concurrency control's slots",
     ("define.lua", "HSET", "meta"): _PERIODIC,
     ("define.lua", "SADD", "cancel"): "the periodic cancel set: ids every companion cancels "
     "where they are held (through cancel.lua)",
@@ -134,6 +138,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("revisit.lua", "HSET", "pointers"): _PERIODIC,
     ("revisit.lua", "ZADD", "visits"): _PERIODIC,
     ("revisit.lua", "ZREM", "visits"): _PERIODIC,
+    # A task id's history (lua/_history.lua, called by the transitions):
+    # what happened to an id, kept after it is gone; no entry's state.
+    ("_history.lua", "HSET", "hist"): _HISTORY,
+    ("history_sweep.lua", "HDEL", "hist"): _HISTORY,
     ("shift.lua", "ZADD", "due"): "celery_zdelay.testing's fast-forward, in tests only: every "
     "due score moves earlier at once, nothing changes state",
 }

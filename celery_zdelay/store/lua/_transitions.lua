@@ -47,6 +47,11 @@
 -- *s* names a shard's keys: {due =, msg =, lease =, leased =, dead =,
 -- dead_msg =, templates =, marks =, tagged =, lanes =}; a transition uses
 -- only those of its move (a script passes what it was given).
+--
+-- Each transition that a task's history shows (parked, rescheduled, held,
+-- released, cancelled, dead-lettered, requeued, purged) records it with
+-- the zdelay_h_* functions of _history.lua: nothing when the caller did
+-- not ask (zdelay_history_seconds = 0).
 
 -- *cmd* on *key* for items first..last of *items*, 1000 at a time.
 local function zdelay_t_each(cmd, key, items, first, last)
@@ -100,6 +105,7 @@ local function zdelay_t_park(s, entries, payload, created, forget, refs, keep)
     redis.call('HSET', s.msg, id, payload(e))
   end
   zdelay_refs_apply(s.templates, refs, keep)
+  zdelay_h_parked(entries)
 end
 
 -- The index of a parked entry: its record "i:<id>" (false: none), the key
@@ -165,13 +171,16 @@ local function zdelay_t_hold(s, held, lane, entries)
     redis.call('ZREM', s.lease, entry[1])
     redis.call('HDEL', s.leased, entry[1])
   end
+  zdelay_h_held(lane, entries)
 end
 
 -- In flight (*leased* true) or taken -> gone: published. Their payloads go,
 -- their templates' counts drop (*refs*, *keep*: see zdelay_refs_apply) and
 -- their marks leave as *marks* plans ("release": an until_finished key
--- stays held by its run).
-local function zdelay_t_release(s, ids, leased, refs, keep, marks)
+-- stays held by its run). *scores*: their due scores, for the history
+-- (optional: read from the leased hash when they are leased).
+local function zdelay_t_release(s, ids, leased, refs, keep, marks, scores)
+  zdelay_h_released(ids, scores, leased and s.leased)
   if leased then
     zdelay_t_each('ZREM', s.lease, ids)
     zdelay_t_each('HDEL', s.leased, ids)
@@ -193,6 +202,7 @@ local function zdelay_t_cancel(s, entries, refs, marks)
   end
   if refs then zdelay_refs_apply(s.templates, refs) end
   zdelay_marks_apply(s.marks, s.tagged, marks)
+  zdelay_h_cancelled(entries)
 end
 
 -- In flight (*leased* true) or taken -> dead: *entries* {id, reason JSON,
@@ -211,6 +221,7 @@ local function zdelay_t_bury(s, entries, leased, now_ms, marks)
     end
     redis.call('HDEL', s.msg, id)
   end
+  zdelay_h_dead(entries)
 end
 
 -- Dead -> due: *entries* {id, payload}, due at *score*; *restore* the
@@ -223,12 +234,14 @@ local function zdelay_t_requeue(s, entries, restore, score)
     redis.call('ZREM', s.dead, entry[1])
     redis.call('HDEL', s.dead_msg, entry[1])
   end
+  zdelay_h_simple('Q', zdelay_h_ids(entries))
 end
 
 -- Dead -> gone: *ids* deleted for good with their kept marks ("d:<id>",
 -- when *marked*) and template counts (*refs*). Returns how many the dead
 -- zset held.
 local function zdelay_t_purge(s, ids, refs, marked)
+  zdelay_h_purged(s.dead, ids)
   redis.call('HDEL', s.dead_msg, unpack(ids))
   local removed = redis.call('ZREM', s.dead, unpack(ids))
   zdelay_refs_apply(s.templates, refs)
@@ -252,6 +265,7 @@ end
 local function zdelay_t_reschedule(s, id, from, score)
   redis.call('ZREM', from, id)
   redis.call('ZADD', s.due, score, id)
+  zdelay_h_simple('S', {id}, string.format('%.0f', math.floor(score / 1024)))
 end
 
 -- Key *field* of the marks hash ("k:<key>", or "b:<key>" for the one run

@@ -209,7 +209,7 @@ if #handed > 0 then
     end
   end
 end
-zdelay_t_release(s, handed, false, #handed > 0 and refs, still_used, handed_marks)
+zdelay_t_release(s, handed, false, #handed > 0 and refs, still_used, handed_marks, handed_scores)
 
 local token = 0
 if #generic > 0 then token = redis.call('INCR', tags) end
