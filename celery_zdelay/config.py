@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from kombu.utils.url import maybe_sanitize_url
 
+from . import stale
 from .concurrency import parse_concurrency
 from .errors import ConfigurationError
 from .rates import RateLimit, parse_limits
@@ -78,6 +79,8 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_whole_messages": "park messages exactly as pushed: a faster handoff, more Redis memory",
     "zdelay_rate_limits": "release rate limits per queue or task, global across companions",
     "zdelay_key_hold_seconds": 'most seconds an on_key="until_finished" key is held after release',
+    "zdelay_max_late": "most seconds after its due time a task is still released as usual",
+    "zdelay_on_stale": 'what a release past max_late does: "dead", "drop" or "run"',
     "zdelay_concurrency": "most tasks released and not finished, per queue, task or limit key",
     "zdelay_history_seconds": "seconds a task's history is kept after its last event (0: off)",
 }
@@ -137,6 +140,11 @@ class ZDelayConfig:
     #: ``zdelay_key_hold_seconds`` in ms: how long an ``until_finished`` key
     #: stays held after the release if no worker reports the task finished.
     key_hold_ms: int = round(DEFAULT_KEY_HOLD_SECONDS * 1000)
+    #: ``zdelay_max_late`` in ms (None: no limit), applied by the companions
+    #: at release to entries parked without their own ``max_late``.
+    max_late_ms: int | None = None
+    #: ``zdelay_on_stale``: what a release past the limit does (see stale.py).
+    on_stale: str = "dead"
     #: ``zdelay_concurrency``: control name -> most tasks released and not
     #: finished. A slot is held at most :attr:`key_hold_ms` after the release.
     concurrency: Mapping[str, int] = field(default_factory=dict)
@@ -301,6 +309,8 @@ def _build(
             DEFAULT_KEY_HOLD_SECONDS,
             0.001,
         ),
+        max_late_ms=stale.max_late_ms(raw["zdelay_max_late"], "zdelay_max_late"),
+        on_stale=stale.on_stale(raw["zdelay_on_stale"]),
         concurrency=parse_concurrency(raw["zdelay_concurrency"]),
         history_ms=_seconds_ms(
             "zdelay_history_seconds", raw["zdelay_history_seconds"], DEFAULT_HISTORY_SECONDS, 0.0

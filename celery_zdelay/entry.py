@@ -33,6 +33,13 @@ signature (the setting refuses a signing key)::
 
     {"body":"W1s0Ml0s...", ..., "delivery_tag":"zdelay.5d41402abc4b2a76.9f86d0..."}}
 
+A call's ``max_late`` (:mod:`celery_zdelay.stale`), in ms, is the first key
+of the metadata line as the producer writes it (``{"m":600000,"v":1,...}``;
+see :func:`with_max_late`); the release path reads it there, handoff.lua too,
+with one anchored match and only for an entry released late. No signature
+covers it, as none covers the parked-at stamp: it can only make a release
+not happen, which anyone who can write the entry can do anyway.
+
 park.lua adds when the entry was parked, in epoch ms on the Redis clock, as
 the first key of the stored metadata line (``{"p":1764547200123,"v":1,...}``;
 see :func:`parked_ms`). No signature covers it: the producer cannot know it,
@@ -74,11 +81,13 @@ __all__ = [
     "decode_entry",
     "encode_entry",
     "entry_headers",
+    "entry_max_late_ms",
     "entry_routing_key",
     "expand_entry",
     "parked_ms",
     "template_id",
     "template_ref",
+    "with_max_late",
 ]
 
 #: Version written into every new entry; readers accept this one.
@@ -97,6 +106,9 @@ _WHOLE_START = b'{"body":"'
 _WHOLE_TAG = re.compile(rb'"delivery_tag":"zdelay\.([0-9a-f]{16})\.[0-9a-f]{32}"\}\}')
 #: The parked-at stamp park.lua writes first in the stored metadata line.
 _PARKED = re.compile(rb'\{"p":(\d{1,16}),')
+#: The per-call ``max_late`` (ms) that :func:`with_max_late` writes first in
+#: the metadata line, after park.lua's parked-at stamp when there is one.
+_MAX_LATE = re.compile(rb'\{(?:"p":\d{1,16},)?"m":(\d{1,16}),')
 #: The template id of a metadata line (``"t":"9f86d081884c7d65"``).
 _TEMPLATE_REF = re.compile(rb'"t":"([0-9a-f]{1,64})"')
 #: json's own (C) string encoder, as json.dumps uses it with ensure_ascii.
@@ -475,6 +487,23 @@ def parked_ms(payload: bytes | None) -> int | None:
     the store.
     """
     match = _PARKED.match(payload) if payload else None
+    return int(match.group(1)) if match else None
+
+
+def with_max_late(payload: bytes, max_late_ms: int) -> bytes:
+    """Return *payload* with *max_late_ms* first in its metadata line.
+
+    Raises:
+        ValueError: *payload* is a message stored whole, which has no metadata line.
+    """
+    if payload.startswith(_WHOLE_START) or not payload.startswith(b"{"):
+        raise ValueError("a message stored whole has no metadata line to hold max_late")
+    return b'{"m":%d,' % max_late_ms + payload[1:]
+
+
+def entry_max_late_ms(payload: bytes | None) -> int | None:
+    """Return the ``max_late`` (ms) *payload* was parked with; None when it has none."""
+    match = _MAX_LATE.match(payload) if payload else None
     return int(match.group(1)) if match else None
 
 

@@ -25,7 +25,7 @@ from .app_state import PARK_WHEN_EAGER, RELEASED_BY_TEST, Producing, producing, 
 from .bulk import build_messages, split_call
 from .capture import announce_parked, capture
 from .config import get_config
-from .entry import TaskMessage
+from .entry import TaskMessage, with_max_late
 from .errors import ConfigurationError, ZDelayError
 from .keys import (
     check_max_wait,
@@ -38,6 +38,7 @@ from .limit_keys import take_limit_key
 from .names import validate_limit_key, validate_task_id
 from .redis_layout import RedisLayout
 from .schedule import Due, due_from, jitter_ms
+from .stale import PERIODIC_ID_PREFIX, max_late_ms
 from .steering import announce_cancelled
 from .store import Parked, ParkRequest, admin
 from .store.client import store_errors
@@ -89,6 +90,7 @@ def park_task(
     _check_given_id(options)
     spread_ms = _take_jitter(options)
     take_limit_key(app, options)
+    late_ms = _take_max_late(options)
     key = _take_marks(app, options)
     eager = _eager(app)
     if eager and _runs_now(app, eager):
@@ -99,7 +101,7 @@ def park_task(
         result, messages = capture(
             app, lambda producer: task.apply_async(args, kwargs, producer=producer, **options)
         )
-    parked = park_messages(app, messages, due, spread_ms=spread_ms)
+    parked = park_messages(app, messages, due, spread_ms=spread_ms, max_late_ms=late_ms)
     if key is not None and parked and parked[0] != result.id:
         # The key was held: the caller gets the entry that holds it.
         return task.AsyncResult(parked[0])
@@ -112,6 +114,15 @@ def _take_jitter(options: dict[str, Any]) -> int:
     Checked before anything else happens, under ``task_always_eager`` too.
     """
     return jitter_ms(options.pop("jitter", None))
+
+
+def _take_max_late(options: dict[str, Any]) -> int | None:
+    """Pop ``max_late=`` (seconds) from *options*: how late, in ms, a release may be.
+
+    Checked before anything else happens, under ``task_always_eager`` too
+    (see :mod:`celery_zdelay.stale`).
+    """
+    return max_late_ms(options.pop("max_late", None))
 
 
 def _check_given_id(options: Any) -> None:
@@ -188,9 +199,12 @@ def park_many(
         )
     spread_ms = _take_jitter(options)
     take_limit_key(app, options)
+    late_ms = _take_max_late(options)
     keys = options.pop("keys", None)
     if keys is not None:
-        return _park_many_keyed(task, list(calls), keys, countdown, eta, spread_ms, options)
+        return _park_many_keyed(
+            task, list(calls), keys, countdown, eta, spread_ms, options, late_ms=late_ms
+        )
     if options.get("tags") is not None:
         set_headers(options, None, None, options.pop("tags"))
     options.pop("tags", None)
@@ -203,7 +217,7 @@ def park_many(
     due = due_from(countdown, eta)
     with _not_eager(app):
         results, messages = build_messages(task, calls, options)
-    park_messages(app, messages, due, spread_ms=spread_ms)
+    park_messages(app, messages, due, spread_ms=spread_ms, max_late_ms=late_ms)
     return results
 
 
@@ -215,6 +229,8 @@ def _park_many_keyed(
     eta: Any,
     spread_ms: int,
     options: dict[str, Any],
+    *,
+    late_ms: int | None = None,
 ) -> list[Any]:
     """``apply_delayed_many(keys=[...])``: each call with its own key; one step per shard."""
     if isinstance(keys, (str, bytes)) or len(list(keys)) != len(calls):
@@ -252,7 +268,7 @@ def _park_many_keyed(
 
     with _not_eager(app):
         results, messages = capture(app, send_all)
-    parked = park_messages(app, messages, due, spread_ms=spread_ms)
+    parked = park_messages(app, messages, due, spread_ms=spread_ms, max_late_ms=late_ms)
     return [
         task.AsyncResult(parked_id) if parked_id != result.id else result
         for result, parked_id in zip(results, parked, strict=True)
@@ -288,6 +304,7 @@ def apply_delayed(
     for member in _members(signature):
         _check_given_id(member.options)
     spread_ms = _take_jitter(options)
+    late_ms = _take_max_late(options)
     app = app or signature._app or signature.app
     if countdown is None and eta is None:
         countdown = signature.options.get("countdown")
@@ -302,7 +319,7 @@ def apply_delayed(
         result, messages = capture(
             app, lambda producer: signature.apply_async(producer=producer, **options)
         )
-    park_messages(app, messages, due)
+    park_messages(app, messages, due, max_late_ms=late_ms)
     _remember_canvas(app, result, messages, due)
     return result
 
@@ -323,6 +340,7 @@ def send_delayed(
     _check_given_id(options)
     spread_ms = _take_jitter(options)
     take_limit_key(app, options)
+    late_ms = _take_max_late(options)
     key = _take_marks(app, options)
     _reject_connection_options(options)
     due = due_from(countdown, eta)
@@ -330,7 +348,7 @@ def send_delayed(
         result, messages = capture(
             app, lambda producer: app.send_task(name, args, kwargs, producer=producer, **options)
         )
-    parked = park_messages(app, messages, due, spread_ms=spread_ms)
+    parked = park_messages(app, messages, due, spread_ms=spread_ms, max_late_ms=late_ms)
     if key is not None and parked and parked[0] != result.id:
         return app.AsyncResult(parked[0])
     return result
@@ -376,12 +394,19 @@ _current_batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
 
 
 def park_messages(
-    app: Celery, messages: list[TaskMessage], due: Due, *, spread_ms: int = 0
+    app: Celery,
+    messages: list[TaskMessage],
+    due: Due,
+    *,
+    spread_ms: int = 0,
+    max_late_ms: int | None = None,
 ) -> list[str]:
     """Park captured *messages* of *app*, all due at *due*, atomically.
 
     With *spread_ms* (``jitter=``), each message is due at its own random
-    moment in ``[due, due + spread_ms]``: never before *due*.
+    moment in ``[due, due + spread_ms]``: never before *due*. With
+    *max_late_ms* (``max_late=``), each entry carries it for the release
+    (see :mod:`celery_zdelay.stale`).
 
     Returns, per message, the id of the entry parked for it: its own, or for
     a message with a key already held (``on_key``), the holder's.
@@ -392,7 +417,7 @@ def park_messages(
     # The worker gives the task this ETA back in request.eta (periodic ticks,
     # parked through park_requests, have none: Celery beat sends none).
     carry_eta(app, messages, dues)
-    requests = _requests(app, parking, messages, dues)
+    requests = _requests(app, parking, messages, dues, max_late_ms=max_late_ms)
     pending = _current_batch.get()
     if pending is not None and pending.app is app:
         if any(r.mark is not None and r.mark.key is not None for r in requests):
@@ -488,16 +513,36 @@ def park_requests(
 
 
 def _requests(
-    app: Celery, parking: Producing, messages: list[TaskMessage], dues: Sequence[Due]
+    app: Celery,
+    parking: Producing,
+    messages: list[TaskMessage],
+    dues: Sequence[Due],
+    *,
+    max_late_ms: int | None = None,
 ) -> list[ParkRequest]:
-    """:func:`park_requests` with the app's :class:`Producing` already looked up."""
+    """:func:`park_requests` with the app's :class:`Producing` already looked up.
+
+    *max_late_ms* goes into each entry's metadata line (see :mod:`.stale`).
+    """
     encoder = parking.encoder
+    if max_late_ms is not None and parking.config.whole_messages:
+        raise ConfigurationError(
+            "max_late= cannot be stored with zdelay_whole_messages: a message parked whole "
+            "has no metadata line to hold it. Set zdelay_max_late on the companions instead "
+            "(it applies to every entry), or turn zdelay_whole_messages off. Nothing was parked."
+        )
     requests = []
     for message, due in zip(messages, dues, strict=True):
         validate_task_id(message.task_id)
         if LIMIT_KEY_HEADER in message.headers:
             # Set by limit_key= (checked there) or by hand (transparent mode).
             validate_limit_key(message.headers[LIMIT_KEY_HEADER])
+        if max_late_ms is not None and message.task_id.startswith(PERIODIC_ID_PREFIX):
+            raise ConfigurationError(
+                f"max_late= cannot apply to task id {message.task_id!r}: ids starting with "
+                f"{PERIODIC_ID_PREFIX!r} are periodic occurrences, which are never stale "
+                "(zdelay_missed decides). Choose another task_id. Nothing was parked."
+            )
         if parking.config.worker_dedupe:
             # The worker-side guard tells a second publish of this park from
             # a redelivery by it (celery_zdelay.worker.refuse_second_delivery).
@@ -512,6 +557,8 @@ def _requests(
             dest=dest,
             layout=parking.layout.fingerprint if parking.layout and dest else None,
         )
+        if max_late_ms is not None:
+            payload = with_max_late(payload, max_late_ms)
         mark = (
             mark_from_headers(message.headers, hold_ms=parking.config.key_hold_ms)
             if KEY_HEADER in message.headers

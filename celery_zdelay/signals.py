@@ -28,6 +28,7 @@ __all__ = [
     "tasks_held",
     "tasks_parked",
     "tasks_rescheduled",
+    "tasks_stale",
 ]
 
 #: Sent when a companion starts releasing. Sender: the
@@ -55,6 +56,16 @@ batch_released = Signal(name="zdelay_batch_released")
 #: Arguments: ``shard``, ``task_id``, ``reason`` (text), ``due_ms``.
 task_dead_lettered = Signal(name="zdelay_task_dead_lettered")
 
+#: Sent when a companion found entries stale: claimed later than their
+#: ``max_late`` after their due time (:mod:`celery_zdelay.stale`). Sender: the
+#: companion. Arguments: ``shard``; ``outcome``, what ``zdelay_on_stale`` did:
+#: ``"dead"`` (dead-lettered with reason ``"stale"``; ``task_dead_lettered``
+#: is sent for each too), ``"drop"`` (cancelled; ``tasks_cancelled`` is sent
+#: too) or ``"run"`` (published anyway: sent once the broker took them);
+#: ``task_ids``; ``lateness_ms``, how late each was when it was claimed
+#: (Redis clock).
+tasks_stale = Signal(name="zdelay_tasks_stale")
+
 #: Sent when a rate limit or a pause held entries back (parked in Redis until
 #: it allows them). Sender: the companion. Arguments: ``shard``; ``control``,
 #: the control name (``"queue:emails"``, ``"task:proj.sms"``); ``reason``,
@@ -63,8 +74,9 @@ tasks_held = Signal(name="zdelay_tasks_held")
 
 #: Sent after parked tasks were cancelled, whoever cancelled them (Python,
 #: the CLI, the dashboard, or a keyed call whose ``on_key="replace"`` or
-#: ``"debounce"`` took the parked task out). Sent in the process that cancelled, not the
-#: companion. Sender: the Celery app. Arguments: ``task_ids``, the ids that
+#: ``"debounce"`` took the parked task out, or a companion that dropped a
+#: stale task: ``zdelay_on_stale = "drop"``). Sent in the process that
+#: cancelled. Sender: the Celery app. Arguments: ``task_ids``, the ids that
 #: were still parked and now never run (for a canvas, its result id too);
 #: ``by``, who cancelled where known (``"cli:alice"``,
 #: ``"dashboard:alice"``) or None. celery-zdelay's own receivers record each

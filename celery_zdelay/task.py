@@ -38,6 +38,7 @@ class DelayedTaskMixin(RunHooks):
         jitter: Any = None,
         limit_key: str | None = None,
         max_wait: Any = None,
+        max_late: Any = None,
         **options: Any,
     ) -> Any:
         """Park this call until it is due; return its ``AsyncResult`` at once.
@@ -75,6 +76,14 @@ class DelayedTaskMixin(RunHooks):
         it unless the cap says so; with *jitter* too, the cap still holds
         (see :doc:`/keys-and-tags`).
 
+        *max_late* (seconds, or a ``timedelta``) is how late after its due
+        time the task may still be released; a companion that would release
+        it later (after an outage, a long pause, a rate-limit backlog) does
+        what ``zdelay_on_stale`` says instead: dead-letter it with reason
+        ``"stale"`` (the default), drop it (cancelled, ``REVOKED``) or run it
+        anyway (counted). It overrides the companions' ``zdelay_max_late``
+        (see :doc:`/control`, "Stale releases").
+
         Raises:
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
@@ -85,22 +94,23 @@ class DelayedTaskMixin(RunHooks):
                 *jitter* is not a number of seconds from 0 to 86,400,
                 *max_wait* is given without ``key=`` and
                 ``on_key="debounce"`` or is not a number of seconds from
-                0.001 to about 100 years, or the *limit_key* breaks the rule
-                of keys; nothing was parked.
+                0.001 to about 100 years, *max_late* is not a number of
+                seconds of at least 1, or the *limit_key* breaks the rule of
+                keys; nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
 
         Warns:
             celery_zdelay.UnmatchedLimitKeyWarning: no per-key limit of the
                 settings matches *limit_key* (once per process per pattern).
         """
-        if limit_key is not None:
-            options["limit_key"] = limit_key
         for name, value in (
             ("key", key),
             ("on_key", on_key),
             ("tags", tags),
             ("jitter", jitter),
             ("max_wait", max_wait),
+            ("max_late", max_late),
+            ("limit_key", limit_key),
         ):
             if value is not None:
                 options[name] = value
@@ -118,6 +128,7 @@ class DelayedTaskMixin(RunHooks):
         jitter: Any = None,
         limit_key: str | None = None,
         max_wait: Any = None,
+        max_late: Any = None,
         **options: Any,
     ) -> list[Any]:
         """Park many calls of this task, all due at once; return one ``AsyncResult`` per call.
@@ -146,28 +157,29 @@ class DelayedTaskMixin(RunHooks):
         *tags* tag every call; *keys* gives each call its key (None for
         none), with one *on_key* (and *max_wait*, for ``"debounce"``) for
         all (see :meth:`apply_delayed`); the result of a call whose key is
-        held is the holder's. *limit_key* applies to every call (see
-        :meth:`apply_delayed`).
+        held is the holder's. *limit_key* and *max_late* apply to every call
+        (see :meth:`apply_delayed`).
 
         Raises:
             celery_zdelay.ConfigurationError: an item is neither a tuple, list
                 nor dict, ``task_id=`` was given (each call has its own),
                 *jitter* is not a number of seconds from 0 to 86,400,
                 *max_wait* is given without ``keys=`` and
-                ``on_key="debounce"`` or is not a duration, or the
-                *limit_key* breaks the rule of keys; nothing was parked.
+                ``on_key="debounce"`` or is not a duration, *max_late* is not
+                a number of seconds of at least 1, or the *limit_key* breaks
+                the rule of keys; nothing was parked.
             kombu.exceptions.EncodeError: an argument cannot be serialized;
                 nothing was parked.
             celery_zdelay.StoreUnavailableError: the store cannot be reached.
         """
-        if limit_key is not None:
-            options["limit_key"] = limit_key
         for name, value in (
             ("keys", keys),
             ("on_key", on_key),
             ("tags", tags),
             ("jitter", jitter),
             ("max_wait", max_wait),
+            ("max_late", max_late),
+            ("limit_key", limit_key),
         ):
             if value is not None:
                 options[name] = value

@@ -44,7 +44,8 @@ class HistoryEvent:
     late_ms: int | None = None
     #: Held: ``"pause"``, ``"rate_limit"`` or ``"concurrency"``; cancelled: ``"id"``, ``"tag"``,
     #: ``"matching"`` (other filters), ``"replaced"`` (by a keyed park) or
-    #: ``"withdrawn"`` (a periodic occurrence); dead: the dead letter's reason.
+    #: ``"withdrawn"`` (a periodic occurrence), ``"stale"`` (dropped by a companion
+    #: past its ``max_late``); dead: the dead letter's reason.
     reason: str | None = None
     #: Parked: which call, ``"plain"``, ``"keyed"``, ``"bulk"`` or ``"periodic"``
     #: (an occurrence of a periodic schedule).

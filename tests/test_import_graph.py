@@ -60,6 +60,7 @@ STORE_FOUNDATIONS = frozenset(
         "errors",
         "rates",  # rate limit values, read by config and the control keys
         "schedule",  # Due, a due time
+        "stale",  # max_late values, read by config
     )
 )
 

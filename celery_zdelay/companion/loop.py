@@ -345,6 +345,8 @@ class Companion:
         self.totals.published += report.published
         self.totals.dead_lettered += report.dead_lettered
         self.totals.returned += report.returned
+        for outcome, count in report.stale.items():
+            self.totals.stale[outcome] = self.totals.stale.get(outcome, 0) + count
 
     def _send(self, signal: Any, **kwargs: Any) -> None:
         # A failing receiver must not stop releases: log it and carry on.

@@ -31,14 +31,16 @@ fed by :mod:`celery_zdelay.signals`::
     zdelay_release_lateness_seconds{path}       release time minus due time
     zdelay_claim_duration_seconds               duration of each claim call that took entries
     zdelay_held_total{control,reason}           entries held back by a rate limit or a pause
+    zdelay_stale_total{outcome}                 entries released past their max_late, by what
+                                                zdelay_on_stale did: "dead", "drop" or "run"
 
 and the entries held back now (:mod:`celery_zdelay.control_metrics`)::
 
     zdelay_held_tasks{control,reason}           reason "rate_limit", "concurrency" or "pause"
 
 There is no cancellation counter: cancellations happen in producers and in
-``zdelay cancel``, never in the companion, so a counter here would always
-read 0.
+``zdelay cancel``; the one kind a companion makes, dropping a stale task, is
+``zdelay_stale_total{outcome="drop"}``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from .. import signals
 from ..control_metrics import ControlCollector
 from ..errors import ConfigurationError, ZDelayError
 from ..periodic.metrics import PeriodicCollector
+from ..stale import ON_STALE
 from ..store import Store, admin
 
 if TYPE_CHECKING:
@@ -94,6 +97,8 @@ LATENESS_BUCKETS = (
 CLAIM_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 #: Release paths, labelled from the start so ``rate()`` has a zero to start from.
 _PATHS = ("handoff", "publish")
+#: What a stale release did (``zdelay_on_stale``), labelled from the start too.
+_STALE_OUTCOMES = ON_STALE
 
 
 def _prometheus() -> Any:
@@ -222,9 +227,17 @@ class Metrics:
             ["control", "reason"],
             registry=self.registry,
         )
+        self.stale = prometheus.Counter(
+            "zdelay_stale",
+            "Entries this companion found stale (past their max_late), by what it did.",
+            ["outcome"],
+            registry=self.registry,
+        )
         for path in _PATHS:
             self.released.labels(path)
             self.lateness.labels(path)
+        for outcome in _STALE_OUTCOMES:
+            self.stale.labels(outcome)
         self._sender: Any = None
 
     def connect(self, sender: Any = None) -> Metrics:
@@ -234,6 +247,7 @@ class Metrics:
         signals.batch_claimed.connect(self._on_claimed, sender=sender, weak=False)
         signals.task_dead_lettered.connect(self._on_dead_lettered, sender=sender, weak=False)
         signals.tasks_held.connect(self._on_held, sender=sender, weak=False)
+        signals.tasks_stale.connect(self._on_stale, sender=sender, weak=False)
         return self
 
     def close(self) -> None:
@@ -242,6 +256,7 @@ class Metrics:
         signals.batch_claimed.disconnect(self._on_claimed, sender=self._sender)
         signals.task_dead_lettered.disconnect(self._on_dead_lettered, sender=self._sender)
         signals.tasks_held.disconnect(self._on_held, sender=self._sender)
+        signals.tasks_stale.disconnect(self._on_stale, sender=self._sender)
 
     def _on_released(self, path: str, count: int, lateness_ms: list[int], **kwargs: Any) -> None:
         self.released.labels(path).inc(count)
@@ -257,6 +272,9 @@ class Metrics:
 
     def _on_held(self, control: str, reason: str, count: int, **kwargs: Any) -> None:
         self.held.labels(control, reason).inc(count)
+
+    def _on_stale(self, outcome: str, task_ids: list[str], **kwargs: Any) -> None:
+        self.stale.labels(outcome).inc(len(task_ids))
 
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):

@@ -5,8 +5,11 @@ straight into a Redis broker, or claim.lua into a lease), publishes what was
 leased, acknowledges what the broker accepted, gives back what it did not,
 holds what a rate limit, pause or concurrency control holds (taking a
 concurrency slot for each entry it publishes), and dead-letters what can
-never be published. What it did goes into a :class:`PassReport` and out as signals
-(:mod:`celery_zdelay.signals`), which the metrics and the audit log receive.
+never be published. An entry claimed later than its ``max_late`` is stale
+(:mod:`celery_zdelay.stale`): dead-lettered, dropped or published and
+counted, as ``zdelay_on_stale`` says. What it did goes into a
+:class:`PassReport` and out as signals (:mod:`celery_zdelay.signals`), which
+the metrics and the audit log receive.
 The loop around it (sleeping, backoff, heartbeats) is :mod:`.loop`.
 """
 
@@ -15,17 +18,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import signals
 from ..bulk_limit import too_large
 from ..config import ZDelayConfig
-from ..entry import TaskMessage, decode_entry
+from ..entry import TaskMessage, decode_entry, entry_max_late_ms
 from ..errors import EntryError
 from ..periodic.server import PeriodicServer
 from ..rates import RateLimit
+from ..stale import MAX_LATE_LOWEST_SECONDS, STALE_REASON, exempt, is_stale
+from ..steering import announce_cancelled
 from ..store import Claimed, ClaimResult, Store
 from ..store.control import (
     concurrency_lane,
@@ -45,6 +50,13 @@ if TYPE_CHECKING:
 __all__ = ["PassReport", "ReleasePass"]
 
 logger = logging.getLogger(__name__)
+
+#: What each zdelay_on_stale outcome did, as the log says it.
+_STALE_DONE = {
+    "dead": "dead-lettered (celery -A proj zdelay dead requeue puts them back)",
+    "drop": "dropped (cancelled)",
+    "run": "published anyway",
+}
 
 #: How far past the Redis clock's estimate a periodic occurrence makes the
 #: handoff name what it moves: covers the estimate's error (the time between
@@ -72,6 +84,9 @@ class PassReport:
     failed: bool = False
     #: Entries held back by a rate limit or a pause, per control name.
     held: dict[str, int] = field(default_factory=dict)
+    #: Stale entries (released past their ``max_late``), per outcome:
+    #: ``"dead"``, ``"drop"`` or ``"run"`` (see :mod:`celery_zdelay.stale`).
+    stale: dict[str, int] = field(default_factory=dict)
 
     @property
     def released(self) -> int:
@@ -197,6 +212,7 @@ class ReleasePass:
                 companion_id=self.id,
                 with_ids=self.config.audit_log or self._occurrence_due(advance_ms),
                 held_dests=held_dests,
+                max_late_ms=self.config.max_late_ms,
             )
         return self.store.claim(
             shard, limit=self.batch_size, lease_ms=self.lease_ms, advance_ms=advance_ms
@@ -236,6 +252,11 @@ class ReleasePass:
         pushable: list[tuple[Claimed, TaskMessage]] = []
         generic: list[tuple[Claimed, TaskMessage]] = []
         held: dict[str, list[str]] = {}
+        #: Stale entries: id -> ms late, those dead-lettered or dropped, and
+        #: those published anyway (counted once the broker took them).
+        stale_dead: dict[str, int] = {}
+        stale_drop: dict[str, int] = {}
+        stale_run: dict[str, int] = {}
         gate = self.gate if self.gate.active else None
         for entry in result.entries:
             try:
@@ -248,6 +269,19 @@ class ReleasePass:
             except EntryError as exc:
                 dead.append((entry.task_id, self._dead_reason(exc.reason, entry.due_ms)))
                 continue
+            # Before the gate: an entry held by a pause or limit is judged
+            # again when it is claimed from its held set, on that claim's clock.
+            late_ms = self._stale_ms(entry, result.now_ms)
+            if late_ms is not None:
+                outcome = self.config.on_stale
+                if outcome == "dead":
+                    stale_dead[entry.task_id] = late_ms
+                    dead.append((entry.task_id, self._dead_reason(STALE_REASON, entry.due_ms)))
+                    continue
+                if outcome == "drop":
+                    stale_drop[entry.task_id] = late_ms
+                    continue
+                stale_run[entry.task_id] = late_ms
             lane = gate.lane_of(message, passed=passed) if gate is not None else None
             if lane is not None:
                 held.setdefault(lane, []).append(entry.task_id)
@@ -270,11 +304,13 @@ class ReleasePass:
             pushable, generic, slotted = self._take_slots(pushable, generic, held)
         for lane, task_ids in held.items():
             self._hold(shard, token, lane, task_ids, report)
+        if stale_drop:
+            self._drop_stale(shard, token, report, stale_drop)
         first_released = len(report.task_ids)
         if pushable:
-            self._push(shard, result, report, pushable, claimed_at)
+            self._push(shard, result, report, pushable, claimed_at, stale_run)
         if generic:
-            dead += self._publish(shard, result, report, generic, claimed_at)
+            dead += self._publish(shard, result, report, generic, claimed_at, stale_run)
         if dead:
             self._dead_letter(shard, token, report, dead)
         if slotted:
@@ -282,6 +318,70 @@ class ReleasePass:
             # refused, dead-lettered) is freed: it runs nowhere.
             released = set(report.task_ids[first_released:])
             self._free_slots({i: s for i, s in slotted.items() if i not in released})
+        if stale_dead:
+            self._count_stale(shard, "dead", report, stale_dead)
+
+    def _stale_ms(self, entry: Claimed, now_ms: int) -> int | None:
+        """How late *entry* is, claimed at *now_ms* (Redis clock), if that makes it stale.
+
+        None when it is not: within its ``max_late`` (its own, else
+        ``zdelay_max_late``), without one, or a periodic occurrence. The
+        same rule as handoff.lua's, on the same clock.
+        """
+        late_ms = now_ms - entry.due_ms
+        if late_ms <= MAX_LATE_LOWEST_SECONDS * 1000 or exempt(entry.task_id):
+            return None
+        limit_ms = entry_max_late_ms(entry.payload)
+        if limit_ms is None:
+            limit_ms = self.config.max_late_ms
+        return late_ms if is_stale(late_ms, limit_ms) else None
+
+    def _drop_stale(
+        self, shard: int, token: int, report: PassReport, stale: dict[str, int]
+    ) -> None:
+        """Cancel stale entries (``zdelay_on_stale = "drop"``), recorded as every cancel is."""
+        by = f"companion:{self.id}"
+        dropped = self.store.drop_stale(shard, token, list(stale), by=by)
+        if not dropped:
+            return
+        for task_id in dropped:
+            logger.debug(
+                "Dropped stale %s on shard %d: released %d ms after due, past its max_late",
+                task_id,
+                shard,
+                stale[task_id],
+                extra={"task_id": task_id, "shard": shard},
+            )
+        # REVOKED in the result backend and task-revoked (their receivers), the audit line.
+        announce_cancelled(self.app, dropped, by, why=" (stale: released past its max_late)")
+        self._count_stale(shard, "drop", report, {task_id: stale[task_id] for task_id in dropped})
+
+    def _count_stale(
+        self, shard: int, outcome: str, report: PassReport, stale: Mapping[str, int]
+    ) -> None:
+        """Add stale entries to *report* and send ``tasks_stale`` (the metrics count it)."""
+        if not stale:
+            return
+        report.stale[outcome] = report.stale.get(outcome, 0) + len(stale)
+        # One line per batch: after an outage a backlog goes stale by the
+        # thousand, and a line per task would cost more than releasing it
+        # (each task's line is at DEBUG; zdelay_audit_log keeps one each).
+        logger.warning(
+            "Shard %d: %d stale entries %s: released %.1f s to %.1f s after due, past their "
+            "max_late",
+            shard,
+            len(stale),
+            _STALE_DONE[outcome],
+            min(stale.values()) / 1000,
+            max(stale.values()) / 1000,
+        )
+        self._send(
+            signals.tasks_stale,
+            shard=shard,
+            outcome=outcome,
+            task_ids=list(stale),
+            lateness_ms=list(stale.values()),
+        )
 
     def _take_slots(
         self,
@@ -539,6 +639,7 @@ class ReleasePass:
         report: PassReport,
         entries: list[tuple[Claimed, TaskMessage]],
         claimed_at: float,
+        stale_run: Mapping[str, int],
     ) -> None:
         # push.lua pushes the envelope read (and verified) here, not what the
         # store holds by then: a payload or template rewritten since the claim
@@ -550,7 +651,7 @@ class ReleasePass:
         pushed_ids, refused = self.store.push(shard, result.token, routes, by=self.id)
         pushed = set(pushed_ids)
         released = [(entry, message) for entry, message in entries if entry.task_id in pushed]
-        self._released(shard, "handoff", released, result, claimed_at, report)
+        self._released(shard, "handoff", released, result, claimed_at, report, stale_run)
         if refused:
             due_ms = {entry.task_id: entry.due_ms for entry, _ in entries}
             dead = [(task_id, self._dead_reason(why, due_ms[task_id])) for task_id, why in refused]
@@ -563,6 +664,7 @@ class ReleasePass:
         report: PassReport,
         entries: list[tuple[Claimed, TaskMessage]],
         claimed_at: float,
+        stale_run: Mapping[str, int],
     ) -> list[tuple[str, DeadReason]]:
         """Publish through kombu; ack what the broker accepted, give back the rest.
 
@@ -578,7 +680,7 @@ class ReleasePass:
             self.store.unclaim(shard, result.token, returned)
             report.returned += len(returned)
             report.failed = True
-        self._released(shard, "publish", accepted, result, claimed_at, report)
+        self._released(shard, "publish", accepted, result, claimed_at, report, stale_run)
         return [
             (entries[i][0].task_id, self._dead_reason(refusal, entries[i][0].due_ms))
             for i, refusal in outcome.rejected.items()
@@ -592,10 +694,18 @@ class ReleasePass:
         result: ClaimResult,
         claimed_at: float,
         report: PassReport,
+        stale_run: Mapping[str, int],
     ) -> None:
-        """Count, signal and log leased entries that reached the broker."""
+        """Count, signal and log leased entries that reached the broker.
+
+        Those of *stale_run* (id -> ms late) were stale and published anyway
+        (``zdelay_on_stale = "run"``): counted as such once the broker took them.
+        """
         if not released:
             return
+        if stale_run:
+            ran = {e.task_id: stale_run[e.task_id] for e, _ in released if e.task_id in stale_run}
+            self._count_stale(shard, "run", report, ran)
         # On the Redis clock: the claim's time plus what releasing took.
         released_ms = result.now_ms + round((time.perf_counter() - claimed_at) * 1000)
         lateness = [released_ms - entry.due_ms for entry, _ in released]
@@ -659,7 +769,10 @@ class ReleasePass:
         """Count, log and signal entries moved to the dead-letter set (audit included)."""
         report.dead_lettered += len(dead)
         for task_id, reason in dead:
-            logger.error(
+            # A stale entry is what its max_late asked for: summed up in
+            # one line per batch (_count_stale), not an error each.
+            logger.log(
+                logging.DEBUG if reason.reason == STALE_REASON else logging.ERROR,
                 "Dead-lettered %s on shard %d: %s",
                 task_id,
                 shard,

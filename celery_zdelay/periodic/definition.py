@@ -324,6 +324,12 @@ def from_beat_entry(
         raise ConfigurationError(f"{where}: args must be a list or tuple, got {args!r}.")
     if not isinstance(kwargs, Mapping) or not isinstance(options, Mapping):
         raise ConfigurationError(f"{where}: kwargs and options must be dicts.")
+    if "max_late" in options:
+        raise ConfigurationError(
+            f"{where}: options has max_late, which does not apply to a periodic task: an "
+            "occurrence released late follows the schedule's zdelay_missed ('once', 'all' or "
+            "'skip') instead. Remove max_late from its options."
+        )
     spec = schedule_spec(entry.get("schedule"), bool(entry.get("relative")), where)
     zone = entry.get("zdelay_timezone")
     if zone is not None:

@@ -162,6 +162,7 @@ STORE_SCRIPTS: tuple[ScriptSpec, ...] = (
     _store_script("unclaim", TRANSITIONS),
     _store_script("recover", TRANSITIONS),
     _store_script("deadletter", MARKS, TRANSITIONS),
+    _store_script("drop_stale", MARKS, TRANSITIONS),
     _store_script("cancel", MARKS, TRANSITIONS),
     _store_script("reschedule", TRANSITIONS),
     _store_script("requeue", MARKS, WHERE, TRANSITIONS),
@@ -338,6 +339,7 @@ class Scripts:
     unclaim: Script
     recover: Script
     deadletter: Script
+    drop_stale: Script
     cancel: Script
     reschedule: Script
     requeue: Script

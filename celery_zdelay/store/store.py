@@ -627,6 +627,7 @@ class Store:
         companion_id: str = "",
         with_ids: bool = False,
         held_dests: Iterable[str] = (),
+        max_late_ms: int | None = None,
     ) -> ClaimResult:
         """Recover expired leases, then hand due entries off to the broker's lists.
 
@@ -636,7 +637,10 @@ class Store:
         With *with_ids* the ids handed off are returned too
         (:attr:`ClaimResult.handed_ids`), for the audit trail and periodic runs.
         Entries for the queue lists *held_dests* (paused or rate-limited
-        queues) are leased instead, for the companion's gate.
+        queues) are leased instead, for the companion's gate, and so are
+        entries released later than their ``max_late`` (else *max_late_ms*,
+        None for no limit): stale, for the companion to deal with
+        (:mod:`celery_zdelay.stale`).
         """
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "recover", "handoff")
@@ -669,6 +673,7 @@ class Store:
                 companion_id,
                 "1" if with_ids else "0",
                 "\n".join(held_dests),
+                "" if max_late_ms is None else max_late_ms,
                 *history.args,
             ],
         )
@@ -865,6 +870,36 @@ class Store:
                     client=self.client,
                 )
             )
+
+    def drop_stale(
+        self, shard: int, token: int, task_ids: Sequence[str], *, by: str | None = None
+    ) -> list[str]:
+        """Cancel claimed entries that went stale, if this claim still owns them.
+
+        Lease -> gone in one script (``drop_stale.lua``): with their payload,
+        template count, key and tags; their history says cancelled, reason
+        ``stale``, by *by*. Returns the ids cancelled.
+        """
+        if not task_ids:
+            return []
+        keys = self._keys[shard]
+        self.ensure_allowed(keys.due, "drop_stale")
+        history = self.history_args(shard, "stale", by)
+        with store_errors(self.url):
+            dropped = self.scripts.drop_stale(
+                keys=[
+                    keys.lease,
+                    keys.leased,
+                    keys.msg,
+                    keys.templates,
+                    keys.marks,
+                    keys.tagged,
+                    *history.keys,
+                ],
+                args=[token, *task_ids, *history.args],
+                client=self.client,
+            )
+        return [_text(task_id) for task_id in dropped]
 
     def purge_dead(self, shard: int, task_ids: Sequence[str]) -> int:
         """Delete dead-lettered entries of *shard* for good; return how many were dead.

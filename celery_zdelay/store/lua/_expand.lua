@@ -90,11 +90,15 @@ end
 -- The template of an entry in the exact unsigned form entry.py writes
 -- ({"v":1,"t":"<id>","n":<n>}, a newline, values each ending in a NUL),
 -- with park.lua's parked-at stamp ({"p":<ms>,"v":1,...}) or without it
--- (parked by an earlier release), and where its values start; nil for any
--- other form (read by zdelay_read).
+-- (parked by an earlier release), with a call's max_late after the stamp
+-- ({"p":<ms>,"m":<ms>,"v":1,...}) or without it, and where its values start;
+-- nil for any other form (read by zdelay_read).
 local function zdelay_fast_entry(templates_key, payload)
   if not payload then return nil end
   local tid, n, pos = string.match(payload, '^{"p":%d+,"v":1,"t":"(%x+)","n":(%d+)}\n()')
+  if not tid then
+    tid, n, pos = string.match(payload, '^{"p":%d+,"m":%d+,"v":1,"t":"(%x+)","n":(%d+)}\n()')
+  end
   if not tid then
     tid, n, pos = string.match(payload, '^{"v":1,"t":"(%x+)","n":(%d+)}\n()')
   end

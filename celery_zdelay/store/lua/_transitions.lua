@@ -28,7 +28,8 @@
 --   zdelay_t_release    in flight or taken -> gone, marks leave "release"
 --                                                           ack, push, handoff
 --   zdelay_t_cancel     due, held or in flight -> gone, marks leave "cancel"
---                                                           cancel, park_keyed, periodic withdraw
+--                                                           cancel, park_keyed, periodic withdraw,
+--                                                           drop_stale
 --   zdelay_t_bury       in flight or taken -> dead, marks kept as "d:"
 --                                                           deadletter, handoff
 --   zdelay_t_requeue    dead -> due                         requeue

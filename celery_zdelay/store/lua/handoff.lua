@@ -2,7 +2,9 @@
 -- atomic step: there is no moment at which an entry is both in a queue and
 -- still parked, so each is delivered exactly once. Entries that cannot be
 -- handed off (no destination, another transport layout, unknown schema,
--- damaged payload) are leased for the companion's generic path instead;
+-- damaged payload) are leased for the companion's generic path instead, and
+-- so are stale entries (released later than their max_late: see
+-- celery_zdelay/stale.py), for the companion to dead-letter, drop or run;
 -- an entry whose queue list key holds another type (which LPUSH would refuse
 -- halfway through the script) is dead-lettered with that reason. Every check
 -- comes before the first write (_guard.lua).
@@ -32,6 +34,8 @@
 -- ARGV[9] queue list keys of paused or rate-limited queues, joined by "\n"
 --         (empty: none): their entries are leased, for the companion's gate
 --         to hold, instead of handed off
+-- ARGV[10] the companion's zdelay_max_late in ms (empty: none), for entries
+--          parked without their own ("m" in their metadata line, entry.py)
 -- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, needs_dests,
 --          n_leased, n_dead, id, due_score, payload (n_leased times),
 --          id, reason JSON (n_dead times), [id of each entry handed off,]
@@ -50,6 +54,23 @@ zdelay_expect(due, 'zset', msg, 'hash', lease, 'zset', leased, 'hash', templates
 local tag_base = zdelay_expect_counter(tags)
 local now_ms = zdelay_now_ms()
 local expiry = now_ms + lease_ms
+
+local default_late_ms = tonumber(ARGV[10] or '')
+
+-- Whether an entry claimed now is stale: released later than its own
+-- max_late (first in its metadata line, after the parked-at stamp), else
+-- the companion's. No limit is under a second (stale.py), so an entry
+-- released within a second of its due time costs one subtraction; a late
+-- one an anchored match on its first bytes. Periodic occurrences follow
+-- their schedule's zdelay_missed instead (their ids: stale.py).
+local function stale(id, score, payload)
+  local late_ms = now_ms - math.floor(tonumber(score) / 1024)
+  if late_ms <= 1000 then return false end
+  local limit = payload and (string.match(payload, '^{"p":%d+,"m":(%d+),')
+    or string.match(payload, '^{"m":(%d+),'))
+  limit = tonumber(limit) or default_late_ms
+  return limit ~= nil and late_ms > limit and string.sub(id, 1, 9) ~= 'periodic:'
+end
 
 local known = {}
 for i = 9, #KEYS - 2 do known[KEYS[i]] = true end
@@ -110,7 +131,8 @@ local taken, needs_dests, n_handed = 0, 0, 0
 local last_dest, last_list
 for j = 1, #claimed / 2 do
   local id, score, payload = claimed[2 * j - 1], claimed[2 * j], payloads[j]
-  local dest, template, rest, tid = destination(payload)
+  local dest, template, rest, tid
+  if not stale(id, score, payload) then dest, template, rest, tid = destination(payload) end
   if dest and held_dests[dest] then dest = nil end
   if dest and not known[dest] and not fresh then
     -- Stop here, leaving this entry and later ones parked, so the caller can
