@@ -16,12 +16,18 @@ from typing import Any
 
 import redis
 
-from .common import spread
+from .common import now_ms, spread
 from .infra import MachineLoad
 
 #: Parked months ahead behind every measurement; ``--sizes`` adds 10,000,000.
 SIZES_FULL = (0, 100_000, 1_000_000)
 SIZES_QUICK = (0, 10_000)
+
+
+#: A burst's due time is this many times the seconds its park should take ahead.
+MARGIN_FACTOR = 3.0
+#: A park must end this long before the due time for the release to count.
+READY_MS = 300
 
 
 def park_burst(filler: Any, n: int, due_ms: int) -> tuple[list[str], float]:
@@ -31,7 +37,32 @@ def park_burst(filler: Any, n: int, due_ms: int) -> tuple[list[str], float]:
     for chunk in filler.requests(n, marked=False, due_ms=lambda seq: due_ms):
         filler.store.park(chunk)
         ids += [request.task_id for request in chunk]
-    return ids, time.perf_counter() - began
+    seconds = time.perf_counter() - began
+    if n >= 1_000:
+        filler.burst_rate = n / seconds
+    return ids, seconds
+
+
+def calibrate(filler: Any, app: Any, n: int = 5_000) -> float:
+    """Park *n* a day ahead and cancel them: the park rate the first burst's margin needs."""
+    from celery_zdelay.steering import cancel_ids
+
+    ids, seconds = park_burst(filler, n, now_ms() + 86_400_000)
+    cancel_ids(ids, app=app)
+    return n / seconds
+
+
+def park_due_at_once(filler: Any, n: int) -> dict[str, Any]:
+    """Park *n* due at one instant, set :data:`MARGIN_FACTOR` times the park's time ahead.
+
+    Under a load spike the park may still end past the due time: the burst is
+    released all the same, and ``valid`` is False (its release time does not count).
+    """
+    rate = min(filler.rate, getattr(filler, "burst_rate", filler.rate))
+    margin_s = 2.0 + MARGIN_FACTOR * n / max(rate, 200)
+    due = now_ms() + int(margin_s * 1000)
+    ids, park_s = park_burst(filler, n, due)
+    return {"ids": ids, "due": due, "park_s": park_s, "valid": now_ms() <= due - READY_MS}
 
 
 def ids_in_list(client: redis.Redis, queue: str) -> list[str]:

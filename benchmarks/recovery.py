@@ -45,10 +45,12 @@ from .backlog import (
     SIZES_FULL,
     SIZES_QUICK,
     LoadRecord,
+    calibrate,
     cell,
     count_ids,
     ids_in_list,
     park_burst,
+    park_due_at_once,
     parse_sizes,
     summary,
 )
@@ -91,6 +93,7 @@ def run_recovery(
         client = server.client()
         res.callback(client.close)
         filler = _Filler(app)
+        result["calibration_park_rate"] = round(calibrate(filler, app))
         bench = _Bench(app, res, server, client, filler)
         bench.companion = bench.spawn()
         bench.companion.wait_for_log(" started: ")
@@ -157,11 +160,8 @@ class _Bench:
         """SIGKILL the companion a quarter into a burst, start another: resume, all, ids."""
         assert self.companion is not None
         self.client.delete(self.queue)
-        margin_s = 3.0 + 2 * n / max(self.filler.rate, 1_000)
-        due = now_ms() + int(margin_s * 1000)
-        ids, park_s = park_burst(self.filler, n, due)
-        if now_ms() > due - 300:
-            raise BenchmarkError(f"recovery: parking {n:,} took {park_s:.1f} s, past due")
+        burst = park_due_at_once(self.filler, n)
+        ids, due = burst["ids"], burst["due"]
         threshold = max(1, int(n * KILL_AT))
         deadline = time.monotonic() + 60 + n / 1000
         while int(self.client.llen(self.queue)) < threshold:
@@ -185,6 +185,8 @@ class _Bench:
         self.client.delete(self.queue)
         return {
             "n": n,
+            "park_s": round(burst["park_s"], 2),
+            "parked_before_due": burst["valid"],
             "in_broker_at_kill": at_kill,
             "mid_burst": at_kill < n,
             "resume_after_kill_s": None if resumed is None else round(resumed, 3),
