@@ -24,8 +24,9 @@ SIZES_FULL = (0, 100_000, 1_000_000)
 SIZES_QUICK = (0, 10_000)
 
 
-#: A burst's due time is this many times the seconds its park should take ahead.
-MARGIN_FACTOR = 3.0
+#: A burst's due time is this many times the seconds its park should take ahead
+#: (its rate from the last burst parked, or the calibration), plus two seconds.
+MARGIN_FACTOR = 1.5
 #: A park must end this long before the due time for the release to count.
 READY_MS = 300
 

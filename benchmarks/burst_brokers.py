@@ -79,6 +79,7 @@ def run_burst_brokers(
         url = f"{server.url}/0"
         client = server.client()
         res.callback(client.close)
+        result["redis_version"] = str(client.info("server")["redis_version"])
         apps = {"redis": make_app(broker=url, store=url)}
         if "rabbitmq" in brokers:
             queue = unique("zbench")

@@ -212,6 +212,8 @@ def run_cluster_scale(
     }
     with Resources() as res:
         setups = {m: _Setup(res, m) for m in masters}
+        first = next(iter(setups.values()))
+        result["redis_version"] = str(first.broker.info("server")["redis_version"])
         parked = 0
         for size in sizes:
             print(f"cluster_scale: filling each to {size:,} ...", file=sys.stderr, flush=True)

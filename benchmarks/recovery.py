@@ -93,6 +93,7 @@ def run_recovery(
         client = server.client()
         res.callback(client.close)
         filler = _Filler(app)
+        result["redis_version"] = str(client.info("server")["redis_version"])
         result["calibration_park_rate"] = round(calibrate(filler, app))
         bench = _Bench(app, res, server, client, filler)
         bench.companion = bench.spawn()
@@ -311,7 +312,7 @@ def table(result: dict[str, Any]) -> str:
     machine = result["machine"]
     lines.append(
         f"load average {machine['loadavg_start']} -> {machine['loadavg_end']}; "
-        f"{machine['note']}; took {result['seconds']} s"
+        f"Redis {result['redis_version']}; {machine['note']}; took {result['seconds']} s"
     )
     return "\n".join(lines)
 
