@@ -68,8 +68,12 @@ class Cluster:
     """*masters* private Redis nodes, the 16,384 slots split evenly, no replicas."""
 
     def __init__(self, masters: int) -> None:
+        # A node also listens on its port + 10,000: tests/servers.py picks one below 55,536.
+        from tests.servers import _cluster_port
+
         self.nodes = [
             RedisServer(
+                port=_cluster_port(),
                 cluster_enabled="yes",
                 cluster_config_file="nodes.conf",
                 cluster_node_timeout="5000",
