@@ -145,6 +145,33 @@ def _scale(sizes: Sizes) -> dict[str, Any]:
     return result
 
 
+def _recovery(sizes: Sizes) -> dict[str, Any]:
+    from .recovery import SIZES_FULL, SIZES_QUICK, run_recovery, table
+
+    quick = sizes == QUICK
+    result = run_recovery(SIZES_QUICK if quick else SIZES_FULL, quick=quick)
+    print(table(result), file=sys.stderr)  # the P1-P8 table does not show it
+    return result
+
+
+def _burst_brokers(sizes: Sizes) -> dict[str, Any]:
+    from .burst_brokers import SIZES_FULL, SIZES_QUICK, run_burst_brokers, table
+
+    quick = sizes == QUICK
+    result = run_burst_brokers(SIZES_QUICK if quick else SIZES_FULL, quick=quick)
+    print(table(result), file=sys.stderr)
+    return result
+
+
+def _cluster_scale(sizes: Sizes) -> dict[str, Any]:
+    from .cluster_scale import SIZES_FULL, SIZES_QUICK, run_cluster_scale, table
+
+    quick = sizes == QUICK
+    result = run_cluster_scale(SIZES_QUICK if quick else SIZES_FULL, quick=quick)
+    print(table(result), file=sys.stderr)
+    return result
+
+
 def _peers(sizes: Sizes) -> dict[str, Any]:
     from .peers import FULL as PEERS_FULL
     from .peers import QUICK as PEERS_QUICK
@@ -179,6 +206,18 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     "fairness": ("release control: per-key limits, exact per key and fair between keys", _fairness),
     "web": ("dashboard pages over 1,000,000 parked", _web),
     "scale": ("cost as the work grows: 0 to 10,000,000 parked", _scale),
+    "recovery": (
+        "a companion's start, SIGKILL mid-burst, a Redis restart from AOF, with a backlog",
+        _recovery,
+    ),
+    "burst_brokers": (
+        "100,000 due at once with a backlog behind, into a Redis broker and RabbitMQ",
+        _burst_brokers,
+    ),
+    "cluster_scale": (
+        "park and release rates on a Redis Cluster of 1, 2 and 3 masters, with a backlog",
+        _cluster_scale,
+    ),
     "peers": (
         "beside native ETA, RabbitMQ delayed delivery, celery-redis-plus, "
         "celery-longterm-scheduler (only with --only peers)",
@@ -186,8 +225,9 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Sizes], dict[str, Any]]]] = {
     ),
 }
 #: Run only when named (``--only scale,peers``): they take long (scale: 27 minutes and
-#: 7 GB of Redis in full), or need what the suite does not (peers: Python 3.13).
-OPT_IN = frozenset({"scale", "peers"})
+#: 7 GB of Redis in full; recovery, burst_brokers, cluster_scale: minutes each and a
+#: backlog of 1,000,000), or need what the suite does not (peers: Python 3.13).
+OPT_IN = frozenset({"scale", "peers", "recovery", "burst_brokers", "cluster_scale"})
 
 
 def is_full_suite(run: dict[str, Any]) -> bool:

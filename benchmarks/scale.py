@@ -198,7 +198,7 @@ def run_scale(
 class _Filler:
     """Grows the backlog with copies of two park requests: a plain one and a marked one."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, first_seq: int = 0) -> None:
         due = now_ms() + (AHEAD_DAYS + SPAN_DAYS) * _DAY_MS
         noop = app.tasks["bench.noop"]
         captured: list[ParkRequest] = []
@@ -212,15 +212,20 @@ class _Filler:
         setattr(Store, "park", spy)  # noqa: B010 (for these two calls)
         try:
             noop.apply_delayed_many([(0, due)], eta=eta_for(due))
-            noop.apply_delayed_many([(1, due)], eta=eta_for(due), keys=["seed"], tags=["a", "b"])
+            noop.apply_delayed_many(
+                [(1, due)], eta=eta_for(due), keys=[f"seed-{first_seq}"], tags=["a", "b"]
+            )
         finally:
             setattr(Store, "park", park)  # noqa: B010
         self.store = store_for(app)
         self.plain, self.marked = captured
         assert self.plain.mark is None
         assert self.marked.mark is not None
-        # The seeds count as two of the backlog's entries.
-        self.seq = 2
+        # The seeds count as two of the backlog's entries. Fillers of one store
+        # that serve different apps start at different *first_seq*: ids never meet.
+        self.seq = first_seq + 2
+        # With several shards a copy may land on one that lacks the template.
+        self.keep_template = self.store.config.shards > 1
         #: Plain entries parked per second by the last fill (a guess before one).
         self.rate = 10_000.0
 
@@ -244,7 +249,7 @@ class _Filler:
                         task_id=task_id,
                         due=Due("a", due_ms(seq)),
                         payload=seed.payload.replace(seed_id, task_id.encode()),
-                        template=None,
+                        template=seed.template if self.keep_template else None,
                         mark=mark,
                         message=None,
                     )
