@@ -677,7 +677,16 @@ def run_waiting(system: System, sizes: PeerSizes, component: str | None) -> dict
     entry["restarted_at_s"] = round((now_ms() - begin) / 1000, 1)
     entry["waiting_before"] = system.waiting()
     if flower is not None:
-        entry["flower_before"] = _seen_in_flower(flower.tasks(), list(range(n)))
+        # Flower takes in events one by one: look until just before the first
+        # task is due, and keep the look that saw the most.
+        looks: list[dict[str, Any]] = []
+        while not looks or now_ms() < first_due - 2000:
+            looks.append(_seen_in_flower(flower.tasks(), list(range(n))))
+            if looks[-1]["with_eta"] == n:
+                break
+            time.sleep(1.0)
+        entry["flower_before"] = max(looks, key=lambda seen: seen["with_eta"])
+        entry["flower_looks"] = len(looks)
     if component is not None:
         started = time.monotonic()
         system.restart(component)
@@ -870,7 +879,10 @@ def run_peers(
                 print(f"  peers: round {round_no + 1}, {name} ...", file=sys.stderr, flush=True)
                 entry = result["systems"][name]
                 entry.setdefault("rounds", []).append(_one(name, pythons[name], sizes, "timeline"))
-                entry["timeline"] = entry["rounds"][0]
+                # The first round that measured: its actions, counts and samples.
+                entry["timeline"] = next(
+                    (r for r in entry["rounds"] if "error" not in r), entry["rounds"][0]
+                )
                 entry["summary"] = summarise_rounds(entry["rounds"])
                 if checkpoint is not None:
                     checkpoint(result)
@@ -945,7 +957,6 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
         "worker RSS added",
         "broker/store per task",
         "list / cancel / reschedule",
-        "in Flower: waiting (with ETA) / run",
     ]
     table = [header]
     blank = [""] * (len(header) - 2)
@@ -958,19 +969,21 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
         summary = entry.get("summary") or {}
         memory = entry.get("memory") or {}
         if not line:
-            cells = ["—"] * 7 + ["—"]
+            cells = ["—"] * 8
         elif "error" in line:
             cells = [f"not measured: {_last_line(line['error'])}"] + [""] * 6 + ["—"]
         else:
             not_run = line["lateness_not_run"]
             p50 = _spread(summary.get("lateness_p50_ms"))
             if not_run:
-                p50 += f" ({not_run:,} not run by the cap in round 1)"
+                p50 += f" ({not_run:,} not run by the cap in its first round)"
+            if summary.get("measured", 1) < summary.get("rounds", 1):
+                p50 += f" ({summary['measured']} of {summary['rounds']} rounds measured)"
             whole = summary.get("burst_whole_rounds", 0)
             burst = _spread(summary.get("burst_last_s"), "{:.2f}")
             if whole < summary.get("measured", 0):
                 burst = (
-                    f"round 1: {line['burst_started']:,} of {line['burst_n']:,} in "
+                    f"first round: {line['burst_started']:,} of {line['burst_n']:,} in "
                     f"{line['cap_s']:g} s"
                     if line["burst_started"] < line["burst_n"]
                     else burst
@@ -1005,8 +1018,7 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
                 f"{memory['worker_rss_added_mib']:,.1f} MiB",
                 f"{memory['store_bytes_per_task']:,} B",
             ]
-        flower = _flower(entry["restarts"]) if "restarts" in entry else "—"
-        table.append([label, *cells[:7], *mem, cells[7], flower])
+        table.append([label, *cells[:7], *mem, cells[7]])
     return table
 
 
@@ -1016,7 +1028,8 @@ def restart_rows(result: dict[str, Any]) -> list[list[str]]:
     header = [
         "system",
         "where they waited",
-        *(f"{p if p != 'none' else 'no restart'}: lost / doubled" for p in parts),
+        *(f"{p if p != 'none' else 'no restart'}: not run / doubled" for p in parts),
+        "in Flower (no restart): waiting, with ETA / run",
     ]
     table = [header]
     for entry in result["systems"].values():
@@ -1024,7 +1037,7 @@ def restart_rows(result: dict[str, Any]) -> list[list[str]]:
         restarts = entry.get("restarts")
         if "error" in entry or not restarts:
             why = _last_line(entry.get("error", "")) or "not run"
-            table.append([label, f"not measured: {why}", *[""] * len(parts)])
+            table.append([label, f"not measured: {why}", *[""] * (len(parts) + 1)])
             continue
         cells = []
         for part in parts:
@@ -1041,7 +1054,7 @@ def restart_rows(result: dict[str, Any]) -> list[list[str]]:
         control = restarts.get("none") or {}
         where = control.get("waiting_before") or {}
         waited = ", ".join(f"{k} {v:,}" for k, v in where.items() if v) or "—"
-        table.append([label, waited, *cells])
+        table.append([label, waited, *cells, _flower(restarts)])
     return table
 
 
