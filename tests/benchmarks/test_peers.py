@@ -21,6 +21,7 @@ from benchmarks.infra import Resources
 from benchmarks.peers import (
     QUICK,
     System,
+    restart_rows,
     rotated,
     run_waiting,
     summarise_rounds,
@@ -100,3 +101,32 @@ def test_a_private_rabbitmq_node_keeps_a_persistent_message_across_a_restart() -
     gone = kombu.Connection(node.url, connect_timeout=2)
     with gone, pytest.raises(kombu.exceptions.OperationalError):
         gone.ensure_connection(max_retries=1)
+
+
+def test_the_restart_table_says_what_each_restart_and_flower_did() -> None:
+    seen = {"of": 4, "listed": 3, "with_eta": 3, "states": {"PENDING": 3}}
+    done = {"of": 4, "listed": 4, "with_eta": 0, "states": {"SUCCESS": 4}}
+    restarts = {
+        "none": {
+            "n": 4,
+            "lost": 0,
+            "doubled": 0,
+            "early": 0,
+            "waiting_before": {"zdelay_store": 4, "kombu_queue_list": 0},
+            "flower_before": seen,
+            "flower_after": done,
+        },
+        "broker": {"n": 4, "lost": 4, "doubled": 0, "early": 0},
+        "worker": {"n": 4, "lost": 0, "doubled": 1, "early": 2},
+        "companion": {"error": "BenchmarkError: it broke"},
+    }
+    result = {"systems": {"zdelay-redis": {"label": "zdelay", "restarts": restarts}}}
+    header, row = restart_rows(result)
+    cells = dict(zip(header, row, strict=True))
+    assert cells["where they waited"] == "zdelay_store 4"
+    assert cells["no restart: not run / doubled"] == "0 / 0 of 4"
+    assert cells["broker: not run / doubled"] == "4 / 0 of 4"
+    assert cells["store: not run / doubled"] == "—"
+    assert cells["worker: not run / doubled"] == "0 / 1 of 4 (2 early)"
+    assert cells["companion: not run / doubled"] == "not measured: BenchmarkError: it broke"
+    assert cells["in Flower (no restart): waiting, with ETA / run"] == "3 of 4 / yes"
