@@ -1079,7 +1079,8 @@ def table(result: dict[str, Any]) -> str:
         f"{sizes['burst_n']:,} due at one instant; {result.get('rounds', 1)} interleaved rounds"
         + (f" ({', '.join(once)}: first round only)" if once else "")
         + f"; {sizes['memory_n']:,} a day out; {result['worker']}",
-        f"load: before: {result['uptime_before']}; after: {result['uptime_after']}",
+        f"load: before: {result['uptime_before']}; "
+        f"after: {result.get('uptime_after', '(the run was stopped)')}",
     ]
     if "timeline" in result.get("workloads", WORKLOADS) or "memory" in result.get(
         "workloads", WORKLOADS
