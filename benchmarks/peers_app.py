@@ -12,10 +12,13 @@ from ``ZPEERS_*`` environment variables:
     that holds the waiting tasks;
 ``ZPEERS_RECORD``
     a Redis of the benchmark's own: each run of ``peers.stamp`` appends
-    ``"<seq> <started µs>"`` to :data:`RUNS_KEY` there (the machine's clock).
+    ``"<seq> <started µs>"`` to :data:`RUNS_KEY` there (the machine's clock);
+``ZPEERS_EVENTS``
+    ``1``: Celery's task events on (``worker_send_task_events`` and
+    ``task_send_sent_event``), as Flower's documentation asks; off otherwise.
 
 Workers and companions: ``celery -A benchmarks.peers_app worker|zdelay``.
-The producer: ``python -m benchmarks.peers_app schedule|act`` reads a JSON
+The producer: ``python -m benchmarks.peers_app schedule|act|mark`` reads a JSON
 request on stdin and writes a JSON answer on stdout, so the benchmark drives
 every system the same way, whatever interpreter it needs.
 """
@@ -60,7 +63,7 @@ def eta_of(due_ms: int) -> datetime:
     return _EPOCH + timedelta(milliseconds=due_ms)
 
 
-def make_app(system: str, broker: str, store: str, record: str) -> Celery:
+def make_app(system: str, broker: str, store: str, record: str, *, events: bool = False) -> Celery:
     """Return *system*'s app, configured as that system's documentation says."""
     if system not in SYSTEMS:
         raise SystemExit(f"unknown system {system!r}; one of {', '.join(SYSTEMS)}")
@@ -76,8 +79,8 @@ def make_app(system: str, broker: str, store: str, record: str) -> Celery:
         task_ignore_result=True,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
-        worker_send_task_events=False,
-        task_send_sent_event=False,
+        worker_send_task_events=events,
+        task_send_sent_event=events,
     )
     if system.endswith("rabbitmq") or system == "rabbitmq-delayed":
         from kombu import Exchange, Queue
@@ -131,6 +134,7 @@ def _app_from_env() -> Celery | None:
         os.environ["ZPEERS_BROKER"],
         os.environ.get("ZPEERS_STORE", ""),
         os.environ["ZPEERS_RECORD"],
+        events=os.environ.get("ZPEERS_EVENTS") == "1",
     )
 
 
@@ -239,16 +243,28 @@ def act(app: Celery, system: str, request: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def mark(app: Celery, marker: str) -> dict[str, Any]:
+    """Send one ``task-sent`` event named *marker*: Flower shows it once it listens."""
+    with app.events.default_dispatcher() as dispatcher:
+        dispatcher.send("task-sent", uuid=marker, name="zpeers.marker")
+    return {"sent": marker}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if app is None or len(args) != 1 or args[0] not in ("schedule", "act"):
-        print("usage: ZPEERS_SYSTEM=... python -m benchmarks.peers_app schedule|act < request.json")
+    if app is None or len(args) != 1 or args[0] not in ("schedule", "act", "mark"):
+        print(
+            "usage: ZPEERS_SYSTEM=... python -m benchmarks.peers_app schedule|act|mark"
+            " < request.json"
+        )
         return 2
     system = os.environ["ZPEERS_SYSTEM"]
     request = json.load(sys.stdin)
     try:
         if args[0] == "schedule":
             answer = schedule(app, system, request["tasks"])
+        elif args[0] == "mark":
+            answer = mark(app, request["marker"])
         else:
             answer = act(app, system, request)
     finally:
