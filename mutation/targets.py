@@ -414,7 +414,11 @@ LUA = (
         (*_OWN, "tests/companion/test_shard_leases.py"),
         quick=_OWN,
     ),
-    Target("_pointer.lua", _PERIODIC + "_pointer.lua", (_PARK_ONCE, *_PERIODIC_TESTS)),
+    Target(
+        "_pointer.lua",
+        _PERIODIC + "_pointer.lua",
+        ("tests/periodic/test_next_visit_score.py", _PARK_ONCE, *_PERIODIC_TESTS),
+    ),
     Target(
         "_withdraw.lua",
         _PERIODIC + "_withdraw.lua",
@@ -490,6 +494,7 @@ KILL_TESTS = frozenset(
         "tests/periodic/test_pause_resume_schedule.py",
         "tests/periodic/test_pointer_advance.py",
         "tests/periodic/test_revisit.py",
+        "tests/periodic/test_next_visit_score.py",
         "tests/periodic/test_schedule_versions.py",
         "tests/periodic/test_withdrawal.py",
         "tests/store/test_acknowledged_entries.py",
