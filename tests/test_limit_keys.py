@@ -164,11 +164,18 @@ def test_each_key_has_its_own_bucket_and_is_shown_held_by_its_key(
     # headers, would have moved them all); each tenant got its own token,
     # the others went out; the held count under the glob
     assert comp.gate.by_task
+    # (which of a tenant's three goes first is not asserted: parked in one
+    # millisecond on two shards, two tasks have one score, and due order
+    # across shards goes no finer than the millisecond)
     out = {m["headers"]["id"] for m in _released(redis_client)}
-    assert out == {ones[0].id, twos[0].id, *(r.id for r in free)}
+    assert {r.id for r in free} <= out
+    assert len(out & {r.id for r in ones}) == 1
+    assert len(out & {r.id for r in twos}) == 1
+    assert len(out) == 4
     assert report.held == {PER_TENANT: 6}
     # And the held ones say by which key's limit
-    held = celery_zdelay.lookup(ones[2].id, app=app)
+    (waiting, *_) = [r for r in ones if r.id not in out]
+    held = celery_zdelay.lookup(waiting.id, app=app)
     assert held is not None
     assert (held.held_by, held.held_reason) == ("limit_key:tenant:1", "rate_limit")
     # And controls() counts them under the glob, the keys counted, not listed
