@@ -461,10 +461,27 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[
 
 def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
     paths = list(_commands(zdelay))
-    # zdelay, cancel, dead, dead list|purge|requeue, limit, list, pause, repair,
-    # reschedule, resume, status, web, periodic,
-    # periodic add|backfill|list|pause|remove|resume|run|sync
-    assert len(paths) == 23
+    # Named, so that a command added says which one it is
+    assert {" ".join(path) for path in paths} == {
+        "",
+        "cancel",
+        "dead",
+        "history",
+        "limit",
+        "list",
+        "pause",
+        "repair",
+        "reschedule",
+        "resume",
+        "status",
+        "web",
+        *(f"dead {sub}" for sub in ("list", "purge", "requeue")),
+        "periodic",
+        *(
+            f"periodic {sub}"
+            for sub in ("add", "backfill", "list", "pause", "remove", "resume", "run", "sync")
+        ),
+    }
 
     for path in paths:
         result = run(app, *path, "--help")
