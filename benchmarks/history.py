@@ -6,7 +6,7 @@ releasing them all by the atomic handoff (P1, as ``benchmarks.release``
 does), once with ``zdelay_history_seconds`` = *seconds* and once with 0,
 round after round in the order on, off, off, on, ... (each round on its own
 private Redis), so that the machine's load falls on both alike. After a
-round with history on, the history hash and expiry zset of every shard are
+round with history on, the history hash of every shard is
 measured with ``MEMORY USAGE ... SAMPLES 0`` (exact): each task then holds
 a record of two events (parked, released).
 
