@@ -398,3 +398,50 @@ def test_a_thousand_keys_used_once_leave_nothing_after_the_refill_time(
         timeout=1 + 60 + 30,
         message=lambda: f"no per-key key left (have {len(_per_key_keys(redis_client))})",
     )
+
+
+# -- a per-key limit and a per-key concurrency on one glob ---------------------------
+
+
+def test_a_key_under_both_a_rate_limit_and_a_concurrency_waits_for_each_once(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given tenants limited to 100/s each and to 1 running each (one glob, two controls)
+    app = _app(
+        make_test_app,
+        {"rate": "100/s", "burst": 100},
+        zdelay_concurrency={PER_TENANT: 1},
+    )
+    record = app.tasks["tests.record"]
+    ones = [record.apply_delayed((i,), countdown=0, limit_key="tenant:1") for i in range(3)]
+    two = record.apply_delayed((9,), countdown=0, limit_key="tenant:2")
+
+    # When a companion makes two passes, no worker running (nothing finishes)
+    with Companion(app) as comp:
+        comp.release_due()
+        comp.release_due()
+
+    # Then each tenant has one task out: the rate limit let all through, the
+    # slots only one per tenant
+    out = {m["headers"]["id"] for m in _released(redis_client)}
+    assert two.id in out
+    assert len(out & {r.id for r in ones}) == 1
+    assert len(out) == 2
+    # And the two others wait for a slot (not for tokens, which they had),
+    # counted under the glob, with their tenant's running one
+    waiting = [r for r in ones if r.id not in out]
+    for result in waiting:
+        held = celery_zdelay.lookup(result.id, app=app)
+        assert held is not None
+        assert (held.held_by, held.held_reason) == (PER_TENANT, "concurrency")
+    (info,) = controls(app=app)
+    assert (info.name, info.waiting, info.concurrency, info.running) == (PER_TENANT, 2, 1, 2)
+    # And their history says where each waited: in the key's lane for its
+    # tokens, then for a slot, once each
+    for result in waiting:
+        events = celery_zdelay.history(result.id, app=app)
+        assert [(e.event, e.reason, e.by) for e in events] == [
+            ("parked", None, None),
+            ("held", "rate_limit", "limit_key:tenant:1"),
+            ("held", "concurrency", PER_TENANT),
+        ]
