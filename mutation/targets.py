@@ -458,6 +458,12 @@ LUA = (
         _STORE + "forget_lane.lua",
         (_FORGET_ALLOWED, _HELD, "tests/test_pause.py", "tests/test_rate_limits.py"),
     ),
+    # Concurrency slots: never more than the limit live, an ended slot free again.
+    Target(
+        "take_slots.lua",
+        _STORE + "take_slots.lua",
+        ("tests/store/test_concurrency_slots.py", "tests/test_concurrency.py"),
+    ),
     # The ACL pre-check: a script refused before its first write, naming the command.
     Target("allowed.lua", _STORE + "allowed.lua", (_FORGET_ALLOWED, "tests/store/test_acl.py")),
     # The last run of each schedule, recorded once and only over an older one.
@@ -495,6 +501,7 @@ KILL_TESTS = frozenset(
         "tests/periodic/test_pointer_advance.py",
         "tests/periodic/test_revisit.py",
         "tests/periodic/test_next_visit_score.py",
+        "tests/store/test_concurrency_slots.py",
         "tests/periodic/test_schedule_versions.py",
         "tests/periodic/test_withdrawal.py",
         "tests/store/test_acknowledged_entries.py",
