@@ -464,6 +464,16 @@ LUA = (
         _STORE + "take_slots.lua",
         ("tests/store/test_concurrency_slots.py", "tests/test_concurrency.py"),
     ),
+    # A stale entry dropped: lease -> gone under its own claim, with its marks and counts.
+    Target(
+        "drop_stale.lua",
+        _STORE + "drop_stale.lua",
+        (
+            "tests/store/test_stale_drop.py",
+            "tests/test_stale.py::test_drop_takes_an_entry_from_the_lease_only_under_its_own_claim",
+            "tests/test_stale.py::test_a_dropped_stale_task_ends_revoked_with_the_signal_and_the_flower_event",
+        ),
+    ),
     # The ACL pre-check: a script refused before its first write, naming the command.
     Target("allowed.lua", _STORE + "allowed.lua", (_FORGET_ALLOWED, "tests/store/test_acl.py")),
     # The last run of each schedule, recorded once and only over an older one.
@@ -502,6 +512,7 @@ KILL_TESTS = frozenset(
         "tests/periodic/test_revisit.py",
         "tests/periodic/test_next_visit_score.py",
         "tests/store/test_concurrency_slots.py",
+        "tests/store/test_stale_drop.py",
         "tests/periodic/test_schedule_versions.py",
         "tests/periodic/test_withdrawal.py",
         "tests/store/test_acknowledged_entries.py",
