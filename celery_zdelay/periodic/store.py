@@ -274,22 +274,7 @@ class PeriodicStore:
                     pipe.sismember(k.paused, name)
                 defs, pointers, runs, counts, *paused = pipe.execute()
         snap = Snapshot(now_ms=int(seconds) * 1000 + int(micros) // 1000)
-        for name, body, pointer, run, is_paused in zip(
-            names, defs, pointers, runs, paused, strict=True
-        ):
-            if body is None:
-                continue
-            try:
-                snap.definitions[name] = Definition.from_body(name, body)
-            except (ValueError, KeyError, TypeError) as exc:
-                snap.unreadable[name] = repr(exc)
-            if is_paused:
-                snap.paused.add(name)
-            if pointer is not None:
-                with contextlib.suppress(ValueError, KeyError, TypeError):
-                    snap.pointers[name] = Pointer.from_json(pointer)
-            if run is not None:
-                _read_run(snap, name, run)
+        self._read_schedules(snap, names, defs, pointers, runs, paused)
         for field_name, raw_count in zip(fields, counts, strict=True):
             name, _, counter = field_name.partition("\n")
             if raw_count is not None and name in snap.definitions:
@@ -340,6 +325,19 @@ class PeriodicStore:
                 for name in names:
                     pipe.sismember(k.paused, name)
                 defs, pointers, runs, *paused = pipe.execute()
+        self._read_schedules(snap, names, defs, pointers, runs, paused)
+        return snap
+
+    def _read_schedules(
+        self,
+        snap: Snapshot,
+        names: Sequence[str],
+        defs: Sequence[Any],
+        pointers: Sequence[Any],
+        runs: Sequence[Any],
+        paused: Sequence[Any],
+    ) -> None:
+        """Add what was read of each of *names* (the replies of HMGET and SISMEMBER) to *snap*."""
         for name, body, pointer, run, is_paused in zip(
             names, defs, pointers, runs, paused, strict=True
         ):
@@ -354,7 +352,6 @@ class PeriodicStore:
                     snap.pointers[name] = Pointer.from_json(pointer)
             if run is not None:
                 _read_run(snap, name, run)
-        return snap
 
     def _read_definition(self, snap: Snapshot, name: str, body: bytes | str) -> None:
         raw = body.encode() if isinstance(body, str) else body
