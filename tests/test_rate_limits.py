@@ -86,10 +86,14 @@ def test_a_limit_holds_across_three_companions_and_four_shards_and_spares_other_
     assert elapsed >= (300 - 50) / 50 * 0.9, elapsed
     after_burst = [a for a in released if a.at >= released[0].at + 1.0]
     rate = len(after_burst) / (released[-1].at - released[0].at - 1.0)
-    assert 0.6 * 50 <= rate <= 1.1 * 50, rate
-    # ...never more than the burst plus a second's worth in any second (the
-    # slack covers this tap taking messages late on a loaded machine)
-    assert most_in_any_window(released, 1.0) <= 50 + 50 + 25
+    assert rate >= 0.6 * 50, rate
+    # ...never more than the burst plus T seconds' worth in any T (the slack
+    # covers this tap taking messages late on a loaded machine). The promise
+    # is this bound, not a steady 50/s after the first second: when the
+    # companions fall behind in it (the 600 parks compete with them), the
+    # bucket refills up to its burst and the rest may go out faster.
+    for window in (1.0, 2.0, 3.0):
+        assert most_in_any_window(released, window) <= 50 + 50 * window + 25, window
     # ...in due order, but for entries in transit at the same moment in other
     # companions: none goes out more than a moment after one due after it
     assert largest_overtake_s(released, due_ms) < 1.0
