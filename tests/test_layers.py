@@ -35,15 +35,35 @@ def test_every_collected_test_has_exactly_one_layer(request: pytest.FixtureReque
         assert len(layers) == 1, (item.nodeid, layers)
 
 
-def _collected(*args: str) -> set[str]:
+#: Run in a fresh interpreter: collect the files given and print each test
+#: with the layers it is marked with, as ``-m`` sees them.
+_LIST_LAYERS = """
+import sys, pytest
+
+class Listing:
+    def pytest_collection_finish(self, session):
+        # imported once pytest runs (it rewrites the asserts of tests/)
+        from tests.support.layers import LAYERS
+        for item in session.items:
+            marks = [layer for layer in LAYERS if item.get_closest_marker(layer)]
+            print("LAYER", item.nodeid, ",".join(marks))
+
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.argv[1:]],
+                     plugins=[Listing()]))
+"""
+
+
+def _layers_collected(*paths: str) -> dict[str, str]:
+    """Each test in *paths*, collected once in a fresh process, with its layers."""
     listing = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-c", _LIST_LAYERS, *paths],
         check=False,
         capture_output=True,
         text=True,
         timeout=120,
     ).stdout
-    return {line for line in listing.splitlines() if "::" in line}
+    rows = [line.split(" ") for line in listing.splitlines() if line.startswith("LAYER ")]
+    return {nodeid: marks for _, nodeid, marks in rows}
 
 
 #: A file of each layer, and the layer every one of its tests must fall in.
@@ -57,11 +77,11 @@ KNOWN = {
 
 
 def test_known_files_fall_in_their_layer() -> None:
-    # One collection of them all, then one per layer (each pays pytest's and
-    # the package's imports: a collection per file and layer took minutes).
-    every = _collected(*KNOWN)
+    # One collection of them all, in a process of its own as make test-fast's
+    # would be (a collection per layer took a minute and more on a loaded
+    # machine: each pays pytest's and the package's imports).
+    layers = _layers_collected(*KNOWN)
     for path in KNOWN:
-        assert any(test.startswith(path + "::") for test in every), path
-    for layer in sorted(set(KNOWN.values())):
-        expected = {test for test in every if KNOWN[test.split("::")[0]] == layer}
-        assert _collected("-m", layer, *KNOWN) == expected, layer
+        assert any(test.startswith(path + "::") for test in layers), path
+    for test, marks in layers.items():
+        assert marks == KNOWN[test.split("::")[0]], (test, marks)

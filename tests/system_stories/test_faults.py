@@ -252,14 +252,15 @@ def test_companions_killed_over_and_over_lose_nothing(
     worker(app)
     worker(app)
 
-    # When 10,000 tasks are parked in 5 waves, each falling due over 2 s, and
-    # once a third of a wave is claimed one of the companions is SIGKILLed
+    # When 6,000 tasks are parked in 5 waves (1,200 a wave: six batches of
+    # 200), each falling due over 2 s, and once a third of a wave is claimed
+    # one of the companions is SIGKILLed
     # (then replaced). The next wave waits for three companions to be up:
     # the kills follow how fast replacements start, so a loaded machine
     # (a Celery process costs about a second of CPU to start) slows the test
     # down instead of killing companions before they claim anything.
     up = _Up()
-    size = 10_000 // WAVES
+    size = 6_000 // WAVES
     ids: set[str] = set()
     pending_at_kill = []
     for wave in range(WAVES):
