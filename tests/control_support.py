@@ -8,7 +8,9 @@ import time
 from dataclasses import dataclass
 
 import redis
+from celery import Celery
 
+import celery_zdelay
 from tests.helpers import wait_for
 from tests.support.clock import redis_ms
 
@@ -76,6 +78,28 @@ class BrokerTap:
             message=lambda: f"{count} messages in {queue} (have {len(self.of(queue))})",
         )
         return self.of(queue)
+
+
+def as_released(app: Celery, arrivals: list[Arrival]) -> list[Arrival]:
+    """*arrivals* timed by when the store released each, in that order.
+
+    The time is the ``released`` event of the task's history (the Redis
+    clock, written by the script that released it); ``at`` is then that time
+    in seconds. The tap's own times are when this process took each message
+    out: a test process busy parking (one GIL, a loaded machine) takes them
+    late and in bunches, which reads as a burst no limit granted.
+    """
+    timed = []
+    for arrival in arrivals:
+        released = [
+            event.at
+            for event in celery_zdelay.history(arrival.task_id, app=app)
+            if event.event == "released"
+        ]
+        assert released, f"{arrival.task_id} has no released event in its history"
+        ms = round(released[-1].timestamp() * 1000)
+        timed.append(Arrival(arrival.queue, arrival.task_id, redis_ms=ms, at=ms / 1000))
+    return sorted(timed, key=lambda arrival: arrival.at)
 
 
 def most_in_any_window(arrivals: list[Arrival], seconds: float) -> int:
