@@ -19,6 +19,7 @@ from .api import (
     resume,
     run_now,
     schedules,
+    stored_name,
     sync,
     unserved,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "resume",
     "run_now",
     "schedules",
+    "stored_name",
     "sync",
     "unserved",
 ]

@@ -1,7 +1,10 @@
 """Steer periodic schedules at run time: list, pause, resume, run now, add, remove.
 
 Everything is stored in Redis, so it holds for every companion and survives
-their restarts. Names are those of ``beat_schedule`` (or given to :func:`add`).
+their restarts. Names are those of ``beat_schedule`` (or given to :func:`add`);
+a django-celery-beat row's schedule is named by the row's name in the admin
+("Every ten seconds") as well as by its schedule name (``Every_ten_seconds``,
+see :func:`stored_name`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..app_state import cached, store_for
 from ..errors import ConfigurationError
 from ..parking import send_delayed
-from .definition import SOURCE_API, from_beat_entry, validate_spec
+from .definition import SOURCE_API, Definition, from_beat_entry, validate_spec
 from .store import COUNTERS, PeriodicStore, Pointer
 
 if TYPE_CHECKING:
@@ -29,6 +32,7 @@ __all__ = [
     "resume",
     "run_now",
     "schedules",
+    "stored_name",
     "sync",
     "unserved",
 ]
@@ -38,11 +42,13 @@ __all__ = [
 class ScheduleInfo:
     """One periodic schedule as stored, with where it stands."""
 
+    #: The schedule's name: the key of what is stored for it, in its occurrence ids.
     name: str
     task: str
     #: The schedule as a person reads it: ``every 10s``, ``crontab 0 3 * * *``.
     schedule: str
-    #: ``config`` (beat_schedule) or ``api`` (added at run time).
+    #: ``config`` (beat_schedule), ``django-celery-beat`` (a row) or ``api``
+    #: (added at run time).
     source: str
     missed: str
     paused: bool
@@ -56,6 +62,10 @@ class ScheduleInfo:
     args: list[Any]
     kwargs: dict[str, Any]
     options: dict[str, Any]
+    #: The name people know it by: a django-celery-beat row's name in the
+    #: admin ("Every ten seconds"), else *name*. Either names it to every
+    #: function here and every ``zdelay periodic`` command.
+    display_name: str
     #: ``zdelay_overlap``: allow, skip or buffer_one.
     overlap: str = "allow"
     #: Task id of the last occurrence a companion released, when it was seen released.
@@ -103,6 +113,7 @@ def schedules_in(
                 args=definition.args,
                 kwargs=definition.kwargs,
                 options=definition.options,
+                display_name=definition.label,
                 overlap=definition.overlap,
                 last_run_id=snap.last_ids.get(name),
                 counts={c: snap.counts.get(name, {}).get(c, 0) for c in COUNTERS},
@@ -116,14 +127,29 @@ def unserved(app: Celery) -> dict[str, str]:
     return _periodic(app).unserved()
 
 
+def stored_name(name: str, *, app: Celery) -> str | None:
+    """Return the name of the schedule *name* designates, or None if none is stored.
+
+    *name* is a schedule's name, or the name people know it by: a
+    django-celery-beat row's name in the admin ("Every ten seconds") names
+    the row's schedule (``Every_ten_seconds``). Every function here that
+    takes a name takes either.
+    """
+    return _periodic(app).stored_name(name)
+
+
 def pause(name: str, *, app: Celery) -> bool:
     """Pause a schedule (its parked occurrences are cancelled); False if unknown."""
-    return _periodic(app).set_paused(name, True) != 0
+    periodic = _periodic(app)
+    stored = periodic.stored_name(name)
+    return stored is not None and periodic.set_paused(stored, True) != 0
 
 
 def resume(name: str, *, app: Celery) -> bool:
     """Resume a paused schedule from now (what passed meanwhile does not run); False if unknown."""
-    return _periodic(app).set_paused(name, False) != 0
+    periodic = _periodic(app)
+    stored = periodic.stored_name(name)
+    return stored is not None and periodic.set_paused(stored, False) != 0
 
 
 def run_now(name: str, *, app: Celery) -> str:
@@ -132,13 +158,8 @@ def run_now(name: str, *, app: Celery) -> str:
     Raises:
         ConfigurationError: no schedule has that name.
     """
-    snap = _periodic(app).snapshot()
-    definition = snap.definitions.get(name)
-    if definition is None:
-        raise ConfigurationError(
-            f"No periodic schedule is named {name!r}: see zdelay periodic list."
-        )
-    task_id = f"periodic:{name}:run:{uuid.uuid4().hex[:12]}"
+    definition = _definition(_periodic(app), name)
+    task_id = f"periodic:{definition.name}:run:{uuid.uuid4().hex[:12]}"
     send_delayed(
         app,
         definition.task,
@@ -219,7 +240,9 @@ def remove(name: str, *, app: Celery) -> bool:
     An entry of ``beat_schedule`` comes back with the next deploy that
     changes ``beat_schedule``; remove it there too.
     """
-    return bool(_periodic(app).drop([name]))
+    periodic = _periodic(app)
+    stored = periodic.stored_name(name)
+    return stored is not None and bool(periodic.drop([stored]))
 
 
 def sync(app: Celery, *, force: bool = False) -> str:
@@ -254,16 +277,13 @@ def backfill(name: str, *, app: Celery, since: Any, until: Any = None) -> list[s
     from .server import PeriodicServer
 
     periodic = _periodic(app)
-    snap = periodic.snapshot()
-    definition = snap.definitions.get(name)
-    if definition is None:
-        raise ConfigurationError(
-            f"No periodic schedule is named {name!r}: see zdelay periodic list."
-        )
-    where = f"backfill of {name!r}"
+    definition = _definition(periodic, name)
+    name = definition.name
+    now_ms = periodic.store.time_ms()
+    where = f"backfill of {definition.label!r}"
     since_ms = moment_ms(since, "since", where)
     until_ms = moment_ms(until, "until", where)
-    until_ms = snap.now_ms if until_ms is None else min(until_ms, snap.now_ms)
+    until_ms = now_ms if until_ms is None else min(until_ms, now_ms)
     if since_ms is None or until_ms < since_ms:
         raise ConfigurationError(
             f"{where}: give since (an ISO 8601 time), before until and before now."
@@ -274,7 +294,7 @@ def backfill(name: str, *, app: Celery, since: Any, until: Any = None) -> list[s
     for ms, task_id in periodic.missed_between(name, since_ms, until_ms):
         # Claimed first: whoever claims it parks it, so it never runs twice
         # (an interrupted backfill leaves it out rather than run it twice).
-        requests = server.requests_for(definition, task_id, ms, due_ms=snap.now_ms)
+        requests = server.requests_for(definition, task_id, ms, due_ms=now_ms)
         if periodic.claim_missed(name, task_id):
             periodic.store.park(requests)
             parked.append(task_id)
@@ -286,6 +306,21 @@ def _last_run(run: tuple[int, int] | None, past: list[int]) -> int | None:
     if run is not None:
         return run[0]
     return max(past) if past else None
+
+
+def _definition(periodic: PeriodicStore, name: str) -> Definition:
+    """The stored definition *name* designates (see :func:`stored_name`).
+
+    Raises:
+        ConfigurationError: no schedule has that name.
+    """
+    stored = periodic.stored_name(name)
+    definition = None if stored is None else periodic.snapshot_of([stored]).definitions.get(stored)
+    if definition is None:
+        raise ConfigurationError(
+            f"No periodic schedule is named {name!r}: see zdelay periodic list."
+        )
+    return definition
 
 
 def _periodic(app: Celery) -> PeriodicStore:

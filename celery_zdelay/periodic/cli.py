@@ -35,11 +35,16 @@ Examples:
   celery -A proj zdelay periodic pause nightly-report
   celery -A proj zdelay periodic resume nightly-report
   celery -A proj zdelay periodic run nightly-report
+  celery -A proj zdelay periodic pause "Send daily report"   # a django-celery-beat row
   celery -A proj zdelay periodic add cleanup --task proj.tasks.cleanup --every 3600
   celery -A proj zdelay periodic add report --task proj.tasks.report --crontab '0 3 * * *'
   celery -A proj zdelay periodic remove cleanup
   celery -A proj zdelay periodic backfill cleanup --since 2026-07-01T00:00:00Z
   celery -A proj zdelay periodic sync --force     # make this beat_schedule the stored one
+
+\b
+NAME is a schedule's name, or a django-celery-beat row's name in the admin
+(its schedule name is that with '_' for spaces: both work).
 
 \b
 Exit codes: 0 done; 3 no schedule has that name; 69 Redis unreachable;
@@ -112,7 +117,9 @@ periodic.command(
     cls=ZDelayCommand,
     context_settings=CONTEXT_SETTINGS,
     help="Pause a schedule until resumed; what it parked is cancelled.",
-    epilog=_examples("pause nightly-report"),
+    epilog=_examples(
+        "pause nightly-report", 'pause "Send daily report"   # a row, by its admin name'
+    ),
 )(_named("paused", api.pause))
 periodic.command(
     "resume",
@@ -147,8 +154,12 @@ def run(ctx: click.Context, name: str) -> None:
 
 
 def _require_schedule(ctx: click.Context, name: str) -> None:
-    """Exit with EXIT_NOT_FOUND, saying so, when no schedule is named *name*."""
-    if name not in {i.name for i in api.schedules(ctx.obj.app)[1]}:
+    """Exit with EXIT_NOT_FOUND, saying so, when no schedule is named *name*.
+
+    Named by its name or the one people know it by (a django-celery-beat
+    row's name in the admin): see api.stored_name.
+    """
+    if api.stored_name(name, app=ctx.obj.app) is None:
         click.echo(f"No periodic schedule is named {name!r} (see: zdelay periodic list).", err=True)
         ctx.exit(EXIT_NOT_FOUND)
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -34,11 +35,13 @@ __all__ = [
     "OVERLAP_POLICIES",
     "SOURCE_API",
     "SOURCE_CONFIG",
+    "SOURCE_DJANGO_BEAT",
     "Definition",
     "config_hash",
     "definitions_from_config",
     "entry_copy",
     "same_entry",
+    "schedule_name",
 ]
 
 #: What happens to occurrences no companion released in time (all were
@@ -55,7 +58,12 @@ OVERLAP_POLICIES = ("allow", "skip", "buffer_one")
 MAX_OVERLAP_TIMEOUT_SECONDS = 7 * 86_400
 #: Entries read from ``app.conf.beat_schedule``.
 SOURCE_CONFIG = "config"
-#: Entries added at run time (Python API or ``zdelay periodic add``).
+#: django-celery-beat's ``PeriodicTask`` rows (``zdelay --beat -S django``).
+SOURCE_DJANGO_BEAT = "django-celery-beat"
+#: Entries added at run time (Python API or ``zdelay periodic add``). The
+#: only source a configuration does not own: every other one is stored by
+#: a companion's configuration, which removes what it no longer names
+#: (``define.lua``, config mode), while these stay until removed.
 SOURCE_API = "api"
 
 #: Keys of a ``beat_schedule`` entry; ``zdelay_missed`` and ``zdelay_jitter`` are ours.
@@ -107,6 +115,16 @@ class Definition:
     #: How long a run counts as unfinished at most when no worker reports
     #: its end (a SIGKILLed worker); None: the app's ``zdelay_key_hold_seconds``.
     overlap_timeout_ms: int | None = None
+    #: The name people know it by, when it is not *name*: a django-celery-beat
+    #: row's name in the admin, spaces and all (*name*, the key of everything
+    #: stored for it and part of its occurrence ids, has none: see
+    #: :func:`schedule_name`). None: *name*.
+    display_name: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The name to show people: :attr:`display_name`, else :attr:`name`."""
+        return self.display_name or self.name
 
     def body(self) -> str:
         """Return the canonical JSON stored in Redis (equal definitions, equal text).
@@ -144,6 +162,8 @@ class Definition:
             data["overlap"] = self.overlap
         if self.overlap_timeout_ms is not None:
             data["overlap_timeout_ms"] = self.overlap_timeout_ms
+        if self.display_name is not None:
+            data["display_name"] = self.display_name
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def offset_ms(self, occurrence_ms: int) -> int:
@@ -178,6 +198,7 @@ class Definition:
             max_runs=_optional_int(data.get("max_runs")),
             overlap=data.get("overlap", "allow"),
             overlap_timeout_ms=_optional_int(data.get("overlap_timeout_ms")),
+            display_name=_optional_str(data.get("display_name")),
         )
 
     def in_window(self, occurrence_ms: int) -> bool:
@@ -278,19 +299,36 @@ def entry_copy(entry: Any) -> Any:
     }
 
 
+def schedule_name(display_name: str) -> str:
+    """The schedule name of a name people gave with spaces: runs of spaces as ``_``.
+
+    A django-celery-beat row is named in the admin ("Send daily report");
+    a schedule's own name holds no spaces (it is part of its occurrence
+    ids, and the key of everything stored for it), so the row's schedule is
+    ``Send_daily_report``, shown as the row's name (:attr:`Definition.display_name`).
+    Commands given the row's name find the schedule through this rule.
+    """
+    return re.sub(r"\s+", "_", display_name.strip())
+
+
 def from_beat_entry(
     name: str,
     entry: Any,
     *,
     known_tasks: set[str] | None = None,
     source: str = SOURCE_CONFIG,
+    display_name: str | None = None,
+    where: str | None = None,
 ) -> Definition:
     """Return the definition of one ``beat_schedule`` entry.
+
+    *display_name* is the name people know it by when it is not *name*;
+    *where* names it in errors (default: ``beat_schedule entry 'name'``).
 
     Raises:
         ConfigurationError: the entry cannot be served; the message names it.
     """
-    where = f"beat_schedule entry {name!r}"
+    where = where or f"beat_schedule entry {name!r}"
     if not name or any(ch.isspace() for ch in name) or refused_character(name) is not None:
         # Its occurrences' task ids hold it: the rule of celery_zdelay.names applies.
         raise ConfigurationError(
@@ -372,6 +410,7 @@ def from_beat_entry(
         max_runs=max_runs,
         overlap=overlap,
         overlap_timeout_ms=overlap_timeout_ms,
+        display_name=display_name if display_name != name else None,
     )
     try:
         body = definition.body()
@@ -438,6 +477,10 @@ class ZonedCrontab(crontab):  # type: ignore[misc]
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _optional_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _iso(ms: int) -> str:

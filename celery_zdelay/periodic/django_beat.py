@@ -4,10 +4,15 @@ A Django shop edits its periodic tasks in the Django admin, as rows of
 django-celery-beat. With Celery's own ``beat_scheduler`` naming
 django-celery-beat's ``DatabaseScheduler`` (``celery beat -S django``), the
 companions serve the enabled rows instead of ``beat_schedule``: each row
-becomes a :class:`~celery_zdelay.periodic.definition.Definition`, stored in
-Redis and served with the same promises (each tick once, any number of
-companions). The rows are read again when django-celery-beat's own change
-marker (``PeriodicTasks.last_update``, set on every save and delete) moves,
+becomes a :class:`~celery_zdelay.periodic.definition.Definition` of source
+``django-celery-beat``, stored in Redis and served with the same promises
+(each tick once, any number of companions). Its schedule name is the
+row's with ``_`` for spaces (the key of what is stored for it, part of its
+occurrence ids); the row's own name is kept as its display name, shown
+wherever schedules are listed and taken wherever a name is (see
+:meth:`~celery_zdelay.periodic.store.PeriodicStore.stored_name`). The
+rows are read again when django-celery-beat's own change marker
+(``PeriodicTasks.last_update``, set on every save and delete) moves,
 checked on every reconcile of the periodic server.
 
 What is kept as django-celery-beat keeps it: ``last_run_at`` and
@@ -16,8 +21,9 @@ released, so the admin stays true. A crontab's time zone, ``start_time``,
 ``expires`` and ``one_off`` become the periodic options ``zdelay_timezone``,
 ``zdelay_start``, ``zdelay_end`` and ``zdelay_one_off``. A row that cannot
 be served (an unknown task, bad JSON in ``args``, ``kwargs`` or
-``headers``, an invalid crontab, an unknown time zone, an interval of 0) is
-reported by name and skipped (and what was stored for it withdrawn); the
+``headers``, an invalid crontab, an unknown time zone, an interval of 0, a
+name that differs from an older row's by spaces and ``_`` only) is
+reported by its name and skipped (and what was stored for it withdrawn); the
 others are served. A clocked row runs once at its ``clocked_time``; a
 moment already past when the row is read (first, or after an edit) runs at
 once, as django-celery-beat runs it, unless the row ran at or after it.
@@ -41,7 +47,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -49,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from .clocked import ClockedAt
-from .definition import SOURCE_CONFIG, Definition, from_beat_entry
+from .definition import SOURCE_DJANGO_BEAT, Definition, from_beat_entry, schedule_name
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -57,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DATABASE_SCHEDULER",
     "OVERLAP_KEYS",
+    "ROWS_READING",
     "DjangoBeatSource",
     "SourceUnavailableError",
     "uses_django_beat",
@@ -71,6 +77,13 @@ _NAMES = {"django", DATABASE_SCHEDULER, DATABASE_SCHEDULER.replace(":", ".")}
 
 #: Keys of a row's ``headers`` JSON read as its overlap policy (not sent).
 OVERLAP_KEYS = ("zdelay_overlap", "zdelay_overlap_timeout")
+
+#: How this release reads the rows, stored with them (``define.lua``): rows
+#: read at the same change marker by a later reading replace an earlier
+#: one's, so an upgrade that reads them otherwise shows without an edit.
+#: 1: source ``config``, the rows' names with ``_`` for spaces; 2: source
+#: ``django-celery-beat``, and the rows' own names kept as display names.
+ROWS_READING = 2
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -88,15 +101,6 @@ def uses_django_beat(app: Celery) -> bool:
     """Whether *app*'s ``beat_scheduler`` is django-celery-beat's database scheduler."""
     scheduler = app.conf.beat_scheduler
     return isinstance(scheduler, str) and scheduler in _NAMES
-
-
-def definition_name(row_name: str) -> str:
-    """The schedule's name in celery-zdelay: the row's, with runs of spaces as ``_``.
-
-    Rows are named in the admin ("Send daily report"); celery-zdelay's names
-    hold no spaces (they are part of occurrence ids and CLI arguments).
-    """
-    return re.sub(r"\s+", "_", row_name.strip())
 
 
 class SourceUnavailableError(Exception):
@@ -127,7 +131,8 @@ class DjangoBeatSource:
         #: The change marker read by changed(), kept once the rows are read.
         self._seen_change: datetime | None = None
         self._read_once = False
-        #: Definition name -> the row's primary key.
+        #: Definition name -> the row's primary key (the schedule's name is
+        #: the row's with ``_`` for spaces: see schedule_name).
         self._rows: dict[str, int] = {}
         #: Names of the one_off rows, disabled after their run as django-celery-beat does.
         self._one_off: set[str] = set()
@@ -174,7 +179,12 @@ class DjangoBeatSource:
         self._read_once = False
 
     def definitions(self) -> tuple[list[Definition], dict[str, str]]:
-        """Return the definitions of the enabled rows, and the errors by name."""
+        """Return the definitions of the enabled rows, and the errors by row name.
+
+        A row that cannot be served is reported under its own name (as the
+        admin shows it); what was stored for it is withdrawn all the same,
+        since the configuration no longer names its schedule.
+        """
         from django_celery_beat.models import PeriodicTask
 
         known = set(self.app.tasks.keys())
@@ -184,29 +194,38 @@ class DjangoBeatSource:
         one_off: set[str] = set()
         last_runs: dict[str, int] = {}
         pinned: dict[str, str] = {}
+        #: Schedule name -> the name of the row that has it.
+        claimed: dict[str, str] = {}
         # Not the crontab: a row whose time zone does not exist fails as it
         # is loaded, and it must fail alone (see _crontab), not the query.
-        query = PeriodicTask.objects.filter(enabled=True).select_related(
-            "interval", "solar", "clocked"
+        # By primary key: of two rows whose names differ only by spaces and
+        # '_', the older has the schedule whatever order the database
+        # returns them in (PostgreSQL returns an updated row last).
+        query = (
+            PeriodicTask.objects.filter(enabled=True)
+            .select_related("interval", "solar", "clocked")
+            .order_by("pk")
         )
         with _database("Reading the django-celery-beat rows"):
             loaded = list(query)
         for row in loaded:
-            name = definition_name(row.name)
-            if name in rows:
-                errors[name] = (
-                    f"django-celery-beat rows {row.name!r} and another have the same name "
-                    "once spaces are replaced by '_': rename one of them."
+            name = schedule_name(row.name)
+            first = claimed.setdefault(name, row.name)
+            if first != row.name:
+                errors[row.name] = (
+                    f"django-celery-beat row {row.name!r} has the same schedule name, "
+                    f"{name!r} (spaces as '_'), as the older row {first!r}, which has it: "
+                    "rename one of them in the admin."
                 )
                 continue
             try:
                 definitions.append(self._definition(row, name, known))
             except ConfigurationError as exc:
-                errors[name] = str(exc)
+                errors[row.name] = str(exc)
                 continue
             except Exception as exc:
                 # Whatever else a hand-written row holds: it alone is not served.
-                errors[name] = f"django-celery-beat row {row.name!r} cannot be read: {exc!r}"
+                errors[row.name] = f"django-celery-beat row {row.name!r} cannot be read: {exc!r}"
                 continue
             rows[name] = row.pk
             if row.one_off:
@@ -302,7 +321,14 @@ class DjangoBeatSource:
             entry["zdelay_end"] = row.expires
         if row.crontab is not None and str(row.crontab.timezone) != str(self.app.timezone):
             entry["zdelay_timezone"] = str(row.crontab.timezone)
-        return from_beat_entry(name, entry, known_tasks=known, source=SOURCE_CONFIG)
+        return from_beat_entry(
+            name,
+            entry,
+            known_tasks=known,
+            source=SOURCE_DJANGO_BEAT,
+            display_name=row.name,
+            where=where,
+        )
 
     def _schedule(self, row: Any, where: str) -> Any:
         from celery.schedules import crontab, solar

@@ -41,7 +41,12 @@ from .definition import (
     entry_copy,
     same_entry,
 )
-from .django_beat import DjangoBeatSource, SourceUnavailableError, uses_django_beat
+from .django_beat import (
+    ROWS_READING,
+    DjangoBeatSource,
+    SourceUnavailableError,
+    uses_django_beat,
+)
 from .occurrences import plan
 from .overlap import overlap_headers
 from .store import LATE_MS, WAITING_HELD, PeriodicStore, Snapshot, next_visit_ms
@@ -148,6 +153,9 @@ class PeriodicServer:
         self._rows_ran: dict[str, int] = {}
         #: Whether the rows' database failed last time it was asked (logged once).
         self._source_down = False
+        #: Schedule name -> the name people know it by (a row's name in the
+        #: admin), of what this companion read: its log lines say that one.
+        self._labels: dict[str, str] = {}
 
     # -- configuration --------------------------------------------------------
 
@@ -228,7 +236,10 @@ class PeriodicServer:
             withdraw=errors if self._source is not None else None,
             since=since,
             made=None if self._source is None else self._source.made(),
+            reading=ROWS_READING,
         )
+        # Kept for the names removed: they are no longer read.
+        self._labels.update((d.name, d.label) for d in definitions)
         self._config_hash = digest
         if self._source is None:
             self._config_seen = (_seen_entries(current, definitions), digest)
@@ -250,23 +261,29 @@ class PeriodicServer:
             )
         elif status == "done":
             by_kind = {
-                kind: ", ".join(name for k, name in changed if k == kind) or "none"
-                for kind in ("new", "changed", "removed")
+                kind: ", ".join(self._labels.get(name, name) for k, name in changed if k == kind)
+                or "none"
+                for kind in ("new", "changed", "removed", "relabelled")
             }
             logger.info(
-                "Stored beat_schedule %s (%d entries); new: %s; changed: %s; removed: %s",
+                "Stored %s %s (%d %s); new: %s; changed: %s; removed: %s%s",
+                "beat_schedule" if self._source is None else "django-celery-beat rows",
                 digest,
                 len(definitions),
+                "entries" if self._source is None else "rows",
                 by_kind["new"],
                 by_kind["changed"],
                 by_kind["removed"],
+                # Shown or owned otherwise, served as before (see define.lua).
+                "" if by_kind["relabelled"] == "none" else f"; relabelled: {by_kind['relabelled']}",
             )
             for kind, name in changed:
                 last_run = since.get(name)
                 if kind == "new" and isinstance(last_run, int):
                     logger.info(
-                        "Periodic task %r goes on from its last run elsewhere (celery beat): %s",
-                        name,
+                        "Periodic task %r goes on from its last run elsewhere (%s): %s",
+                        self._labels.get(name, name),
+                        "celery beat" if self._source is None else "its last_run_at",
                         datetime.fromtimestamp(last_run / 1000, tz=timezone.utc).isoformat(),
                     )
         return status
@@ -368,7 +385,9 @@ class PeriodicServer:
             except Exception as exc:
                 if isinstance(exc, ZDelayError) and exc.transient:
                     raise  # the store's state, not this schedule's: the caller waits
-                logger.exception("Periodic task %r: parking its next occurrences failed", name)
+                logger.exception(
+                    "Periodic task %r: parking its next occurrences failed", definition.label
+                )
         self._revisit_stale(snap, advanced)
         self.parked += parked
         return parked
@@ -632,7 +651,7 @@ class PeriodicServer:
             "Periodic task %r: %d occurrences were not released within %d ms of their time "
             "(no companion, no broker, or held back by a pause or a rate limit); "
             "zdelay_missed=%r runs %d of them, withdrew %d",
-            definition.name,
+            definition.label,
             len(waiting),
             STALE_MS,
             definition.missed,
@@ -687,7 +706,7 @@ class PeriodicServer:
             logger.warning(
                 "Periodic task %r: %d occurrences passed while no companion served it; "
                 "zdelay_missed=%r ran %s of them",
-                definition.name,
+                definition.label,
                 todo.skipped + len([ms for ms in todo_park if ms <= snap.now_ms]),
                 definition.missed,
                 len([ms for ms in todo_park if ms <= snap.now_ms]),
@@ -704,7 +723,7 @@ class PeriodicServer:
                     logger.error(
                         "Periodic task %r cannot be parked: %s. Fix the entry "
                         "(celery -A proj zdelay periodic add/remove, or beat_schedule).",
-                        definition.name,
+                        definition.label,
                         exc,
                     )
                 break

@@ -20,7 +20,7 @@ from ..store import ParkRequest, Store
 from ..store.client import store_errors
 from ..store.redis_keys import held_set_key, lanes_key, periodic_keys
 from ..store.scripts import TRANSITIONS, LuaFile, Scripts, ScriptSpec, register, spec
-from .definition import Definition
+from .definition import Definition, schedule_name
 
 __all__ = [
     "COUNTERS",
@@ -237,6 +237,29 @@ class PeriodicStore:
                 continue
         return snap
 
+    def stored_name(self, name: str) -> str | None:
+        """Return the name of the stored schedule *name* designates, or None.
+
+        *name* is a schedule's own name, or the name people know it by (a
+        django-celery-beat row's name in the admin, "Every ten seconds"),
+        which designates the schedule its spaces become
+        (:func:`~.definition.schedule_name`: ``Every_ten_seconds``) when
+        that one is stored under it. One round trip, whatever is stored.
+        """
+        candidate = schedule_name(name)
+        with store_errors(self.store.url):
+            own, other = self.store.client.hmget(self.keys.defs, [name, candidate])
+        if own is not None:
+            return name
+        if other is None or candidate == name:
+            return None
+        try:
+            shown = Definition.from_body(candidate, other).display_name
+        except (ValueError, KeyError, TypeError):
+            return None
+        # Spaces as typed or pasted: the same words are the same name.
+        return candidate if shown is not None and shown.split() == name.split() else None
+
     def overview(self, first: int) -> tuple[int, int, list[str]]:
         """How many schedules are stored and paused, and the names of the *first* to run.
 
@@ -430,10 +453,13 @@ class PeriodicStore:
         withdraw: Mapping[str, str] | None = None,
         since: Mapping[str, int | str] | None = None,
         made: int | None = None,
+        reading: int = 1,
     ) -> tuple[str, list[tuple[str, str]]]:
         """Store a ``beat_schedule``; return ("same"|"older"|"done", [(kind, name), ...]).
 
-        Each kind is "new", "changed" or "removed". *keep* and *withdraw*
+        Each kind is "new", "changed", "removed" or "relabelled" (only its
+        display name or source differ: stored with its version and what it
+        parked as they are, see ``define.lua``). *keep* and *withdraw*
         map the entries this process cannot serve to why (stored for
         ``periodic list`` and ``status --check``, see :meth:`unserved`):
         what is stored under a name in *keep* stays as it is (its task
@@ -446,6 +472,10 @@ class PeriodicStore:
         change marker, epoch microseconds): it is then stored unless one made
         later is, whatever either holds; without it (a ``beat_schedule``) a
         configuration replaced once is refused (see ``define.lua``).
+        *reading* says how this release reads the source (with *made*): rows
+        read at the same time by a release reading them otherwise (a later
+        *reading*) are stored over an earlier release's, never the other
+        way round.
         """
         since = since or {}
         args: list[Any] = [
@@ -454,6 +484,7 @@ class PeriodicStore:
             "1" if force else "0",
             writer,
             "" if made is None else made,
+            "" if made is None else reading,
         ]
         for definition in definitions:
             args += [definition.name, definition.body(), since.get(definition.name, "")]
@@ -471,13 +502,13 @@ class PeriodicStore:
     def put(self, definition: Definition, *, writer: str) -> bool:
         """Add or replace one definition; return whether it changed."""
         _, changed = self._define_call(
-            ["put", "", "0", writer, "", definition.name, definition.body(), ""]
+            ["put", "", "0", writer, "", "", definition.name, definition.body(), ""]
         )
         return bool(changed)
 
     def drop(self, names: Iterable[str]) -> list[str]:
         """Remove definitions (their parked occurrences are withdrawn); return those removed."""
-        _, changed = self._define_call(["drop", "", "0", "", "", *names])
+        _, changed = self._define_call(["drop", "", "0", "", "", "", *names])
         return [name for _, name in changed]
 
     def _define_call(self, args: list[Any]) -> tuple[str, list[tuple[str, str]]]:

@@ -77,6 +77,7 @@ def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
     """Return one schedule as ``periodic list --json`` and ``status --json`` show it."""
     return {
         "name": info.name,
+        "display_name": info.display_name,
         "task": info.task,
         "schedule": info.schedule,
         "source": info.source,
@@ -96,7 +97,7 @@ def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
 
 
 def schedule_lines(infos: list[ScheduleInfo]) -> list[str]:
-    """Return three lines per schedule for people."""
+    """Return three lines per schedule for people, each under the name people know it by."""
     lines = []
     for info in infos:
         state = "paused" if info.paused else "active"
@@ -107,8 +108,11 @@ def schedule_lines(infos: list[ScheduleInfo]) -> list[str]:
             if info.last_run_lateness_ms is not None
             else ""
         )
+        # A row's name in the admin first; its schedule name when another.
+        stored_as = f", stored as {info.name}" if info.display_name != info.name else ""
         lines.append(
-            f"{info.name}  {info.task}  {info.schedule}  [{state}, {info.source}, v{info.version}]"
+            f"{info.display_name}  {info.task}  {info.schedule}  "
+            f"[{state}, {info.source}, v{info.version}{stored_as}]"
         )
         last_id = f" {info.last_run_id}" if info.last_run_id else ""
         lines.append(f"    next {next_run}  last {last_run}{late}{last_id}")

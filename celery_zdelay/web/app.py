@@ -22,6 +22,7 @@ from urllib.parse import urlencode
 
 from celery import Celery
 from jinja2 import Environment, PackageLoader
+from markupsafe import Markup, escape
 from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
@@ -167,6 +168,7 @@ class Dashboard:
             duration=duration,
             utc=utc,
             clip=_clip,
+            breakable=_breakable,
             release_path=_release_path,
         )
         self.env.globals.update(relative_due=relative_due, ago=ago)
@@ -796,6 +798,29 @@ def _history_row(event: HistoryEvent) -> dict[str, Any]:
 def _clip(value: Any, limit: int = CLIP) -> str:
     text = "" if value is None else str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+#: Where a long name or id may break across lines: after ``_ . : /`` before
+#: a letter (``Send_daily_report``, ``proj.tasks.report``, ``periodic:name:v1:``),
+#: never inside a time or a number (``…:v1:2026-07-01T03:00:00.000Z``).
+_BREAK_AFTER = re.compile(r"(?<=[_.:/])(?=[^\W\d_])")
+
+
+#: Names up to this long stay whole: a column holds them (what the browser tests check).
+_WHOLE = 24
+
+
+def _breakable(value: Any, limit: int = CLIP) -> Markup:
+    """*value* clipped and escaped, with ``<wbr>`` where a long name or id may break.
+
+    A long name without spaces (a schedule's, a dotted task's) then wraps
+    between its parts in a narrow column instead of mid-word; a short one is
+    left as it is.
+    """
+    text = _clip(value, limit)
+    if len(text) <= _WHOLE:
+        return escape(text)
+    return Markup("<wbr>").join(_BREAK_AFTER.split(text))
 
 
 def _chart(line: queries.Timeline) -> dict[str, Any]:

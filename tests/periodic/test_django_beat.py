@@ -70,7 +70,7 @@ def test_two_companions_serve_the_rows_each_tick_once_and_keep_the_admin_true(
     # and the others never run; the bad row is reported by name
     assert runs_with(runs, "unknown") == []
     assert runs_with(runs, "disabled") == []
-    first.wait_for_log("Unknown_task")
+    first.wait_for_log("'Unknown task' is not served")
 
     # And django-celery-beat's admin columns follow the runs
     def admin_true() -> bool:
@@ -231,8 +231,8 @@ def test_clocked_rows_run_once_at_their_time_and_bad_rows_are_skipped(
     served = companion(app, processes, database, "--beat", "-S", "django")
 
     # Then the bad rows are reported by name and block no other row
-    served.wait_for_log("'bad_cron' is not served: django-celery-beat row 'bad cron': invalid")
-    served.wait_for_log("'bad_zone' is not served: django-celery-beat row 'bad zone': its crontab")
+    served.wait_for_log("'bad cron' is not served: django-celery-beat row 'bad cron': invalid")
+    served.wait_for_log("'bad zone' is not served: django-celery-beat row 'bad zone': its crontab")
     wait_for(lambda: runs_with(runs, "good"), timeout=60, message="a run of the interval row")
     # and the passed moment runs once, at once
     wait_for(lambda: runs_with(runs, "passed"), timeout=60, message="the passed clocked row")

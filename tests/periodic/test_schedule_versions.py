@@ -16,14 +16,21 @@ tests/periodic/test_withdrawal.py.
 from __future__ import annotations
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_zdelay import periodic
 from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import store_for
-from celery_zdelay.periodic.definition import SOURCE_API, Definition, from_beat_entry
+from celery_zdelay.periodic.definition import (
+    SOURCE_API,
+    SOURCE_DJANGO_BEAT,
+    Definition,
+    from_beat_entry,
+)
 from celery_zdelay.periodic.store import PeriodicStore
 from tests.support.clock import redis_ms
+from tests.support.periodic import parked_ids, server_for, tend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -264,3 +271,113 @@ def test_a_beat_schedule_after_rows_keeps_the_fingerprint_rule(app: Celery) -> N
     # and rows read before the beat_schedule was stored do not come back either
     assert store([_entry("a", 30.0)], "h3", writer="rows", force=False, made=100)[0] == "older"
     assert periodic_store.snapshot().definitions["a"] == _entry("a", 20.0)
+
+
+def _row(name: str, seconds: float = 10.0, *, shown: str | None = None) -> Definition:
+    """A django-celery-beat row as this release stores it: its source, its admin name."""
+    return from_beat_entry(
+        name,
+        {"task": "tests.record", "schedule": seconds},
+        source=SOURCE_DJANGO_BEAT,
+        display_name=shown or name.replace("_", " "),
+    )
+
+
+def test_a_row_no_longer_read_is_removed_as_an_entry_no_longer_configured_is(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given rows stored from django-celery-beat, one added at run time, and
+    # one stored by a release that wrote no source (read as "config")
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    store([_row("Every_second"), _row("Nightly")], "h1", writer="c", force=False, made=100)
+    periodic_store.put(_entry("added", source=SOURCE_API), writer="api")
+    redis_client.hset(periodic_store.keys.defs, "sourceless", '{"task":"tests.record"}')
+
+    # When the rows are read again without "Nightly" (deleted in the admin)
+    status, changed = store([_row("Every_second")], "h2", writer="c", force=False, made=200)
+
+    # Then it is removed, as the one without a source; the one added at run time stays
+    assert (status, sorted(changed)) == (
+        "done",
+        [("removed", "Nightly"), ("removed", "sourceless")],
+    )
+    assert sorted(periodic_store.snapshot().definitions) == ["Every_second", "added"]
+
+
+def test_a_definition_shown_or_owned_otherwise_keeps_its_version_pointer_and_occurrences(
+    app: Celery,
+) -> None:
+    # Given a row stored as the release before stored it (source "config",
+    # no display name), with its occurrences parked by a pass
+    server = server_for(app, {"Every_second": {"task": "tests.record", "schedule": 1.0}})
+    assert server.reconcile() == "done"
+    assert tend(server) > 0
+    periodic_store = server.periodic
+    pointer = periodic_store.snapshot().pointers["Every_second"]
+    parked = parked_ids(periodic_store.store.client, "Every_second")
+    assert parked
+    assert pointer.version == 1
+
+    # When this release stores it under its admin name and its own source
+    after = _row("Every_second", 1.0, shown="Every second")
+    status, changed = periodic_store.store_config(
+        [after], "h2", writer="new", force=False, made=100, reading=2
+    )
+
+    # Then it is relabelled: the new text stored, the same version, pointer
+    # and parked occurrences (no phase started again, nothing withdrawn)
+    assert (status, changed) == ("done", [("relabelled", "Every_second")])
+    snap = periodic_store.snapshot()
+    assert snap.definitions["Every_second"] == after
+    assert snap.pointers["Every_second"] == pointer
+    assert parked_ids(periodic_store.store.client, "Every_second") == parked
+    assert snap.to_cancel == []
+    # and an added run-time entry taken over by the configuration likewise
+    periodic_store.put(_entry("x", source=SOURCE_API), writer="api")
+    assert periodic_store.put(_entry("x"), writer="c") is True
+    assert _versions(periodic_store)["x"] == 1
+    # but a change of what runs or when is a change: a new version
+    edited = from_beat_entry(
+        "Every_second",
+        {"task": "tests.record", "schedule": 1.0, "args": [1]},
+        source=SOURCE_DJANGO_BEAT,
+        display_name="Every second",
+    )
+    assert periodic_store.put(edited, writer="c")
+    assert _versions(periodic_store)["Every_second"] == 2
+    assert periodic_store.put(_row("Every_second", 2.0, shown="Every second"), writer="c")
+    assert _versions(periodic_store)["Every_second"] == 3
+
+
+def test_rows_read_otherwise_by_a_later_release_replace_an_earlier_reading_of_them(
+    app: Celery,
+) -> None:
+    # Given rows stored by the release before, read at marker 100 (reading 1)
+    periodic_store = PeriodicStore(store_for(app))
+    store = periodic_store.store_config
+    old = [from_beat_entry("Every_second", {"task": "tests.record", "schedule": 1.0})]
+    assert store(old, "h1", writer="old", force=False, made=100, reading=1)[0] == "done"
+
+    # When this release reads the same rows (same marker), then its reading is stored
+    new = [_row("Every_second", 1.0)]
+    assert store(new, "h2", writer="new", force=False, made=100, reading=2) == (
+        "done",
+        [("relabelled", "Every_second")],
+    )
+    # and the release before, restarted, does not store its reading back at that marker
+    assert store(old, "h1", writer="old", force=False, made=100, reading=1)[0] == "older"
+    # nor does another reading of this release at that marker (not stored over each other)
+    assert (
+        store([_row("Every_second", 5.0)], "h3", writer="x", force=False, made=100, reading=2)[0]
+        == "older"
+    )
+    assert periodic_store.snapshot().definitions["Every_second"] == new[0]
+
+    # When the release before stores an edit (marker 200) with its own
+    # script, which leaves the reading field as it was
+    assert store(old, "h4", writer="old", force=False, made=200, reading=1)[0] == "done"
+    periodic_store.store.client.hset(periodic_store.keys.meta, "reading", "2 h2")
+    # Then this release's reading of that edit is stored over it all the same
+    assert store(new, "h5", writer="new", force=False, made=200, reading=2)[0] == "done"
+    assert periodic_store.snapshot().definitions["Every_second"] == new[0]

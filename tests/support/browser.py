@@ -23,6 +23,7 @@ import pytest
 __all__ = [
     "CHROMIUM_ARGS",
     "SCREENSHOTS",
+    "broken_words",
     "browser",
     "chromium",
     "chromium_path",
@@ -87,6 +88,43 @@ def operator_page(browser: Any, **context_options: Any) -> Iterator[Any]:
         yield opened
     finally:
         context.close()
+
+
+#: Words of table cells broken across two lines: a word's characters whose
+#: boxes sit on more than one line. Words are the parts between spaces and
+#: hyphens (a line may end after a hyphen); one longer than 24 characters (an
+#: id, a long repr) may break. Words of <code> are left out unless asked for;
+#: there the parts of a name or an id (between ``_ : . /`` too) are words.
+_BROKEN_WORDS = """(inCode) => {
+    const broken = [];
+    for (const cell of document.querySelectorAll('td, th')) {
+        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+            const code = node.parentElement.closest('code');
+            if (code && !inCode) continue;
+            const words = code ? /[^\\s\\-_:.\\/]+/g : /[^\\s\\-]+/g;
+            for (const word of node.data.matchAll(words)) {
+                if (word[0].length > 24) continue;  // an id may break; a word must not
+                const range = document.createRange();
+                range.setStart(node, word.index);
+                range.setEnd(node, word.index + word[0].length);
+                const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+                if (tops.size > 1) broken.push(word[0]);
+            }
+        }
+    }
+    return broken;
+}"""
+
+
+def broken_words(page: Any, *, in_code: bool = False) -> list[str]:
+    """Return the words of the page's table cells that a line break cuts in two.
+
+    With *in_code*, the words of ``<code>`` too (arguments, names, ids): a
+    word up to 24 characters long stays whole there as well.
+    """
+    broken: list[str] = page.evaluate(_BROKEN_WORDS, in_code)
+    return broken
 
 
 def screenshot(page: Any, name: str, tmp_path: Path) -> Path:

@@ -27,35 +27,13 @@ from celery_zdelay.store import Store
 from celery_zdelay.web import create_app
 from tests.conftest import AppFactory, RabbitMQ
 from tests.helpers import CeleryProcess
-from tests.support.browser import screenshot
+from tests.support.browser import broken_words, screenshot
 from tests.support.deadletters import make_dead_letter
 from tests.web_support import serve
 
 pytestmark = pytest.mark.timeout(240)
 
 WIDTH, HEIGHT = 1400, 1000
-
-#: Words of table cells broken across two lines: a word's characters whose
-#: boxes sit on more than one line. Words of <code> (reprs, headers) may break.
-BROKEN_WORDS = """() => {
-    const broken = [];
-    for (const cell of document.querySelectorAll('td, th')) {
-        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
-        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-            if (node.parentElement.closest('code')) continue;
-            // Parts between spaces and hyphens: a line may end after a hyphen.
-            for (const word of node.data.matchAll(/[^\\s\\-]+/g)) {
-                if (word[0].length > 24) continue;  // an id may break; a word must not
-                const range = document.createRange();
-                range.setStart(node, word.index);
-                range.setEnd(node, word.index + word[0].length);
-                const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
-                if (tops.size > 1) broken.push(word[0]);
-            }
-        }
-    }
-    return broken;
-}"""
 
 
 @pytest.fixture
@@ -101,25 +79,25 @@ def test_an_operator_reads_every_page_at_1400_by_1000(
     with serve(app) as served:
         page.goto(served.url + "/")
         page.wait_for_selector("#companions tr.alive", timeout=30_000)
-        assert page.evaluate(BROKEN_WORDS) == []
+        assert broken_words(page) == []
         assert "atomic handoff" in page.text_content("#companions")
         screenshot(page, "web-overview.png", tmp_path)
 
         page.goto(served.url + "/parked")
-        assert page.evaluate(BROKEN_WORDS) == []
+        assert broken_words(page) == []
         screenshot(page, "web-parked.png", tmp_path)
 
         page.goto(served.url + "/periodic")
         row = '#periodic tr[data-name="heartbeat-ping"]'
         assert "ago" in (page.text_content(row) or "")  # its last run
         assert "overdue" not in page.text_content("#periodic")
-        assert page.evaluate(BROKEN_WORDS) == []
+        assert broken_words(page) == []
         screenshot(page, "web-periodic.png", tmp_path)
 
         page.goto(served.url + "/dead")
         assert "ago" in page.text_content(f'#dead tr[data-id="{lost.id}"]')
         assert "overdue" not in page.text_content("#dead")
-        assert page.evaluate(BROKEN_WORDS) == []
+        assert broken_words(page) == []
         screenshot(page, "web-dead.png", tmp_path)
 
         # The entry: its actions in view without scrolling, above 60 headers.
@@ -129,7 +107,7 @@ def test_an_operator_reads_every_page_at_1400_by_1000(
         box = cancel.bounding_box()
         assert box is not None
         assert box["y"] + box["height"] <= HEIGHT
-        assert page.evaluate(BROKEN_WORDS) == []
+        assert broken_words(page) == []
         screenshot(page, "web-entry.png", tmp_path)
 
         # Cancel it: the listing says so, and nothing reads as an error.

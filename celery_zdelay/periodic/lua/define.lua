@@ -7,20 +7,23 @@
 --                          "incl": true when "ms" is itself an occurrence still to run}
 -- KEYS[4] paused set       names
 -- KEYS[5] cancel set       occurrence ids every companion cancels (then forgets)
--- KEYS[6] meta hash        hash, written_by, written_ms, made of the stored configuration
+-- KEYS[6] meta hash        hash, written_by, written_ms, made, reading of the stored
+--                          configuration
 -- KEYS[7] superseded set   configuration hashes replaced by a newer one
 -- KEYS[8] visits zset      name -> ms a planner pass looks at it from (see _pointer.lua)
 -- KEYS[9..] the shards' keys, five per shard (see _withdraw.lua); none on a
 --           Redis Cluster, whose shards are other slots
 -- ARGV[1] mode             "config": replace the entries from configuration
---                          "put": add or replace one entry; "drop": remove ARGV[6..]
+--                          "put": add or replace one entry; "drop": remove ARGV[7..]
 -- ARGV[2] configuration hash ("config" mode)
 -- ARGV[3] "1": write even a superseded configuration (a deliberate rollback)
 -- ARGV[4] writer (companion id)
 -- ARGV[5] "config": when the source made this configuration, an integer
 --         (django-celery-beat's change marker, epoch microseconds), or ""
 --         for none (a beat_schedule: ordered by the superseded set instead)
--- ARGV[6..] "config"/"put": triples name, definition JSON, since ms ("" for
+-- ARGV[6] "config" with ARGV[5]: how this release reads the source, an
+--         integer (django_beat.ROWS_READING); "" elsewhere
+-- ARGV[7..] "config"/"put": triples name, definition JSON, since ms ("" for
 --           none: a new entry starts from now; else from that time, e.g.
 --           celery beat's last run of it, so the missed policy covers the
 --           switch; "=<ms>": from that time whether new or changed, e.g. a
@@ -32,7 +35,8 @@
 --           The reasons are stored as the meta field "unserved", JSON)
 -- returns {status, kind, name, kind, name, ...}: status "same" (configuration
 --         already stored), "older" (superseded, or made before the stored
---         one: not written), "done"; each kind "new", "changed" or "removed"
+--         one: not written), "done"; each kind "new", "changed", "relabelled"
+--         or "removed"
 --
 -- Two rules order configurations. A beat_schedule has no time of its own:
 -- the newest deploy wins, and a fingerprint replaced once is refused for
@@ -44,9 +48,26 @@
 -- after an edit), whatever it contains. The stored time is kept as the
 -- meta field "made", also when the content is the same.
 --
+-- Rows read at the same time are not stored over each other, with one
+-- exception: a later release that reads them otherwise (ARGV[6] above the
+-- stored reading: a new field of the definitions) stores its reading over
+-- an earlier one's, so an upgrade shows without an edit, and an earlier
+-- release is refused at that time as before. The stored reading is kept
+-- as the meta field "reading", "<n> <hash>": a configuration written by a
+-- release that does not write it (another hash) was read as 1.
+--
 -- A change or removal takes the old version's occurrences back from the
 -- shards in this same script (_withdraw.lua): once it returns, no companion
 -- can release one of them, so no tick runs under two versions.
+--
+-- A definition that differs from the stored one only in how it is shown and
+-- who owns it (LABELS: its display name, its source) is no change of the
+-- schedule: it is "relabelled", stored over the old one with its version,
+-- pointer and parked occurrences as they are (a new version would start
+-- an interval's phase again from now). So an upgrade that stores
+-- django-celery-beat rows under their admin names and their own source,
+-- where the release before stored them as "config", neither withdraws nor
+-- delays a tick.
 --
 -- Everything that can fail is checked before the first write (key types,
 -- version counters, template counts): a failure leaves every schedule as it was.
@@ -60,11 +81,33 @@ zdelay_expect(defs, 'hash', versions, 'hash', pointers, 'hash', paused, 'set', c
 local shards = periodic_shards(9)
 local now_ms = zdelay_now_ms()
 
--- 1. Decide (reads only): which names are new, changed or removed.
-local puts, drops = {}, {}
+-- 1. Decide (reads only): which names are new, changed, relabelled or removed.
+local LABELS = {display_name = true, source = true}
+-- Whether two decoded JSON values are equal, leaving out the keys in *skip*
+-- of the outer object.
+local function same_json(a, b, skip)
+  if type(a) ~= 'table' or type(b) ~= 'table' then return a == b end
+  for k, v in pairs(a) do
+    if not (skip and skip[k]) and not same_json(v, b[k]) then return false end
+  end
+  for k in pairs(b) do
+    if not (skip and skip[k]) and a[k] == nil then return false end
+  end
+  return true
+end
+local function only_labels_differ(stored, body)
+  local ok_a, a = pcall(cjson.decode, stored)
+  local ok_b, b = pcall(cjson.decode, body)
+  return ok_a and ok_b and type(a) == 'table' and type(b) == 'table' and same_json(a, b, LABELS)
+end
+local puts, relabels, drops = {}, {}, {}
 local function want_put(name, body, since)
   local stored = redis.call('HGET', defs, name)
   if stored == body then return end
+  if stored and only_labels_differ(stored, body) then
+    relabels[#relabels + 1] = {name, body}
+    return
+  end
   zdelay_expect_field_counter(versions, name)
   puts[#puts + 1] = {name, body, since, stored and 'changed' or 'new'}
 end
@@ -75,12 +118,13 @@ end
 local hash = ARGV[2]
 local current = redis.call('HGET', meta, 'hash')
 if mode == 'drop' then
-  for i = 6, #ARGV do want_drop(ARGV[i]) end
+  for i = 7, #ARGV do want_drop(ARGV[i]) end
 elseif mode == 'put' then
-  want_put(ARGV[6], ARGV[7], ARGV[8])
+  want_put(ARGV[7], ARGV[8], ARGV[9])
 else
   -- "config": the newest configuration wins (see the header).
   local made = tonumber(ARGV[5])
+  local reading = tonumber(ARGV[6]) or 1
   local stored_made = tonumber(redis.call('HGET', meta, 'made') or '')
   if current == hash then
     if made and (not stored_made or made > stored_made) then
@@ -90,23 +134,33 @@ else
   end
   if ARGV[3] ~= '1' then
     if made then
-      if stored_made and made <= stored_made then return {'older', current or ''} end
+      local stored_reading = 1
+      local n, of = string.match(redis.call('HGET', meta, 'reading') or '', '^(%d+) (.*)$')
+      if n and of == current then stored_reading = tonumber(n) end
+      if stored_made and (made < stored_made
+          or (made == stored_made and reading <= stored_reading)) then
+        return {'older', current or ''}
+      end
     elseif redis.call('SISMEMBER', superseded, hash) == 1 then
       return {'older', current or ''}
     end
   end
   local incoming = {}
-  for i = 6, #ARGV, 3 do
+  for i = 7, #ARGV, 3 do
     if ARGV[i + 1] ~= '!' then incoming[ARGV[i]] = true end
   end
+  -- Every definition but those added at run time (source "api") is the
+  -- configuration's: beat_schedule entries, django-celery-beat rows (and
+  -- one stored without a source, read as "config"). One it no longer
+  -- names is removed.
   local stored = redis.call('HGETALL', defs)
   for i = 1, #stored, 2 do
     if not incoming[stored[i]] then
       local ok, d = pcall(cjson.decode, stored[i + 1])
-      if ok and type(d) == 'table' and d.source == 'config' then want_drop(stored[i]) end
+      if ok and type(d) == 'table' and d.source ~= 'api' then want_drop(stored[i]) end
     end
   end
-  for i = 6, #ARGV, 3 do
+  for i = 7, #ARGV, 3 do
     if ARGV[i + 1] ~= '' and ARGV[i + 1] ~= '!' then want_put(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
   end
 end
@@ -181,16 +235,23 @@ for _, p in ipairs(puts) do
   changed[#changed + 1] = kind
   changed[#changed + 1] = name
 end
+for _, r in ipairs(relabels) do
+  redis.call('HSET', defs, r[1], r[2])
+  changed[#changed + 1] = 'relabelled'
+  changed[#changed + 1] = r[1]
+end
 if mode == 'config' then
   if current then redis.call('SADD', superseded, current) end
   redis.call('SREM', superseded, hash)
   local unserved = {}
-  for i = 6, #ARGV, 3 do
+  for i = 7, #ARGV, 3 do
     if ARGV[i + 1] == '' or ARGV[i + 1] == '!' then unserved[ARGV[i]] = ARGV[i + 2] end
   end
   redis.call('HSET', meta, 'hash', hash, 'written_by', ARGV[4], 'written_ms', now_ms,
     'unserved', next(unserved) and cjson.encode(unserved) or '{}')
-  if tonumber(ARGV[5]) then redis.call('HSET', meta, 'made', ARGV[5]) end
+  if tonumber(ARGV[5]) then
+    redis.call('HSET', meta, 'made', ARGV[5], 'reading', (tonumber(ARGV[6]) or 1) .. ' ' .. hash)
+  end
 end
 -- Not {'done', unpack(changed)}: unpack stops at Lua's C stack (about 8,000
 -- values), and a beat_schedule of 4,000 entries changes that many.
