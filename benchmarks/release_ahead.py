@@ -22,7 +22,8 @@ started this long after due: the companion's wake-up), *claim* (the call),
 *pickup* (release to the worker's receipt: broker and consumer), *start*
 (receipt, or the due time if later, to the task's start: the worker's
 timer and pool). *Held* is what released ahead costs the worker: how many
-tasks waited on its ETA timer at once (received before due, not started).
+tasks waited on its ETA timer at once (received before due, not started),
+and the worker's CPU time per task (``/proc/<pid>/stat`` over the case).
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from .common import now_ms, park_bulk, prepare_before_due, quantiles
-from .infra import RESULTS_DIR, BenchmarkError, MachineLoad, Resources, loadavg, wait_for
+from .infra import (
+    RESULTS_DIR,
+    BenchmarkError,
+    MachineLoad,
+    Resources,
+    cpu_seconds,
+    loadavg,
+    wait_for,
+)
 from .lateness import _parking_margin
 from .peers import rabbitmq_vhost, spread
 from .proj import STAMPS_KEY, app_env, make_app
@@ -83,11 +92,19 @@ def run_case(
 
         t0 = prepare_before_due(prepare, reset, _parking_margin(app, n), what="ahead: parking")
         load = MachineLoad()
+        cpu_before = {"worker": cpu_seconds(worker.pid), "companion": cpu_seconds(companion.pid)}
         last_due = t0 + (n - 1) * interval_us // 1000
         deadline = time.monotonic() + (last_due - now_ms()) / 1000 + CAP_S
         while recorder.llen(STAMPS_KEY) < 2 * n and time.monotonic() < deadline:
             time.sleep(0.2)
         machine = load.stop()
+        cpu = {
+            f"{name}_cpu_us_per_task": round(
+                (cpu_seconds(process.pid) - cpu_before[name]) * 1e6 / n, 1
+            )
+            for name, process in (("worker", worker), ("companion", companion))
+        }
+        machine.update(cpu)
         companion.stop()
         wait_for(lambda: os.path.getsize(profile) > 0, timeout=20, what="the companion's profile")
         releases = json.loads(Path(profile).read_text())
@@ -149,6 +166,7 @@ def _figures(
         "held_n": len(held_ms),
         "held_ms": quantiles(held_ms) if held_ms else {},
         "machine": machine,
+        "worker_cpu_us_per_task": machine.get("worker_cpu_us_per_task"),
     }
 
 
@@ -196,6 +214,7 @@ def _line(f: dict[str, Any]) -> str:
         f"{f['broker']:9} ahead {f['ahead_ms']:3} ms round {f['round']}: lateness p50 "
         f"{late.get('p50', 0):.2f} p99 {late.get('p99', 0):.1f} max {late.get('max', 0):.1f} ms, "
         f"early {f['early']}, ran {f['ran']}/{f['n']}, held at once {f['held_at_once']}, "
+        f"worker CPU {f['worker_cpu_us_per_task']} us/task, "
         f"parts p50 {f['parts_p50_ms']}, load {f['loadavg']}"
     )
 
@@ -213,6 +232,7 @@ def _summary(results: list[dict[str, Any]], cases: list[tuple[str, int]]) -> lis
             values = [r["parts_p50_ms"][part] for r in ok if part in r["parts_p50_ms"]]
             row[f"{part}_p50_ms"] = spread(values) if values else None
         row["held_at_once"] = spread([float(r["held_at_once"]) for r in ok])
+        row["worker_cpu_us_per_task"] = spread([r["worker_cpu_us_per_task"] for r in ok])
         row["early"] = sum(r["early"] for r in ok)
         row["not_run"] = sum(r["n"] - r["ran"] for r in ok)
         rows.append(row)

@@ -174,18 +174,19 @@ def test_no_task_starts_before_its_due_time_when_released_ahead(
 ) -> None:
     """The worker's timer, not the companion, holds a task released ahead: still never early.
 
-    Released 300 ms ahead (more than a few ms, so that on a loaded machine
-    the messages still reach the worker before they are due: that is the
-    point), each task must start at its due time or later, on the Redis
+    Released up to a second ahead (the most the setting allows, so that on
+    a loaded machine, where a worker may take hundreds of ms to take a
+    message, many still reach it before they are due: that is the case
+    tested), each task must start at its due time or later, on the Redis
     clock (the worker's and Redis's clocks are this machine's).
     Caught, e.g., by dropping the eta from the released message in
     handoff.lua (``message = zdelay_with_eta(message, due_ms)`` -> nothing)
     or in release.py (``message.headers["eta"] = ...`` -> nothing): the
-    worker then runs each task as it arrives, up to 300 ms early.
+    worker then runs each task as it arrives, up to a second early.
     """
-    # Given a companion releasing 300 ms ahead, and a worker that notes when
-    # each message reaches it and when each task starts (Redis clock)
-    conf = {"zdelay_release_ahead_seconds": 0.3}
+    # Given a companion releasing up to a second ahead, and a worker that
+    # notes when each message reaches it and when each task starts (Redis clock)
+    conf = {"zdelay_release_ahead_seconds": 1.0}
     queues: tuple[str, ...] = ()
     if path == "handoff":
         app = make_test_app(conf=conf)
@@ -201,11 +202,11 @@ def test_no_task_starts_before_its_due_time_when_released_ahead(
     companion(app)
     store = redis_server.client(0)
 
-    # When 200 tasks are parked to fall due over 2 seconds, from a second on
+    # When 200 tasks are parked to fall due over 2 seconds, from 1.5 s on
     record = app.tasks["tests.record"]
     dues = {}
     for i in range(200):
-        result = record.apply_delayed((i,), countdown=1.0 + 2.0 * i / 200)
+        result = record.apply_delayed((i,), countdown=1.5 + 2.0 * i / 200)
         dues[result.id] = _due_ms(store, result.id)
 
     # Then every one runs once, none started before it was due
@@ -214,12 +215,13 @@ def test_no_task_starts_before_its_due_time_when_released_ahead(
     early = {run["id"]: dues[run["id"]] - run["redis_ms"] for run in runs.all()}
     early = {task_id: ms for task_id, ms in early.items() if ms > 0}
     assert early == {}, f"{len(early)} started early, by up to {max(early.values())} ms"
-    # And most reached the worker before they were due: released ahead
+    # And many reached the worker before they were due (released ahead), or
+    # the test would prove nothing
     recorder = redis_server.client(RECORD_DB)
     received = [json.loads(raw) for raw in recorder.lrange(RECEIVED_KEY, 0, -1)]
     ahead = sorted(dues[r["id"]] - r["redis_ms"] for r in received)
     before_due = sum(1 for ms in ahead if ms > 0)
-    assert before_due > len(dues) // 2, (
+    assert before_due >= len(dues) // 10, (
         f"only {before_due} of {len(dues)} arrived ahead; ms ahead, by decile: {ahead[::20]}"
     )
     store.close()
@@ -243,17 +245,20 @@ def test_a_task_released_ahead_sees_the_eta_celery_would_have_sent(
 ) -> None:
     """request.eta is the call's ETA (zdelay_eta), not the due time it was released with.
 
-    Caught by restore_eta keeping a request.eta already set (``if
-    request.eta is None:``): the task would see its due time, cut to the ms.
+    A countdown's ETA is counted on the producer's clock to the microsecond,
+    before the jitter; the released message's eta is the due time, to the
+    ms, jitter included. Caught by restore_eta keeping a request.eta
+    already set (``if request.eta is None:``): the task would see the due time.
     """
     app = make_test_app(conf={"zdelay_release_ahead_seconds": 1.0})
     worker(app)
-    eta = (datetime.now(timezone.utc) + timedelta(seconds=0.5)).replace(microsecond=123_456)
-    result = app.tasks["tests.record"].apply_delayed(("eta",), eta=eta)
+    result = app.tasks["tests.record"].apply_delayed(("eta",), countdown=0.4, jitter=0.3)
     due = _due_ms(redis_client, result.id)
     with Companion(app) as companion:
         assert companion.release_due().released == 1
     assert result.get(timeout=30) == ["eta"]
     (run,) = runs.all()
-    assert run["eta"] == eta.isoformat()
     assert run["redis_ms"] >= due
+    seen = datetime.fromisoformat(run["eta"])
+    assert run["eta"] != eta_text(due)
+    assert seen <= datetime.fromisoformat(eta_text(due)) + timedelta(milliseconds=5)
