@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import time
 from typing import Any
 
 import redis
@@ -25,6 +26,10 @@ from celery import Celery
 DONE_KEY = "zbench:done"
 #: List each execution of ``bench.tick`` appends ``[task id, Redis ms]`` to.
 TICKS_KEY = "zbench:ticks"
+#: With ``ZBENCH_STAMPS=1``: list the worker appends ``"r <seq> <ns>"`` to as
+#: each ``bench.noop`` message reaches it (Celery's ``task_received``, before
+#: any ETA timer) and ``"s <seq> <ns>"`` as it starts; the machine's clock.
+STAMPS_KEY = "zbench:stamps"
 #: Default queue of the benchmark app (and the kombu list key on Redis).
 DEFAULT_QUEUE = "bench"
 
@@ -58,9 +63,16 @@ def make_app(
     }
     recorder: list[redis.Redis] = []
 
+    stamps = os.environ.get("ZBENCH_STAMPS") == "1"
+
     @app.task(name="bench.noop", shared=False)
     def noop(seq: int, due_ms: int) -> None:
-        if record:
+        if record and stamps:
+            started_ns = time.time_ns()
+            if not recorder:
+                recorder.append(redis.Redis.from_url(record))
+            recorder[0].rpush(STAMPS_KEY, f"s {seq} {started_ns}")
+        elif record:
             if not recorder:
                 recorder.append(redis.Redis.from_url(record))
             recorder[0].incr(DONE_KEY)
@@ -120,6 +132,61 @@ def _record_lateness(path: str) -> None:
     atexit.register(lambda: None if os.path.exists(path) else dump())
 
 
+def _stamp_received(record: str) -> None:
+    """In a worker: append ``"r <seq> <ns>"`` to :data:`STAMPS_KEY` as each message arrives."""
+    from celery.signals import task_received
+
+    client = redis.Redis.from_url(record)
+
+    def received(request: Any, **kwargs: Any) -> None:
+        if request.name == "bench.noop":
+            client.rpush(STAMPS_KEY, f"r {request.args[0]} {time.time_ns()}")
+
+    task_received.connect(received, weak=False)
+
+
+def _profile_releases(path: str) -> None:
+    """In a companion: write, per released entry, when it was claimed and released, at exit.
+
+    ``[due_ms, claim_start_ns, claim_end_ns, released_ns]`` for each entry
+    (machine clock): the claim call (handoff.lua, or claim.lua) and the
+    moment the release was done (the handoff's reply, or the broker's
+    acknowledgement of the generic path). Wraps two methods of the release
+    pass, in this benchmark's companion only.
+    """
+    from celery_zdelay import signals
+    from celery_zdelay.companion.release import ReleasePass
+
+    rows: list[list[int]] = []
+    claims: dict[int, tuple[int, int]] = {}
+    claim, released = ReleasePass.claim, ReleasePass._released
+
+    def timed_claim(self: Any, shard: int, **kwargs: Any) -> Any:
+        start = time.time_ns()
+        result = claim(self, shard, **kwargs)
+        end = time.time_ns()
+        for due in result.handed_due_ms:
+            rows.append([due, start, end, end])
+        for entry in result.entries:
+            claims[entry.due_ms] = (start, end)
+        return result
+
+    def timed_released(self: Any, shard: int, path: str, done: Any, *args: Any) -> None:
+        now = time.time_ns()
+        for entry, _ in done:
+            start, end = claims.pop(entry.due_ms, (now, now))
+            rows.append([entry.due_ms, start, end, now])
+        released(self, shard, path, done, *args)
+
+    def dump(**kwargs: Any) -> None:
+        with open(path, "w") as out:
+            json.dump(rows, out)
+
+    ReleasePass.claim = timed_claim  # type: ignore[method-assign]
+    ReleasePass._released = timed_released  # type: ignore[method-assign]
+    signals.companion_stopped.connect(dump, weak=False)
+
+
 def _signal_ready(path: str) -> None:
     """In a worker: create *path* once it consumes (workers here log at WARNING)."""
     from celery.signals import worker_ready
@@ -137,3 +204,7 @@ if app is not None:
         _record_lateness(os.environ["ZBENCH_LATENESS_FILE"])
     if os.environ.get("ZBENCH_READY_FILE"):
         _signal_ready(os.environ["ZBENCH_READY_FILE"])
+    if os.environ.get("ZBENCH_STAMPS") == "1" and os.environ.get("ZBENCH_RECORD"):
+        _stamp_received(os.environ["ZBENCH_RECORD"])
+    if os.environ.get("ZBENCH_PROFILE_FILE"):
+        _profile_releases(os.environ["ZBENCH_PROFILE_FILE"])

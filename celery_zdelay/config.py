@@ -56,6 +56,11 @@ DEFAULT_KEY_HOLD_SECONDS = 3600.0
 #: recorded). See docs/performance.rst for the figures behind it.
 DEFAULT_HISTORY_SECONDS = 86400.0
 
+#: Largest zdelay_release_ahead_seconds: a task released ahead waits on a
+#: worker's ETA timer, in its memory, for that long; beyond a second that
+#: is the native ETA this package exists to avoid.
+MAX_RELEASE_AHEAD_SECONDS = 1.0
+
 #: Largest batch: Lua's unpack() limit keeps one call's arguments below 8000.
 MAX_BATCH_SIZE = 2000
 #: Largest shard count; keys of each shard are scanned by status.
@@ -83,6 +88,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_on_stale": 'what a release past max_late does: "dead", "drop" or "run"',
     "zdelay_concurrency": "most tasks released and not finished, per queue, task or limit key",
     "zdelay_history_seconds": "seconds a task's history is kept after its last event (0: off)",
+    "zdelay_release_ahead_seconds": "release this many seconds before due, eta set (0: off)",
 }
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
@@ -151,6 +157,10 @@ class ZDelayConfig:
     #: ``zdelay_history_seconds`` in ms: how long a task id's history (see
     #: :func:`celery_zdelay.history`) is kept after its last event; 0 records none.
     history_ms: int = round(DEFAULT_HISTORY_SECONDS * 1000)
+    #: ``zdelay_release_ahead_seconds`` in ms (0: off): companions release a
+    #: task up to this long before it is due, with its ``eta`` set to its due
+    #: time, so that the worker's own ETA timer starts it on time.
+    release_ahead_ms: int = 0
 
     @property
     def redis_url(self) -> str:
@@ -315,6 +325,7 @@ def _build(
         history_ms=_seconds_ms(
             "zdelay_history_seconds", raw["zdelay_history_seconds"], DEFAULT_HISTORY_SECONDS, 0.0
         ),
+        release_ahead_ms=_release_ahead_ms(raw["zdelay_release_ahead_seconds"]),
     )
 
 
@@ -374,6 +385,21 @@ def _seconds_ms(key: str, value: Any, default: float, low: float) -> int:
     ):
         raise ConfigurationError(
             f"{key} must be a number of seconds of at least {low:g}, got {value!r}."
+        )
+    return math.ceil(value * 1000)
+
+
+def _release_ahead_ms(value: Any) -> int:
+    if value is None:
+        return 0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_RELEASE_AHEAD_SECONDS
+    ):
+        raise ConfigurationError(
+            "zdelay_release_ahead_seconds must be a number of seconds from 0 (off) to "
+            f"{MAX_RELEASE_AHEAD_SECONDS:g}, e.g. 0.005 for 5 ms, got {value!r}."
         )
     return math.ceil(value * 1000)
 

@@ -66,6 +66,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kombu.utils.json import dumps as kombu_dumps
@@ -83,10 +84,12 @@ __all__ = [
     "entry_headers",
     "entry_max_late_ms",
     "entry_routing_key",
+    "eta_text",
     "expand_entry",
     "parked_ms",
     "template_id",
     "template_ref",
+    "with_eta",
     "with_max_late",
 ]
 
@@ -597,3 +600,43 @@ def entry_signature(key: bytes, dest: Any, declare: Any, head: bytes) -> str:
 def _routing(dumped: str) -> bytes:
     """Return the signed prefix for one (destination, declared queues) JSON."""
     return _SIGNATURE_CONTEXT + dumped.encode() + b"\0"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_HEADERS_OPEN = b'"headers":{'
+_NULL_ETA = b'"eta":null'
+_NESTED = re.compile(rb"[\[{]")
+
+
+def eta_text(due_ms: int) -> str:
+    """Return the ``eta`` header of a message released ahead of *due_ms* (epoch ms, UTC).
+
+    ISO 8601 with microseconds and the UTC offset, as handoff.lua writes it
+    (``lua/_expand.lua``, ``zdelay_iso``): from whole ms, so nothing rounds it earlier.
+    """
+    return (_EPOCH + timedelta(milliseconds=due_ms)).isoformat(timespec="microseconds")
+
+
+def with_eta(envelope: bytes, due_ms: int) -> bytes | None:
+    """Return *envelope* (a kombu envelope, whole or up to its delivery tag) with ``eta`` *due_ms*.
+
+    For a release ahead of the due time (``zdelay_release_ahead_seconds``):
+    the worker's ETA timer then holds the task until due. The message's
+    ``"eta":null`` is found without parsing the JSON, by the rule
+    handoff.lua follows too (``zdelay_with_eta``): the first one after the
+    envelope's ``"headers":{`` (the body before it is base64, the keys before
+    it plain strings), preceded by ``{`` or ``,`` and with no ``{`` or ``[``
+    between, so it is the top-level ``eta`` header Celery writes fifth
+    (after lang, task, id, shadow), not a key nested in another header.
+    None when the headers do not start that way: then the envelope cannot
+    be released ahead as it is.
+    """
+    start = envelope.find(_HEADERS_OPEN)
+    if start < 0:
+        return None
+    start += len(_HEADERS_OPEN)
+    at = envelope.find(_NULL_ETA, start)
+    if at < 0 or envelope[at - 1 : at] not in (b"{", b",") or _NESTED.search(envelope, start, at):
+        return None
+    value = b'"eta":"%s"' % eta_text(due_ms).encode()
+    return envelope[:at] + value + envelope[at + len(_NULL_ETA) :]

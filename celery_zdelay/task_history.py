@@ -92,7 +92,9 @@ def describe(event: HistoryEvent) -> str:
     if event.by:
         parts.append(f"by {event.by}")
     if event.late_ms is not None:
-        parts.append(f"{duration(event.late_ms)} late")
+        # Negative: released that long ahead (zdelay_release_ahead_seconds),
+        # for the worker's ETA timer to start it at its due time.
+        parts.append(f"{duration(event.late_ms)} {'ahead' if event.late_ms < 0 else 'late'}")
     return ", ".join(parts)
 
 
@@ -128,7 +130,8 @@ def _event(line: HistoryLine) -> HistoryEvent:
 
 
 def _int(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
+    # A release ahead is negative ms late (zdelay_release_ahead_seconds).
+    return int(text) if text.removeprefix("-").isdigit() else None
 
 
 def _time(ms: int | None) -> datetime | None:

@@ -25,7 +25,9 @@ The ETA. A released message has no ``eta`` header: with one, Celery's
 worker would hold it in its timer and raise its prefetch count for it (see
 docs/transparent.rst, "The ETA a released task sees"). The ETA Celery would
 have sent travels in the ``zdelay_eta`` header instead
-(:func:`celery_zdelay.parking.carry_eta`).
+(:func:`celery_zdelay.parking.carry_eta`). The exception is a release ahead
+(``zdelay_release_ahead_seconds``): its ``eta`` is its due time, a few ms
+away, for the worker's timer to start it then.
 
 The second-delivery guard. Releases through a Redis broker are exactly
 once. Through other brokers they are at least once: a companion killed
@@ -223,8 +225,10 @@ def restore_eta(task: Any = None, **_: Any) -> None:
     headers = request.headers
     if isinstance(headers, dict):
         headers.pop(ETA_HEADER, None)
-    if request.eta is None:
-        request.eta = eta
+    # Also over the eta of a release ahead (zdelay_release_ahead_seconds):
+    # that one is the due time the worker's timer waited for, this one the
+    # ETA Celery would have sent (a countdown's, before any jitter).
+    request.eta = eta
 
 
 # -- the second-delivery guard (zdelay_worker_dedupe) ----------------------------------

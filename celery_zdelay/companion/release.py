@@ -7,7 +7,11 @@ holds what a rate limit, pause or concurrency control holds (taking a
 concurrency slot for each entry it publishes), and dead-letters what can
 never be published. An entry claimed later than its ``max_late`` is stale
 (:mod:`celery_zdelay.stale`): dead-lettered, dropped or published and
-counted, as ``zdelay_on_stale`` says. What it did goes into a
+counted, as ``zdelay_on_stale`` says. With ``zdelay_release_ahead_seconds``
+an entry is claimed up to that long before it is due and published with
+its ``eta`` header set to its due time: the worker's ETA timer holds it
+until then, so the task never starts early, and the hop from companion to
+worker happens before the due time instead of after it. What it did goes into a
 :class:`PassReport` and out as signals (:mod:`celery_zdelay.signals`), which
 the metrics and the audit log receive.
 The loop around it (sleeping, backoff, heartbeats) is :mod:`.loop`.
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .. import signals
 from ..bulk_limit import too_large
 from ..config import ZDelayConfig
-from ..entry import TaskMessage, decode_entry, entry_max_late_ms
+from ..entry import TaskMessage, decode_entry, entry_max_late_ms, eta_text, with_eta
 from ..errors import EntryError
 from ..periodic.server import PeriodicServer
 from ..rates import RateLimit
@@ -118,6 +122,10 @@ class ReleasePass:
         self.id = companion_id
         self.batch_size = self.config.batch_size
         self.lease_ms = self.config.lease_ms
+        #: zdelay_release_ahead_seconds in ms, and as this pass applies it
+        #: (none in a pass that fast-forwards time for tests).
+        self.ahead_ms = self.config.release_ahead_ms
+        self._ahead_ms = self.ahead_ms
         #: Stops a pass after the batch in hand (the companion's stop request).
         self._stopping = stopping
         #: Sends a signal on the companion's behalf (its sender), never raising.
@@ -143,6 +151,9 @@ class ReleasePass:
         """
         if not self._handoff_known:
             self.detect_handoff()
+        # A fast-forwarded pass releases what it picks now, eta-less: an eta
+        # would make a worker wait for the real due time.
+        self._ahead_ms = 0 if advance_ms else self.ahead_ms
         self.gate.refresh(shards)
         for shard in shards:
             self._release_shard(shard, report, advance_ms)
@@ -213,9 +224,14 @@ class ReleasePass:
                 with_ids=self.config.audit_log or self._occurrence_due(advance_ms),
                 held_dests=held_dests,
                 max_late_ms=self.config.max_late_ms,
+                ahead_ms=self._ahead_ms,
             )
+        # Leased up to ahead_ms before due; _release_leased gives those their eta.
         return self.store.claim(
-            shard, limit=self.batch_size, lease_ms=self.lease_ms, advance_ms=advance_ms
+            shard,
+            limit=self.batch_size,
+            lease_ms=self.lease_ms,
+            advance_ms=advance_ms + self._ahead_ms,
         )
 
     def _occurrence_due(self, advance_ms: int) -> bool:
@@ -286,8 +302,23 @@ class ReleasePass:
             if lane is not None:
                 held.setdefault(lane, []).append(entry.task_id)
                 continue
+            ahead_head: bytes | None = None
+            ahead = bool(self._ahead_ms) and entry.due_ms > result.now_ms
+            if ahead:
+                # Released ahead of its due time: the worker's ETA timer
+                # starts it then. kombu publishes the headers; push.lua the
+                # envelope, which takes the eta only if its headers start
+                # as Celery writes them (else kombu publishes it).
+                message.headers["eta"] = eta_text(entry.due_ms)
+                ahead_head = with_eta(message.envelope_head, entry.due_ms)
             handoff = self._handoff
-            if handoff is not None and self._can_push(message):
+            if (
+                handoff is not None
+                and self._can_push(message)
+                and (not ahead or ahead_head is not None)
+            ):
+                if ahead_head is not None:
+                    message.envelope_head = ahead_head
                 # push.lua takes the envelope as an argument: one over the
                 # server's limit would close the connection on every pass.
                 oversized = too_large(len(message.envelope_head), handoff.bulk_limit)
@@ -648,7 +679,9 @@ class ReleasePass:
             (entry.task_id, str(message.handoff_dest), message.envelope_head)
             for entry, message in entries
         ]
-        pushed_ids, refused = self.store.push(shard, result.token, routes, by=self.id)
+        pushed_ids, refused = self.store.push(
+            shard, result.token, routes, by=self.id, ahead_ms=self._ahead_ms
+        )
         pushed = set(pushed_ids)
         released = [(entry, message) for entry, message in entries if entry.task_id in pushed]
         self._released(shard, "handoff", released, result, claimed_at, report, stale_run)
@@ -675,7 +708,13 @@ class ReleasePass:
         settled = set(outcome.accepted) | set(outcome.rejected)
         returned = [entry.task_id for i, (entry, _) in enumerate(entries) if i not in settled]
 
-        self.store.ack(shard, result.token, [entry.task_id for entry, _ in accepted], by=self.id)
+        self.store.ack(
+            shard,
+            result.token,
+            [entry.task_id for entry, _ in accepted],
+            by=self.id,
+            ahead_ms=self._ahead_ms,
+        )
         if returned:
             self.store.unclaim(shard, result.token, returned)
             report.returned += len(returned)
@@ -791,10 +830,10 @@ class ReleasePass:
         return DeadReason(reason=reason, due_ms=due_ms, companion=self.id)
 
     def _note_next_event(self, result: ClaimResult, report: PassReport) -> None:
+        # The next entry may be released ahead_ms before it is due.
+        next_release_ms = None if result.next_due_ms is None else result.next_due_ms - self.ahead_ms
         candidates = [
-            ms - result.now_ms
-            for ms in (result.next_due_ms, result.next_lease_ms)
-            if ms is not None
+            ms - result.now_ms for ms in (next_release_ms, result.next_lease_ms) if ms is not None
         ]
         if candidates:
             seconds = max(0, min(candidates)) / 1000

@@ -628,6 +628,7 @@ class Store:
         with_ids: bool = False,
         held_dests: Iterable[str] = (),
         max_late_ms: int | None = None,
+        ahead_ms: int = 0,
     ) -> ClaimResult:
         """Recover expired leases, then hand due entries off to the broker's lists.
 
@@ -640,11 +641,13 @@ class Store:
         queues) are leased instead, for the companion's gate, and so are
         entries released later than their ``max_late`` (else *max_late_ms*,
         None for no limit): stale, for the companion to deal with
-        (:mod:`celery_zdelay.stale`).
+        (:mod:`celery_zdelay.stale`). Entries due within *ahead_ms* are
+        handed off too, their ``eta`` header set to their due time
+        (``zdelay_release_ahead_seconds``; see handoff.lua).
         """
         keys = self._keys[shard]
         self.ensure_allowed(keys.due, "recover", "handoff")
-        history = self.history_args(shard, by=companion_id)
+        history = self.history_args(shard, _ahead_how(ahead_ms), by=companion_id)
         reply = self._after_recover(
             keys,
             limit,
@@ -674,6 +677,7 @@ class Store:
                 "1" if with_ids else "0",
                 "\n".join(held_dests),
                 "" if max_late_ms is None else max_late_ms,
+                ahead_ms,
                 *history.args,
             ],
         )
@@ -727,7 +731,13 @@ class Store:
         return replies
 
     def push(
-        self, shard: int, token: int, routes: Sequence[tuple[str, str, bytes]], *, by: str = ""
+        self,
+        shard: int,
+        token: int,
+        routes: Sequence[tuple[str, str, bytes]],
+        *,
+        by: str = "",
+        ahead_ms: int = 0,
     ) -> tuple[list[str], list[tuple[str, str]]]:
         """Push claimed entries into broker lists: *routes* are (id, list key, envelope).
 
@@ -736,12 +746,13 @@ class Store:
         never what the store holds by then. Returns the ids pushed and the
         (id, reason) of those refused (their list key holds another type);
         an id this claim no longer owns is in neither. *by* (the companion's
-        id) is recorded in their history as who released them.
+        id) is recorded in their history as who released them, *ahead_ms*
+        as the most ms ahead of due they may be released (see :meth:`handoff`).
         """
         if not routes:
             return [], []
         keys = self._keys[shard]
-        history = self.history_args(shard, by=by)
+        history = self.history_args(shard, _ahead_how(ahead_ms), by=by)
         dests = sorted({dest for _, dest, _ in routes})
         index = {dest: i + 1 for i, dest in enumerate(dests)}
         args: list[Any] = [token, keys.tag_prefix]
@@ -800,15 +811,18 @@ class Store:
             members = self.client.smembers(self._keys[shard].dests)
         return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
 
-    def ack(self, shard: int, token: int, task_ids: Sequence[str], *, by: str = "") -> int:
+    def ack(
+        self, shard: int, token: int, task_ids: Sequence[str], *, by: str = "", ahead_ms: int = 0
+    ) -> int:
         """Forget released entries this claim still owns; return how many.
 
-        *by* (the companion's id) is recorded in their history as who released them.
+        *by* (the companion's id) is recorded in their history as who released
+        them, *ahead_ms* as the most ms ahead of due they may be released.
         """
         if not task_ids:
             return 0
         keys = self._keys[shard]
-        history = self.history_args(shard, by=by)
+        history = self.history_args(shard, _ahead_how(ahead_ms), by=by)
         self.ensure_allowed(keys.due, "ack")
         with store_errors(self.url):
             return int(
@@ -997,3 +1011,11 @@ def claim_result(reply: Sequence[Any], *, offset: int) -> ClaimResult:
         next_lease_ms=None if next_lease < 0 else next_lease,
         entries=entries,
     )
+
+
+def _ahead_how(ahead_ms: int) -> str:
+    """The *how* of a release's history: the most ms ahead of due it releases ("": none).
+
+    _history.lua records how late each release was, down to minus this.
+    """
+    return str(ahead_ms) if ahead_ms > 0 else ""

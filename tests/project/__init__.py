@@ -28,6 +28,10 @@ RUNS_KEY = "zdelay-test:runs"
 RECEIVED_KEY = "zdelay-test:received"
 #: Environment variable (``"1"``) that makes a worker record :data:`RECEIVED_KEY`.
 RECORD_RECEIVED_ENV = "ZDELAY_TEST_RECORD_RECEIVED"
+#: Environment variable: seconds of ``zdelay_release_ahead_seconds`` that
+#: every test app gets unless its test sets one, to run test files with
+#: releases ahead (``ZDELAY_TEST_RELEASE_AHEAD=0.005 pytest tests/test_pause.py``).
+RELEASE_AHEAD_ENV = "ZDELAY_TEST_RELEASE_AHEAD"
 
 
 def make_app(
@@ -39,6 +43,9 @@ def make_app(
     queues: list[dict[str, Any]] | None = None,
 ) -> Celery:
     """Return the test app; *queues* are kombu Queue keyword arguments."""
+    ahead = os.environ.get(RELEASE_AHEAD_ENV)
+    if ahead:
+        conf = {"zdelay_release_ahead_seconds": float(ahead), **(conf or {})}
     # Not the current app: test modules build many apps in one process, and
     # shared tasks elsewhere (example_project) must keep resolving to theirs.
     app = Celery(

@@ -155,3 +155,42 @@ local function zdelay_render(template, payload, pos, tail)
   parts[2 * m + 2] = tail
   return table.concat(parts, '', 1, 2 * m + 2)
 end
+
+-- The eta of a release ahead (zdelay_release_ahead_seconds): *ms* (epoch
+-- ms, UTC) in ISO 8601, as entry.eta_text writes it. Redis's Lua has no
+-- os.date: days to a civil date by H. Hinnant's days_from_civil, inverted.
+local function zdelay_iso(ms)
+  local floor = math.floor
+  local s = floor(ms / 1000)
+  local frac, days = ms - s * 1000, floor(s / 86400)
+  local secs = s - days * 86400
+  local z = days + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local d = doy - floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400 + (m <= 2 and 1 or 0)
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03d000+00:00', y, m, d,
+    floor(secs / 3600), floor(secs % 3600 / 60), secs % 60, frac)
+end
+
+-- *message* (a kombu envelope, whole or up to its delivery tag) with its
+-- "eta" header set to *due_ms*, or nil when its headers do not start the
+-- way Celery writes them. The same rule as entry.with_eta: the first
+-- "eta":null after the envelope's "headers":{ (the body before it is
+-- base64, the keys before it plain strings), preceded by "{" or "," (not a
+-- key that ends in an escaped quote and eta), with no "{" or "[" between
+-- (no nested value whose own key could be named eta).
+local function zdelay_with_eta(message, due_ms)
+  local _, hs = string.find(message, '"headers":{', 1, true)
+  if not hs then return nil end
+  local at = string.find(message, '"eta":', hs, true)
+  if not at or string.sub(message, at + 6, at + 9) ~= 'null' then return nil end
+  local before = string.byte(message, at - 1)
+  if before ~= 123 and before ~= 44 then return nil end  -- '{' or ','
+  if string.find(string.sub(message, hs + 1, at - 1), '[%[{]') then return nil end
+  return string.sub(message, 1, at + 5) .. '"' .. zdelay_iso(due_ms) .. '"' .. string.sub(message, at + 10)
+end

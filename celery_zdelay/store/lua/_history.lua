@@ -149,7 +149,10 @@ end
 -- Released by the caller (a companion) at *scores* (due scores, by index of
 -- *ids*), or, without them, at the due scores of the *leased* hash, read
 -- before the transition deletes them. How late: ms after the due time, on
--- the Redis clock (0 for a release a test fast-forwarded early).
+-- the Redis clock; negative for a release ahead (zdelay_release_ahead_seconds:
+-- the releasing call's *how* is the most ms ahead it releases, and the
+-- worker's ETA timer holds the task until due), else at least 0 (a release
+-- a test fast-forwarded early).
 local function zdelay_h_released(ids, scores, leased)
   if not zdelay_h or #ids == 0 then return end
   if not scores and leased then
@@ -162,10 +165,12 @@ local function zdelay_h_released(ids, scores, leased)
   local head, now, floor, max = 'R' .. zdelay_h.at .. '\t' .. zdelay_h.by .. '\t', zdelay_h.now,
     math.floor, math.max
   local lines = {}
+  local ahead = tonumber(zdelay_h.how)
+  local least = ahead and ahead > 0 and -ahead or 0
   for j = 1, #ids do
     local score = scores and tonumber(scores[j])
     -- Small whole numbers: concatenation writes them without an exponent.
-    lines[j] = score and (head .. max(0, now - floor(score / 1024))) or head
+    lines[j] = score and (head .. max(least, now - floor(score / 1024))) or head
   end
   zdelay_h_record(ids, lines)
 end

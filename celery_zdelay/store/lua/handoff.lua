@@ -36,6 +36,11 @@
 --         to hold, instead of handed off
 -- ARGV[10] the companion's zdelay_max_late in ms (empty: none), for entries
 --          parked without their own ("m" in their metadata line, entry.py)
+-- ARGV[11] ms ahead of its due time an entry may be handed off
+--          (zdelay_release_ahead_seconds; empty or 0: none): such an entry
+--          is pushed with its "eta" header set to its due time, so the
+--          worker's ETA timer starts it then, or, when its headers do not
+--          allow that (zdelay_with_eta), leased for the companion
 -- returns {now_ms, token, next_due_ms, next_lease_expiry_ms, needs_dests,
 --          n_leased, n_dead, id, due_score, payload (n_leased times),
 --          id, reason JSON (n_dead times), [id of each entry handed off,]
@@ -56,6 +61,7 @@ local now_ms = zdelay_now_ms()
 local expiry = now_ms + lease_ms
 
 local default_late_ms = tonumber(ARGV[10] or '')
+local ahead_ms = tonumber(ARGV[11] or '') or 0
 
 -- Whether an entry claimed now is stale: released later than its own
 -- max_late (first in its metadata line, after the parked-at stamp), else
@@ -115,7 +121,7 @@ local function destination(payload)
   return meta.k, nil, head, zdelay_template_id(payload) or false
 end
 
-local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', (now_ms + advance_ms) * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
+local claimed = redis.call('ZRANGEBYSCORE', due, '-inf', (now_ms + advance_ms + ahead_ms) * 1024 + 1023, 'WITHSCORES', 'LIMIT', 0, limit)
 local payloads = {}
 if #claimed > 0 then
   local ids = {}
@@ -154,6 +160,12 @@ for j = 1, #claimed / 2 do
       message = payload
     end
   end
+  local due_ms = math.floor(tonumber(score) / 1024)
+  if message and ahead_ms > 0 and due_ms > now_ms + advance_ms then
+    -- Released ahead: the worker's ETA timer holds it until due, never
+    -- starting it before (the message's eta is its due time).
+    message = zdelay_with_eta(message, due_ms)
+  end
   if message then
     zdelay_count(released_templates, tid or nil, -1)
     if dest ~= last_dest then
@@ -166,7 +178,6 @@ for j = 1, #claimed / 2 do
     handed[n_handed] = id
     handed_scores[n_handed] = score  -- due_ms * 1024 + sequence: the caller divides
   elseif kind and kind ~= 'list' and kind ~= 'none' then
-    local due_ms = math.floor(tonumber(score) / 1024)
     bad[#bad + 1] = {id, zdelay_reason('queue list ' .. dest .. ' is a ' .. kind ..
       ' key, not a list, so the Redis broker cannot deliver to it: delete or rename that ' ..
       'key, then requeue this entry', due_ms, companion), payload}
