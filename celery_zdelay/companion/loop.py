@@ -174,8 +174,8 @@ class Companion:
                     )
                 failures = 0
                 wait = MAX_IDLE_SECONDS
-                if report.next_event_s is not None:
-                    wait = min(wait, report.next_event_s)
+                if report.next_event_at is not None:
+                    wait = min(wait, max(0.0, report.next_event_at - time.perf_counter()))
                 if self._ownership is not None:
                     wait = min(wait, self._ownership.check_seconds)
                 if self.gate.watching:

@@ -82,8 +82,9 @@ class PassReport:
     #: Id of each released entry, in the order of :attr:`lateness_ms`; None
     #: where the handoff moved it without naming it (see :meth:`ReleasePass.claim`).
     task_ids: list[str | None] = field(default_factory=list)
-    #: Seconds until the next due time or lease expiry; None when idle.
-    next_event_s: float | None = None
+    #: When the next due time or lease expiry comes, on ``time.perf_counter()``;
+    #: None when idle.
+    next_event_at: float | None = None
     #: The broker or store failed during the pass.
     failed: bool = False
     #: Entries held back by a rate limit or a pause, per control name.
@@ -95,6 +96,12 @@ class PassReport:
     @property
     def released(self) -> int:
         return self.handed_off + self.published
+
+
+def _note_event_at(report: PassReport, at: float) -> None:
+    """Keep the earliest next event of *report* (``time.perf_counter()``)."""
+    if report.next_event_at is None or at < report.next_event_at:
+        report.next_event_at = at
 
 
 class ReleasePass:
@@ -199,7 +206,7 @@ class ReleasePass:
             fresh = False
             if claimed < self.batch_size:
                 break
-        self._note_next_event(result, report)
+        self._note_next_event(result, report, started)
 
     def claim(self, shard: int, *, fresh: bool, advance_ms: int = 0) -> ClaimResult:
         """Claim one batch of *shard*'s due entries: handed off where it may be, else leased."""
@@ -626,8 +633,7 @@ class ReleasePass:
 
     @staticmethod
     def _note_wait(report: PassReport, seconds: float) -> None:
-        if report.next_event_s is None or seconds < report.next_event_s:
-            report.next_event_s = seconds
+        _note_event_at(report, time.perf_counter() + seconds)
 
     def _can_push(self, message: TaskMessage) -> bool:
         """Whether a leased (signed) entry can still go through the atomic handoff."""
@@ -829,16 +835,24 @@ class ReleasePass:
     def _dead_reason(self, reason: str, due_ms: int) -> DeadReason:
         return DeadReason(reason=reason, due_ms=due_ms, companion=self.id)
 
-    def _note_next_event(self, result: ClaimResult, report: PassReport) -> None:
+    def _note_next_event(self, result: ClaimResult, report: PassReport, started: float) -> None:
+        """Note when *result*'s next entry falls due, counted from *started*.
+
+        The claim read Redis's clock (cut to the millisecond) between
+        *started* and its reply. Counting the wait from the reply, or from
+        when the sleep begins, adds everything in between (the reply, the
+        release, the other shards) to the next entry's lateness; counted
+        from *started*, a companion wakes at most the call's way there
+        early, and the claim then finds nothing due (its script compares
+        with Redis's clock) and names the same next time again.
+        """
         # The next entry may be released ahead_ms before it is due.
         next_release_ms = None if result.next_due_ms is None else result.next_due_ms - self.ahead_ms
         candidates = [
             ms - result.now_ms for ms in (next_release_ms, result.next_lease_ms) if ms is not None
         ]
         if candidates:
-            seconds = max(0, min(candidates)) / 1000
-            if report.next_event_s is None or seconds < report.next_event_s:
-                report.next_event_s = seconds
+            _note_event_at(report, started + max(0, min(candidates)) / 1000)
 
     # -- helpers --------------------------------------------------------------
 

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import redis
 from celery import Celery
 
-from tests.helpers import CeleryProcess
+import celery_zdelay
+from celery_zdelay import signals
+from celery_zdelay.companion import Companion
+from tests.conftest import AppFactory
+from tests.helpers import CeleryProcess, wait_for
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 
@@ -92,3 +98,60 @@ def test_an_earlier_entry_parked_under_a_sleeping_companion_is_released_on_time(
     assert len(ranked) == ROUNDS, f"p99 over {LATENESS_P99_BOUND_MS} ms {late}"
     p99 = ranked[math.ceil(0.99 * ROUNDS) - 1]
     assert p99 <= LATENESS_P99_BOUND_MS, f"p99 {p99} ms {late}"
+
+
+@pytest.mark.timeout(60)
+def test_the_next_entry_is_timed_from_its_claim_not_from_the_end_of_the_pass(
+    make_test_app: AppFactory,
+) -> None:
+    """An entry due 600 ms after the one being released goes out on time, though
+    releasing that one took 400 ms.
+
+    The claim that releases the first entry names the next due time, read on
+    Redis's clock during the call. Catches the wait counted from the end of
+    the pass (the sleep then begins 400 ms later, and the second entry is
+    400 ms late), e.g. in ``ReleasePass._note_next_event``::
+
+        _note_event_at(report, started + ...)  ->  _note_event_at(report, time.perf_counter() + ...)
+    """
+    # Given one shard, and a receiver of batch_claimed that takes 400 ms (a
+    # slow batch: the work a companion does between a claim and its sleep)
+    app = make_test_app(conf={"zdelay_shards": 1})
+    record = app.tasks["tests.record"]
+
+    def slow_batch(sender: object, claimed: int, **kwargs: object) -> None:
+        time.sleep(0.4)
+
+    # When two tasks fall due 600 ms apart
+    instant = datetime.now(timezone.utc) + timedelta(seconds=1)
+    first = record.apply_delayed((1,), eta=instant)
+    second = record.apply_delayed((2,), eta=instant + timedelta(milliseconds=600))
+    signals.batch_claimed.connect(slow_batch, weak=False)
+    try:
+        companion = Companion(app)
+        thread = threading.Thread(target=companion.run, daemon=True)
+        thread.start()
+        try:
+            wait_for(
+                lambda: _released_late_ms(app, second.id) is not None,
+                timeout=20,
+                message="the second task released",
+            )
+        finally:
+            companion.stop()
+            thread.join(timeout=30)
+            companion.store.close()
+    finally:
+        signals.batch_claimed.disconnect(slow_batch)
+
+    # Then the second was released on time, not 400 ms late
+    assert _released_late_ms(app, first.id) is not None
+    late_ms = _released_late_ms(app, second.id)
+    assert late_ms is not None
+    assert 0 <= late_ms < 200, late_ms
+
+
+def _released_late_ms(app: Celery, task_id: str) -> int | None:
+    """How late *task_id* was released, from its history (Redis clock); None if not yet."""
+    released = [e for e in celery_zdelay.history(task_id, app=app) if e.event == "released"]
+    return released[-1].late_ms if released else None
