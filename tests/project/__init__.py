@@ -28,6 +28,10 @@ RUNS_KEY = "zdelay-test:runs"
 RECEIVED_KEY = "zdelay-test:received"
 #: Environment variable (``"1"``) that makes a worker record :data:`RECEIVED_KEY`.
 RECORD_RECEIVED_ENV = "ZDELAY_TEST_RECORD_RECEIVED"
+#: Environment variable (a number N): the process SIGKILLs itself on the Nth
+#: ``tasks_parked`` signal, sent after a park and before anything else (for
+#: ``zdelay adopt``: between parking a batch and acknowledging it to the broker).
+KILL_ON_PARKED_ENV = "ZDELAY_TEST_KILL_ON_PARKED"
 
 
 def make_app(
