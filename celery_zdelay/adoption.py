@@ -113,6 +113,10 @@ REASONS = {
 INSPECT_TIMEOUT_S = 2.0
 #: Messages parked per round trip to the store, then acknowledged together.
 _BATCH = 500
+#: How long to wait for the broker to count the messages given back as
+#: waiting again: this, and this much more per message.
+_GIVE_BACK_WAIT_S = 30.0
+_GIVE_BACK_WAIT_PER_MESSAGE_S = 0.01
 #: Properties a transport adds to what Celery's producer set: not the message's own.
 _TRANSPORT_PROPERTIES = frozenset(
     {
@@ -291,7 +295,7 @@ class _QueueRun:
                         self._adopt()
                 self._adopt()
             finally:
-                self._give_back()
+                self._give_back(channel)
             if redis_unacked is not None:
                 report.unacked, report.unacked_back_ms = redis_unacked.left()
         finally:
@@ -390,7 +394,7 @@ class _QueueRun:
                 self.report.put_back[ETA_PASSED] += 1
         self.taken = [message for message in self.taken if not message.acknowledged]
 
-    def _give_back(self) -> None:
+    def _give_back(self, channel: Any) -> None:
         """Give every message taken and not acknowledged back to its queue, in reading order.
 
         kombu's Redis transport puts a rejected message at the end of the
@@ -399,9 +403,38 @@ class _QueueRun:
         """
         taken, self.taken = self.taken, []
         self.pending, self.passed = [], []
+        given = 0
         for message in taken:
             if not message.acknowledged:
                 message.reject(requeue=True)
+                given += 1
+        if given:
+            self._wait_taken_back(channel, given)
+
+    def _wait_taken_back(self, channel: Any, given: int) -> None:
+        """Wait until the queue counts the *given* messages as waiting again.
+
+        RabbitMQ answers nothing to a reject, and puts the messages back in
+        its own time (seconds for thousands): a run that starts next would
+        count, and read, only those back by then. kombu's Redis transport
+        puts each back before its reject returns.
+        """
+        name = self.report.queue
+        deadline = time.monotonic() + _GIVE_BACK_WAIT_S + given * _GIVE_BACK_WAIT_PER_MESSAGE_S
+        while True:
+            _, waiting, _ = channel.queue_declare(queue=name, passive=True)
+            if waiting >= given:
+                return
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "Queue %s counts %s of the %s messages given back so far; the broker "
+                    "is still taking them back.",
+                    name,
+                    waiting,
+                    given,
+                )
+                return
+            time.sleep(0.1)
 
 
 def _get(channel: Any, queue: str) -> Message | None:

@@ -31,6 +31,8 @@ pytestmark = pytest.mark.timeout(120)
 
 #: How far ahead the sent tasks are due: the adopt run must see them ahead.
 AHEAD_S = 4
+#: Enough messages that RabbitMQ needs a while to take them back.
+MANY = 3000
 
 
 def _adopt(app: Celery, queue: str, *args: str) -> dict[str, Any]:
@@ -251,3 +253,23 @@ def test_a_message_kombu_cannot_decompress_goes_back_as_it_was(
     assert (report["adopted"], report["put_back"]) == (0, {"undecodable": 1})
     assert _unmarked(redis_client.lindex("celery", 0)) == before
     assert redis_client.exists(SHARD0.due) == 0
+
+
+def test_rabbitmq_a_run_right_after_a_dry_run_reads_every_message_it_gave_back(
+    make_test_app: AppFactory, rabbitmq: RabbitMQ
+) -> None:
+    # Given thousands of ETA tasks counted by a dry run (RabbitMQ takes back
+    # what it was given back in its own time: seconds for thousands)
+    app = make_test_app(broker=rabbitmq.url, conf={"task_default_queue": rabbitmq.queue})
+    record = app.tasks["tests.record"]
+    with app.producer_or_acquire() as producer:
+        for n in range(MANY):
+            record.apply_async((n,), eta=_eta() + timedelta(hours=1), producer=producer)
+    assert _adopt(app, rabbitmq.queue, "--dry-run")["adopted"] == MANY
+
+    # When adopt runs right after it
+    report = _adopt(app, rabbitmq.queue)
+
+    # Then it counts and adopts every one: the dry run returned once they were back
+    # (breaks if the dry run does not wait for the broker to count them again)
+    assert (report["waiting"], report["adopted"]) == (MANY, MANY)
