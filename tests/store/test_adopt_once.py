@@ -29,8 +29,10 @@ from celery_zdelay.store.adopted import (
     adopt_once,
     adopted_among,
 )
+from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
+from tests.servers import LocalCluster
 from tests.support.keys import SHARD0
 from tests.support.store import PAYLOAD
 
@@ -155,3 +157,21 @@ def test_many_messages_over_shards_are_adopted_in_one_call(make_test_app: AppFac
     assert adopt_once(store, adoptions) == [ADOPTED] * 40
     assert adopt_once(store, adoptions) == [ADOPTED_BEFORE] * 40
     assert sorted(store.shard_of(a.request.task_id) for a in adoptions) != [0] * 40
+
+
+def test_on_a_redis_cluster_each_message_is_adopted_once_on_its_shards_node(
+    make_test_app: AppFactory, cluster: LocalCluster, broker_server: RedisServer
+) -> None:
+    app = make_test_app(
+        broker=f"{broker_server.url}/0",
+        conf={"zdelay_redis_url": cluster.url, "zdelay_shards": 6},
+    )
+    store = store_for(app)
+    assert store.cluster
+    adoptions = [_adoption(store, f"t{n}", "f") for n in range(12)]
+
+    assert adopted_among(store, [("t0", "f"), ("t5", "f")]) == [None, None]
+    assert adopt_once(store, adoptions) == [ADOPTED] * 12
+    assert adopt_once(store, adoptions) == [ADOPTED_BEFORE] * 12
+    assert adopted_among(store, [("t0", "f"), ("t5", "g")]) == [ADOPTED_BEFORE, ID_TAKEN]
+    assert len({store.shard_of(a.request.task_id) for a in adoptions}) > 1
