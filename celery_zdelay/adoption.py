@@ -195,6 +195,8 @@ def adopt(
         QueueNotFoundError: a queue is unknown to the broker and to *app*.
         QueueInUseError: a worker consumes one of *queues* (without *force*).
         BrokerUnavailableError: the broker cannot be reached, or was lost midway.
+        StoreRefusedError: the store's user may not run the parking script
+            (nothing is read).
         StoreUnavailableError: the store was lost midway. Either way, what was
             taken and not parked goes back to its queue, and a next run adopts
             what this one did not, once each.
