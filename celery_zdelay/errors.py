@@ -7,8 +7,11 @@ do about it.
 from __future__ import annotations
 
 __all__ = [
+    "BrokerUnavailableError",
     "ConfigurationError",
     "EntryError",
+    "QueueInUseError",
+    "QueueNotFoundError",
     "StoreRefusedError",
     "StoreUnavailableError",
     "ZDelayError",
@@ -68,3 +71,29 @@ class EntryError(ZDelayError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class BrokerUnavailableError(ZDelayError, ConnectionError):
+    """Raised when ``zdelay adopt`` cannot reach the broker, or loses it midway.
+
+    The message names the broker URL with its password hidden and says what
+    became of the messages taken so far.
+    """
+
+    transient = True
+
+
+class QueueNotFoundError(ZDelayError):
+    """Raised when ``zdelay adopt`` is given a queue that neither the broker nor the app knows.
+
+    Nothing was taken from any queue.
+    """
+
+
+class QueueInUseError(ZDelayError):
+    """Raised when ``zdelay adopt`` finds a worker consuming a queue it was given.
+
+    A running worker holds the ETA messages it took in memory, unacknowledged;
+    adopting what it left in the queue would split them. Nothing was taken
+    from any queue; the message names the workers to stop.
+    """

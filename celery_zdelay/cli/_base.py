@@ -17,7 +17,7 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from ..config import get_config
-from ..errors import ConfigurationError, ZDelayError
+from ..errors import ConfigurationError, StoreRefusedError, ZDelayError
 from ..names import validate_task_id
 from ..schedule import Due, parse_when
 from ..store import Store, admin
@@ -212,7 +212,8 @@ class exit_codes:
         if isinstance(exc, ConfigurationError):
             click.echo(f"Error: {exc}", err=True)
             self.ctx.exit(EXIT_CONFIG)
-        if isinstance(exc, ZDelayError) and exc.transient:
-            # Unreachable, or refusing for now (out of memory, read-only, busy).
+        if isinstance(exc, ZDelayError) and (exc.transient or isinstance(exc, StoreRefusedError)):
+            # Unreachable, or refusing (out of memory, read-only, busy, an ACL
+            # user without a command a script runs: the message says which).
             click.echo(f"Error: {exc}", err=True)
             self.ctx.exit(EXIT_UNAVAILABLE)

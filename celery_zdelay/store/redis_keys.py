@@ -66,6 +66,10 @@ class ShardKeys:
     #: HASH id -> its history: one line per event, oldest first (lua/_history.lua),
     #: expired ``zdelay_history_seconds`` after its last (ignored by reads, swept).
     history: str
+    #: ZSET "<id>\n<fingerprint>" -> ms until which it is remembered: the broker
+    #: messages ``zdelay adopt`` parked (lua/adopt_once.lua), so that one given
+    #: back by the broker after a crash is not parked twice.
+    adopted: str
 
     def marker(self) -> str:
         """Return a new STRING key marking one park call (expires on its own)."""
@@ -95,6 +99,7 @@ def shard_keys(prefix: str, shard: int) -> ShardKeys:
         marks=f"{tag}:marks",
         tagged=f"{tag}:tagged",
         history=f"{tag}:history",
+        adopted=f"{tag}:adopted",
     )
 
 

@@ -155,6 +155,9 @@ STORE_SCRIPTS: tuple[ScriptSpec, ...] = (
     _PARK,
     # park.lua runs inside as a function: a keyed park is one script, one step.
     _store_script("park_keyed", MARKS, WHERE, TRANSITIONS, calls=_PARK),
+    # In front of park.lua, in the same script: a message zdelay adopt took
+    # from a broker queue is remembered in the step that parks it.
+    ScriptSpec("adopt_once", store_lua("adopt_once"), leads_into=_PARK),
     _store_script("claim", TRANSITIONS),
     _store_script("handoff", MARKS, EXPAND, TRANSITIONS),
     _store_script("push", MARKS, TRANSITIONS),
@@ -332,6 +335,7 @@ class Scripts:
 
     park: Script
     park_keyed: Script
+    adopt_once: Script
     claim: Script
     handoff: Script
     push: Script

@@ -464,6 +464,7 @@ def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
     # Named, so that a command added says which one it is
     assert {" ".join(path) for path in paths} == {
         "",
+        "adopt",
         "cancel",
         "dead",
         "history",

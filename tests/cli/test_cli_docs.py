@@ -113,6 +113,25 @@ def _field_paths(document: Any, prefix: str = "") -> Iterator[str]:
             yield from _field_paths(item, prefix.rstrip(".") + "[].")
 
 
+def _adopt_every_reason(app: Celery) -> str:
+    """``adopt --dry-run --json`` over a queue holding a message for each reason it names."""
+    record = app.tasks["tests.record"]
+    record.apply_async((1,), countdown=3600)
+    record.apply_async((2,))
+    record.apply_async((3,), countdown=-60)
+    with app.producer_or_acquire() as producer:
+        producer.publish({"not": "a task"}, exchange="", routing_key="celery")
+        headers = {"task": "tests.record", "id": "undecodable", "compression": "gzip"}
+        producer.publish(b"not gzip", exchange="", routing_key="celery", headers=headers)
+        headers = {"task": "tests.record", "id": "bad-eta", "eta": "not a time"}
+        producer.publish([[], {}, {}], exchange="", routing_key="celery", headers=headers)
+    output = run(app, "adopt", "--queue", "celery", "--dry-run", "--force", "--json").stdout
+    (queue,) = json.loads(output)["queues"]
+    every = {"bad_eta", "eta_passed", "no_eta", "not_a_task", "undecodable"}
+    assert set(queue["put_back"]) == every
+    return output
+
+
 def test_every_json_field_is_documented(app: Celery, stocked: Stock) -> None:
     store = Store(get_config(app))
     try:
@@ -125,6 +144,7 @@ def test_every_json_field_is_documented(app: Celery, stocked: Stock) -> None:
         "list": run(app, "list", "--json").stdout,
         "dead list": run(app, "dead", "list", "--json").stdout,
         "history": run(app, "history", stocked.dead, "--json").stdout,
+        "adopt": _adopt_every_reason(app),
     }
     # Every list holds an entry, so the fields of its entries are checked too
     listed = {e["id"] for e in json.loads(documents["list"])["entries"]}

@@ -32,6 +32,10 @@ RECORD_RECEIVED_ENV = "ZDELAY_TEST_RECORD_RECEIVED"
 #: every test app gets unless its test sets one, to run test files with
 #: releases ahead (``ZDELAY_TEST_RELEASE_AHEAD=0.005 pytest tests/test_pause.py``).
 RELEASE_AHEAD_ENV = "ZDELAY_TEST_RELEASE_AHEAD"
+#: Environment variable (a number N): the process SIGKILLs itself on the Nth
+#: ``tasks_parked`` signal, sent after a park and before anything else (for
+#: ``zdelay adopt``: between parking a batch and acknowledging it to the broker).
+KILL_ON_PARKED_ENV = "ZDELAY_TEST_KILL_ON_PARKED"
 
 
 def make_app(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import signal
 from typing import Any
 
 import redis
 from celery.signals import task_received
 
-from tests.project import RECEIVED_KEY, RECORD_RECEIVED_ENV, app_from_env
+from celery_zdelay import signals as zdelay_signals
+from tests.project import KILL_ON_PARKED_ENV, RECEIVED_KEY, RECORD_RECEIVED_ENV, app_from_env
 from tests.support.clock import redis_ms
 
 app = app_from_env()
@@ -23,6 +26,17 @@ if os.environ.get(RECORD_RECEIVED_ENV) == "1":
     def _record_received(request: Any, **_: Any) -> None:
         received_ms = redis_ms(_recorder)
         _recorder.rpush(RECEIVED_KEY, json.dumps({"id": request.id, "redis_ms": received_ms}))
+
+
+if os.environ.get(KILL_ON_PARKED_ENV):
+    # A crash at a chosen point: after the Nth park, before what follows it.
+    _parks = itertools.count(1)
+    _kill_at = int(os.environ[KILL_ON_PARKED_ENV])
+
+    @zdelay_signals.tasks_parked.connect(weak=False)
+    def _kill_on_parked(**_: Any) -> None:
+        if next(_parks) >= _kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 if any(os.environ.get(f"ZDELAY_TEST_OTEL_{kind}") for kind in ("FILE", "BROKEN", "BLOCKING")):

@@ -535,3 +535,25 @@ def test_a_dashboard_with_actions_browses_every_page_as_the_companion_user(
         assert reply.status_code == 200, (path, reply.get_data(as_text=True)[:300])
     assert run(companion, "dead", "list").exit_code == 0
     assert [d for d in denials(store_server) if "config|get" not in d] == []
+
+
+def test_adopt_runs_as_the_companion_user_and_refuses_a_producer_before_taking_anything(
+    make_acl_app: Callable[..., Celery], store_server: RedisServer, redis_server: RedisServer
+) -> None:
+    # Given ETA tasks sent the native way, waiting in the broker's queue
+    producer, companion, _ = documented_users(make_acl_app, store_server)
+    for n in range(3):
+        producer.tasks["tests.record"].apply_async((n,), countdown=600)
+
+    # When the producer's user runs adopt, it is refused before anything is taken
+    refused = run(producer, "adopt", "--queue", "celery", "--force")
+    assert refused.exit_code == 69, refused.output
+    assert "adopt_once.lua" in refused.stderr
+    assert broker_length(redis_server) == 3
+
+    # And the companion's user adopts them, refused nothing (docs/cli.rst says so)
+    adopted = run(companion, "adopt", "--queue", "celery", "--force", "--json")
+    assert adopted.exit_code == 0, adopted.output
+    assert json.loads(adopted.stdout)["queues"][0]["adopted"] == 3
+    assert broker_length(redis_server) == 0
+    assert [d for d in denials(store_server) if "config|get" not in d] == []

@@ -84,6 +84,9 @@ WRITES = frozenset(
 _COUNTER = "the tags counter: claim tokens and delivery tags, no entry's state"
 _BROKER = "a kombu queue list: the message leaves the store here (its entry's move is a transition)"
 _PERIODIC = "the periodic schedule's own record, not a parked entry's"
+_ADOPTED = (
+    "the broker messages zdelay adopt parked, remembered so a redelivered one is not parked again"
+)
 _HISTORY = "a task id's history: a record of its transitions, written by them, never read by one"
 
 #: (file, command, the key as the script names it) -> why it is no entry's state.
@@ -127,6 +130,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("park_once.lua", "ZREMRANGEBYSCORE", "once_ticks"): "the ticks a schedule parked (periodic)",
     ("park_once.lua", "ZADD", "once_ticks"): "the ticks a schedule parked (periodic)",
     ("record_runs.lua", "HSET", "runs"): _PERIODIC,
+    ("adopt_once.lua", "ZREMRANGEBYSCORE", "adopt_set"): _ADOPTED,
+    ("adopt_once.lua", "ZADD", "adopt_set"): _ADOPTED,
     # The planner's index of when each schedule is next worth a look
     # (periodic/lua/_pointer.lua): schedules, not entries.
     ("define.lua", "ZADD", "visits"): _PERIODIC,

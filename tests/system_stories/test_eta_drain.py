@@ -1,10 +1,11 @@
-"""ETA tasks sent before the switch: drained by the workers, not adopted.
+"""ETA tasks sent before the switch, drained by the workers; and why adopting needs them stopped.
 
-``docs/migrating.rst`` tells users to let the workers that hold ETA tasks
-sent with ``apply_async(countdown=...)`` before the switch run them, and says
-why celery-zdelay does not move them into the store under their own ids:
-Celery's ``revoke`` is by id and sticks, so the copy parked under the same
-id would be dropped by the worker as revoked. Both halves are proven here
+``docs/migrating.rst`` gives two ways for the ETA tasks that workers hold
+after a project switches to celery-zdelay: let the workers that hold them
+run them (drain), or stop the workers and adopt them into the store
+(``test_eta_adopt.py``). Adopting never revokes, and this file shows why it
+cannot: Celery's ``revoke`` is by id and sticks, so a copy parked under the
+same id would be dropped by the worker as revoked. Both are proven here
 with a real worker, a real companion and the Redis broker:
 
 - what workers hold is listed by ``inspect().scheduled()`` (the check the

@@ -1,0 +1,672 @@
+"""Adopt ETA tasks sent the native way: take them from their broker queue into the store.
+
+Before a project switched to celery-zdelay, ``apply_async(countdown=...)``
+and ``eta=`` sent ETA messages to the broker, and workers took them and hold
+them in memory, unacknowledged, until they are due. A stopped worker gives
+them back to the queue (RabbitMQ at once; kombu's Redis transport on a warm
+shutdown, or ``visibility_timeout`` after it took them). With the workers
+of a queue stopped, :func:`adopt` reads every message waiting in it through
+kombu, holding each unacknowledged, and:
+
+- parks each Celery task message whose ``eta`` is ahead as the very message
+  Celery sent (same id, headers, body, properties, exchange and routing
+  key: released to where it was going; its ``eta`` header moves to
+  ``zdelay_eta``, as transparent mode moves it, so the worker runs it when
+  released and the task still sees its ETA), then acknowledges it;
+- gives every other message back to the queue as it was (no ``eta``, an
+  ``eta`` passed, not a Celery task message, an ``eta`` it cannot read):
+  never dropped.
+
+Exactly once: parking goes through ``adopt_once.lua``
+(:mod:`celery_zdelay.store.adopted`), which remembers each adopted message
+in the step that parks it. A run killed between the park and the
+acknowledgement leaves the message in the queue, and the broker gives it
+back; the next run acknowledges that copy without parking it again, and
+drops (acknowledges) a copy whose ``eta`` passed meanwhile rather than give
+it back to run a second time: its parked copy runs, or ran.
+
+On the Redis broker a killed consumer's messages stay unacknowledged in the
+broker until ``visibility_timeout`` after they were taken; a run first gives
+back those of its queue that waited that long (kombu's rule, which every
+worker applies), and reports the others.
+
+The message bodies are never decoded: the ``eta`` of Celery's task protocol
+2 is a header. (Protocol 1 messages carry it in the body, and celery-zdelay
+parks protocol 2 only: they go back to the queue.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kombu import Connection
+from kombu.compression import compress
+from kombu.exceptions import OperationalError
+
+from . import signals
+from .app_state import store_for
+from .entry import TaskMessage
+from .errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    QueueInUseError,
+    QueueNotFoundError,
+    ZDelayError,
+)
+from .parking import park_requests
+from .schedule import Due, due_from
+from .store import Store
+from .store.adopted import ADOPTED, ADOPTED_BEFORE, ID_TAKEN, Adoption, adopt_once, adopted_among
+from .store.client import sanitize_url
+from .store.headers import ETA_HEADER
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from kombu.message import Message
+
+__all__ = [
+    "BAD_ETA",
+    "ETA_PASSED",
+    "ID_PARKED",
+    "INSPECT_TIMEOUT_S",
+    "NOT_A_TASK",
+    "NO_ETA",
+    "REASONS",
+    "REFUSED",
+    "UNDECODABLE",
+    "AdoptReport",
+    "QueueReport",
+    "adopt",
+    "fingerprint",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Why a message went back to its queue, as reports and ``--json`` name it.
+NO_ETA = "no_eta"
+ETA_PASSED = "eta_passed"
+BAD_ETA = "bad_eta"
+NOT_A_TASK = "not_a_task"
+UNDECODABLE = "undecodable"
+ID_PARKED = "id_parked"
+REFUSED = "refused"
+#: Each reason, for people.
+REASONS = {
+    NO_ETA: "no eta (runs at once)",
+    ETA_PASSED: "eta passed (runs at once)",
+    BAD_ETA: "eta unreadable",
+    NOT_A_TASK: "not a Celery task message of protocol 2",
+    UNDECODABLE: "body not decompressable",
+    ID_PARKED: "another entry is parked under its id",
+    REFUSED: "refused by the store's rules (see the log)",
+}
+
+#: Seconds to wait for the workers' answer to "which queues do you consume?".
+INSPECT_TIMEOUT_S = 2.0
+#: Messages parked per round trip to the store, then acknowledged together.
+_BATCH = 500
+#: How long to wait for the broker to count the messages given back as
+#: waiting again: this, and this much more per message.
+_GIVE_BACK_WAIT_S = 30.0
+_GIVE_BACK_WAIT_PER_MESSAGE_S = 0.01
+#: Properties a transport adds to what Celery's producer set: not the message's own.
+_TRANSPORT_PROPERTIES = frozenset(
+    {
+        "delivery_info",
+        "delivery_tag",
+        "body_encoding",
+        "priority",
+        "content_type",
+        "content_encoding",
+        "application_headers",
+    }
+)
+
+
+@dataclass
+class QueueReport:
+    """What :func:`adopt` did with one queue (or, in a dry run, would do)."""
+
+    queue: str
+    #: Messages waiting in the queue when its turn came (the broker's count).
+    waiting: int = 0
+    #: Messages read (at most :attr:`waiting`: later ones are left for a next run).
+    read: int = 0
+    #: Parked and acknowledged (dry run: would be).
+    adopted: int = 0
+    #: Copies of messages an earlier run parked: acknowledged, not parked again.
+    adopted_before: int = 0
+    #: Given back to the queue as they were, by reason (:data:`REASONS`).
+    put_back: Counter[str] = field(default_factory=Counter)
+    #: The latest due time (epoch ms) among those adopted.
+    latest_eta_ms: int | None = None
+    #: Redis broker: messages of the queue a consumer took and never
+    #: acknowledged, given back by this run because ``visibility_timeout``
+    #: passed since (kombu's own rule, which every worker applies).
+    restored: int = 0
+    #: Redis broker: such messages still unacknowledged when the run ended
+    #: (taken by a consumer that runs, or by one killed less than
+    #: ``visibility_timeout`` ago); None on other brokers.
+    unacked: int | None = None
+    #: When the first of :attr:`unacked` may be given back (epoch ms).
+    unacked_back_ms: int | None = None
+
+    @property
+    def put_back_total(self) -> int:
+        return sum(self.put_back.values())
+
+
+@dataclass
+class AdoptReport:
+    """What :func:`adopt` did, queue by queue."""
+
+    #: The broker's URL, without its password.
+    broker: str
+    dry_run: bool
+    queues: list[QueueReport]
+    #: The Redis clock when the report was made (ms).
+    now_ms: int
+
+
+def adopt(
+    app: Celery,
+    queues: Sequence[str],
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    inspect_timeout: float = INSPECT_TIMEOUT_S,
+) -> AdoptReport:
+    """Move the ETA task messages waiting in *queues* into the store of *app*; report what moved.
+
+    Run it with the workers of *queues* stopped. With *dry_run*, every
+    message read goes back to its queue and nothing is parked. *force* skips
+    the check that no worker consumes the queues.
+
+    Raises:
+        ConfigurationError: the store is not configured (nothing is read).
+        QueueNotFoundError: a queue is unknown to the broker and to *app*.
+        QueueInUseError: a worker consumes one of *queues* (without *force*).
+        BrokerUnavailableError: the broker cannot be reached, or was lost midway.
+        StoreRefusedError: the store's user may not run the parking script
+            (nothing is read).
+        StoreUnavailableError: the store was lost midway. Either way, what was
+            taken and not parked goes back to its queue, and a next run adopts
+            what this one did not, once each.
+    """
+    store = store_for(app)
+    # The store answers, and lets this user park, before anything is taken.
+    if not dry_run:
+        store.ensure_allowed(store.keys(0).due, "adopt_once")
+    store.time_ms()
+    names = list(dict.fromkeys(queues))
+    connection = app.connection_for_write()
+    broker = sanitize_url(connection.as_uri(include_password=True))
+    try:
+        with _broker_errors(broker, connection, started=False):
+            connection.ensure_connection(max_retries=1)
+            found = {name: _declared(app, connection, name) for name in names}
+            if not force:
+                _refuse_if_consumed(app, found, inspect_timeout)
+        reports = []
+        for name in names:
+            with _broker_errors(broker, connection, started=True):
+                reports.append(_QueueRun(app, store, connection, name, dry_run=dry_run).run())
+    finally:
+        connection.release()
+    return AdoptReport(broker=broker, dry_run=dry_run, queues=reports, now_ms=store.time_ms())
+
+
+def fingerprint(message: TaskMessage) -> str:
+    """Return what a redelivery of *message* cannot change, hashed.
+
+    Its id, its retry count, its ``eta`` and its body: a broker that gives a
+    message back may add headers of its own (kombu's Redis transport adds
+    ``redelivered``), and a retry of the task carries the same id with
+    another count and ``eta``.
+    """
+    digest = hashlib.sha256()
+    for part in (
+        message.task_id,
+        str(message.headers.get("retries", "")),
+        str(message.headers.get(ETA_HEADER) or message.headers.get("eta")),
+    ):
+        digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    digest.update(message.body)
+    return digest.hexdigest()[:32]
+
+
+# -- one queue ----------------------------------------------------------------
+
+
+@dataclass
+class _Declared:
+    """A queue as the broker declares it."""
+
+    messages: int
+    consumers: int
+
+
+class _QueueRun:
+    """Read one queue once: adopt the ETA messages ahead, give back the others."""
+
+    def __init__(
+        self, app: Celery, store: Store, connection: Connection, name: str, *, dry_run: bool
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.connection = connection
+        self.dry_run = dry_run
+        self.report = QueueReport(name)
+        #: Every message read and not acknowledged, in the order read: what
+        #: goes back when the run ends (or fails).
+        self.taken: list[Message] = []
+        #: Read, due ahead, not yet parked: (message, its task message, due).
+        self.pending: list[tuple[Message, TaskMessage, Due]] = []
+        #: Read, with an eta passed: (message, its task message). Put back,
+        #: unless it is a copy of one adopted before (the parked one runs).
+        self.passed: list[tuple[Message, TaskMessage]] = []
+
+    def run(self) -> QueueReport:
+        report = self.report
+        channel = self.connection.channel()
+        try:
+            redis_unacked = _RedisUnacked.of(self.app, channel, report.queue)
+            if redis_unacked is not None:
+                report.restored = redis_unacked.restore_visible()
+            report.waiting = _declared(self.app, self.connection, report.queue).messages
+            now_ms = self.store.time_ms()
+            try:
+                # Only what waited when the turn came: a message sent meanwhile
+                # is left for the next run, and none is read twice.
+                for _ in range(report.waiting):
+                    message = _get(channel, report.queue)
+                    if message is None:
+                        break
+                    report.read += 1
+                    self.taken.append(message)
+                    self._sort(message, now_ms)
+                    if len(self.pending) + len(self.passed) >= _BATCH:
+                        self._adopt()
+                self._adopt()
+            finally:
+                self._give_back(channel)
+            if redis_unacked is not None:
+                report.unacked, report.unacked_back_ms = redis_unacked.left()
+        finally:
+            channel.close()
+        return report
+
+    def _sort(self, message: Message, now_ms: int) -> None:
+        """Count *message* as put back, with its reason, or queue it to be looked at."""
+        verdict = _classify(self.app, message, self.report.queue)
+        if isinstance(verdict, str):
+            self.report.put_back[verdict] += 1
+            return
+        task_message, due = verdict
+        if due.ms > now_ms:
+            self.pending.append((message, task_message, due))
+        else:
+            self.passed.append((message, task_message))
+
+    def _adopt(self) -> None:
+        """Park the pending messages, then acknowledge those parked now or before."""
+        self._drop_copies()
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        report = self.report
+        adoptions: list[tuple[Message, Adoption]] = []
+        for message, task_message, due in pending:
+            try:
+                (request,) = park_requests(self.app, [task_message], [due])
+            except ConfigurationError as exc:
+                logger.warning(
+                    "Task %s[%s] goes back to queue %s: %s",
+                    task_message.task_name,
+                    task_message.task_id,
+                    report.queue,
+                    exc,
+                    extra={"task_id": task_message.task_id},
+                )
+                report.put_back[REFUSED] += 1
+                continue
+            if request.mark is not None:
+                # A key or tags in celery-zdelay's own headers: no native ETA message has them.
+                report.put_back[REFUSED] += 1
+                continue
+            adoptions.append((message, Adoption(request, fingerprint(task_message))))
+        if self.dry_run:
+            prints = [(a.request.task_id, a.fingerprint) for _, a in adoptions]
+            outcomes = [answer or ADOPTED for answer in adopted_among(self.store, prints)]
+        else:
+            outcomes = adopt_once(self.store, [adoption for _, adoption in adoptions])
+        parked: list[tuple[TaskMessage, int]] = []
+        for (_, adoption), outcome in zip(adoptions, outcomes, strict=True):
+            if outcome == ID_TAKEN:
+                report.put_back[ID_PARKED] += 1
+            elif outcome == ADOPTED_BEFORE:
+                report.adopted_before += 1
+            else:
+                report.adopted += 1
+                due_ms = adoption.request.due.ms
+                latest = report.latest_eta_ms
+                report.latest_eta_ms = due_ms if latest is None else max(latest, due_ms)
+                assert adoption.request.message is not None
+                parked.append((adoption.request.message, due_ms))
+        if self.dry_run:
+            return
+        if parked:
+            # Parked and not yet acknowledged: receivers (metrics, Celery's
+            # task-sent event) learn of what the store holds.
+            signals.tasks_parked.send(
+                sender=self.app,
+                messages=[message for message, _ in parked],
+                due_ms=[due_ms for _, due_ms in parked],
+            )
+        for (message, _), outcome in zip(adoptions, outcomes, strict=True):
+            if outcome != ID_TAKEN:
+                message.ack()
+        self.taken = [message for message in self.taken if not message.acknowledged]
+
+    def _drop_copies(self) -> None:
+        """Acknowledge the messages with an eta passed that are copies of ones adopted before.
+
+        A run killed after parking and before acknowledging leaves the message
+        in the queue; by the next run its eta may have passed, and its parked
+        copy may have run: put back, it would run a second time.
+        """
+        passed, self.passed = self.passed, []
+        if not passed:
+            return
+        found = adopted_among(self.store, [(m.task_id, fingerprint(m)) for _, m in passed])
+        for (message, _), answer in zip(passed, found, strict=True):
+            if answer == ADOPTED_BEFORE:
+                self.report.adopted_before += 1
+                if not self.dry_run:
+                    message.ack()
+            else:
+                self.report.put_back[ETA_PASSED] += 1
+        self.taken = [message for message in self.taken if not message.acknowledged]
+
+    def _give_back(self, channel: Any) -> None:
+        """Give every message taken and not acknowledged back to its queue, in reading order.
+
+        kombu's Redis transport puts a rejected message at the end of the
+        list read last: rejected in reading order, they keep their order.
+        RabbitMQ puts each back where it was.
+        """
+        taken, self.taken = self.taken, []
+        self.pending, self.passed = [], []
+        given = 0
+        for message in taken:
+            if not message.acknowledged:
+                message.reject(requeue=True)
+                given += 1
+        if given:
+            self._wait_taken_back(channel, given)
+
+    def _wait_taken_back(self, channel: Any, given: int) -> None:
+        """Wait until the queue counts the *given* messages as waiting again.
+
+        RabbitMQ answers nothing to a reject, and puts the messages back in
+        its own time (seconds for thousands): a run that starts next would
+        count, and read, only those back by then. kombu's Redis transport
+        puts each back before its reject returns.
+        """
+        name = self.report.queue
+        deadline = time.monotonic() + _GIVE_BACK_WAIT_S + given * _GIVE_BACK_WAIT_PER_MESSAGE_S
+        while True:
+            _, waiting, _ = channel.queue_declare(queue=name, passive=True)
+            if waiting >= given:
+                return
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "Queue %s counts %s of the %s messages given back so far; the broker "
+                    "is still taking them back.",
+                    name,
+                    waiting,
+                    given,
+                )
+                return
+            time.sleep(0.1)
+
+
+def _get(channel: Any, queue: str) -> Message | None:
+    """Take the next message of *queue*, unacknowledged, as kombu reads it (None: empty).
+
+    Not ``kombu.Queue.get``, which raises for a message it cannot
+    decompress: such a message goes back to its queue like any other.
+    """
+    raw = channel.basic_get(queue=queue, no_ack=False)
+    if raw is None:
+        return None
+    to_python = getattr(channel, "message_to_python", None)
+    message: Message = to_python(raw) if to_python is not None else raw
+    return message
+
+
+def _classify(app: Celery, message: Message, queue: str) -> str | tuple[TaskMessage, Due]:
+    """Return why *message* goes back, or what would park it and when it is due."""
+    headers = message.headers
+    if not isinstance(headers, dict) or "task" not in headers or "id" not in headers:
+        return NOT_A_TASK
+    if message.errors:
+        return UNDECODABLE
+    eta = headers.get("eta")
+    if eta is None:
+        return NO_ETA
+    try:
+        due = due_from(eta=eta)
+    except ConfigurationError:
+        return BAD_ETA
+    return _task_message(app, message, queue, eta), due
+
+
+def _task_message(app: Celery, message: Message, queue: str, eta: Any) -> TaskMessage:
+    """Return *message* as the producer had it: what a capture of Celery's send would hold."""
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if compression := message.headers.get("compression"):
+        # kombu hands the body decompressed; compressed again as Celery's
+        # producer compressed it (kombu's own function: the same bytes).
+        body, _ = compress(body, compression)
+    properties = message.properties or {}
+    delivery = message.delivery_info or {}
+    headers = dict(message.headers)
+    # The companion releases it when due: the worker runs it at once, and
+    # puts this back into request.eta (celery_zdelay.worker.restore_eta).
+    # park_requests clears the eta header.
+    headers[ETA_HEADER] = eta
+    return TaskMessage(
+        body=bytes(body),
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        headers=headers,
+        # Scalars only: a property a transport decoded into an object (an
+        # AMQP timestamp) would not survive the entry's JSON; Celery sets none.
+        properties={
+            key: value
+            for key, value in properties.items()
+            if key not in _TRANSPORT_PROPERTIES and isinstance(value, (str, int, float, type(None)))
+        },
+        priority=int(properties.get("priority") or 0),
+        exchange=str(delivery.get("exchange") or ""),
+        routing_key=str(delivery.get("routing_key") or queue),
+        declare=[queue] if queue in app.amqp.queues else [],
+    )
+
+
+# -- the broker ---------------------------------------------------------------
+
+
+def _declared(app: Celery, connection: Connection, name: str) -> _Declared:
+    """Return what the broker says of queue *name* (a passive declare, which creates nothing).
+
+    kombu's Redis transport knows a queue only while its list holds a
+    message: a queue of the app's is taken as empty then.
+    """
+    channel = connection.channel()
+    try:
+        _, messages, consumers = channel.queue_declare(queue=name, passive=True)
+        return _Declared(int(messages), int(consumers or 0))
+    except connection.channel_errors as exc:
+        if name in app.amqp.queues or _bound_on_redis(channel, name):
+            return _Declared(0, 0)
+        known = ", ".join(sorted(app.amqp.queues)) or "none"
+        raise QueueNotFoundError(
+            f"No queue named {name!r} on the broker "
+            f"{sanitize_url(connection.as_uri(include_password=True))} ({exc}), and the "
+            f"app names no such queue (its queues: {known}). Check the name: celery -A proj "
+            "inspect active_queues lists what running workers consume. Nothing was taken "
+            "from any queue."
+        ) from None
+    finally:
+        # A refused passive declare closes the channel on RabbitMQ already.
+        try:
+            channel.close()
+        except connection.connection_errors + connection.channel_errors:
+            pass
+
+
+def _bound_on_redis(channel: Any, name: str) -> bool:
+    """Whether kombu's Redis transport has *name* bound to the exchange of its name (a
+    queue some worker declared, empty now)."""
+    get_table = getattr(channel, "get_table", None)
+    if get_table is None or not hasattr(channel, "unacked_key"):
+        return False
+    return any(binding[-1] == name for binding in get_table(name))
+
+
+def _refuse_if_consumed(app: Celery, found: dict[str, _Declared], timeout: float) -> None:
+    """Raise :class:`QueueInUseError` when a worker consumes one of the queues in *found*."""
+    problems = [
+        f"RabbitMQ counts {declared.consumers} consumer(s) of queue {name!r}"
+        for name, declared in found.items()
+        if declared.consumers
+    ]
+    replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    for worker, consumed in sorted(replies.items()):
+        for queue in consumed or []:
+            name = queue.get("name") if isinstance(queue, dict) else None
+            if name in found:
+                problems.append(f"worker {worker} consumes queue {name!r}")
+    if problems:
+        raise QueueInUseError(
+            "zdelay adopt takes messages out of a queue only while no worker consumes it "
+            "(a running worker holds the ETA tasks it took, in memory): "
+            + "; ".join(problems)
+            + ". Stop those workers (celery -A proj control shutdown, or your process "
+            "supervisor) and run adopt again; --force skips this check. Nothing was "
+            "taken from any queue."
+        )
+
+
+@contextmanager
+def _broker_errors(broker: str, connection: Connection, *, started: bool) -> Iterator[None]:
+    """Translate the broker's connection errors into :class:`BrokerUnavailableError`."""
+    # kombu's Redis transport counts KeyError among its connection errors:
+    # a KeyError here is a defect, not an outage.
+    errors = tuple(
+        error
+        for error in (*connection.connection_errors, *connection.channel_errors)
+        if error is not KeyError
+    )
+    try:
+        yield
+    except ZDelayError:
+        raise
+    except (OperationalError, *errors) as exc:
+        if not started:
+            raise BrokerUnavailableError(
+                f"The broker {broker} could not be reached ({exc!r}): nothing was taken "
+                "from any queue."
+            ) from exc
+        raise BrokerUnavailableError(
+            f"The broker {broker} was lost during zdelay adopt ({exc!r}). What was parked "
+            "is in the store; what was taken and not acknowledged goes back to its queue "
+            "(RabbitMQ: at once; Redis: visibility_timeout after it was taken). Run adopt "
+            "again: a message parked already is not parked twice."
+        ) from exc
+
+
+@dataclass
+class _RedisUnacked:
+    """The messages of one queue that kombu's Redis transport holds as unacknowledged.
+
+    kombu keeps every message a consumer took and has not acknowledged in
+    one hash of the broker (``unacked_key``, indexed by the time it was
+    taken), and gives it back to its queue ``visibility_timeout`` after
+    that: on a warm shutdown the worker gives its own back at once. A
+    killed worker, or a killed adopt run, leaves them there.
+    """
+
+    channel: Any
+    queue: str
+
+    @classmethod
+    def of(cls, app: Celery, channel: Any, queue: str) -> _RedisUnacked | None:
+        """The unacknowledged messages of *queue*, when *channel* is kombu's Redis transport."""
+        if not all(
+            hasattr(channel, name)
+            for name in ("unacked_key", "unacked_index_key", "visibility_timeout", "qos")
+        ):
+            return None
+        declared = app.amqp.queues.get(queue)
+        if declared is not None and declared.exchange is not None and declared.exchange.name:
+            # kombu's Redis transport keeps exchange types in the process: the
+            # app's exchange of the queue (topic, fanout) is matched as such.
+            declared.exchange(channel).declare()
+        return cls(channel, queue)
+
+    def _mine(self) -> Iterator[tuple[str, float]]:
+        """Yield (delivery tag, time taken) of each unacknowledged message of the queue."""
+        client = self.channel.client
+        index = client.zrange(self.channel.unacked_index_key, 0, -1, withscores=True)
+        for start in range(0, len(index), 1000):
+            chunk = index[start : start + 1000]
+            tags = [tag for tag, _ in chunk]
+            for (tag, taken), raw in zip(
+                chunk, client.hmget(self.channel.unacked_key, tags), strict=True
+            ):
+                if raw is None:
+                    continue
+                try:
+                    _, exchange, routing_key = json.loads(raw)
+                except ValueError:
+                    continue
+                if self._routes_here(exchange, routing_key):
+                    yield (tag.decode() if isinstance(tag, bytes) else str(tag)), float(taken)
+
+    def _routes_here(self, exchange: str, routing_key: str) -> bool:
+        if not exchange:
+            return bool(routing_key == self.queue)
+        table = self.channel.get_table(exchange)
+        routed = self.channel.typeof(exchange).lookup(table, exchange, routing_key, None)
+        return self.queue in routed
+
+    def restore_visible(self) -> int:
+        """Give back those taken more than ``visibility_timeout`` ago; return how many."""
+        # kombu stamps each with this host's clock, and compares with it.
+        ceiling = time.time() - float(self.channel.visibility_timeout)
+        restored = 0
+        for tag, taken in list(self._mine()):
+            if taken <= ceiling:
+                self.channel.qos.restore_by_tag(tag)
+                restored += 1
+        return restored
+
+    def left(self) -> tuple[int, int | None]:
+        """Return how many are still unacknowledged, and when the first may come back (ms)."""
+        taken = [taken for _, taken in self._mine()]
+        if not taken:
+            return 0, None
+        return len(taken), round((min(taken) + float(self.channel.visibility_timeout)) * 1000)
