@@ -53,6 +53,21 @@ def _release_into(app: Celery, ready: Any) -> None:
         wait_for(released, timeout=AHEAD_S + 30, interval=0.1, message="the adopted task released")
 
 
+def _queued(rabbitmq: RabbitMQ, count: int) -> None:
+    """Wait until RabbitMQ counts *count* messages in the test's queue.
+
+    ``apply_async`` returns before RabbitMQ has queued what it sent (no
+    publisher confirms), and adopt reads what the queue counts when it starts.
+    """
+    with Connection(rabbitmq.url) as connection:
+        bound = Queue(rabbitmq.queue).bind(connection.default_channel)
+        wait_for(
+            lambda: bound.queue_declare(passive=True).message_count >= count,
+            timeout=60,
+            message=f"{count} messages queued in {rabbitmq.queue}",
+        )
+
+
 def _eta() -> datetime:
     return datetime.now(timezone.utc) + timedelta(seconds=AHEAD_S)
 
@@ -109,6 +124,7 @@ def test_rabbitmq_the_released_message_is_the_one_celery_sent_but_for_its_eta(
     record.apply_async((1, "a"), **call)
     native = raw_amqp(rabbitmq.url, rabbitmq.queue)
     record.apply_async((1, "a"), **call)
+    _queued(rabbitmq, 1)
 
     # When it is adopted, and released when due
     assert _adopt(app, rabbitmq.queue)["adopted"] == 1
@@ -169,6 +185,7 @@ def test_rabbitmq_a_dry_run_changes_nothing_and_keeps_the_order(
         else record.apply_async((n,)).id
         for n in range(6)
     ]
+    _queued(rabbitmq, 6)
 
     report = _adopt(app, rabbitmq.queue, "--dry-run")
 
@@ -265,6 +282,7 @@ def test_rabbitmq_a_run_right_after_a_dry_run_reads_every_message_it_gave_back(
     with app.producer_or_acquire() as producer:
         for n in range(MANY):
             record.apply_async((n,), eta=_eta() + timedelta(hours=1), producer=producer)
+    _queued(rabbitmq, MANY)
     assert _adopt(app, rabbitmq.queue, "--dry-run")["adopted"] == MANY
 
     # When adopt runs right after it
