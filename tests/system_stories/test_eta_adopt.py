@@ -37,6 +37,7 @@ from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.project import KILL_ON_PARKED_ENV
 from tests.support.cli import run
 from tests.support.keys import SHARD0
+from tests.support.scheduled import held_etas
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,16 +45,6 @@ pytestmark = pytest.mark.timeout(300)
 #: refused run (it waits 2 s for the workers' answer), a stop and the adopt
 #: run on a loaded machine.
 COUNTDOWN_S = 30
-
-
-def _scheduled(app: Celery) -> dict[str, float]:
-    """Task id -> eta (epoch s) of the ETA tasks every worker holds."""
-    replies = app.control.inspect(timeout=2.0).scheduled() or {}
-    return {
-        held["request"]["id"]: datetime.fromisoformat(held["eta"]).timestamp()
-        for tasks in replies.values()
-        for held in tasks
-    }
 
 
 def _waiting(app: Celery, queue: str) -> int:
@@ -100,8 +91,8 @@ def test_redis_tasks_a_worker_gave_back_on_a_warm_stop_are_adopted_and_each_runs
     first = worker(app)
     record = app.tasks["tests.record"]
     sent = [record.apply_async(("held", n), countdown=COUNTDOWN_S + n).id for n in range(5)]
-    wait_for(lambda: set(_scheduled(app)) == set(sent), timeout=30, interval=0.5)
-    etas = _scheduled(app)
+    wait_for(lambda: set(held_etas(app)) == set(sent), timeout=30, interval=0.5)
+    etas = held_etas(app)
 
     # Then adopt refuses while it runs, and with --force finds nothing to take
     refused = run(app, "adopt", "--queue", "celery")
@@ -149,8 +140,8 @@ def test_rabbitmq_tasks_a_killed_worker_held_are_adopted_and_each_runs_once(
     first = worker(app)
     record = app.tasks["tests.record"]
     sent = [record.apply_async(("held", n), countdown=COUNTDOWN_S + n).id for n in range(5)]
-    wait_for(lambda: set(_scheduled(app)) == set(sent), timeout=30, interval=0.5)
-    etas = _scheduled(app)
+    wait_for(lambda: set(held_etas(app)) == set(sent), timeout=30, interval=0.5)
+    etas = held_etas(app)
 
     # Then adopt refuses while it runs: RabbitMQ counts its consumer
     refused = run(app, "adopt", "--queue", queue)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import pytest
@@ -27,22 +26,13 @@ from celery import Celery
 
 from celery_zdelay import cancel
 from tests.helpers import CeleryProcess, Runs, wait_for
+from tests.support.scheduled import held_etas
 
 pytestmark = pytest.mark.timeout(240)
 
 #: Seconds before the held tasks come due: room for the inspect and a worker
 #: restart on a loaded machine (later is fine: they then run at once).
 COUNTDOWN_S = 20
-
-
-def _scheduled(app: Celery) -> dict[str, float]:
-    """Task id -> eta (epoch s) of the ETA tasks every worker holds, as the guide reads them."""
-    replies = app.control.inspect(timeout=2.0).scheduled() or {}
-    return {
-        held["request"]["id"]: datetime.fromisoformat(held["eta"]).timestamp()
-        for tasks in replies.values()
-        for held in tasks
-    }
 
 
 def test_held_eta_tasks_are_listed_and_each_runs_once_across_a_warm_restart(
@@ -58,12 +48,12 @@ def test_held_eta_tasks_are_listed_and_each_runs_once_across_a_warm_restart(
 
     # Then inspect().scheduled() lists each with its eta
     wait_for(
-        lambda: set(_scheduled(app)) == set(sent),
+        lambda: set(held_etas(app)) == set(sent),
         timeout=30,
         interval=0.5,
         message="the held tasks in inspect().scheduled()",
     )
-    etas = _scheduled(app)
+    etas = held_etas(app)
     for task_id, eta in etas.items():
         assert abs(eta - sent[task_id]) < 5
     # and celery-zdelay does not hold them: cancel says so, as the guide warns
@@ -94,7 +84,7 @@ def test_a_task_revoked_while_held_and_parked_again_under_its_id_never_runs(
     revoked = record.apply_async(("revoked",), countdown=600).id
     control = record.apply_async(("control",), countdown=600).id
     wait_for(
-        lambda: {revoked, control} <= set(_scheduled(app)),
+        lambda: {revoked, control} <= set(held_etas(app)),
         timeout=30,
         interval=0.5,
         message="the held tasks in inspect().scheduled()",
