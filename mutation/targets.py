@@ -316,6 +316,12 @@ LUA = (
             "tests/test_keys.py::test_a_forged_running_hold_cannot_make_keep_return_a_signed_entry",
         ),
     ),
+    # zdelay adopt: a message taken from a broker queue is parked the first time only.
+    Target(
+        "adopt_once.lua",
+        _STORE + "adopt_once.lua",
+        ("tests/store/test_adopt_once.py",),
+    ),
     # The entry reader, loaded in front of handoff.lua: its kill tests read every form.
     Target(
         "_expand.lua",
@@ -513,6 +519,7 @@ KILL_TESTS = frozenset(
         "tests/periodic/test_next_visit_score.py",
         "tests/store/test_concurrency_slots.py",
         "tests/store/test_stale_drop.py",
+        "tests/store/test_adopt_once.py",
         "tests/periodic/test_schedule_versions.py",
         "tests/periodic/test_withdrawal.py",
         "tests/store/test_acknowledged_entries.py",

@@ -7,6 +7,8 @@ remembers each adopted message (id and fingerprint) in the step that parks
 it, so the copy is not parked twice; it neither replaces nor remembers an
 entry parked under the id by other means; everything it checks is checked
 before its first write. On a real Redis, through the store's own calls.
+Its argument check and its key type check are pinned against the mutants
+that survived the first tests (docs/mutation.rst, ``adopt_once.lua``).
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def test_nothing_is_remembered_when_the_park_would_fail_and_nothing_parked_when_
     # Given the record set made a string instead
     redis_client.delete(SHARD0.due)
     redis_client.set(SHARD0.adopted, "not a zset")
-    with pytest.raises(ZDelayError):
+    # (the error names the key and what to do: breaks if its type is not checked)
+    with pytest.raises(ZDelayError, match="holds a string, not a zset"):
         adopt_once(store, [_adoption(store, "t1", "f1")])
     assert redis_client.exists(SHARD0.due, SHARD0.msg) == 0
 
@@ -175,3 +178,30 @@ def test_on_a_redis_cluster_each_message_is_adopted_once_on_its_shards_node(
     assert adopt_once(store, adoptions) == [ADOPTED_BEFORE] * 12
     assert adopted_among(store, [("t0", "f"), ("t5", "g")]) == [ADOPTED_BEFORE, ID_TAKEN]
     assert len({store.shard_of(a.request.task_id) for a in adoptions}) > 1
+
+
+def test_a_call_without_exactly_one_entry_its_fingerprint_and_keep_time_writes_nothing(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    # Given the arguments of one adoption, as adopt_once builds them
+    keys, args = store.park_arguments(0, [_adoption(store, "t1", "f1").request])
+    keys = [*keys, store.keys(0).adopted]
+    two_entries = [*args, *args[-5:]]
+
+    # When the script is called with two entries, without the fingerprint or
+    # the time to keep it, with a time that is no number or a relative due
+    # time, then it refuses
+    # and writes nothing (breaks if the argument check is removed, or an "or"
+    # of it made "and")
+    relative = store.park_arguments(0, [ParkRequest("t1", Due("r", 60_000), PAYLOAD)])[1]
+    for bad in (
+        [*two_entries, "f1", "60000"],
+        [*args, "60000"],
+        [*args],
+        [*args, "f1", "soon"],
+        [*relative, "f1", "60000"],  # adopt parks at the message's eta, never relative
+    ):
+        with pytest.raises(redis.ResponseError, match="one entry at an absolute due time"):
+            store.scripts.adopt_once(keys=keys, args=bad)
+    assert _parked(redis_client) == []
+    assert redis_client.zcard(store.keys(0).adopted) == 0

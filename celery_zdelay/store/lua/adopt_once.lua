@@ -27,8 +27,11 @@ local adopt_keep_ms = tonumber(ARGV[#ARGV])
 ARGV[#ARGV] = nil
 local adopt_print = ARGV[#ARGV]
 ARGV[#ARGV] = nil
-if not adopt_keep_ms or not adopt_print or #ARGV ~= adopt_layout.first_entry + 4 then
-  error({err = 'ERR celery-zdelay adopt_once: one entry, its fingerprint and the ms to keep it'})
+-- adopt parks a message at its own eta: an absolute due time ('a')
+if not adopt_keep_ms or not adopt_print or #ARGV ~= adopt_layout.first_entry + 4
+    or ARGV[adopt_layout.first_entry + 1] ~= 'a' then
+  error({err = 'ERR celery-zdelay adopt_once: one entry at an absolute due time, its ' ..
+    'fingerprint and the ms to keep it'})
 end
 -- Everything park.lua checks is checked before the record is written: a
 -- message recorded as adopted but not parked would be taken for a copy and
@@ -44,5 +47,4 @@ if redis.call('ZSCORE', adopt_set, adopt_member) then return {0} end
 -- replaced: the message goes back to its queue as it was.
 if redis.call('HEXISTS', KEYS[2], adopt_id) == 1 then return {-1} end
 local adopt_due = tonumber(ARGV[adopt_layout.first_entry + 2])
-if ARGV[adopt_layout.first_entry + 1] == 'r' then adopt_due = adopt_now + adopt_due end
 redis.call('ZADD', adopt_set, string.format('%.0f', adopt_due + adopt_keep_ms), adopt_member)
