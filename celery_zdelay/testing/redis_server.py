@@ -8,6 +8,7 @@ kill and restart Redis without touching a shared server.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -183,9 +184,21 @@ class RedisServer:
             self._process.send_signal(signal.SIGCONT)
 
     def restart(self) -> None:
-        """Stop the server cleanly (SIGTERM) and start it again on the same port."""
-        self._signal_and_wait(signal.SIGTERM)
-        self.start()
+        """Stop the server cleanly (SIGTERM) and start it again on the same port.
+
+        The garbage collector waits meanwhile: a finaliser it ran while the
+        server is down may talk to it (Celery 5.3's ``AsyncResult.__del__``
+        unsubscribes from the result backend, retrying for 20 s before it
+        raises), and in this thread it would hold up this very restart.
+        """
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._signal_and_wait(signal.SIGTERM)
+            self.start()
+        finally:
+            if collecting:
+                gc.enable()
 
     def stop(self) -> None:
         """Stop the server, close the clients :meth:`client` gave out, remove its files."""
