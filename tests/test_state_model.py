@@ -634,6 +634,9 @@ class StoreMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for close in self._closers:
             close()
+        # The collector runs here, between examples, and never inside a step
+        # (model_world turns it off): see model_world.
+        gc.collect()
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -1731,7 +1734,21 @@ def model_world() -> Any:
 
     client = redis_server.client(BROKER_DB)
     _world.update(server=redis_server, app_for=app_for, client=client)
-    yield
+    # The garbage collector runs between examples only (StoreMachine.teardown).
+    # A collection inside a step runs the finalisers of whatever cyclic
+    # garbage there is at whatever point the step has reached: after the
+    # Redis restart rule, Celery 5.3 drops its result consumer's PubSub in a
+    # cycle as it reconnects, and redis-py 5.0's PubSub.__del__ takes its
+    # connection pool's lock (not reentrant before redis-py 6.2), which
+    # deadlocked a step that held it (CI's oldest run hung so, in a
+    # worker's store_result); or the finaliser talks to the Redis a step has down.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
     _world.clear()
     # The machines' AsyncResults unsubscribe from the result backend when they
     # are collected: collect them while the session's Redis still answers (after
