@@ -728,7 +728,7 @@ class PeriodicServer:
                     )
                 break
             for request in requests:
-                if self.periodic.park_once(request):
+                if self.periodic.park_once(request, occurrence_ms=ms):
                     # Once, by the companion that parked it: the others built
                     # the same occurrence and parked nothing.
                     announce_parked([request.message])

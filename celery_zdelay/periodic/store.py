@@ -574,8 +574,14 @@ class PeriodicStore:
 
     # -- occurrences ----------------------------------------------------------
 
-    def park_once(self, request: ParkRequest) -> bool:
-        """Park one occurrence unless it was parked before; return whether it was parked now."""
+    def park_once(self, request: ParkRequest, *, occurrence_ms: int) -> bool:
+        """Park one occurrence unless it was parked before; return whether it was parked now.
+
+        *occurrence_ms* is its time in its schedule (its due time is that,
+        plus the schedule's jitter offset): listed with its id in the
+        schedule's pointer as it is parked, so that a change or a pause
+        takes it back from then on (``park_once.lua``).
+        """
         store = self.store
         shard = store.shard_of(request.task_id)
         keys, args = store.park_arguments(shard, [request])
@@ -591,7 +597,8 @@ class PeriodicStore:
         history = store.history_args(shard, "periodic")
         with store_errors(store.url):
             reply = self._park_once(
-                keys=[*keys, *history.keys], args=[*args, self.tick_memory_ms, *history.args]
+                keys=[*keys, *history.keys],
+                args=[*args, occurrence_ms, self.tick_memory_ms, *history.args],
             )
         return bool(reply)
 

@@ -120,7 +120,7 @@ def test_an_occurrence_released_is_never_parked_again(
     (again,) = server._requests(store.snapshot().definitions["a"], first, occurrence_ms(first))
 
     # Then nothing is parked: it would run twice
-    assert store.park_once(again) is False
+    assert store.park_once(again, occurrence_ms=occurrence_ms(first)) is False
     assert parked_ids(redis_client, "a") == set()
 
 

@@ -131,12 +131,12 @@ def test_park_once_with_an_invalid_due_time_fails_and_ticks_nothing(
 
     # When it is parked once, the call fails
     with pytest.raises(StoreRefusedError) as failure:
-        store.park_once(broken)
+        store.park_once(broken, occurrence_ms=occurrence_ms(parked))
 
     # Then it is not remembered as parked: parked properly, it is parked
     assert _everything(redis_client) == before
     assert "no valid due time" in str(failure.value)
-    assert store.park_once(request) is True
+    assert store.park_once(request, occurrence_ms=occurrence_ms(parked)) is True
     assert task_id in parked_ids(redis_client, "a")
 
 

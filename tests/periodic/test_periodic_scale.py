@@ -110,7 +110,7 @@ def test_a_redis_cluster_store_serves_schedules(
     store = server.periodic
     first = min(ids, key=occurrence_ms)
     (again,) = server._requests(store.snapshot().definitions["a"], first, occurrence_ms(first))
-    assert store.park_once(again) is False
+    assert store.park_once(again, occurrence_ms=occurrence_ms(first)) is False
 
 
 def test_a_beat_schedule_of_five_thousand_entries_is_stored_and_served(app: Celery) -> None:

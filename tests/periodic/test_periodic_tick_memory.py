@@ -36,7 +36,7 @@ def _served(app: Celery) -> tuple[PeriodicServer, Any]:
 
 def _park(server: PeriodicServer, definition: Any, ms: int) -> bool:
     (request,) = server._requests(definition, occurrence_id("a", 1, ms), ms)
-    return server.periodic.park_once(request)
+    return server.periodic.park_once(request, occurrence_ms=ms)
 
 
 def test_an_occurrence_parked_59_minutes_ago_is_not_parked_again(

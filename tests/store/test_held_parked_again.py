@@ -222,7 +222,7 @@ def test_a_periodic_occurrence_held_and_forgotten_by_the_tick_memory_is_not_park
     periodic = PeriodicStore(store)
 
     # When a companion parks that occurrence again through park_once
-    parked = periodic.park_once(ParkRequest("X", Due("r", 0), payload))
+    parked = periodic.park_once(ParkRequest("X", Due("r", 0), payload), occurrence_ms=0)
 
     # Then it is refused as parked before: X stays one entry, held, and runs once
     assert parked is False

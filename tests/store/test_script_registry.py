@@ -231,7 +231,7 @@ def test_a_periodic_occurrence_by_a_user_denied_a_command_is_refused_before_its_
 
     # When it parks an occurrence
     with pytest.raises(StoreRefusedError) as refused:
-        periodic.park_once(ParkRequest("occurrence", Due("a", at), PAYLOAD))
+        periodic.park_once(ParkRequest("occurrence", Due("a", at), PAYLOAD), occurrence_ms=at)
 
     # Then park_once.lua was refused before it ran: no tick, no entry
     assert "refuse SET, which park_once.lua runs" in str(refused.value)

@@ -129,6 +129,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("pause.lua", "HSET", "pointers"): _PERIODIC,
     ("park_once.lua", "ZREMRANGEBYSCORE", "once_ticks"): "the ticks a schedule parked (periodic)",
     ("park_once.lua", "ZADD", "once_ticks"): "the ticks a schedule parked (periodic)",
+    ("park_once.lua", "HSET", "once_pointers"): _PERIODIC,
     ("record_runs.lua", "HSET", "runs"): _PERIODIC,
     ("adopt_once.lua", "ZREMRANGEBYSCORE", "adopt_set"): _ADOPTED,
     ("adopt_once.lua", "ZADD", "adopt_set"): _ADOPTED,
