@@ -23,7 +23,7 @@ from celery_zdelay.companion.metrics import Metrics
 from celery_zdelay.errors import ConfigurationError
 from celery_zdelay.limits import UnknownControlWarning, controls
 from tests.conftest import AppFactory
-from tests.control_support import BrokerTap, largest_overtake_s
+from tests.control_support import BrokerTap, as_released, largest_overtake_s
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.clock import redis_ms
 from tests.support.periodic import (
@@ -87,7 +87,9 @@ def test_a_paused_queue_stays_parked_through_a_restart_and_goes_out_in_order_on_
         released = tap.of("emails")
     due_ms = {r.id: round(instant.timestamp() * 1000) + i for i, r in enumerate(emails)}
     assert Counter(a.task_id for a in released) == Counter(list(due_ms))
-    assert largest_overtake_s(released, due_ms) < 0.5
+    # (timed by when each was released, from its history: the tap's own
+    # times are this process's, late and in bunches on a loaded machine)
+    assert largest_overtake_s(as_released(app, released), due_ms) < 0.5
     assert Counter(a.task_id for a in tap.of("celery")) == Counter(r.id for r in others)
     assert controls(app=app) == []
 

@@ -140,7 +140,7 @@ def test_a_limit_holds_on_a_redis_cluster_store(
             for i in range(160)
         ]
         others = [record.apply_delayed((i,), eta=instant) for i in range(100)]
-        parked_at = time.monotonic()
+        parked_at = redis_ms(broker) / 1000  # one host: the cluster's clock too
         due_ms = {r.id: round(instant.timestamp() * 1000) + i for i, r in enumerate(emails)}
         released = tap.wait_for("emails", 160, timeout=60)
         # The last emails can go out right after the last other task is
@@ -157,6 +157,11 @@ def test_a_limit_holds_on_a_redis_cluster_store(
     # transit at the same moment in other companions; the others at once
     assert Counter(a.task_id for a in released) == Counter(r.id for r in emails)
     assert all(a.redis_ms >= due_ms[a.task_id] for a in released)
+    # (timed by when each was released, from its history: the tap's own times
+    # are this process's, late and in bunches on a loaded machine; an
+    # overtake of 1.55 s by the tap's times failed once under make flake-hunt)
+    released = as_released(app, released)
+    unlimited = as_released(app, unlimited)
     assert released[-1].at - released[0].at >= (160 - 40) / 40 * 0.9
     assert most_in_any_window(released, 1.0) <= 40 + 40 + 20
     assert largest_overtake_s(released, due_ms) < 1.0
