@@ -5,7 +5,7 @@ parked task that is cancelled never reaches a worker, so nothing in Celery
 would ever record it: ``AsyncResult(id).state`` would stay ``PENDING`` for
 ever. This is a receiver of :data:`celery_zdelay.signals.tasks_cancelled`, so
 every way of cancelling (Python, CLI, dashboard, a keyed ``replace`` or
-``debounce``) records the same way; the
+``debounce``, a periodic occurrence its schedule took back) records the same way; the
 ``task-revoked`` event is sent by :mod:`celery_zdelay.events`.
 
 It cannot undo or fail a cancel: the cancel has happened when the signal is

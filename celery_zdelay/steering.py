@@ -373,8 +373,10 @@ def announce_cancelled(app: Celery, task_ids: list[str], by: str | None, *, why:
     """Audit and announce *task_ids* as cancelled: parked, and now never run.
 
     Every way a parked task is taken out before it runs reports it here, once:
-    a cancel by id, canvas or filter, and a keyed call whose ``replace`` or
-    ``debounce`` took the parked task out (*why* says so in the audit line).
+    a cancel by id, canvas or filter, a keyed call whose ``replace`` or
+    ``debounce`` took the parked task out, and a periodic occurrence its
+    schedule's change, pause or removal took back (*why* says so in the
+    audit line).
     The receivers of :data:`~celery_zdelay.signals.tasks_cancelled` record it
     ``REVOKED`` (:mod:`.revocation`) and send ``task-revoked`` (:mod:`.events`).
     """

@@ -201,6 +201,8 @@ _ADMIN = ("tests/store/test_admin.py",)
 _REQUEUE_PURGE = "tests/store/test_requeue_and_purge.py"
 _WITHDRAW = "tests/periodic/test_withdrawal.py"
 _PAUSE = "tests/periodic/test_pause_resume_schedule.py"
+#: What define.lua and pause.lua name as taken back ends REVOKED, once.
+_WITHDRAWN = "tests/periodic/test_withdrawn_revoked.py"
 _STEERING = (
     "tests/store/test_cancel_reschedule_exact.py",
     "tests/test_cancel_reschedule.py",
@@ -433,14 +435,14 @@ LUA = (
     Target(
         "define.lua",
         _PERIODIC + "define.lua",
-        (_DEFINE, _WITHDRAW, *_PERIODIC_TESTS),
+        (_DEFINE, _WITHDRAW, _WITHDRAWN, *_PERIODIC_TESTS),
     ),
     Target(
         "advance.lua",
         _PERIODIC + "advance.lua",
         (_ADVANCE, *_PERIODIC_TESTS),
     ),
-    Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, *_PERIODIC_TESTS)),
+    Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, _WITHDRAWN, *_PERIODIC_TESTS)),
     Target(
         "park_once.lua",
         _PERIODIC + "park_once.lua",

@@ -51,6 +51,7 @@ from .occurrences import plan
 from .overlap import overlap_headers
 from .store import LATE_MS, WAITING_HELD, PeriodicStore, Snapshot, next_visit_ms
 from .takeover import since_for
+from .withdrawals import announcer
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -112,7 +113,7 @@ class PeriodicServer:
 
     def __init__(self, app: Celery, store: Store, *, companion_id: str) -> None:
         self.app = app
-        self.periodic = PeriodicStore(store)
+        self.periodic = PeriodicStore(store, on_withdrawn=announcer(app, companion_id))
         self.companion_id = companion_id
         self.horizon_ms = HORIZON_MS
         self._schedules: dict[tuple[str, int], BaseSchedule] = {}
@@ -518,8 +519,7 @@ class PeriodicServer:
     def _cancel(self, snap: Snapshot) -> None:
         if not snap.to_cancel:
             return
-        store = self.periodic.store
-        found = store.cancel(snap.to_cancel, how="withdrawn")
+        found = self.periodic.withdraw(snap.to_cancel)
         for task_id, was_parked in zip(snap.to_cancel, found, strict=True):
             if was_parked:
                 logger.info("Cancelled periodic occurrence %s", task_id, extra={"task_id": task_id})
@@ -547,7 +547,7 @@ class PeriodicServer:
         if not past:
             return
         ids = [task_id for gone in past.values() for task_id in gone]
-        for task_id, was in zip(ids, self.periodic.store.cancel(ids, how="withdrawn"), strict=True):
+        for task_id, was in zip(ids, self.periodic.withdraw(ids), strict=True):
             if was:
                 logger.info(
                     "Cancelled periodic occurrence %s held back since its schedule changed",
@@ -765,7 +765,7 @@ class PeriodicServer:
             # is ahead; what was due already runs once (the new version
             # starts from the change there).
             taken_back = [t for ms, t in parked if status == "paused" or ms > snap.now_ms]
-            self.periodic.store.cancel(taken_back, how="withdrawn")
+            self.periodic.withdraw(taken_back)
             for task_id in taken_back:
                 self._pending.pop(task_id, None)
             return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -37,6 +37,9 @@ __all__ = [
 WAITING_DUE = "due"
 WAITING_HELD = "held"
 
+#: The kind ``define.lua`` names an occurrence it took back by (beside
+#: "new", "changed", "removed", "relabelled" schedules).
+WITHDRAWN = "withdrawn"
 #: Ticks counted per schedule: ``missed`` (due while no companion or broker
 #: served it, left out by ``zdelay_missed``), ``skipped_overlap`` (released
 #: while the previous run was unfinished, skipped by ``zdelay_overlap``),
@@ -156,10 +159,20 @@ PERIODIC_SCRIPTS = register(
 
 
 class PeriodicStore:
-    """The periodic schedules of one store."""
+    """The periodic schedules of one store.
 
-    def __init__(self, store: Store) -> None:
+    *on_withdrawn* is called with the ids of the occurrences a change, a
+    removal or a pause took back before they ran (in the script that makes
+    the change, or later from the cancel set), once each: their owner
+    records them as every cancel is (``REVOKED``, ``task-revoked``, the
+    audit line; :func:`celery_zdelay.steering.announce_cancelled`).
+    """
+
+    def __init__(
+        self, store: Store, *, on_withdrawn: Callable[[list[str]], None] | None = None
+    ) -> None:
         self.store = store
+        self.on_withdrawn = on_withdrawn
         self.keys = periodic_keys(store.config.key_prefix)
         # Each runs after the store's checks (_guard.lua), which it calls
         # before its first write.
@@ -530,30 +543,32 @@ class PeriodicStore:
             )
         status, *rest = [_text(part) for part in reply]
         if status == "done":
+            pairs = list(zip(rest[::2], rest[1::2], strict=True))
+            # The occurrences the script took back from the due sets (see define.lua).
+            self._withdrawn([task_id for kind, task_id in pairs if kind == WITHDRAWN])
             self.cancel_listed()
-            return status, list(zip(rest[::2], rest[1::2], strict=True))
+            return status, [(kind, name) for kind, name in pairs if kind != WITHDRAWN]
         return status, [("", name) for name in rest]
 
     def set_paused(self, name: str, paused: bool) -> int:
         """Pause or resume *name*: 1 done, 0 no such schedule, 2 already so."""
         k = self.keys
         with store_errors(self.store.url):
-            done = int(
-                self._pause(
-                    keys=[
-                        k.defs,
-                        k.pointers,
-                        k.paused,
-                        k.cancel,
-                        k.versions,
-                        k.visits,
-                        *self._shard_keys(),
-                    ],
-                    args=["pause" if paused else "resume", name],
-                )
+            done, *withdrawn = self._pause(
+                keys=[
+                    k.defs,
+                    k.pointers,
+                    k.paused,
+                    k.cancel,
+                    k.versions,
+                    k.visits,
+                    *self._shard_keys(),
+                ],
+                args=["pause" if paused else "resume", name],
             )
+        self._withdrawn([_text(task_id) for task_id in withdrawn])
         self.cancel_listed()
-        return done
+        return int(done)
 
     def cancel_listed(self) -> list[str]:
         """Cancel the occurrences listed in the cancel set on their shards; return those cancelled.
@@ -568,9 +583,24 @@ class PeriodicStore:
             ids = sorted(_text(i) for i in self.store.client.smembers(self.keys.cancel))
         if not ids:
             return []
-        found = self.store.cancel(ids, how="withdrawn")
+        found = self.withdraw(ids)
         self.forget_cancelled(ids)
         return [i for i, was in zip(ids, found, strict=True) if was]
+
+    def withdraw(self, task_ids: Sequence[str]) -> list[bool]:
+        """Cancel occurrences their schedule no longer wants; return which were parked.
+
+        Those found are reported to :attr:`on_withdrawn`. (The missed
+        policy's are not: they are missed, and ``periodic backfill`` may
+        run them yet.)
+        """
+        found = self.store.cancel(task_ids, how="withdrawn")
+        self._withdrawn([t for t, was in zip(task_ids, found, strict=True) if was])
+        return found
+
+    def _withdrawn(self, task_ids: list[str]) -> None:
+        if task_ids and self.on_withdrawn is not None:
+            self.on_withdrawn(task_ids)
 
     # -- occurrences ----------------------------------------------------------
 

@@ -36,7 +36,10 @@
 -- returns {status, kind, name, kind, name, ...}: status "same" (configuration
 --         already stored), "older" (superseded, or made before the stored
 --         one: not written), "done"; each kind "new", "changed", "relabelled"
---         or "removed"
+--         or "removed", or "withdrawn" with an occurrence's id in place of
+--         the name: one this script took back from a due set, which never
+--         runs (the caller records it as cancelled; one taken from a lease
+--         may be on its way to the broker, and is not named)
 --
 -- Two rules order configurations. A beat_schedule has no time of its own:
 -- the newest deploy wins, and a fingerprint replaced once is refused for
@@ -251,6 +254,12 @@ if mode == 'config' then
     'unserved', next(unserved) and cjson.encode(unserved) or '{}')
   if tonumber(ARGV[5]) then
     redis.call('HSET', meta, 'made', ARGV[5], 'reading', (tonumber(ARGV[6]) or 1) .. ' ' .. hash)
+  end
+end
+for _, id in ipairs(ids) do
+  if taken[id] == 'due' then
+    changed[#changed + 1] = 'withdrawn'
+    changed[#changed + 1] = id
   end
 end
 -- Not {'done', unpack(changed)}: unpack stops at Lua's C stack (about 8,000

@@ -10,7 +10,9 @@
 --           Redis Cluster
 -- ARGV[1] "pause" or "resume"
 -- ARGV[2] name
--- returns 1 done, 0 no such schedule, 2 already so
+-- returns {1} done, {0} no such schedule, {2} already so; a pause that took
+--         occurrences back from a due set (they never run) names them after
+--         its 1, for the caller to record as cancelled
 if redis.replicate_commands then redis.replicate_commands() end
 
 local defs, pointers, paused, cancel, versions, visits =
@@ -20,10 +22,10 @@ local name = ARGV[2]
 zdelay_expect(defs, 'hash', pointers, 'hash', paused, 'set', cancel, 'set', versions, 'hash',
   visits, 'zset')
 local shards = periodic_shards(7)
-if redis.call('HEXISTS', defs, name) == 0 then return 0 end
+if redis.call('HEXISTS', defs, name) == 0 then return {0} end
 local r = periodic_pointer(pointers, name)
 if ARGV[1] == 'pause' then
-  if redis.call('SISMEMBER', paused, name) == 1 then return 2 end
+  if redis.call('SISMEMBER', paused, name) == 1 then return {2} end
   -- What was parked would still run, even what is due already: take it
   -- back in this script, so that none runs once the pause is written
   -- (only one a companion is publishing at this instant is in flight).
@@ -35,12 +37,16 @@ if ARGV[1] == 'pause' then
   local plan = periodic_withdraw_plan(shards, ids)
   redis.call('SADD', paused, name)
   redis.call('ZREM', visits, name)
+  local done = {1}
   if #shards > 0 then
     -- Those taken back from the due set never ran: they no longer count
     -- against zdelay_max_runs (those leased are in flight and run).
     local unrun = 0
-    for _, where in pairs(periodic_withdraw_apply(plan)) do
-      if where == 'due' then unrun = unrun + 1 end
+    for id, where in pairs(periodic_withdraw_apply(plan)) do
+      if where == 'due' then
+        unrun = unrun + 1
+        done[#done + 1] = id
+      end
     end
     if r and unrun > 0 and tonumber(r.n) then
       r.n = math.max(0, tonumber(r.n) - unrun)
@@ -51,9 +57,9 @@ if ARGV[1] == 'pause' then
   else
     for _, id in ipairs(ids) do redis.call('SADD', cancel, id) end
   end
-  return 1
+  return done
 end
-if redis.call('SISMEMBER', paused, name) == 0 then return 2 end
+if redis.call('SISMEMBER', paused, name) == 0 then return {2} end
 zdelay_expect_field_counter(versions, name)
 redis.call('SREM', paused, name)
 -- Resumed from now: occurrences while paused do not count as missed.
@@ -67,4 +73,4 @@ r.ms = zdelay_now_ms()
 r.ids = {}
 redis.call('HSET', pointers, name, cjson.encode(r))
 redis.call('ZADD', visits, periodic_next_visit(r, nil, name), name)
-return 1
+return {1}
