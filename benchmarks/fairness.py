@@ -19,7 +19,12 @@ Two runs:
   the nine small keys came, against the 1,998 of the whole backlog; with
   3 companions and with 1 (``turns_one_companion``). Turns are taken per
   companion, over the shards it owns: with several, the order at the
-  broker also depends on which companion gets the CPU first.
+  broker also depends on which companion gets the CPU first;
+- ``queue_turns``: no per-key limit, but a limit of the queue,
+  ``{"queue:<queue>": "200/s"}`` (burst 200), one bucket for all the keys:
+  the same drain figures, the turns now between the keys' lanes under the
+  queue's limit (issue 36). Drained in due order, the nine small keys'
+  last task would come at release 1,998, after all of ``tenant:0``'s.
 """
 
 from __future__ import annotations
@@ -55,6 +60,12 @@ def run_fairness(sizes: Sizes) -> dict[str, Any]:
         "turns_one_companion": _run(
             {"rate": "100000/s", "burst": 100_000}, seconds=60.0, drain=True, companions=1
         ),
+        "queue_turns": _run(
+            {"rate": "200/s", "burst": 200},
+            seconds=60.0,
+            drain=True,
+            control=f"queue:{DEFAULT_QUEUE}",
+        ),
     }
 
 
@@ -65,12 +76,13 @@ def _run(
     drain: bool,
     companions: int = 3,
     settle_s: float = 0.0,
+    control: str = GLOB,
 ) -> dict[str, Any]:
     total = BIG + SMALL * (KEYS - 1)
     with Resources() as res:
         server = res.redis()
         url = f"{server.url}/0"
-        conf = {"zdelay_shards": 4, "zdelay_rate_limits": {GLOB: limit}}
+        conf = {"zdelay_shards": 4, "zdelay_rate_limits": {control: limit}}
         app = make_app(broker=url, store=url, conf=conf)
         res.callback(app.close)
         for _ in range(companions):
@@ -114,6 +126,7 @@ def _run(
     first = arrivals[0][0]
     small = [(i, t) for i, (t, key) in enumerate(arrivals) if key != "tenant:0"]
     result: dict[str, Any] = {
+        "control": control,
         "limit": limit,
         "companions": companions,
         "arrived": len(arrivals),

@@ -46,7 +46,8 @@ def take_limit_key(app: Celery, options: dict[str, Any]) -> None:
     """Pop ``limit_key=`` from *options* into its headers, checked.
 
     Warns (:class:`UnmatchedLimitKeyWarning`) when no ``limit_key:<glob>``
-    of ``zdelay_rate_limits`` or ``zdelay_concurrency`` matches the key:
+    of ``zdelay_rate_limits`` or ``zdelay_concurrency`` matches the key, and
+    the settings limit no queue or task (under which keys take turns):
     once per process per key pattern, the key with its last ``:``-part
     replaced by ``*`` (``tenant:42`` -> ``tenant:*``). Limits set at run
     time (:func:`celery_zdelay.set_rate_limit`) are not read here: parking
@@ -68,6 +69,10 @@ def take_limit_key(app: Celery, options: dict[str, Any]) -> None:
 
 def _warn_unmatched(app: Celery, limit_key: str) -> None:
     names = set(get_config(app).rate_limits)
+    if any(name.startswith(("queue:", "task:")) for name in names):
+        # The key has a use without a limit of its own: the tenants take
+        # turns under a queue's or task's limit (store.control.fair_lane).
+        return
     concurrency = app.conf.get("zdelay_concurrency")
     if isinstance(concurrency, dict):
         names.update(name for name in concurrency if isinstance(name, str))
@@ -81,7 +86,8 @@ def _warn_unmatched(app: Celery, limit_key: str) -> None:
         _warned.add(pattern)
     warnings.warn(
         f"limit_key={limit_key!r} matches no {LIMIT_KEY}:<glob> limit, so it limits "
-        f"nothing: the task is parked and released as if it had none. Add one to "
+        f"nothing: the task is parked and released as if it had none (but for taking "
+        f"turns with other keys when a pause holds it). Add one to "
         f"zdelay_rate_limits (e.g. {{'{LIMIT_KEY}:{pattern}': '5/s'}}, a bucket per key) "
         f"or zdelay_concurrency, or set it at run time with celery_zdelay.set_rate_limit.",
         UnmatchedLimitKeyWarning,

@@ -273,15 +273,23 @@ CONCURRENCY_LANE = "concurrency|"
 KEY_LANE = "limit_key:"
 #: What a lane of free slots passes entries on as: every limit passed.
 PASSED_ALL = "|every limit"
+#: The group the keys' own limits' lanes take turns in (ReleasePass: LIMIT_KEY).
+KEY_TURNS = "limit_key"
+
+
+def lane_base(lane: str) -> str:
+    """The control's lane a limit key's lane under a pause or the queue's limit is
+    one of ("<lane> <limit key>"); any other lane itself. Also its bucket's name."""
+    if lane.startswith((KEY_LANE, CONCURRENCY_LANE)):
+        return lane
+    return lane.split(" ", 1)[0]
 
 
 def lane_control(lane: str) -> str:
     """The control whose pause, limit or slots hold the entries of *lane* (``held_by``)."""
-    if lane.startswith(PAUSE_LANE):
-        return lane.removeprefix(PAUSE_LANE)
     if lane.startswith(CONCURRENCY_LANE):
         return lane.removeprefix(CONCURRENCY_LANE).split(" ", 1)[0]
-    return lane
+    return lane_base(lane).removeprefix(PAUSE_LANE)
 
 
 def slot_control(slot: str) -> str:
@@ -454,8 +462,9 @@ class Model:
     #: Ids released again while a release of them was unfinished, until none
     #: of theirs is: they share one slot (counted once, and not after it is freed).
     shared: set[str] = field(default_factory=set)
-    #: Passes that served per-key lanes in turns (which key goes first).
-    turn: int = 0
+    #: Per group of lanes served in turns (a control's bucket; KEY_TURNS for
+    #: the keys' own limits), the lane that released first in its last pass.
+    turns: dict[str, str] = field(default_factory=dict)
     #: The lanes set: each lane entries were held in, until a pass finds it empty.
     lanes: set[str] = field(default_factory=set)
     #: Per id parked, the events its history should hold.
@@ -482,7 +491,7 @@ class Model:
 
     def limit_of(self, lane: str) -> bool:
         """Whether a rate limit releases *lane* (a queue's, or a key's under KEY_GLOB)."""
-        if lane == LIMITED:
+        if lane_base(lane) == LIMITED:
             return self.limited
         return lane.startswith(KEY_LANE) and self.key_limited
 
@@ -490,7 +499,15 @@ class Model:
         """The lane that holds *entry* back at the gate (docs/control.rst): a
         pause holds in a set of its own; then the queue's limit, the task's,
         the key's, each in the lane named by it, but those up to *passed*
-        (the limit whose tokens released it; PASSED_ALL: every limit)."""
+        (the limit whose tokens released it; PASSED_ALL: every limit). With a
+        limit key, a pause's or the queue's lane holds it in the lane of its key
+        under it (issue 36: fair turns)."""
+        lane = self._held_by(entry, passed)
+        if lane is None or entry.limit_key is None or lane.startswith(KEY_LANE):
+            return lane
+        return f"{lane} {entry.limit_key}"
+
+    def _held_by(self, entry: Entry, passed: str | None) -> str | None:
         task, queue = f"task:{entry.task}", f"queue:{entry.queue}"
         if task in self.paused:
             return PAUSE_LANE + task
@@ -1238,33 +1255,91 @@ class StoreMachine(RuleBasedStateMachine):
 
         return sorted((n for n in names if not model.stopped(n)), key=flow)
 
-    def _release_lane(self, lane: str, most: int) -> bool:
+    def _give_back(self, bucket: str, unused: int) -> None:
+        """Tokens taken and not used go back to *bucket* (capped at its burst)."""
+        model = self.model
+        if unused <= 0:
+            return
+        model.tokens[bucket] = min(BURST, model.tokens.get(bucket, BURST) + unused)
+        model.granted[bucket] -= unused
+
+    def _release_lane(self, lane: str, most: int, tokens: int = 0) -> tuple[int, bool]:
         """Release up to *most* of what *lane* holds, as its tokens or free slots allow.
 
-        Returns whether it may release more now (ReleasePass._release_lane).
+        *tokens* were dealt to it from its control's bucket (its turn); else it
+        takes its own. Returns how many it released and whether it may release
+        more now (ReleasePass._release_lane).
         """
         model = self.model
         held = sorted((e for e in model.live("held") if e.lane == lane), key=Entry.order)[:most]
         if not held:
+            self._give_back(lane_base(lane), tokens)
             # Found empty: its name leaves the lanes set (forget_lane.lua).
             model.lanes.discard(lane)
-            return False
+            return 0, False
         granted = len(held)
         if lane.startswith(CONCURRENCY_LANE):
             slot = lane.removeprefix(CONCURRENCY_LANE)
             free = CONCURRENCY[slot_control(slot)] - len(model.slots.get(slot, ()))
             granted = min(granted, max(0, free))
             passed: str | None = PASSED_ALL
+        elif tokens:
+            granted = min(granted, tokens)
+            passed = lane_base(lane)
         elif model.limit_of(lane):
-            granted = self._take_tokens(lane, granted)
-            passed = lane
+            granted = self._take_tokens(lane_base(lane), granted)
+            passed = lane_base(lane)
         else:
             passed = None
         if not granted:
-            return False
+            return 0, False
         self._met(f"released from a lane: {lane_control(lane)}")
         self._claimed(held[:granted], passed)
-        return granted == most
+        self._give_back(lane_base(lane), tokens - granted)
+        return granted, granted == most
+
+    def _in_turns(self, group: str, lanes: list[str], *, shared: bool) -> None:
+        """Release *lanes* round robin, a share of a batch each per turn
+        (ReleasePass._release_in_turns): starting after the lane that released
+        first in the group's last pass; *shared*: from the group's one bucket,
+        the turn's tokens dealt out in turn order."""
+        model = self.model
+        if not lanes:
+            return
+        if len(lanes) > 1:
+            self._met(f"turns of {len(lanes)} lanes ({'shared' if shared else 'own'} buckets)")
+        after = model.turns.get(group)
+        start = next((i for i, lane in enumerate(lanes) if after is None or lane > after), 0)
+        active = lanes[start:] + lanes[:start]
+        first: str | None = None
+        batch = self.companion.batch_size
+        while active:
+            share = max(1, batch // len(active))
+            if shared:
+                wanted = share * len(active)
+                granted = self._take_tokens(group, wanted)
+                dealt = [
+                    granted // len(active) + (i < granted % len(active)) for i in range(len(active))
+                ]
+            else:
+                granted = wanted = share
+                dealt = [share] * len(active)
+            more: list[str] = []
+            short = False
+            for lane, tokens in zip(active, dealt, strict=True):
+                if not tokens:
+                    more.append(lane)
+                    continue
+                released, again = self._release_lane(lane, tokens, tokens if shared else 0)
+                if released and first is None:
+                    first = lane
+                if again:
+                    more.append(lane)
+                else:
+                    short = True
+            active = more if granted == wanted or short else []
+        if first is not None:
+            model.turns[group] = first
 
     def _leases_expire(self) -> None:
         """Wait (a few ms) for the 1 ms leases of dead companions: the next claim recovers them."""
@@ -1307,21 +1382,23 @@ class StoreMachine(RuleBasedStateMachine):
         # later in that order go out in the same pass.
         due = sorted((e for e in model.live("due") if e.due_ms <= now_ms), key=Entry.order)
         self._claimed(due, passed=None)
-        batch = self.companion.batch_size
-        for lane in self._releasable():
-            if model.limit_of(lane) and lane.startswith(KEY_LANE):
-                continue
-            while self._release_lane(lane, batch):
-                pass
+        # Each control's lanes in turns, the next control's asked for after
+        # each (what one drains may fill the next), then the keys' own limits.
+        done: set[str] = set()
+        while True:
+            lanes = [
+                n
+                for n in self._releasable()
+                if not (model.limit_of(n) and n.startswith(KEY_LANE)) and lane_base(n) not in done
+            ]
+            if not lanes:
+                break
+            group = lane_base(lanes[0])
+            done.add(group)
+            group_lanes = [n for n in lanes if lane_base(n) == group]
+            self._in_turns(group, group_lanes, shared=model.limit_of(group_lanes[0]))
         turns = [n for n in self._releasable() if model.limit_of(n) and n.startswith(KEY_LANE)]
-        if turns:
-            self._met(f"turns of {len(turns)} key(s)")
-            start = model.turn % len(turns)
-            model.turn += 1
-            active = turns[start:] + turns[:start]
-            share = max(1, batch // len(active))
-            while active:
-                active = [lane for lane in active if self._release_lane(lane, share)]
+        self._in_turns(KEY_TURNS, turns, shared=False)
 
         self.companion.gate.refresh(self.companion.shards, force=True)
         report = self.companion.release_due()

@@ -12,7 +12,10 @@ A ``limit_key:<glob>`` limit holds each distinct limit key (the task's
 ``zdelay_limit_key`` header) in a lane of its own, ``limit_key:<key>``, with
 a bucket of its own; the release pass drains those lanes in turns (see
 :mod:`.release`), so a key with a large backlog delays the others by at
-most one turn.
+most one turn. A pause, or a queue's or task's limit, holds an entry with
+a limit key in a lane of that key under it (:func:`~..store.control.fair_lane`):
+on resume, or under the limit's one bucket, the keys are served in turns
+the same way.
 
 A concurrency control (``zdelay_concurrency``) holds an entry when its
 slots are all taken: the companion takes a slot for each entry it is about
@@ -40,7 +43,15 @@ from ..entry import TaskMessage
 from ..rates import LIMIT_KEY, RateLimit, key_control, key_lane
 from ..redis_layout import RedisLayout
 from ..store import Store
-from ..store.control import ControlStore, is_key_lane, lane_control, lane_group, pause_lane
+from ..store.control import (
+    ControlStore,
+    fair_lane,
+    is_key_lane,
+    lane_base,
+    lane_control,
+    lane_group,
+    pause_lane,
+)
 from ..store.headers import LIMIT_KEY_HEADER
 
 __all__ = ["ALL_LIMITS", "MIN_THROTTLE_SECONDS", "REFRESH_SECONDS", "Gate", "queue_of"]
@@ -169,15 +180,21 @@ class Gate:
         every limit that applies now, as if it had just fallen due. A pause
         and a limit of one control hold in two sets, so on resume what the
         pause held is not taken for what the limit held (which passed the
-        limits before it).
+        limits before it). An entry with a limit key waits in the lane of
+        its key under the pause or limit (:func:`fair_lane`); *passed* names
+        the control's own lane.
         """
+        limit_key = message.headers.get(LIMIT_KEY_HEADER)
+        lane = self._held_by(message, limit_key, passed)
+        return None if lane is None else fair_lane(lane, limit_key)
+
+    def _held_by(self, message: TaskMessage, limit_key: Any, passed: str | None) -> str | None:
         queue = f"queue:{queue_of(message)}"
         task = f"task:{message.task_name}"
         if task in self.paused:
             return pause_lane(task)
         if queue in self.paused:
             return pause_lane(queue)
-        limit_key = message.headers.get(LIMIT_KEY_HEADER)
         order: tuple[str, ...] = (queue, task)
         if isinstance(limit_key, str):
             paused_by = key_control(limit_key, self.paused)
@@ -203,12 +220,20 @@ class Gate:
 
         A per-key lane (``limit_key:<key>``) is under the first
         ``limit_key:<glob>`` limit matching its key; each key has a bucket
-        of its own, named by the lane.
+        of its own, named by the lane. A key's lane under a queue's or
+        task's limit is under that limit, and takes from its bucket
+        (:meth:`bucket_of`).
         """
         if not is_key_lane(lane):
-            return self.limits.get(lane)
+            return self.limits.get(lane_base(lane))
         control = key_control(lane[len(LIMIT_KEY) + 1 :], self.limits)
         return None if control is None else self.limits[control]
+
+    @staticmethod
+    def bucket_of(lane: str) -> str:
+        """Return the bucket *lane*'s entries take tokens from: its own for a
+        key's lane, else its control's, shared by the lanes of every key under it."""
+        return lane_base(lane)
 
     def control_of(self, lane: str) -> str:
         """Return the control *lane* counts under: for a per-key lane, its glob."""
@@ -232,7 +257,8 @@ class Gate:
         a held set of it (a removed limit or a resumed pause, to drain).
         A ``limit_key:<glob>`` limit has no lane of its own: each key it
         holds has one (``limit_key:<key>``), found in the lanes sets, and
-        looked for on every shard as a limit's.
+        looked for on every shard as a limit's; so are the lanes of the
+        keys a queue's or task's limit holds.
 
         In the order entries flow between them: held sets to drain first,
         then queue limits, then task limits, then per-key limits, so that
@@ -246,7 +272,8 @@ class Gate:
                 found[name] = shard_list
         for shard in shard_list:
             for name in self.lanes.get(shard, ()):
-                if is_key_lane(name) and self.limit_of(name) is not None:
+                per_key = is_key_lane(name) or lane_base(name) != name
+                if per_key and self.limit_of(name) is not None:
                     found[name] = shard_list
                 elif name not in self.limits:
                     found.setdefault(name, []).append(shard)

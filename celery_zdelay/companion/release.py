@@ -32,7 +32,7 @@ from ..config import ZDelayConfig
 from ..entry import TaskMessage, decode_entry, entry_max_late_ms, eta_text, with_eta
 from ..errors import EntryError
 from ..periodic.server import PeriodicServer
-from ..rates import RateLimit
+from ..rates import LIMIT_KEY, RateLimit
 from ..stale import MAX_LATE_LOWEST_SECONDS, STALE_REASON, exempt, is_stale
 from ..steering import announce_cancelled
 from ..store import Claimed, ClaimResult, Store
@@ -145,8 +145,10 @@ class ReleasePass:
         self._redis_clock: tuple[int, float] | None = None
         #: Routes (exchange, routing key) whose generic-path choice was logged.
         self._generic_routes: set[tuple[str, str]] = set()
-        #: Passes that released per-key lanes in turns: which key goes first.
-        self._turn = 0
+        #: Per group of lanes served in turns (a control's bucket, or
+        #: LIMIT_KEY for per-key limits), the lane that released first in its
+        #: last pass: the next pass starts after it.
+        self._turns: dict[str, str] = {}
 
     def release(self, shards: Sequence[int], report: PassReport, advance_ms: int = 0) -> None:
         """Release every entry due now on *shards*, into *report*.
@@ -510,53 +512,105 @@ class ReleasePass:
         the limit is under-used for a moment, never exceeded, and its
         claimed entries come back when their lease expires.
 
-        Per-key lanes (``limit_key:<key>``, each with its bucket) go last,
-        in turns (:meth:`_release_in_turns`); every other lane is drained as
-        far as its limit allows before the next.
+        A control's lanes (its own, and one per limit key it holds: see
+        :func:`~celery_zdelay.store.control.fair_lane`) are served in turns
+        from its one bucket (:meth:`_release_in_turns`), each control's
+        before the next; per-key limits' lanes (``limit_key:<key>``, each
+        with its bucket) go last, in turns of their own.
         """
         gate = self.gate
-        for name, lane_shards in gate.releasable(shards).items():
-            limit = gate.limit_of(name)
-            if limit is not None and is_key_lane(name):
-                continue
-            while not self._stopping.is_set() and not report.failed:
-                if not self._release_lane(name, lane_shards, limit, self.batch_size, report):
-                    break
+        done: set[str] = set()
+        while not self._stopping.is_set() and not report.failed:
+            # The next control's lanes, asked again after each: what one
+            # drains may fill the lanes of the next (a key's lane under a
+            # queue's limit, once its pause is resumed), released in this pass.
+            lanes: list[tuple[str, list[int], RateLimit | None]] = []
+            for name, lane_shards in gate.releasable(shards).items():
+                limit = gate.limit_of(name)
+                group = gate.bucket_of(name)
+                if (limit is not None and is_key_lane(name)) or group in done:
+                    continue
+                if lanes and gate.bucket_of(lanes[0][0]) != group:
+                    continue
+                lanes.append((name, lane_shards, limit))
+            if not lanes:
+                break
+            group = gate.bucket_of(lanes[0][0])
+            done.add(group)
+            self._release_in_turns(group, lanes, report, shared=lanes[0][2])
         # Asked again: the lanes above may have held entries in keys' lanes
         # this pass (a pause resumed, a queue's tokens granted).
-        in_turns: list[tuple[str, list[int], RateLimit]] = []
+        in_turns: list[tuple[str, list[int], RateLimit | None]] = []
         for name, lane_shards in gate.releasable(shards).items():
             limit = gate.limit_of(name)
             if limit is not None and is_key_lane(name):
                 in_turns.append((name, lane_shards, limit))
-        self._release_in_turns(in_turns, report)
+        self._release_in_turns(LIMIT_KEY, in_turns, report)
 
     def _release_in_turns(
-        self, lanes: list[tuple[str, list[int], RateLimit]], report: PassReport
+        self,
+        group: str,
+        lanes: list[tuple[str, list[int], RateLimit | None]],
+        report: PassReport,
+        *,
+        shared: RateLimit | None = None,
     ) -> None:
-        """Release per-key lanes round robin: each key in turn, a share of a batch each.
+        """Release *lanes* round robin: each in turn, a share of a batch each.
 
-        Fairness between keys: a key with a backlog (and a bucket) large
+        Fairness between keys: a key with a backlog (and tokens) large
         enough to fill many batches releases one share, then every other
         key releases its share, and so on; it delays the others by at most
-        one turn. The first key of a pass moves on by one every pass, so
-        no key is always served first. A lane leaves the turns once it has
+        one turn. Each pass of *group* starts after the lane that released
+        first in its last pass, so no key is always served first, and an
+        empty lane takes no key's turn. A lane leaves the turns once it has
         no tokens or no entries left.
+
+        With *shared*, the lanes are one control's and take from its one
+        bucket (named *group*): each turn takes the tokens of every share
+        at once and deals them out in turn order, so a bucket that holds
+        fewer serves the lanes the turns reach first; the turns stop when
+        the bucket is empty (tokens a lane had no entries for go back, and
+        are dealt to the others). Else each lane takes from its own bucket,
+        if any.
         """
         if not lanes:
             return
-        start = self._turn % len(lanes)
-        self._turn += 1
+        after = self._turns.get(group)
+        start = next((i for i, lane in enumerate(lanes) if after is None or lane[0] > after), 0)
         active = lanes[start:] + lanes[:start]
-        share = max(1, self.batch_size // len(active))
+        first: str | None = None
         while active and not self._stopping.is_set() and not report.failed:
-            active = [
-                lane
-                for lane in active
-                if not self._stopping.is_set()
-                and not report.failed
-                and self._release_lane(*lane, share, report)
-            ]
+            share = max(1, self.batch_size // len(active))
+            if shared is None:
+                dealt, granted, wanted = [share] * len(active), share, share
+            else:
+                wanted = share * len(active)
+                granted, wait_ms = self.gate.control.take_tokens(group, shared, wanted)
+                if granted < wanted:
+                    self._note_wait(report, max(wait_ms / 1000, MIN_THROTTLE_SECONDS))
+                dealt = [
+                    granted // len(active) + (i < granted % len(active)) for i in range(len(active))
+                ]
+            more: list[tuple[str, list[int], RateLimit | None]] = []
+            short = False
+            for lane, tokens in zip(active, dealt, strict=True):
+                if not tokens or self._stopping.is_set() or report.failed:
+                    more.append(lane)
+                    continue
+                claimed, again = self._release_lane(
+                    *lane, tokens, report, tokens=tokens if shared is not None else 0
+                )
+                if claimed and first is None:
+                    first = lane[0]
+                if again:
+                    more.append(lane)
+                else:
+                    short = True
+            # A shared bucket short of tokens ends the turns, unless a lane
+            # gave some back (it had fewer entries): then the others get them.
+            active = more if granted == wanted or short else []
+        if first is not None:
+            self._turns[group] = first
 
     def _release_lane(
         self,
@@ -565,22 +619,29 @@ class ReleasePass:
         limit: RateLimit | None,
         most: int,
         report: PassReport,
-    ) -> bool:
+        *,
+        tokens: int = 0,
+    ) -> tuple[int, bool]:
         """Release up to *most* of the first entries *name* holds, as its limit allows.
 
-        Returns whether more may be released now: all *most* were granted
-        and claimed.
+        *tokens* were taken from the limit's bucket for it already (its turn
+        of a shared bucket: see :meth:`_release_in_turns`); else it takes
+        its own. Those no entry was claimed for go back to the bucket.
+        Returns how many it claimed, and whether more may be released now:
+        all *most* were granted and claimed.
         """
         gate = self.gate
         order = gate.first_held(name, lane_shards, most)
         wanted = len(order)
         if not wanted:
+            if limit is not None and tokens:
+                gate.control.give_back(gate.bucket_of(name), limit, tokens)
             # Only held sets this companion knows of: a limit with
             # nothing held costs a peek per shard, no write.
             for shard in lane_shards:
                 if name in gate.lanes.get(shard, ()) and gate.control.forget_lane(shard, name):
                     gate.lanes[shard].discard(name)
-            return False
+            return 0, False
         granted = wanted
         slot = slot_of_lane(name)
         if slot is not None:
@@ -589,13 +650,15 @@ class ReleasePass:
             # its slot (another companion may take the free ones first).
             granted = min(wanted, self._free_slot_count(slot))
             if not granted:
-                return False
+                return 0, False
+        elif tokens:
+            granted = min(wanted, tokens)
         elif limit is not None:
-            granted, wait_ms = gate.control.take_tokens(name, limit, wanted)
+            granted, wait_ms = gate.control.take_tokens(gate.bucket_of(name), limit, wanted)
             if granted < wanted:
                 self._note_wait(report, max(wait_ms / 1000, MIN_THROTTLE_SECONDS))
             if not granted:
-                return False
+                return 0, False
         claimed = 0
         counts: dict[int, int] = {}
         for shard in order[:granted]:
@@ -608,13 +671,13 @@ class ReleasePass:
             if result.entries:
                 # Only a limit's tokens pass it: entries drained without
                 # (a pause resumed, a limit removed) meet every limit.
-                passed = name if limit is not None else None
+                passed = gate.bucket_of(name) if limit is not None else None
                 if slot is not None:
                     # It waited for a slot after passing every limit.
                     passed = ALL_LIMITS
                 self._release_leased(shard, result, report, claimed_at, passed=passed)
         if limit is not None:
-            gate.control.give_back(name, limit, granted - claimed)
+            gate.control.give_back(gate.bucket_of(name), limit, (tokens or granted) - claimed)
         logger.debug(
             "%s: %d of the first %d held entries granted, %d claimed",
             name,
@@ -622,7 +685,7 @@ class ReleasePass:
             wanted,
             claimed,
         )
-        return granted == most and claimed == granted
+        return claimed, granted == most and claimed == granted
 
     def _free_slot_count(self, slot: str) -> int:
         """How many slots of *slot* are free now (all, once its control is gone)."""

@@ -24,7 +24,11 @@ Where each piece lives, and why:
   ``limit_key:<key>``, with a bucket of its own named by the lane. A
   concurrency control holds in a lane per slot name
   (:func:`concurrency_lane`): one tenant's full slots never stand in front
-  of another tenant's entries.
+  of another tenant's entries. A pause, or a queue's or task's limit, holds
+  an entry that has a limit key in a lane of that key under it
+  (:func:`fair_lane`, ``"queue:emails tenant:42"``): the release pass
+  drains a control's lanes in turns, so one tenant's backlog never stands
+  in front of another's either, and they share the control's one bucket.
 
 Per-key state does not outlive its use: a bucket expires once it would be
 full again (``take_tokens.lua``), a held set is deleted by Redis when its
@@ -57,9 +61,11 @@ __all__ = [
     "ControlStore",
     "HoldReasons",
     "concurrency_lane",
+    "fair_lane",
     "free_slots",
     "hold_reason",
     "is_key_lane",
+    "lane_base",
     "lane_control",
     "lane_group",
     "pause_lane",
@@ -90,17 +96,47 @@ def slot_of_lane(lane: str) -> str | None:
     return lane[len(CONCURRENCY_LANE) :] if lane.startswith(CONCURRENCY_LANE) else None
 
 
+def fair_lane(lane: str, limit_key: object) -> str:
+    """Return the lane an entry with *limit_key* waits in where *lane* holds it.
+
+    A pause's lane or a queue's or task's limit's holds each limit key in a
+    lane of its own under it, ``"<lane> <limit key>"`` (control names hold no
+    whitespace, so the first space splits them): the release pass serves a
+    control's lanes in turns (fairness between tenants) from its one bucket.
+    A key's own lane and a concurrency slot's are per key already; an entry
+    without a limit key waits in *lane* itself.
+    """
+    if not isinstance(limit_key, str) or is_key_lane(lane) or lane.startswith(CONCURRENCY_LANE):
+        return lane
+    return f"{lane} {limit_key}"
+
+
+def lane_base(lane: str) -> str:
+    """Return the lane whose turns *lane* is served in: of a :func:`fair_lane`, the control's.
+
+    Also the name of the bucket the lane's entries take tokens from. Any
+    other lane (a key's, a concurrency slot's, a control's own) is its own
+    base: their names may hold spaces, which split nothing there.
+    """
+    if is_key_lane(lane) or lane.startswith(CONCURRENCY_LANE):
+        return lane
+    return lane.split(" ", 1)[0]
+
+
 def lane_control(lane: str) -> str:
     """Return the control whose pause, rate limit or concurrency holds the entries of *lane*.
 
     For a per-key lane, the lane itself (``limit_key:tenant:42``): which
-    key's limit holds them (:func:`lane_group` gives the glob).
+    key's limit holds them (:func:`lane_group` gives the glob). For a lane
+    of one limit key under a pause or a queue's or task's limit
+    (:func:`fair_lane`), that control.
     """
-    if lane.startswith(PAUSE_LANE):
-        return lane[len(PAUSE_LANE) :]
     if lane.startswith(CONCURRENCY_LANE):
         # A slot name is the control, then a space and a limit key for a glob.
         return lane[len(CONCURRENCY_LANE) :].split(" ", 1)[0]
+    lane = lane_base(lane)
+    if lane.startswith(PAUSE_LANE):
+        return lane[len(PAUSE_LANE) :]
     return lane
 
 

@@ -112,8 +112,12 @@ def _keyed(limit_key: str) -> TaskMessage:
 
 def test_a_limit_key_is_held_in_its_own_lane_after_its_queue_and_task(gate: Gate) -> None:
     gate.limits = {QUEUE: parse_limit("1/h"), PER_TENANT: parse_limit("5/s")}
-    # Its queue's limit first, then its key's own lane: not the glob's
-    assert gate.lane_of(_keyed("tenant:42")) == QUEUE
+    # Its queue's limit first (in its key's lane under the queue's, for fair
+    # turns), then its key's own lane: not the glob's
+    assert gate.lane_of(_keyed("tenant:42")) == f"{QUEUE} tenant:42"
+    assert gate.limit_of(f"{QUEUE} tenant:42") == parse_limit("1/h")
+    assert gate.bucket_of(f"{QUEUE} tenant:42") == QUEUE
+    assert gate.control_of(f"{QUEUE} tenant:42") == QUEUE
     assert gate.lane_of(_keyed("tenant:42"), passed=QUEUE) == "limit_key:tenant:42"
     assert gate.lane_of(_keyed("tenant:42"), passed="limit_key:tenant:42") is None
     # A key no glob matches, or a message without one, meets no per-key limit
@@ -137,9 +141,27 @@ def test_keys_lanes_are_released_last_on_every_shard_and_not_while_their_glob_is
     }
     gate.paused = {PER_TENANT: 1}
     assert list(gate.releasable([0, 1, 2])) == [pause_lane(TASK), QUEUE]
-    assert gate.lane_of(_keyed("tenant:1")) == pause_lane(PER_TENANT)
+    assert gate.lane_of(_keyed("tenant:1")) == f"{pause_lane(PER_TENANT)} tenant:1"
     assert hold_reason("limit_key:tenant:1", paused={PER_TENANT}) == "pause"
     assert hold_reason("limit_key:tenant:1", paused=set()) == "rate_limit"
+
+
+def test_a_keys_lane_under_a_queues_limit_is_looked_for_on_every_shard(gate: Gate) -> None:
+    # Another companion may have held that key's tasks on any shard since the
+    # lanes were read: due order within the key's lane needs them all, as a
+    # per-key limit's lane does; a pause's lanes only where named (drained)
+    gate.limits = {QUEUE: parse_limit("1/h")}
+    gate.lanes = {1: {f"{QUEUE} tenant:1", f"{pause_lane(TASK)} tenant:1"}}
+    assert gate.releasable([0, 1, 2]) == {
+        f"{pause_lane(TASK)} tenant:1": [1],
+        QUEUE: [0, 1, 2],
+        f"{QUEUE} tenant:1": [0, 1, 2],
+    }
+    # And while the queue is paused, neither of its lanes goes
+    gate.paused = {QUEUE: 1}
+    assert list(gate.releasable([0, 1, 2])) == [f"{pause_lane(TASK)} tenant:1"]
+    assert hold_reason(f"{QUEUE} tenant:1", paused={QUEUE}) == "pause"
+    assert hold_reason(f"{QUEUE} tenant:1", paused=set()) == "rate_limit"
 
 
 def test_a_key_lane_counts_under_the_first_glob_matching_it() -> None:
@@ -148,3 +170,5 @@ def test_a_key_lane_counts_under_the_first_glob_matching_it() -> None:
     assert lane_group("limit_key:other", names) == UNMATCHED_KEYS
     assert lane_group(pause_lane(PER_TENANT), names) == PER_TENANT
     assert lane_group(QUEUE, names) == QUEUE
+    assert lane_group(f"{QUEUE} tenant:42", names) == QUEUE
+    assert lane_group(f"{pause_lane(PER_TENANT)} tenant:42", names) == PER_TENANT

@@ -186,14 +186,20 @@ end
 
 -- Held back by control *lane* (hold.lua): by a pause, a rate limit or a
 -- concurrency control (store/control.py names a pause's lane
--- "pause|<control>", a concurrency control's "concurrency|<control>[ <limit key>]").
+-- "pause|<control>", a concurrency control's "concurrency|<control>[ <limit key>]",
+-- a key's limit "limit_key:<key>", and the lane of one limit key under a
+-- pause or a queue's or task's limit "<that lane> <limit key>").
 local function zdelay_h_held(lane, entries)
   if not zdelay_h then return end
   local reason, control = 'rate_limit', lane
-  if string.sub(lane, 1, 6) == 'pause|' then
-    reason, control = 'pause', string.sub(lane, 7)
-  elseif string.sub(lane, 1, 12) == 'concurrency|' then
+  if string.sub(lane, 1, 12) == 'concurrency|' then
     reason, control = 'concurrency', string.match(string.sub(lane, 13), '^[^ ]*')
+  elseif string.sub(lane, 1, 10) ~= 'limit_key:' then
+    -- Control names hold no space: what follows one is a limit key.
+    control = string.match(lane, '^[^ ]*')
+    if string.sub(control, 1, 6) == 'pause|' then
+      reason, control = 'pause', string.sub(control, 7)
+    end
   end
   zdelay_h_same(zdelay_h_ids(entries), 'H' .. zdelay_h.at .. '\t' .. reason .. '\t' .. control)
 end
