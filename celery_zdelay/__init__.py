@@ -10,7 +10,7 @@ from .errors import ConfigurationError, StoreRefusedError, StoreUnavailableError
 from .events import connect_receivers as _connect_events
 from .fixup import install_everywhere as _install_everywhere
 from .limit_keys import UnmatchedLimitKeyWarning
-from .limits import pause, resume, set_rate_limit
+from .limits import pause, resume, set_concurrency, set_rate_limit
 from .parking import apply_delayed, batch, send_delayed
 from .revocation import connect_receivers as _connect_revocation
 from .steering import (
@@ -63,5 +63,6 @@ __all__ = [
     "reschedule_matching",
     "resume",
     "send_delayed",
+    "set_concurrency",
     "set_rate_limit",
 ]

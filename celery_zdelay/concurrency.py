@@ -24,10 +24,20 @@ from .errors import ConfigurationError
 from .rates import control_name
 
 __all__ = [
+    "CONCURRENCY_SETTLE_MS",
     "control_of_slot",
+    "effective_concurrency",
     "parse_concurrency",
     "slots_of",
 ]
+
+#: How long a concurrency control set at run time for a name the settings do
+#: not have waits before a companion applies it (ms, Redis clock). Workers
+#: free the slots of such names only once they have read them, and read them
+#: at most 0.5 s before a run ends (:func:`celery_zdelay.worker.release_slots`):
+#: a slot taken later than this after the change is always freed.
+CONCURRENCY_SETTLE_MS = 1_000
+
 
 _LIMIT_KEY = "limit_key:"
 
@@ -77,6 +87,31 @@ def slots_of(
             found.append((name, controls[name]))
         elif kind == "limit_key" and isinstance(limit_key, str) and fnmatchcase(limit_key, rest):
             found.append((f"{name} {limit_key}", controls[name]))
+    return found
+
+
+def effective_concurrency(
+    config: Mapping[str, int],
+    stored: Mapping[str, tuple[int | None, int]],
+    *,
+    now_ms: int,
+) -> dict[str, int]:
+    """Return the concurrency controls in force: *config*, overridden by those *stored*.
+
+    *stored* is what was set at run time (:func:`celery_zdelay.set_concurrency`):
+    name -> (most, or None where removed; Redis ms the name was first set).
+    A number for a name *config* does not have applies
+    :data:`CONCURRENCY_SETTLE_MS` after the name was first set (*now_ms*:
+    the Redis clock): a worker that ends a task released under it has read
+    the name by then. A later change of its number, or a removal, applies
+    at once.
+    """
+    found = dict(config)
+    for name, (most, first_ms) in stored.items():
+        if most is None:
+            found.pop(name, None)
+        elif name in config or now_ms - first_ms >= CONCURRENCY_SETTLE_MS:
+            found[name] = most
     return found
 
 

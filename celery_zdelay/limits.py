@@ -8,8 +8,9 @@ in Redis, which wins over the setting, so a change needs no restart); pauses
 from :func:`pause`/:func:`resume` (stored in Redis: durable). Every companion
 reads both every :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS`, and a
 change wakes them. Concurrency controls come from ``app.conf.zdelay_concurrency``
-only (see :mod:`celery_zdelay.concurrency`); :func:`controls` shows how many
-of each are running. *app* defaults to ``celery.current_app``.
+(see :mod:`celery_zdelay.concurrency`) and from :func:`set_concurrency` (stored
+in Redis, which wins over the setting); :func:`controls` shows how many of each
+are running. *app* defaults to ``celery.current_app``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import celery
 from . import signals
 from ._format import utc
 from .app_state import store_for
+from .concurrency import effective_concurrency
 from .config import get_config
+from .errors import ConfigurationError
 from .rates import RateLimit, control_name, parse_limit
 from .steering import audit_line
 from .store.control import ControlStore, is_key_lane, lane_group
@@ -35,10 +38,12 @@ __all__ = [
     "RUNNING_KEYS_SHOWN",
     "ControlInfo",
     "UnknownControlWarning",
+    "concurrency",
     "controls",
     "pause",
     "rate_limits",
     "resume",
+    "set_concurrency",
     "set_rate_limit",
 ]
 
@@ -74,6 +79,8 @@ class ControlInfo:
     #: ``zdelay_concurrency``: most released and not finished (for a
     #: ``limit_key:`` glob, per distinct key), or None.
     concurrency: int | None = None
+    #: Where the concurrency comes from: ``"setting"``, ``"runtime"`` or None.
+    concurrency_source: str | None = None
     #: Tasks released and not finished under it (live slots); for a glob,
     #: summed over its keys (at most :data:`RUNNING_KEYS_SHOWN` of them).
     running: int = 0
@@ -96,6 +103,7 @@ class ControlInfo:
             "paused_since_ms": self.paused_since_ms,
             "waiting": self.waiting,
             "concurrency": self.concurrency,
+            "concurrency_source": self.concurrency_source,
             "running": self.running,
             "running_keys": self.running_keys,
             "running_cut": self.running_cut,
@@ -149,6 +157,57 @@ def rate_limits(*, app: Celery | None = None) -> dict[str, RateLimit]:
     return limits
 
 
+def set_concurrency(
+    name: str, most: Any, *, app: Celery | None = None, by: str | None = None
+) -> int | None:
+    """Release at most *most* tasks of *name* that have not finished, for every companion at once.
+
+    *name* is a control name as in ``zdelay_concurrency``
+    (``"task:proj.export"``, ``"queue:reports"``, or ``"limit_key:<glob>"``
+    for *most* per distinct limit key); ``None`` removes the control, that
+    of ``zdelay_concurrency`` too. Stored in Redis, it wins over the
+    setting and needs no restart: a new number, or a removal, applies
+    within :data:`~celery_zdelay.companion.gate.REFRESH_SECONDS`; a name
+    the setting does not have applies
+    :data:`~celery_zdelay.concurrency.CONCURRENCY_SETTLE_MS` later (workers
+    learn it first, so that they free its slots). Tasks released before
+    the control applied took no slot and are not counted. Returns *most*.
+    With ``zdelay_audit_log``, the change is logged with *by* (who set it).
+
+    Raises:
+        ConfigurationError: *name* or *most* cannot be read; nothing was stored.
+    """
+    app = _app(app)
+    name = control_name(name)
+    if most is not None:
+        if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+            raise ConfigurationError(
+                f"The concurrency of {name} must be a whole number of tasks of at least 1 "
+                f"(how many may be released and not finished at once), got {most!r}. To "
+                f"lift the control, give None (on the command line: off). Nothing was stored."
+            )
+        _warn_unknown(app, name)
+    ControlStore(store_for(app)).set_concurrency(name, most)
+    if most is None:
+        _changed(app, name, by, "Concurrency of %s removed")
+    else:
+        _changed(app, name, by, "Concurrency of %s set to %s", most)
+    return most  # type: ignore[no-any-return]  # an int, checked above
+
+
+def concurrency(*, app: Celery | None = None) -> dict[str, int]:
+    """Return the concurrency controls in force: the settings, overridden by those set at run time.
+
+    (A name new to the settings counts from when companions apply it: see
+    :func:`set_concurrency`.)
+    """
+    app = _app(app)
+    state = ControlStore(store_for(app)).read()
+    return effective_concurrency(
+        get_config(app).concurrency, state.concurrency, now_ms=state.now_ms
+    )
+
+
 def pause(name: str, *, app: Celery | None = None, by: str | None = None) -> int:
     """Hold back every release of *name* until :func:`resume`; return since when (ms).
 
@@ -200,9 +259,11 @@ def controls(*, app: Celery | None = None) -> list[ControlInfo]:
     store = store_for(app)
     control = ControlStore(store)
     settings = get_config(app).rate_limits
-    concurrency = get_config(app).concurrency
-    running = {name: control.running(name, keys_at_most=RUNNING_KEYS_SHOWN) for name in concurrency}
     state = control.read()
+    concurrency = effective_concurrency(
+        get_config(app).concurrency, state.concurrency, now_ms=state.now_ms
+    )
+    running = {name: control.running(name, keys_at_most=RUNNING_KEYS_SHOWN) for name in concurrency}
     limits = rate_limits(app=app)
     known = {*limits, *state.paused, *concurrency}
     waiting: dict[str, int] = {}
@@ -230,6 +291,13 @@ def controls(*, app: Celery | None = None) -> list[ControlInfo]:
             paused_since_ms=state.paused.get(name),
             waiting=waiting.get(name, 0),
             concurrency=concurrency.get(name),
+            concurrency_source=(
+                None
+                if name not in concurrency
+                else "runtime"
+                if state.concurrency.get(name, (None, 0))[0] is not None
+                else "setting"
+            ),
             running=running[name][0] if name in running else 0,
             running_keys=running[name][1] if name in running else 0,
             running_cut=running[name][2] if name in running else False,

@@ -75,7 +75,7 @@ from .errors import ZDelayError
 from .periodic.overlap import overlap_key_of_run
 from .periodic.store import PeriodicStore
 from .store import admin
-from .store.control import free_slots
+from .store.control import ControlStore, free_slots
 from .store.headers import (
     ETA_HEADER,
     KEY_HEADER,
@@ -427,7 +427,7 @@ def release_slots(task: Any, request: Any) -> None:
     try:
         app = task._get_app()
         slots = slots_of(
-            get_config(app).concurrency,
+            dict.fromkeys(_concurrency_names(app), 0),
             task=task.name,
             queue=None,
             limit_key=header_of(request, LIMIT_KEY_HEADER),
@@ -443,6 +443,50 @@ def release_slots(task: Any, request: Any) -> None:
             exc,
             extra={"task_id": request.id},
         )
+
+
+#: Seconds a worker process goes on with the names of the concurrency
+#: controls set at run time before it reads them again (at a run's end).
+#: Less than CONCURRENCY_SETTLE_MS, after which companions apply a new name:
+#: a run that took a slot under it ends after the worker has read it.
+CONCURRENCY_NAMES_SECONDS = 0.5
+#: Seconds before a worker process tries again when that read failed.
+CONCURRENCY_NAMES_RETRY_SECONDS = 5.0
+#: Per app: (when to read again, on time.monotonic(); the names read).
+_names_read: dict[int, tuple[float, frozenset[str]]] = {}
+_names_lock = threading.Lock()
+
+
+def _concurrency_names(app: Any) -> frozenset[str]:
+    """The control names whose slots a run's end frees: the settings' and those set at run time.
+
+    Those set at run time (:func:`celery_zdelay.set_concurrency`, removed
+    ones too) are read from Redis at most every
+    :data:`CONCURRENCY_NAMES_SECONDS`, at a run's end: one small read per
+    worker process and half second while tasks end. When the store does not
+    answer, the names read last serve for
+    :data:`CONCURRENCY_NAMES_RETRY_SECONDS` (a warning says so).
+    """
+    now = time.monotonic()
+    with _names_lock:
+        read = _names_read.get(id(app))
+    if read is None or now >= read[0]:
+        try:
+            names = frozenset(ControlStore(store_for(app)).concurrency_names())
+            read = (now + CONCURRENCY_NAMES_SECONDS, names)
+        except (ZDelayError, RedisError, OSError) as exc:
+            # A store that does not answer must not slow every run's end:
+            # the names read last serve until the next try.
+            logger.warning(
+                "Could not read the concurrency controls set at run time (trying again "
+                "in %s s; until then the slots of a control set since are not freed): %r",
+                CONCURRENCY_NAMES_RETRY_SECONDS,
+                exc,
+            )
+            read = (now + CONCURRENCY_NAMES_RETRY_SECONDS, read[1] if read else frozenset())
+        with _names_lock:
+            _names_read[id(app)] = read
+    return frozenset(get_config(app).concurrency) | read[1]
 
 
 #: Per thread of a pool process: the id of the last run whose key was freed

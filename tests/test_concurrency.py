@@ -231,7 +231,7 @@ def test_each_limit_key_has_its_own_slots_and_what_waits_shows_as_held_by_concur
     assert (info.concurrency, info.running, info.running_keys, info.waiting) == (1, 2, 2, 1)
     assert info.as_json()["running"] == 2
     # And so does the CLI, and the listing marks the held task
-    assert "concurrency 1 per key (2 running over 2 keys)" in run(app, "limit").output
+    assert "concurrency 1 per key (2 running over 2 keys, setting)" in run(app, "limit").output
     assert f"held by {TENANTS} (concurrency)" in run(app, "list").output
 
     # When a worker runs what was released

@@ -21,7 +21,7 @@ from ._base import (
 )
 from .companion import zdelay
 
-__all__ = ["control_lines", "limit", "pause", "resume"]
+__all__ = ["concurrency", "control_lines", "limit", "pause", "resume"]
 
 _LIMIT_EPILOG = """\b
 Examples:
@@ -33,6 +33,21 @@ Examples:
 \b
 A limit holds for every companion and shard together; companions apply a
 change within 0.5 s, without a restart. Exit codes: 0 done; 78 bad name or rate.
+"""
+
+_CONCURRENCY_EPILOG = """\b
+Examples:
+  celery -A proj zdelay concurrency                         # list the controls
+  celery -A proj zdelay concurrency task:proj.export 1
+  celery -A proj zdelay concurrency limit_key:tenant:* 2    # 2 per tenant
+  celery -A proj zdelay concurrency task:proj.export off    # remove it (the setting's too)
+
+\b
+At most N tasks of NAME released and not finished, for every companion and
+shard together; stored in Redis, it wins over zdelay_concurrency. A new
+number or a removal applies within 0.5 s; a name the setting does not have
+applies 1 s after it is first set (workers learn it first). Exit codes: 0
+done; 78 bad name or number.
 """
 
 _PAUSE_EPILOG = """\b
@@ -128,6 +143,39 @@ def limit(
         click.echo(f"{name}: {new.text} (burst {new.burst})")
 
 
+@zdelay.command(cls=ZDelayCommand, epilog=_CONCURRENCY_EPILOG, context_settings=CONTEXT_SETTINGS)
+@click.argument("name", required=False, metavar="[NAME]")
+@click.argument("most", required=False, metavar="[N]")
+@json_option("the limits, pauses and concurrency controls")
+@click.pass_context
+def concurrency(ctx: click.Context, name: str | None, most: str | None, as_json: bool) -> None:
+    """Set how many tasks of a queue, task or limit key may run at once, or list the controls.
+
+    NAME is queue:<queue>, task:<task name> or limit_key:<glob> (N per
+    distinct limit key the glob matches); N is a whole number of at least
+    1, or off to remove the control.
+    """
+    if name is None:
+        ctx.invoke(limit, name=None, rate=None, burst=None, as_json=as_json)
+        return
+    if most is None:
+        raise click.UsageError("Give a number N (such as 2, or off) after the NAME.")
+    if most.lower() in ("off", "none"):
+        number: int | None = None
+    elif most.strip().isdigit():
+        number = int(most)
+    else:
+        number = -1  # refused below, with the API's message
+    with exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", limits.UnknownControlWarning)
+        new = limits.set_concurrency(
+            name, most if number == -1 else number, app=ctx.obj.app, by=cli_user()
+        )
+    for warning in caught:
+        click.echo(f"Warning: {warning.message}", err=True)
+    click.echo(f"{name}: no concurrency control" if new is None else f"{name}: concurrency {new}")
+
+
 @zdelay.command(cls=ZDelayCommand, epilog=_PAUSE_EPILOG, context_settings=CONTEXT_SETTINGS)
 @_control_options
 @click.pass_context
@@ -167,7 +215,10 @@ def _describe(info: limits.ControlInfo) -> str:
     if info.concurrency is not None:
         each = " per key" if info.name.startswith("limit_key:") else ""
         keys = f" over {info.running_keys}{'+' if info.running_cut else ''} keys" if each else ""
-        parts.append(f"concurrency {info.concurrency}{each} ({info.running} running{keys})")
+        parts.append(
+            f"concurrency {info.concurrency}{each} ({info.running} running{keys}, "
+            f"{info.concurrency_source})"
+        )
     if info.paused_since_ms is not None:
         parts.append(f"paused since {utc(info.paused_since_ms)}")
     parts.append(f"{info.waiting} waiting")

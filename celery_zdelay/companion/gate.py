@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..concurrency import control_of_slot, slots_of
+from ..concurrency import control_of_slot, effective_concurrency, slots_of
 from ..entry import TaskMessage
 from ..rates import LIMIT_KEY, RateLimit, key_control, key_lane
 from ..redis_layout import RedisLayout
@@ -54,7 +54,13 @@ from ..store.control import (
 )
 from ..store.headers import LIMIT_KEY_HEADER
 
-__all__ = ["ALL_LIMITS", "MIN_THROTTLE_SECONDS", "REFRESH_SECONDS", "Gate", "queue_of"]
+__all__ = [
+    "ALL_LIMITS",
+    "MIN_THROTTLE_SECONDS",
+    "REFRESH_SECONDS",
+    "Gate",
+    "queue_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +97,11 @@ class Gate:
         self._read_at: float | None = None
         self._logged: dict[str, str] = {}
         self._held_dests: tuple[Any, list[str]] | None = None
-        #: ``zdelay_concurrency``: control name -> most released and not finished.
-        self.concurrency: dict[str, int] = dict(store.config.concurrency)
+        self.config_concurrency: dict[str, int] = dict(store.config.concurrency)
+        #: Effective concurrency: ``zdelay_concurrency``, overridden by what
+        #: was set at run time (:func:`celery_zdelay.set_concurrency`):
+        #: control name -> most released and not finished.
+        self.concurrency: dict[str, int] = dict(self.config_concurrency)
 
     @property
     def active(self) -> bool:
@@ -160,6 +169,9 @@ class Gate:
                 limits[name] = limit
         self.limits = limits
         self.paused = state.paused
+        self.concurrency = effective_concurrency(
+            self.config_concurrency, state.concurrency, now_ms=state.now_ms
+        )
         self.lanes = self.control.lanes(shards)
         self._read_at = now
         self._log_changes()
@@ -307,6 +319,7 @@ class Gate:
     def _log_changes(self) -> None:
         now = {f"limit {n}": lim.text for n, lim in self.limits.items()}
         now.update({f"pause {n}": str(since) for n, since in self.paused.items()})
+        now.update({f"concurrency {n}": str(most) for n, most in self.concurrency.items()})
         for key in now.keys() - self._logged.keys():
             logger.info("Release control on: %s %s", key, now[key])
         for key in self._logged.keys() - now.keys():

@@ -44,9 +44,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..rates import LIMIT_KEY, RateLimit, key_control, parse_limit
 from .client import store_errors
 from .redis_keys import control_keys, held_set_key, lanes_key
@@ -172,6 +173,11 @@ class ControlState:
     limits: dict[str, RateLimit | None]
     #: Paused names -> ms (Redis clock) paused since.
     paused: dict[str, int]
+    #: Concurrency set at run time: name -> (most, or None where removed;
+    #: the Redis ms the name was first set at run time).
+    concurrency: dict[str, tuple[int | None, int]] = field(default_factory=dict)
+    #: The Redis clock when this was read, in ms.
+    now_ms: int = 0
 
 
 class ControlStore:
@@ -189,21 +195,60 @@ class ControlStore:
     # -- limits and pauses ------------------------------------------------------
 
     def read(self) -> ControlState:
-        """Return the limits set at run time and the pauses."""
+        """Return the limits and concurrency set at run time, the pauses, and the Redis clock."""
         with store_errors(self.store.url):
             if self.store.cluster:
                 raw_limits = self.store.client.hgetall(self.keys.limits)
                 raw_paused = self.store.client.hgetall(self.keys.paused)
+                raw_concurrency = self.store.client.hgetall(self.keys.concurrency)
+                now_ms = self.store.time_ms()
             else:
                 with self.store.client.pipeline(transaction=False) as pipe:
                     pipe.hgetall(self.keys.limits)
                     pipe.hgetall(self.keys.paused)
-                    raw_limits, raw_paused = pipe.execute()
+                    pipe.hgetall(self.keys.concurrency)
+                    pipe.time()
+                    raw_limits, raw_paused, raw_concurrency, (seconds, micros) = pipe.execute()
+                now_ms = int(seconds) * 1000 + int(micros) // 1000
         limits: dict[str, RateLimit | None] = {}
         for name, value in raw_limits.items():
             limits[_text(name)] = _stored_limit(_text(name), _text(value))
         paused = {_text(name): int(since) for name, since in raw_paused.items()}
-        return ControlState(limits=limits, paused=paused)
+        concurrency = {
+            _text(name): _stored_concurrency(_text(name), _text(value))
+            for name, value in raw_concurrency.items()
+        }
+        return ControlState(limits=limits, paused=paused, concurrency=concurrency, now_ms=now_ms)
+
+    def concurrency_names(self) -> set[str]:
+        """Return every control name concurrency was ever set for at run time (one HKEYS).
+
+        What a worker frees slots of, beside the settings' names: a name
+        stays in the hash once set (as "off" once removed), so the slots of
+        tasks released under it are freed even after its removal.
+        """
+        with store_errors(self.store.url):
+            return {_text(name) for name in self.store.client.hkeys(self.keys.concurrency)}
+
+    def set_concurrency(self, name: str, most: int | None) -> None:
+        """Store *most* for *name*; None removes it (``"most": null``).
+
+        Removed or not, the name stays in the hash (see
+        :meth:`concurrency_names`), with the Redis ms it was first set: the
+        time from which workers may not know it yet
+        (:data:`~celery_zdelay.concurrency.CONCURRENCY_SETTLE_MS`).
+        """
+        with store_errors(self.store.url):
+            before = self.store.client.hget(self.keys.concurrency, name)
+        first_ms = (
+            _stored_concurrency(name, _text(before))[1]
+            if before is not None
+            else self.store.time_ms()
+        )
+        value = json.dumps({"most": most, "at": first_ms}, separators=(",", ":"))
+        with store_errors(self.store.url):
+            self.store.client.hset(self.keys.concurrency, name, value)
+        self.wake()
 
     def set_limit(self, name: str, limit: RateLimit | None, *, tombstone: bool) -> None:
         """Store *limit* for *name*; None removes it (as :data:`REMOVED` if *tombstone*)."""
@@ -517,6 +562,24 @@ def _per_ms(limit: RateLimit) -> str:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _stored_concurrency(name: str, value: str) -> tuple[int | None, int]:
+    """(most or None when removed, Redis ms first set) of a concurrency set at run time."""
+    try:
+        data = json.loads(value)
+        most, at = data["most"], data["at"]
+        if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
+            raise ValueError(most)
+        if isinstance(at, bool) or not isinstance(at, int):
+            raise ValueError(at)
+        return most, at
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigurationError(
+            f"The concurrency of {name} stored in Redis is {value[:80]!r}, not a number "
+            f"celery-zdelay wrote. Set it again: celery -A proj zdelay concurrency {name} N "
+            f"(or off)."
+        ) from exc
 
 
 def _stored_limit(name: str, value: str) -> RateLimit | None:

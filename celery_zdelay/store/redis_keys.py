@@ -190,12 +190,16 @@ def canvas_key(prefix: str, result_id: str) -> str:
 
 @dataclass(frozen=True)
 class ControlKeys:
-    """The keys of release control: rate limits and pauses (one hash tag: one slot)."""
+    """The keys of release control: rate limits, pauses and concurrency (one hash tag: one slot)."""
 
     #: HASH control name -> limit JSON {"rate", "burst"}, or "off": set at run time.
     limits: str
     #: HASH control name -> ms paused since (Redis clock).
     paused: str
+    #: HASH control name -> concurrency JSON {"most", "at"} (``at``: Redis ms
+    #: it was set), or "off": set at run time. A name once set stays (as
+    #: "off" when removed): workers free the slots of every name here.
+    concurrency: str
 
     def bucket(self, prefix: str, name: str) -> str:
         """Return the HASH token bucket of the limit *name* (a hash tag of its own).
@@ -226,7 +230,9 @@ class ControlKeys:
 def control_keys(prefix: str) -> ControlKeys:
     """Return the key names of release control under *prefix*."""
     tag = f"{{{prefix}:control}}"
-    return ControlKeys(limits=f"{tag}:limits", paused=f"{tag}:paused")
+    return ControlKeys(
+        limits=f"{tag}:limits", paused=f"{tag}:paused", concurrency=f"{tag}:concurrency"
+    )
 
 
 def held_set_key(prefix: str, shard: int, name: str) -> str:

@@ -512,6 +512,14 @@ class Dashboard:
                 elif op == "unlimit":
                     limits.set_rate_limit(name, None, app=self.celery_app, by=by)
                     message = f"{name}: no rate limit"
+                elif op == "concurrency":
+                    most = limits.set_concurrency(
+                        name, _most_from_form(form), app=self.celery_app, by=by
+                    )
+                    message = f"{name}: concurrency {most}"
+                elif op == "unconcurrency":
+                    limits.set_concurrency(name, None, app=self.celery_app, by=by)
+                    message = f"{name}: no concurrency control"
                 elif op == "pause":
                     since = limits.pause(name, app=self.celery_app, by=by)
                     message = f"paused {name} (since {utc(since)})"
@@ -724,7 +732,7 @@ def _when_ms(text: str, now_ms: Callable[[], int]) -> int:
 
 
 #: The operations of the control page's forms.
-_CONTROL_OPS = ("limit", "unlimit", "pause", "resume")
+_CONTROL_OPS = ("limit", "unlimit", "concurrency", "unconcurrency", "pause", "resume")
 
 
 def _rate_from_form(form: Any) -> str:
@@ -745,6 +753,16 @@ def _burst_from_form(form: Any) -> int | None:
         raise ConfigurationError(
             f"the burst must be a whole number of tasks of at least 1, got {text[:40]!r} "
             "(leave it empty for one second's worth of the rate)."
+        )
+    return int(text)
+
+
+def _most_from_form(form: Any) -> int:
+    text = (form.get("most") or "").strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 12 or int(text) < 1:
+        raise ConfigurationError(
+            f"the concurrency must be a whole number of tasks of at least 1, got {text[:40]!r} "
+            "(to remove a control, use its Remove concurrency button)."
         )
     return int(text)
 

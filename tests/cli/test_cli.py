@@ -466,6 +466,7 @@ def test_every_command_has_help_with_examples_of_itself(app: Celery) -> None:
         "",
         "adopt",
         "cancel",
+        "concurrency",
         "dead",
         "history",
         "limit",

@@ -28,11 +28,12 @@ from celery_zdelay.cli import EXIT_CHECK_FAILED
 from celery_zdelay.companion import Companion
 from celery_zdelay.config import get_config
 from celery_zdelay.errors import StoreRefusedError
+from celery_zdelay.limits import concurrency
 from celery_zdelay.store import Store, admin
 from celery_zdelay.testing import RedisServer
 from celery_zdelay.web import create_app, queries
 from tests.conftest import BACKEND_DB, BROKER_DB, RECORD_DB
-from tests.helpers import ROOT, CeleryProcess, wait_for
+from tests.helpers import ROOT, CeleryProcess, start_worker, wait_for
 from tests.project import close_app, make_app
 from tests.support.cli import run
 from tests.support.deadletters import make_dead_letter
@@ -337,6 +338,40 @@ def test_the_documented_acl_users_park_release_and_browse_without_one_refusal(
     expected = ("config|get", "zdelay-dashboard: command evalsha")  # the refusal above
     assert [d for d in denials(store_server) if not any(e in d for e in expected)] == []
     assert "refused" not in process.log(), process.log()
+
+
+def test_a_worker_under_the_producer_user_frees_a_slot_of_a_control_set_at_run_time(
+    make_acl_app: Callable[..., Celery],
+    store_server: RedisServer,
+    redis_server: RedisServer,
+    processes: list[CeleryProcess],
+) -> None:
+    # Given a concurrency control set at run time (as the CLI does, under the
+    # companion's user) and a task released under it, holding its slot
+    producer, companion, _ = documented_users(make_acl_app, store_server)
+    control = "task:tests.record"
+    celery_zdelay.set_concurrency(control, 1, app=companion)
+    wait_for(lambda: concurrency(app=companion).get(control) == 1, timeout=10)
+    producer.tasks["tests.record"].apply_delayed((1,), countdown=0)
+    with Companion(companion) as released:
+        assert released.release_due().released == 1
+    slots = get_config(companion).key_prefix
+
+    def live() -> int:
+        truth = store_server.client()
+        try:
+            return int(truth.zcard(f"{{{slots}:slots:{control}}}"))
+        finally:
+            truth.close()
+
+    assert live() == 1
+
+    # When a worker running as the producer's user (as the page says) runs it
+    processes.append(start_worker(producer))
+
+    # Then it reads the control's name and frees the slot, refused nothing
+    wait_for(lambda: live() == 0, timeout=30)
+    assert [d for d in denials(store_server) if "config|get" not in d] == []
 
 
 def test_a_user_denied_the_store_keys_is_refused_before_anything_is_written(

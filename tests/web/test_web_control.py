@@ -28,11 +28,12 @@ from werkzeug.test import Client
 
 import celery_zdelay
 from celery_zdelay.companion import Companion
-from celery_zdelay.limits import controls, rate_limits
+from celery_zdelay.limits import concurrency, controls, rate_limits
 from celery_zdelay.store import Store
 from celery_zdelay.web import create_app
 from celery_zdelay.web.security import BasicAuth
 from tests.conftest import AppFactory
+from tests.helpers import wait_for
 from tests.support.cli import run
 from tests.support.deadletters import make_dead_letter
 from tests.web_support import token_in
@@ -171,6 +172,29 @@ def test_limits_are_set_changed_and_removed_from_the_page_and_audited(
     assert 'data-name="queue:emails"' not in html
 
 
+def test_concurrency_is_set_shown_and_removed_from_the_page_and_audited(
+    app: Celery, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="celery_zdelay.audit"):
+        message = _message(_post(client, op="concurrency", name="task:tests.add", most="2"))
+        assert message == "task:tests.add: concurrency 2"
+        # (a name the settings lack applies once workers can have read it)
+        wait_for(lambda: concurrency(app=app).get("task:tests.add") == 2, timeout=10)
+        row = _row(client.get("/control", headers=AUTH).get_data(as_text=True), "task:tests.add")
+        assert _cell(row, "concurrency") == "2 (0 running, runtime)"
+        assert 'value="unconcurrency"' in row
+        message = _message(_post(client, op="unconcurrency", name="task:tests.add"))
+        assert message == "task:tests.add: no concurrency control"
+        assert concurrency(app=app) == {}
+        row = _row(client.get("/control", headers=AUTH).get_data(as_text=True), "task:tests.add")
+        assert _cell(row, "concurrency") == "none"
+    lines = [r.getMessage() for r in caplog.records if r.name == "celery_zdelay.audit"]
+    assert lines == [
+        "Concurrency of task:tests.add set to 2 by dashboard:alice",
+        "Concurrency of task:tests.add removed by dashboard:alice",
+    ]
+
+
 def test_a_queue_is_paused_and_resumed_from_the_page_and_audited(
     app: Celery, client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -213,7 +237,14 @@ def test_an_unknown_queue_is_applied_with_the_warning_said(app: Celery, client: 
         ({"op": "limit", "name": "emails", "rate": "5/s"}, "write 'queue:<queue name>'"),
         ({"op": "pause", "name": ""}, "is not a control name"),
         ({"op": "pause", "name": "queue:a b"}, "without braces or spaces"),
-        ({"op": "throttle", "name": "queue:emails"}, "use limit, unlimit, pause, resume"),
+        ({"op": "concurrency", "name": "queue:emails", "most": "0"}, "at least 1"),
+        ({"op": "concurrency", "name": "queue:emails", "most": "two"}, "whole number"),
+        ({"op": "concurrency", "name": "queue:emails"}, "whole number"),
+        ({"op": "concurrency", "name": "emails", "most": "2"}, "write 'queue:<queue name>'"),
+        (
+            {"op": "throttle", "name": "queue:emails"},
+            "use limit, unlimit, concurrency, unconcurrency, pause, resume",
+        ),
     ],
 )
 def test_bad_input_is_a_400_that_says_what_to_write_and_changes_nothing(
