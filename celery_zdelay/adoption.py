@@ -33,6 +33,20 @@ worker applies), and reports the others.
 The message bodies are never decoded: the ``eta`` of Celery's task protocol
 2 is a header. (Protocol 1 messages carry it in the body, and celery-zdelay
 parks protocol 2 only: they go back to the queue.)
+
+Celery's native delayed delivery (RabbitMQ quorum queues, Celery >= 5.5)
+keeps ETA tasks out of the workers, in 28 delay queues of RabbitMQ
+(``celery_delayed_27`` .. ``celery_delayed_0``) that pass each message down
+by their message TTLs to the ``celery_delayed_delivery`` exchange, which
+routes it to its queue. With *delayed_delivery*, :func:`adopt` reads those
+queues too, from level 27 down (a message only ever moves down, so none
+slips past the scan), and parks each message with an ``eta`` ahead as
+Celery publishes it without delayed delivery: to its queue's exchange and
+routing key (its routing key is the delay's bits, then the queue's). One
+delayed for a queue the app does not name goes back, left to RabbitMQ: a
+virtual host's delay queues hold every app's. The headers RabbitMQ added
+(``x-death``, ``x-delivery-count``...) are left out. No worker consumes
+the delay queues, so their workers need not be stopped.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -50,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 from kombu import Connection
 from kombu.compression import compress
 from kombu.exceptions import OperationalError
+from kombu.transport.native_delayed_delivery import MAX_LEVEL, level_name
 
 from . import signals
 from .app_state import store_for
@@ -74,11 +90,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BAD_ETA",
+    "DELAY_QUEUES",
     "ETA_PASSED",
     "ID_PARKED",
     "INSPECT_TIMEOUT_S",
     "NOT_A_TASK",
     "NO_ETA",
+    "OTHER_QUEUE",
     "REASONS",
     "REFUSED",
     "UNDECODABLE",
@@ -98,6 +116,7 @@ NOT_A_TASK = "not_a_task"
 UNDECODABLE = "undecodable"
 ID_PARKED = "id_parked"
 REFUSED = "refused"
+OTHER_QUEUE = "other_queue"
 #: Each reason, for people.
 REASONS = {
     NO_ETA: "no eta (runs at once)",
@@ -107,7 +126,16 @@ REASONS = {
     UNDECODABLE: "body not decompressable",
     ID_PARKED: "another entry is parked under its id",
     REFUSED: "refused by the store's rules (see the log)",
+    OTHER_QUEUE: "delayed for a queue the app does not name (left to RabbitMQ)",
 }
+
+#: The delay queues of Celery's native delayed delivery, in the order read:
+#: the longest delays first, as messages move from one to the next shorter.
+DELAY_QUEUES = tuple(level_name(level) for level in range(MAX_LEVEL, -1, -1))
+
+#: The delay's bits at the head of a delayed message's routing key (kombu's
+#: calculate_routing_key: one "0." or "1." per level).
+_DELAY_BITS = re.compile(rf"^(?:[01]\.){{{MAX_LEVEL + 1}}}")
 
 #: Seconds to wait for the workers' answer to "which queues do you consume?".
 INSPECT_TIMEOUT_S = 2.0
@@ -117,6 +145,20 @@ _BATCH = 500
 #: waiting again: this, and this much more per message.
 _GIVE_BACK_WAIT_S = 30.0
 _GIVE_BACK_WAIT_PER_MESSAGE_S = 0.01
+#: Headers RabbitMQ adds to a message it dead-lettered (each step down the
+#: delay queues) or delivered again (quorum queues): not the message's own.
+_BROKER_HEADERS = frozenset(
+    {
+        "x-death",
+        "x-delivery-count",
+        "x-first-death-exchange",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-last-death-exchange",
+        "x-last-death-queue",
+        "x-last-death-reason",
+    }
+)
 #: Properties a transport adds to what Celery's producer set: not the message's own.
 _TRANSPORT_PROPERTIES = frozenset(
     {
@@ -183,16 +225,21 @@ def adopt(
     dry_run: bool = False,
     force: bool = False,
     inspect_timeout: float = INSPECT_TIMEOUT_S,
+    delayed_delivery: bool = False,
 ) -> AdoptReport:
     """Move the ETA task messages waiting in *queues* into the store of *app*; report what moved.
 
     Run it with the workers of *queues* stopped. With *dry_run*, every
     message read goes back to its queue and nothing is parked. *force* skips
-    the check that no worker consumes the queues.
+    the check that no worker consumes the queues. With *delayed_delivery*,
+    the delay queues of Celery's native delayed delivery on RabbitMQ
+    (:data:`DELAY_QUEUES`, see the module docstring) are read too, after
+    *queues* (which may then be empty); no worker consumes those.
 
     Raises:
         ConfigurationError: the store is not configured (nothing is read).
-        QueueNotFoundError: a queue is unknown to the broker and to *app*.
+        QueueNotFoundError: a queue is unknown to the broker and to *app*, or
+            with *delayed_delivery*, the broker has no delay queue.
         QueueInUseError: a worker consumes one of *queues* (without *force*).
         BrokerUnavailableError: the broker cannot be reached, or was lost midway.
         StoreRefusedError: the store's user may not run the parking script
@@ -215,10 +262,15 @@ def adopt(
             found = {name: _declared(app, connection, name) for name in names}
             if not force:
                 _refuse_if_consumed(app, found, inspect_timeout)
+            delays = _delay_queues(connection, broker) if delayed_delivery else []
         reports = []
         for name in names:
             with _broker_errors(broker, connection, started=True):
                 reports.append(_QueueRun(app, store, connection, name, dry_run=dry_run).run())
+        for name in delays:
+            with _broker_errors(broker, connection, started=True):
+                run = _QueueRun(app, store, connection, name, dry_run=dry_run, delay=True)
+                reports.append(run.run())
     finally:
         connection.release()
     return AdoptReport(broker=broker, dry_run=dry_run, queues=reports, now_ms=store.time_ms())
@@ -258,12 +310,21 @@ class _QueueRun:
     """Read one queue once: adopt the ETA messages ahead, give back the others."""
 
     def __init__(
-        self, app: Celery, store: Store, connection: Connection, name: str, *, dry_run: bool
+        self,
+        app: Celery,
+        store: Store,
+        connection: Connection,
+        name: str,
+        *,
+        dry_run: bool,
+        delay: bool = False,
     ) -> None:
         self.app = app
         self.store = store
         self.connection = connection
         self.dry_run = dry_run
+        #: A delay queue of native delayed delivery (see the module docstring).
+        self.delay = delay
         self.report = QueueReport(name)
         #: Every message read and not acknowledged, in the order read: what
         #: goes back when the run ends (or fails).
@@ -306,7 +367,7 @@ class _QueueRun:
 
     def _sort(self, message: Message, now_ms: int) -> None:
         """Count *message* as put back, with its reason, or queue it to be looked at."""
-        verdict = _classify(self.app, message, self.report.queue)
+        verdict = _classify(self.app, message, self.report.queue, delay=self.delay)
         if isinstance(verdict, str):
             self.report.put_back[verdict] += 1
             return
@@ -410,7 +471,9 @@ class _QueueRun:
             if not message.acknowledged:
                 message.reject(requeue=True)
                 given += 1
-        if given:
+        if given and not self.delay:
+            # (A delay queue passes what it takes back on when its TTL is up:
+            # its count says nothing of what this run gave back.)
             self._wait_taken_back(channel, given)
 
     def _wait_taken_back(self, channel: Any, given: int) -> None:
@@ -453,8 +516,13 @@ def _get(channel: Any, queue: str) -> Message | None:
     return message
 
 
-def _classify(app: Celery, message: Message, queue: str) -> str | tuple[TaskMessage, Due]:
-    """Return why *message* goes back, or what would park it and when it is due."""
+def _classify(
+    app: Celery, message: Message, queue: str, *, delay: bool = False
+) -> str | tuple[TaskMessage, Due]:
+    """Return why *message* goes back, or what would park it and when it is due.
+
+    *delay*: *queue* is a delay queue of native delayed delivery.
+    """
     headers = message.headers
     if not isinstance(headers, dict) or "task" not in headers or "id" not in headers:
         return NOT_A_TASK
@@ -463,15 +531,23 @@ def _classify(app: Celery, message: Message, queue: str) -> str | tuple[TaskMess
     eta = headers.get("eta")
     if eta is None:
         return NO_ETA
+    if delay and _undelayed(app, str((message.delivery_info or {}).get("routing_key"))) is None:
+        return OTHER_QUEUE
     try:
         due = due_from(eta=eta)
     except ConfigurationError:
         return BAD_ETA
-    return _task_message(app, message, queue, eta), due
+    return _task_message(app, message, queue, eta, delay=delay), due
 
 
-def _task_message(app: Celery, message: Message, queue: str, eta: Any) -> TaskMessage:
-    """Return *message* as the producer had it: what a capture of Celery's send would hold."""
+def _task_message(
+    app: Celery, message: Message, queue: str, eta: Any, *, delay: bool = False
+) -> TaskMessage:
+    """Return *message* as the producer had it: what a capture of Celery's send would hold.
+
+    From a delay queue (*delay*), bound for where it goes without the delay
+    (:func:`_undelayed`).
+    """
     body = message.body
     if isinstance(body, str):
         body = body.encode("utf-8")
@@ -481,7 +557,14 @@ def _task_message(app: Celery, message: Message, queue: str, eta: Any) -> TaskMe
         body, _ = compress(body, compression)
     properties = message.properties or {}
     delivery = message.delivery_info or {}
-    headers = dict(message.headers)
+    routing_key = str(delivery.get("routing_key") or queue)
+    undelayed = _undelayed(app, routing_key) if delay else None
+    if undelayed is not None:
+        exchange, routing_key, declare = undelayed
+    else:
+        exchange = str(delivery.get("exchange") or "")
+        declare = [queue] if queue in app.amqp.queues else []
+    headers = {k: v for k, v in message.headers.items() if k not in _BROKER_HEADERS}
     # The companion releases it when due: the worker runs it at once, and
     # puts this back into request.eta (celery_zdelay.worker.restore_eta).
     # park_requests clears the eta header.
@@ -499,10 +582,26 @@ def _task_message(app: Celery, message: Message, queue: str, eta: Any) -> TaskMe
             if key not in _TRANSPORT_PROPERTIES and isinstance(value, (str, int, float, type(None)))
         },
         priority=int(properties.get("priority") or 0),
-        exchange=str(delivery.get("exchange") or ""),
-        routing_key=str(delivery.get("routing_key") or queue),
-        declare=[queue] if queue in app.amqp.queues else [],
+        exchange=exchange,
+        routing_key=routing_key,
+        declare=declare,
     )
+
+
+def _undelayed(app: Celery, routing_key: str) -> tuple[str, str, list[str]] | None:
+    """Where a message of a delay queue goes without the delay: (exchange, routing key, queues).
+
+    Its *routing_key* is the delay's bits, then its queue's routing key: the
+    app's queue of that key (or name), with its exchange and routing key, as
+    Celery publishes a task without delayed delivery. None for a key no
+    queue of the app has: another app's message (a virtual host's delay
+    queues hold every queue's), left to RabbitMQ.
+    """
+    key = _DELAY_BITS.sub("", routing_key, count=1)
+    for name, declared in app.amqp.queues.items():
+        if key in (declared.routing_key, name) and declared.exchange is not None:
+            return str(declared.exchange.name), key, [name]
+    return None
 
 
 # -- the broker ---------------------------------------------------------------
@@ -535,6 +634,37 @@ def _declared(app: Celery, connection: Connection, name: str) -> _Declared:
             channel.close()
         except connection.connection_errors + connection.channel_errors:
             pass
+
+
+def _delay_queues(connection: Connection, broker: str) -> list[str]:
+    """Return the delay queues of native delayed delivery the broker has, longest delay first.
+
+    Raises:
+        QueueNotFoundError: it has none (not RabbitMQ, or no worker of
+            Celery >= 5.5 with quorum queues ever declared them).
+    """
+    found = []
+    for name in DELAY_QUEUES:
+        channel = connection.channel()
+        try:
+            channel.queue_declare(queue=name, passive=True)
+            found.append(name)
+        except connection.channel_errors:
+            pass
+        finally:
+            # A refused passive declare closes the channel on RabbitMQ already.
+            try:
+                channel.close()
+            except connection.connection_errors + connection.channel_errors:
+                pass
+    if not found:
+        raise QueueNotFoundError(
+            f"The broker {broker} has none of the delay queues of Celery's native delayed "
+            f"delivery ({DELAY_QUEUES[-1]} to {DELAY_QUEUES[0]}): they exist on RabbitMQ "
+            "once a worker of Celery 5.5 or later has run with quorum queues. Leave out "
+            "--delayed-delivery. Nothing was taken from any queue."
+        )
+    return found
 
 
 def _bound_on_redis(channel: Any, name: str) -> bool:

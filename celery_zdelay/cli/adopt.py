@@ -31,13 +31,16 @@ Examples:
   celery -A proj zdelay adopt --queue celery --dry-run
   celery -A proj zdelay adopt --queue celery
   celery -A proj zdelay adopt --queue celery --queue orders --json
+  celery -A proj zdelay adopt --delayed-delivery      # RabbitMQ's delay queues
 
 \b
 Stop the workers of those queues first: a running worker holds the ETA
-tasks it took in memory (docs/migrating.rst). Exit codes: 0 done (with
---dry-run: counted, every message back in its queue); 1 a worker consumes
-one of the queues; 2 a queue the broker and the app do not know; 69 the
-broker or the store cannot be reached; 78 the store is not configured.
+tasks it took in memory (docs/migrating.rst). The delay queues of Celery's
+native delayed delivery (RabbitMQ quorum queues) are consumed by no worker.
+Exit codes: 0 done (with --dry-run: counted, every message back in its
+queue); 1 a worker consumes one of the queues; 2 a queue the broker and the
+app do not know, or no delay queue; 69 the broker or the store cannot be
+reached; 78 the store is not configured.
 """
 
 
@@ -47,10 +50,19 @@ broker or the store cannot be reached; 78 the store is not configured.
     "queues",
     metavar="NAME",
     multiple=True,
-    required=True,
     cls=CeleryOption,
     help_group="Adopt Options",
     help="A queue to take ETA tasks from (repeat it for more queues).",
+)
+@click.option(
+    "--delayed-delivery",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Adopt Options",
+    help=(
+        "Also take the ETA tasks waiting in the delay queues of Celery's native delayed "
+        "delivery (RabbitMQ quorum queues: celery_delayed_27 .. celery_delayed_0)."
+    ),
 )
 @click.option(
     "--dry-run",
@@ -69,13 +81,22 @@ broker or the store cannot be reached; 78 the store is not configured.
 @json_option("what was adopted and put back")
 @click.pass_context
 def adopt_(
-    ctx: click.Context, queues: tuple[str, ...], dry_run: bool, force: bool, as_json: bool
+    ctx: click.Context,
+    queues: tuple[str, ...],
+    delayed_delivery: bool,
+    dry_run: bool,
+    force: bool,
+    as_json: bool,
 ) -> None:
     """Move ETA tasks sent with apply_async(countdown=/eta=) from their queues into the store."""
     app = ctx.obj.app
+    if not queues and not delayed_delivery:
+        raise click.UsageError("Give --queue NAME (repeat it for more), or --delayed-delivery.")
     with exit_codes(ctx):
         try:
-            report = adopt(app, queues, dry_run=dry_run, force=force)
+            report = adopt(
+                app, queues, dry_run=dry_run, force=force, delayed_delivery=delayed_delivery
+            )
         except QueueNotFoundError as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(EXIT_USAGE)
