@@ -172,6 +172,8 @@ COMPONENTS = {
     "zdelay-redis": ("broker", "worker", "companion"),
     # Here the store is a Redis of its own, beside the RabbitMQ broker.
     "zdelay-rabbitmq": ("broker", "store", "worker", "companion"),
+    "zdelay-redis-ahead": ("broker", "worker", "companion"),
+    "zdelay-rabbitmq-ahead": ("broker", "store", "worker", "companion"),
 }
 
 
@@ -269,7 +271,7 @@ def rabbitmq_queues(vhost: str, node: RabbitMQNode | None = None) -> dict[str, t
 
 
 def is_rabbitmq(name: str) -> bool:
-    return name.endswith("rabbitmq") or name == "rabbitmq-delayed"
+    return "rabbitmq" in name
 
 
 class System:

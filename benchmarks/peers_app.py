@@ -49,7 +49,12 @@ SYSTEMS = {
     "longterm": "celery-longterm-scheduler, Redis broker",
     "zdelay-redis": "celery-zdelay, Redis broker (handoff)",
     "zdelay-rabbitmq": "celery-zdelay, RabbitMQ quorum queue",
+    "zdelay-redis-ahead": "celery-zdelay, Redis broker, released 20 ms ahead",
+    "zdelay-rabbitmq-ahead": "celery-zdelay, RabbitMQ quorum queue, released 20 ms ahead",
 }
+#: zdelay_release_ahead_seconds of the "-ahead" systems: the due time goes
+#: in the message's eta, and the worker's timer starts the task then.
+RELEASE_AHEAD_S = 0.02
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -82,7 +87,7 @@ def make_app(system: str, broker: str, store: str, record: str, *, events: bool 
         worker_send_task_events=events,
         task_send_sent_event=events,
     )
-    if system.endswith("rabbitmq") or system == "rabbitmq-delayed":
+    if "rabbitmq" in system:
         from kombu import Exchange, Queue
 
         # Celery's "Using Quorum Queues" (RabbitMQ broker guide): quorum queues
@@ -110,6 +115,8 @@ def make_app(system: str, broker: str, store: str, record: str, *, events: bool 
         app.conf.broker_transport = "celery_redis_plus.transport:Transport"
     if system.startswith("zdelay"):
         app.conf.zdelay_redis_url = store
+    if system.endswith("-ahead"):
+        app.conf.zdelay_release_ahead_seconds = RELEASE_AHEAD_S
     if system == "longterm":
         app.conf.longterm_scheduler_backend = store
 
