@@ -49,12 +49,21 @@ SYSTEMS = {
     "longterm": "celery-longterm-scheduler, Redis broker",
     "zdelay-redis": "celery-zdelay, Redis broker (handoff)",
     "zdelay-rabbitmq": "celery-zdelay, RabbitMQ quorum queue",
-    "zdelay-redis-ahead": "celery-zdelay, Redis broker, released 20 ms ahead",
-    "zdelay-rabbitmq-ahead": "celery-zdelay, RabbitMQ quorum queue, released 20 ms ahead",
 }
 #: zdelay_release_ahead_seconds of the "-ahead" systems: the due time goes
 #: in the message's eta, and the worker's timer starts the task then.
-RELEASE_AHEAD_S = 0.02
+#: ZPEERS_RELEASE_AHEAD_S overrides it (the systems' labels say how far).
+RELEASE_AHEAD_S = float(os.environ.get("ZPEERS_RELEASE_AHEAD_S", "0.02"))
+SYSTEMS.update(
+    {
+        "zdelay-redis-ahead": (
+            f"celery-zdelay, Redis broker, released {RELEASE_AHEAD_S * 1000:g} ms ahead"
+        ),
+        "zdelay-rabbitmq-ahead": (
+            f"celery-zdelay, RabbitMQ quorum queue, released {RELEASE_AHEAD_S * 1000:g} ms ahead"
+        ),
+    }
+)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
