@@ -262,8 +262,9 @@ class PeriodicServer:
             )
         elif status == "done":
             by_kind = {
-                kind: ", ".join(self._labels.get(name, name) for k, name in changed if k == kind)
-                or "none"
+                kind: _some_names(
+                    [self._labels.get(name, name) for k, name in changed if k == kind]
+                )
                 for kind in ("new", "changed", "removed", "relabelled")
             }
             logger.info(
@@ -834,3 +835,20 @@ class PeriodicServer:
 
         _, messages = capture(self.app, send)
         return park_requests(self.app, messages, [Due("a", due_ms)] * len(messages))
+
+
+#: Most schedule names one "Stored ..." log line lists per kind of change.
+NAMES_LOGGED = 20
+
+
+def _some_names(names: list[str]) -> str:
+    """*names* for a log line: at most :data:`NAMES_LOGGED`, then how many more.
+
+    A first start over 100,000 django-celery-beat rows would otherwise log
+    one line of every name (about 1.5 MB).
+    """
+    if not names:
+        return "none"
+    shown = ", ".join(names[:NAMES_LOGGED])
+    more = len(names) - NAMES_LOGGED
+    return shown if more <= 0 else f"{shown} and {more} more"

@@ -7,6 +7,8 @@ wrong type.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import redis
 from celery import Celery
@@ -169,3 +171,18 @@ def test_a_key_of_the_wrong_type_ticks_nothing(app: Celery, redis_client: redis.
     redis_client.delete(DUE)
     tend(server)
     assert len(parked_ids(redis_client, "a")) == 1
+
+
+def test_a_large_change_logs_twenty_names_and_how_many_more(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given 25 new entries (a first start over 100,000 django-celery-beat rows
+    # logged one line of every name, about 1.5 MB)
+    schedule = {f"s-{i:02}": {"task": "tests.record", "schedule": 60.0} for i in range(25)}
+    server = server_for(app, schedule)
+    with caplog.at_level(logging.INFO, logger="celery_zdelay.periodic.server"):
+        server.reconcile()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Stored ")]
+    assert "; new: s-00, s-01," in line
+    assert "s-19 and 5 more; changed: none; removed: none" in line
+    assert "s-20" not in line

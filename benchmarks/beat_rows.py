@@ -1,0 +1,306 @@
+"""django-celery-beat rows at scale, served by two companions: ``python -m benchmarks.beat_rows``.
+
+``python -m benchmarks.beat_rows [--rows 100000] [--probes 50] [--db sqlite|postgres]
+[--window 60] [--out FILE]``: issue 34's "100,000 periodic schedules ... as
+django-celery-beat rows served by two companions". On a private Redis
+(broker and store) and a migrated django-celery-beat database (the test
+project's settings, ``tests/beat_project``):
+
+- ``--rows`` rows of ``bench.tick``: ``--probes`` of them every 5 s (the
+  ticks timed), the others every day (stored, planned, none due in the run),
+  created with ``bulk_create`` and one ``PeriodicTasks.update_changed()``;
+- two ``celery -A benchmarks.proj zdelay --beat -S django`` and a worker
+  (threads, 8) start: how long until every row is stored in Redis and until
+  each has its first occurrence planned (the first pass);
+- then ``--window`` seconds of steady serving: each probe tick's lateness
+  (the worker's start on the Redis clock minus the occurrence's time, which
+  its id names), ticks missing or doubled, each companion's CPU and RSS,
+  Redis's memory, and the slowest answer to a ``PING`` sent every 10 ms
+  (what one script holding Redis costs every other client);
+- an edit of one daily row in the database (its interval made 5 s): how long
+  until its first tick runs, and the slowest ``PING`` meanwhile (every
+  companion reads the rows again and stores the changed configuration:
+  ``define.lua`` over every schedule, see docs/performance.rst).
+
+The load average is printed with the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from celery_zdelay.store.redis_keys import periodic_keys
+
+from .common import quantiles
+from .infra import (
+    CeleryProcess,
+    MachineLoad,
+    Resources,
+    cpu_seconds,
+    rss_bytes,
+    used_memory,
+    wait_for,
+)
+from .proj import TICKS_KEY, make_app
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = "tests.beat_project.settings"
+PROBE_S = 5
+MIGRATE = "from django.core.management import call_command\ncall_command('migrate', verbosity=0)"
+
+
+def django(database: str, code: str, *, timeout: float = 600) -> Any:
+    """Run *code* in a Django process on *database*; return what it prints, as JSON."""
+    program = "import django, json\ndjango.setup()\n" + textwrap.dedent(code)
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": SETTINGS,
+            "ZDELAY_TEST_BEAT_DB": database,
+        },
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"Django code failed:\n{code}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout) if done.stdout.strip() else None
+
+
+@contextlib.contextmanager
+def database(kind: str) -> Any:
+    """A migrated django-celery-beat database: ``sqlite:<path>`` or ``postgres:<name>``."""
+    if kind == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="zbench-rows-") as tmp:
+            spec = f"sqlite:{tmp}/beat.sqlite3"
+            django(spec, MIGRATE)
+            yield spec
+        return
+    name = f"zbench_rows_{uuid.uuid4().hex[:8]}"
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c"]
+    subprocess.run([*psql, f"CREATE DATABASE {name}"], check=True, capture_output=True)
+    try:
+        spec = f"postgres:{name}"
+        django(spec, MIGRATE)
+        yield spec
+    finally:
+        subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], check=False)
+
+
+def create_rows(spec: str, rows: int, probes: int) -> float:
+    """Create the rows (see the module docstring); return the seconds it took."""
+    started = time.perf_counter()
+    django(
+        spec,
+        f"""
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
+        probe, _ = IntervalSchedule.objects.get_or_create(every={PROBE_S}, period="seconds")
+        day, _ = IntervalSchedule.objects.get_or_create(every=1, period="days")
+        batch = []
+        for i in range({rows}):
+            every = probe if i < {probes} else day
+            name = f"probe-{{i}}" if i < {probes} else f"day-{{i}}"
+            batch.append(PeriodicTask(name=name, task="bench.tick", interval=every))
+            if len(batch) == 5000:
+                PeriodicTask.objects.bulk_create(batch)
+                batch = []
+        PeriodicTask.objects.bulk_create(batch)
+        PeriodicTasks.update_changed()
+        """,
+    )
+    return time.perf_counter() - started
+
+
+def edit_row(spec: str, name: str) -> float:
+    """Make row *name* tick every 5 s, as an admin save does; return when (epoch s)."""
+    saved: float = django(
+        spec,
+        f"""
+        import time
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+        every, _ = IntervalSchedule.objects.get_or_create(every={PROBE_S}, period="seconds")
+        row = PeriodicTask.objects.get(name={name!r})
+        row.interval = every
+        row.save()
+        print(json.dumps(time.time()))
+        """,
+    )
+    return saved
+
+
+class PingProbe:
+    """PING Redis every 10 ms from a thread: the slowest answers, per span."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> PingProbe:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.client.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.perf_counter()
+            self.client.ping()
+            self.samples.append((time.monotonic(), (time.perf_counter() - sent) * 1000))
+            time.sleep(0.01)
+
+    def slowest(self, since: float, until: float) -> float | None:
+        found = [ms for at, ms in self.samples if since <= at <= until]
+        return round(max(found), 1) if found else None
+
+
+def occurrence_ms(task_id: str) -> int:
+    """The occurrence time an id names (``periodic:<name>:v<n>:<ISO time>Z``), epoch ms."""
+    stamp = task_id.rsplit(":v", 1)[1].split(":", 1)[1]
+    return round(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def schedule_of(task_id: str) -> str:
+    return task_id.split(":", 1)[1].rsplit(":v", 1)[0]
+
+
+def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]:
+    load = MachineLoad()
+    result: dict[str, Any] = {"rows": rows, "probes": probes, "db": kind, "window_s": window}
+    with Resources() as res, database(kind) as spec:
+        result["create_rows_s"] = round(create_rows(spec, rows, probes), 1)
+        server = res.redis()
+        url = f"{server.url}/0"
+        record = f"{server.url}/1"
+        app = make_app(broker=url, store=url, record=record)
+        client = redis.Redis.from_url(url)
+        recorder = redis.Redis.from_url(record)
+        res.callback(client.close)
+        res.callback(recorder.close)
+        keys = periodic_keys("zdelay")
+        ping = PingProbe(url).start()
+        res.callback(ping.stop)
+        res.worker(app, pool="threads", concurrency=8)
+        env = {"DJANGO_SETTINGS_MODULE": SETTINGS, "ZDELAY_TEST_BEAT_DB": spec}
+        started = time.monotonic()
+        companions = []
+        for _ in range(2):
+            process = CeleryProcess(
+                app, ["zdelay", "-l", "INFO", "--beat", "-S", "django"], env=env
+            )
+            res.callback(process.stop)
+            process.start()
+            companions.append(process)
+        for process in companions:
+            process.wait_for_log(" started: ", timeout=120)
+        wait_for(lambda: int(client.hlen(keys.defs)) >= rows, timeout=900, what="rows stored")
+        result["stored_after_s"] = round(time.monotonic() - started, 1)
+        wait_for(lambda: int(client.hlen(keys.pointers)) >= rows, timeout=1800, what="first pass")
+        result["first_pass_done_after_s"] = round(time.monotonic() - started, 1)
+        result["ping_slowest_ms_start"] = ping.slowest(started, time.monotonic())
+
+        # Steady serving: the probes' ticks over the window.
+        recorder.delete(TICKS_KEY)
+        cpu0 = [cpu_seconds(p.pid) for p in companions]
+        window_start_ms = _redis_ms(client)
+        steady_from = time.monotonic()
+        time.sleep(window)
+        steady_until = time.monotonic()
+        window_end_ms = _redis_ms(client)
+        cpu1 = [cpu_seconds(p.pid) for p in companions]
+        # Ticks due in the window started by now, but for the last few seconds'.
+        time.sleep(3)
+        ticks = [json.loads(raw) for raw in recorder.lrange(TICKS_KEY, 0, -1)]
+        due = [(tid, occurrence_ms(tid), started_ms) for tid, started_ms in ticks]
+        timed = [(tid, at, st) for tid, at, st in due if window_start_ms <= at <= window_end_ms]
+        lateness = [st - at for _, at, st in timed]
+        per_probe = Counter(schedule_of(tid) for tid, _, _ in timed)
+        doubled = sum(n - 1 for n in Counter(tid for tid, _, _ in timed).values() if n > 1)
+        expected = probes * int((window_end_ms - window_start_ms) / 1000 / PROBE_S)
+        result["steady"] = {
+            "ticks": len(timed),
+            "ticks_expected_about": expected,
+            "probes_ticking": len(per_probe),
+            "doubled": doubled,
+            "early": sum(1 for x in lateness if x < 0),
+            "lateness_ms": quantiles([float(x) for x in lateness]) if lateness else None,
+            "companion_cpu_pct": [
+                round((b - a) / (steady_until - steady_from) * 100, 2)
+                for a, b in zip(cpu0, cpu1, strict=True)
+            ],
+            "companion_rss_mib": [round(rss_bytes(p.pid) / 2**20, 1) for p in companions],
+            "redis_used_memory_mib": round(used_memory(client) / 2**20, 1),
+            "ping_slowest_ms": ping.slowest(steady_from, steady_until),
+        }
+
+        # An edit of one daily row: how long until it ticks.
+        name = f"day-{rows - 1}"
+        edit_from = time.monotonic()
+        saved = edit_row(spec, name)
+        found: dict[str, Any] = {}
+
+        def ticked() -> bool:
+            for raw in recorder.lrange(TICKS_KEY, 0, -1):
+                tid, started_ms = json.loads(raw)
+                if schedule_of(tid) == name:
+                    found.update(id=tid, started_ms=started_ms)
+                    return True
+            return False
+
+        wait_for(ticked, timeout=600, what="the edited row's first tick")
+        result["edit"] = {
+            "first_tick_after_save_s": round(found["started_ms"] / 1000 - saved, 2),
+            "ping_slowest_ms": ping.slowest(edit_from, time.monotonic()),
+        }
+        result["companion_log_tail"] = [p.log()[-600:] for p in companions]
+    result["machine"] = load.stop()
+    return result
+
+
+def _redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.beat_rows")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--probes", type=int, default=50)
+    parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    result = run_rows(args.rows, args.probes, args.db, args.window)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
