@@ -65,7 +65,6 @@ from typing import TYPE_CHECKING, Any
 from kombu import Connection
 from kombu.compression import compress
 from kombu.exceptions import OperationalError
-from kombu.transport.native_delayed_delivery import MAX_LEVEL, level_name
 
 from . import signals
 from .app_state import store_for
@@ -129,13 +128,17 @@ REASONS = {
     OTHER_QUEUE: "delayed for a queue the app does not name (left to RabbitMQ)",
 }
 
+#: The levels of Celery's native delayed delivery (kombu >= 5.5,
+#: ``kombu.transport.native_delayed_delivery``: not imported, so that this
+#: module loads with the older kombu this package supports too).
+_DELAY_LEVELS = 28
 #: The delay queues of Celery's native delayed delivery, in the order read:
 #: the longest delays first, as messages move from one to the next shorter.
-DELAY_QUEUES = tuple(level_name(level) for level in range(MAX_LEVEL, -1, -1))
+DELAY_QUEUES = tuple(f"celery_delayed_{level}" for level in range(_DELAY_LEVELS - 1, -1, -1))
 
 #: The delay's bits at the head of a delayed message's routing key (kombu's
 #: calculate_routing_key: one "0." or "1." per level).
-_DELAY_BITS = re.compile(rf"^(?:[01]\.){{{MAX_LEVEL + 1}}}")
+_DELAY_BITS = re.compile(rf"^(?:[01]\.){{{_DELAY_LEVELS}}}")
 
 #: Seconds to wait for the workers' answer to "which queues do you consume?".
 INSPECT_TIMEOUT_S = 2.0
