@@ -31,15 +31,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import textwrap
 import threading
 import time
-import uuid
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +43,7 @@ from typing import Any
 import redis
 
 from celery_zdelay.store.redis_keys import periodic_keys
+from tests.support.django_beat import SETTINGS, django_run, migrated_database
 
 from .common import quantiles
 from .infra import (
@@ -60,58 +57,24 @@ from .infra import (
 )
 from .proj import TICKS_KEY, make_app
 
-ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = "tests.beat_project.settings"
 PROBE_S = 5
-MIGRATE = "from django.core.management import call_command\ncall_command('migrate', verbosity=0)"
-
-
-def django(database: str, code: str, *, timeout: float = 600) -> Any:
-    """Run *code* in a Django process on *database*; return what it prints, as JSON."""
-    program = "import django, json\ndjango.setup()\n" + textwrap.dedent(code)
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "DJANGO_SETTINGS_MODULE": SETTINGS,
-            "ZDELAY_TEST_BEAT_DB": database,
-        },
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if done.returncode:
-        raise RuntimeError(f"Django code failed:\n{code}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout) if done.stdout.strip() else None
 
 
 @contextlib.contextmanager
-def database(kind: str) -> Any:
+def database(kind: str) -> Iterator[str]:
     """A migrated django-celery-beat database: ``sqlite:<path>`` or ``postgres:<name>``."""
-    if kind == "sqlite":
-        with tempfile.TemporaryDirectory(prefix="zbench-rows-") as tmp:
-            spec = f"sqlite:{tmp}/beat.sqlite3"
-            django(spec, MIGRATE)
-            yield spec
-        return
-    name = f"zbench_rows_{uuid.uuid4().hex[:8]}"
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c"]
-    subprocess.run([*psql, f"CREATE DATABASE {name}"], check=True, capture_output=True)
-    try:
-        spec = f"postgres:{name}"
-        django(spec, MIGRATE)
-        yield spec
-    finally:
-        subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], check=False)
+    with tempfile.TemporaryDirectory(prefix="zbench-rows-") as tmp:
+        made = migrated_database(kind, Path(tmp))
+        try:
+            yield next(made)
+        finally:
+            made.close()
 
 
 def create_rows(spec: str, rows: int, probes: int) -> float:
     """Create the rows (see the module docstring); return the seconds it took."""
     started = time.perf_counter()
-    django(
+    django_run(
         spec,
         f"""
         from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
@@ -134,7 +97,7 @@ def create_rows(spec: str, rows: int, probes: int) -> float:
 
 def edit_row(spec: str, name: str) -> float:
     """Make row *name* tick every 5 s, as an admin save does; return when (epoch s)."""
-    saved: float = django(
+    saved: float = django_run(
         spec,
         f"""
         import time
