@@ -593,8 +593,10 @@ class ReleasePass:
                 ]
             more: list[tuple[str, list[int], RateLimit | None]] = []
             short = False
+            unused = 0
             for lane, tokens in zip(active, dealt, strict=True):
                 if not tokens or self._stopping.is_set() or report.failed:
+                    unused += tokens
                     more.append(lane)
                     continue
                 claimed, again = self._release_lane(
@@ -606,6 +608,9 @@ class ReleasePass:
                     more.append(lane)
                 else:
                     short = True
+            if shared is not None and unused:
+                # Dealt to lanes a stop or a failure left unserved.
+                self.gate.control.give_back(group, shared, unused)
             # A shared bucket short of tokens ends the turns, unless a lane
             # gave some back (it had fewer entries): then the others get them.
             active = more if granted == wanted or short else []
