@@ -534,22 +534,30 @@ def _classify(
     eta = headers.get("eta")
     if eta is None:
         return NO_ETA
-    if delay and _undelayed(app, str((message.delivery_info or {}).get("routing_key"))) is None:
-        return OTHER_QUEUE
+    route = None
+    if delay:
+        route = _undelayed(app, str((message.delivery_info or {}).get("routing_key")))
+        if route is None:
+            return OTHER_QUEUE
     try:
         due = due_from(eta=eta)
     except ConfigurationError:
         return BAD_ETA
-    return _task_message(app, message, queue, eta, delay=delay), due
+    return _task_message(app, message, queue, eta, route=route), due
 
 
 def _task_message(
-    app: Celery, message: Message, queue: str, eta: Any, *, delay: bool = False
+    app: Celery,
+    message: Message,
+    queue: str,
+    eta: Any,
+    *,
+    route: tuple[str, str, list[str]] | None = None,
 ) -> TaskMessage:
     """Return *message* as the producer had it: what a capture of Celery's send would hold.
 
-    From a delay queue (*delay*), bound for where it goes without the delay
-    (:func:`_undelayed`).
+    From a delay queue, bound for where it goes without the delay: *route*
+    (exchange, routing key, queues; see :func:`_undelayed`).
     """
     body = message.body
     if isinstance(body, str):
@@ -560,12 +568,11 @@ def _task_message(
         body, _ = compress(body, compression)
     properties = message.properties or {}
     delivery = message.delivery_info or {}
-    routing_key = str(delivery.get("routing_key") or queue)
-    undelayed = _undelayed(app, routing_key) if delay else None
-    if undelayed is not None:
-        exchange, routing_key, declare = undelayed
+    if route is not None:
+        exchange, routing_key, declare = route
     else:
         exchange = str(delivery.get("exchange") or "")
+        routing_key = str(delivery.get("routing_key") or queue)
         declare = [queue] if queue in app.amqp.queues else []
     headers = {k: v for k, v in message.headers.items() if k not in _BROKER_HEADERS}
     # The companion releases it when due: the worker runs it at once, and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import click
 from celery.bin.base import CeleryOption
@@ -160,17 +161,17 @@ def concurrency(ctx: click.Context, name: str | None, most: str | None, as_json:
         return
     if most is None:
         raise click.UsageError("Give a number N (such as 2, or off) after the NAME.")
-    if most.lower() in ("off", "none"):
-        number: int | None = None
-    elif most.strip().isdigit():
-        number = int(most)
-    else:
-        number = -1  # refused below, with the API's message
+    # Anything but off or a whole number goes as it is: the API refuses it, saying why.
+    value: Any = (
+        None
+        if most.lower() in ("off", "none")
+        else int(most)
+        if most.isascii() and most.isdigit()
+        else most
+    )
     with exit_codes(ctx), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", limits.UnknownControlWarning)
-        new = limits.set_concurrency(
-            name, most if number == -1 else number, app=ctx.obj.app, by=cli_user()
-        )
+        new = limits.set_concurrency(name, value, app=ctx.obj.app, by=cli_user())
     for warning in caught:
         click.echo(f"Warning: {warning.message}", err=True)
     click.echo(f"{name}: no concurrency control" if new is None else f"{name}: concurrency {new}")

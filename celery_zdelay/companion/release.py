@@ -524,18 +524,18 @@ class ReleasePass:
             # The next control's lanes, asked again after each: what one
             # drains may fill the lanes of the next (a key's lane under a
             # queue's limit, once its pause is resumed), released in this pass.
+            group: str | None = None
             lanes: list[tuple[str, list[int], RateLimit | None]] = []
             for name, lane_shards in gate.releasable(shards).items():
                 limit = gate.limit_of(name)
-                group = gate.bucket_of(name)
-                if (limit is not None and is_key_lane(name)) or group in done:
+                bucket = gate.bucket_of(name)
+                if (limit is not None and is_key_lane(name)) or bucket in done:
                     continue
-                if lanes and gate.bucket_of(lanes[0][0]) != group:
-                    continue
-                lanes.append((name, lane_shards, limit))
-            if not lanes:
+                group = group or bucket
+                if bucket == group:
+                    lanes.append((name, lane_shards, limit))
+            if group is None:
                 break
-            group = gate.bucket_of(lanes[0][0])
             done.add(group)
             self._release_in_turns(group, lanes, report, shared=lanes[0][2])
         # Asked again: the lanes above may have held entries in keys' lanes

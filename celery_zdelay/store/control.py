@@ -107,7 +107,7 @@ def fair_lane(lane: str, limit_key: object) -> str:
     A key's own lane and a concurrency slot's are per key already; an entry
     without a limit key waits in *lane* itself.
     """
-    if not isinstance(limit_key, str) or is_key_lane(lane) or lane.startswith(CONCURRENCY_LANE):
+    if not isinstance(limit_key, str) or _per_key(lane):
         return lane
     return f"{lane} {limit_key}"
 
@@ -119,9 +119,12 @@ def lane_base(lane: str) -> str:
     other lane (a key's, a concurrency slot's, a control's own) is its own
     base: their names may hold spaces, which split nothing there.
     """
-    if is_key_lane(lane) or lane.startswith(CONCURRENCY_LANE):
-        return lane
-    return lane.split(" ", 1)[0]
+    return lane if _per_key(lane) else lane.split(" ", 1)[0]
+
+
+def _per_key(lane: str) -> bool:
+    """Whether *lane* is one key's already: a per-key limit's, or a concurrency slot's."""
+    return is_key_lane(lane) or lane.startswith(CONCURRENCY_LANE)
 
 
 def lane_control(lane: str) -> str:
@@ -224,8 +227,8 @@ class ControlStore:
         """Return every control name concurrency was ever set for at run time (one HKEYS).
 
         What a worker frees slots of, beside the settings' names: a name
-        stays in the hash once set (as "off" once removed), so the slots of
-        tasks released under it are freed even after its removal.
+        stays in the hash once set (``"most": null`` once removed), so the
+        slots of tasks released under it are freed even after its removal.
         """
         with store_errors(self.store.url):
             return {_text(name) for name in self.store.client.hkeys(self.keys.concurrency)}

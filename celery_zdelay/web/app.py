@@ -746,23 +746,24 @@ def _rate_from_form(form: Any) -> str:
 
 
 def _burst_from_form(form: Any) -> int | None:
-    text = (form.get("burst") or "").strip()
-    if not text:
+    if not (form.get("burst") or "").strip():
         return None
-    if not text.isascii() or not text.isdigit() or len(text) > 12:
-        raise ConfigurationError(
-            f"the burst must be a whole number of tasks of at least 1, got {text[:40]!r} "
-            "(leave it empty for one second's worth of the rate)."
-        )
-    return int(text)
+    return _tasks_from_form(form, "burst", "leave it empty for one second's worth of the rate")
 
 
 def _most_from_form(form: Any) -> int:
-    text = (form.get("most") or "").strip()
+    return _tasks_from_form(
+        form, "most", "to remove a control, use its Remove concurrency button", what="concurrency"
+    )
+
+
+def _tasks_from_form(form: Any, field: str, hint: str, *, what: str | None = None) -> int:
+    """The whole number of tasks (at least 1) in *field*; else an error that says *hint*."""
+    text = (form.get(field) or "").strip()
     if not text.isascii() or not text.isdigit() or len(text) > 12 or int(text) < 1:
         raise ConfigurationError(
-            f"the concurrency must be a whole number of tasks of at least 1, got {text[:40]!r} "
-            "(to remove a control, use its Remove concurrency button)."
+            f"the {what or field} must be a whole number of tasks of at least 1, "
+            f"got {text[:40]!r} ({hint})."
         )
     return int(text)
 
