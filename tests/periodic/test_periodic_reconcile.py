@@ -15,6 +15,7 @@ from celery import Celery
 from celery.schedules import crontab
 
 from celery_zdelay import periodic
+from celery_zdelay.periodic.server import NAMES_LOGGED, _some_names
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.project import close_app, make_app
@@ -186,3 +187,7 @@ def test_a_large_change_logs_twenty_names_and_how_many_more(
     assert "; new: s-00, s-01," in line
     assert "s-19 and 5 more; changed: none; removed: none" in line
     assert "s-20" not in line
+    # And a change of exactly twenty names lists them all, with no "more"
+    assert _some_names([f"n{i}" for i in range(NAMES_LOGGED)]) == ", ".join(
+        f"n{i}" for i in range(NAMES_LOGGED)
+    )

@@ -133,6 +133,31 @@ def test_held_by_a_pause_says_pause_and_which_control(app: Celery) -> None:
     assert _events(result.id, app) == ["parked", "held", "released"]
 
 
+@pytest.mark.parametrize(
+    ("limits", "by"),
+    [
+        # A key's own lane keeps the spaces of its key...
+        ({"limit_key:ten*": {"rate": "1/h", "burst": 1}}, "limit_key:ten ant 1"),
+        # ...and the lane of a key under a queue's limit names the queue alone
+        ({"queue:celery": {"rate": "1/h", "burst": 1}}, "queue:celery"),
+    ],
+    ids=["key-limit", "queue-limit"],
+)
+def test_held_by_a_rate_limit_names_the_control_whatever_the_limit_key_holds(
+    make_test_app: AppFactory, limits: dict[str, object], by: str
+) -> None:
+    app = make_test_app(conf={"zdelay_rate_limits": limits})
+    record = app.tasks["tests.record"]
+    results = [record.apply_delayed((i,), countdown=0, limit_key="ten ant 1") for i in range(2)]
+    _release(app)
+
+    # (the bucket of one lets one go; the other is held)
+    held = [celery_zdelay.history(r.id, app=app)[-1] for r in results]
+    assert [(h.event, h.reason, h.by) for h in held if h.event == "held"] == [
+        ("held", "rate_limit", by)
+    ]
+
+
 def test_dead_lettered_requeued_and_purged(app: Celery) -> None:
     result = app.tasks["tests.record"].apply_delayed((1,), countdown=0)
     store = store_for(app)
