@@ -19,9 +19,10 @@ project's settings, ``tests/beat_project``):
   Redis's memory, and the slowest answer to a ``PING`` sent every 10 ms
   (what one script holding Redis costs every other client);
 - an edit of one daily row in the database (its interval made 5 s): how long
-  until its first tick runs, and the slowest ``PING`` meanwhile (every
+  until its first tick runs, the slowest ``PING`` meanwhile (every
   companion reads the rows again and stores the changed configuration:
-  ``define.lua`` over every schedule, see docs/performance.rst).
+  ``define.lua`` over every schedule, see docs/performance.rst), and the
+  probes' ticks due meanwhile: how many ran, and the latest of them.
 
 The load average is printed with the result.
 """
@@ -231,6 +232,7 @@ def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]
         # An edit of one daily row: how long until it ticks.
         name = f"day-{rows - 1}"
         edit_from = time.monotonic()
+        edit_from_ms = _redis_ms(client)
         saved = edit_row(spec, name)
         found: dict[str, Any] = {}
 
@@ -243,9 +245,22 @@ def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]
             return False
 
         wait_for(ticked, timeout=600, what="the edited row's first tick")
+        edit_until_ms = _redis_ms(client)
+        # The probes' ticks due meanwhile: every companion read all the rows again.
+        time.sleep(3)
+        during = [
+            (tid, occurrence_ms(tid), started_ms)
+            for tid, started_ms in (json.loads(r) for r in recorder.lrange(TICKS_KEY, 0, -1))
+            if schedule_of(tid) != name
+        ]
+        during = [(t, at, st) for t, at, st in during if edit_from_ms <= at <= edit_until_ms]
+        due_during = probes * int((edit_until_ms - edit_from_ms) / 1000 / PROBE_S)
         result["edit"] = {
             "first_tick_after_save_s": round(found["started_ms"] / 1000 - saved, 2),
             "ping_slowest_ms": ping.slowest(edit_from, time.monotonic()),
+            "probe_ticks_meanwhile": len(during),
+            "probe_ticks_due_about": due_during,
+            "probe_lateness_max_ms": max((st - at for _, at, st in during), default=None),
         }
         result["companion_log_tail"] = [p.log()[-600:] for p in companions]
     result["machine"] = load.stop()

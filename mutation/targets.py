@@ -497,6 +497,13 @@ LUA = (
         _PERIODIC + "revisit.lua",
         ("tests/periodic/test_revisit.py", "tests/periodic/test_planner_cost.py"),
     ),
+    # A far occurrence written down and its schedule's next look put off,
+    # only for the pointer as the planner read it.
+    Target(
+        "defer.lua",
+        _PERIODIC + "defer.lua",
+        ("tests/periodic/test_park_lead.py", "tests/periodic/test_next_visit_score.py"),
+    ),
 )
 
 #: The kill tests: files written against the mutants the rest of the suite let

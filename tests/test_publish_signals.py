@@ -218,7 +218,7 @@ def test_a_periodic_occurrence_served_by_two_companions_is_announced_once(
     make_test_app: AppFactory, heard: Heard
 ) -> None:
     # Given two companions serving one schedule
-    schedule = {"nightly": {"task": "tests.record", "schedule": 3600.0, "args": [1]}}
+    schedule = {"nightly": {"task": "tests.record", "schedule": 1800.0, "args": [1]}}
     servers = []
     for name in ("a", "b"):
         app = make_test_app()

@@ -98,6 +98,9 @@ def schedules_in(
         # When each runs: its time plus the schedule's jitter offset.
         times = [ms + definition.offset_ms(ms) for ms, _ in pointer.parked]
         upcoming = [ms for ms in times if ms > snap.now_ms]
+        if not upcoming and pointer.next_ms is not None and pointer.next_ms > snap.now_ms:
+            # Too far ahead to be parked yet (PARK_LEAD_MS): the planner wrote it down.
+            upcoming = [pointer.next_ms + definition.offset_ms(pointer.next_ms)]
         past = [ms for ms in times if ms <= snap.now_ms]
         result.append(
             ScheduleInfo(

@@ -178,6 +178,13 @@ class DjangoBeatSource:
         """
         self._read_once = False
 
+    @staticmethod
+    def close() -> None:
+        """Close this thread's database connections (a thread that read the rows, ending)."""
+        from django.db import connections
+
+        connections.close_all()
+
     def definitions(self) -> tuple[list[Definition], dict[str, str]]:
         """Return the definitions of the enabled rows, and the errors by row name.
 

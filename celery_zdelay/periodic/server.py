@@ -12,7 +12,9 @@ Every companion does the same thing, with no leader and no lock:
   version, occurrence time) and through ``park_once``, so a second
   companion parking the same occurrence changes nothing, and an occurrence
   already released is never parked again (:meth:`tend`). A pass costs what
-  is due, not what is stored.
+  is due, not what is stored;
+* an occurrence more than :data:`PARK_LEAD_MS` ahead is not parked yet:
+  its schedule is looked at again within the hour before (``defer.lua``).
 
 Releasing is the companion's ordinary job: an occurrence is a parked entry.
 """
@@ -23,7 +25,9 @@ import json
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +53,14 @@ from .django_beat import (
 )
 from .occurrences import plan
 from .overlap import overlap_headers
-from .store import LATE_MS, WAITING_HELD, PeriodicStore, Snapshot, next_visit_ms
+from .store import (
+    LATE_MS,
+    WAITING_HELD,
+    PeriodicStore,
+    Pointer,
+    Snapshot,
+    next_visit_ms,
+)
 from .takeover import since_for
 from .withdrawals import announcer
 
@@ -58,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HORIZON_MS",
+    "PARK_LEAD_MS",
     "STALE_MS",
     "TEND_EVERY_SECONDS",
     "PeriodicServer",
@@ -67,13 +79,20 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Occurrences are parked this far ahead (and the first one after that
-#: too), so the next one is parked long before the current one is
-#: released, even by a companion that stalls.
+#: too, unless it is more than :data:`PARK_LEAD_MS` ahead), so the next one
+#: is parked long before the current one is released, even by a companion
+#: that stalls.
 HORIZON_MS = 5000
 #: An occurrence still parked this long after its time was missed: no
 #: companion released it (all were down, or the broker was). Its schedule's
 #: ``zdelay_missed`` then decides which of the missed ones run.
 STALE_MS = 2000
+#: An occurrence further ahead than this is not parked yet: its schedule
+#: is looked at again between this long and half as long before it is due
+#: (:meth:`PeriodicServer._wake_ms`, spread by name), so a first start over
+#: 100,000 schedules, or 100,000 ticks at one instant, parks them over half
+#: an hour instead of in one pass that every other schedule waits for.
+PARK_LEAD_MS = 3_600_000
 #: Least time between two passes over the stored schedules.
 TEND_EVERY_SECONDS = 0.25
 #: How often the app's own beat_schedule is compared with what was stored.
@@ -103,6 +122,17 @@ def _seen_entries(
     }
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """One read of the django-celery-beat rows, with what the source knew as it read them."""
+
+    definitions: list[Definition]
+    errors: dict[str, str]
+    made: int | None
+    pinned: dict[str, str]
+    last_runs: dict[str, int]
+
+
 def _version_prefix(name: str, version: int) -> str:
     """What the ids of one version's occurrences start with."""
     return f"periodic:{name}:v{version}:"
@@ -116,6 +146,7 @@ class PeriodicServer:
         self.periodic = PeriodicStore(store, on_withdrawn=announcer(app, companion_id))
         self.companion_id = companion_id
         self.horizon_ms = HORIZON_MS
+        self.park_lead_ms = PARK_LEAD_MS
         self._schedules: dict[tuple[str, int], BaseSchedule] = {}
         self._config_hash: str | None = None
         self._config_errors: dict[str, str] = {}
@@ -150,6 +181,13 @@ class PeriodicServer:
         self.first_pass = threading.Event()
         #: django-celery-beat's rows, when they are the schedule source.
         self._source = DjangoBeatSource(app) if uses_django_beat(app) else None
+        #: One read of the rows at a time (a check's, in a thread of its own,
+        #: or a reconcile's).
+        self._reading = threading.Lock()
+        #: The thread reading rows that changed (:meth:`_check_config`), and
+        #: what it read, for the next pass to store.
+        self._reader: threading.Thread | None = None
+        self._rows_read: _Rows | None = None
         #: Runs to write back to those rows (name -> occurrence ms), by tend().
         self._rows_ran: dict[str, int] = {}
         #: Whether the rows' database failed last time it was asked (logged once).
@@ -160,12 +198,13 @@ class PeriodicServer:
 
     # -- configuration --------------------------------------------------------
 
-    def reconcile(self, *, force: bool = False) -> str:
+    def reconcile(self, *, force: bool = False, rows: _Rows | None = None) -> str:
         """Store this app's ``beat_schedule`` unless a newer one is stored.
 
         Returns "same", "older" or "done" (see ``define.lua``). Entries that
         cannot be served are logged by name and left out; the others are
-        stored.
+        stored. With django-celery-beat, the rows are read here, unless
+        *rows* were read already (:meth:`_check_config`).
         """
         self._last_check = time.monotonic()
         if not self._imported:
@@ -173,16 +212,19 @@ class PeriodicServer:
             self.app.loader.import_default_modules()
             self._imported = True
         if self._source is not None:
-            try:
-                if not self._source.changed() and not force:
-                    self._source_answers()
+            if rows is None:
+                try:
+                    with self._reading:
+                        if not self._source.changed() and not force:
+                            self._source_answers()
+                            return "same"
+                        rows = self._read_rows(self._source)
+                except SourceUnavailableError as exc:
+                    # Serve the rows as last read: they are stored in Redis.
+                    self._source_fails(exc)
                     return "same"
-                definitions, errors = self._source.definitions()
-            except SourceUnavailableError as exc:
-                # Serve the rows as last read: they are stored in Redis.
-                self._source_fails(exc)
-                return "same"
-            self._source_answers()
+                self._source_answers()
+            definitions, errors = rows.definitions, rows.errors
         else:
             current = self.app.conf.beat_schedule or {}
             seen = self._config_seen
@@ -220,10 +262,10 @@ class PeriodicServer:
         since: dict[str, int | str] = {}
         if not self._took_over:
             names = [d.name for d in definitions]
-            since.update(self._source.last_runs() if self._source else since_for(self.app, names))
-        if self._source is not None:
+            since.update(rows.last_runs if rows is not None else since_for(self.app, names))
+        if rows is not None:
             # A clocked row whose moment passed runs once, changed or not.
-            since.update(self._source.pinned())
+            since.update(rows.pinned)
         self._took_over = True
         # A bad row is withdrawn (every companion reads the same rows); an
         # entry of beat_schedule stays as stored (another companion may import
@@ -236,7 +278,7 @@ class PeriodicServer:
             keep=errors if self._source is None else None,
             withdraw=errors if self._source is not None else None,
             since=since,
-            made=None if self._source is None else self._source.made(),
+            made=None if rows is None else rows.made,
             reading=ROWS_READING,
         )
         # Kept for the names removed: they are no longer read.
@@ -308,6 +350,59 @@ class PeriodicServer:
         finally:
             self.first_pass.set()
 
+    @staticmethod
+    def _read_rows(source: DjangoBeatSource) -> _Rows:
+        """Read the rows (the caller holds :attr:`_reading`), with what goes with them."""
+        definitions, errors = source.definitions()
+        return _Rows(definitions, errors, source.made(), source.pinned(), source.last_runs())
+
+    def _check_config(self) -> None:
+        """Compare the configuration with what is stored: every :data:`RECONCILE_CHECK_SECONDS`.
+
+        A ``beat_schedule`` here. django-celery-beat's rows, once their change
+        marker moved, in a thread of their own (:meth:`_read_aside`): reading
+        100,000 rows takes tens of seconds, and a pass held that long lets
+        the occurrences parked ahead of other schedules run out.
+        """
+        if self._source is None:
+            self.reconcile()
+            return
+        self._last_check = time.monotonic()
+        if self._reader is not None and self._reader.is_alive():
+            return
+        try:
+            with self._reading:
+                changed = self._source.changed()
+        except SourceUnavailableError as exc:
+            self._source_fails(exc)
+            return
+        if not changed:
+            self._source_answers()
+            return
+        self._reader = threading.Thread(
+            target=self._read_aside,
+            args=(self._source,),
+            name=f"zdelay-rows-{self.companion_id}",
+            daemon=True,
+        )
+        self._reader.start()
+
+    def _read_aside(self, source: DjangoBeatSource) -> None:
+        """Read the changed rows for the next pass to store (see :meth:`_check_config`)."""
+        try:
+            with self._reading:
+                rows = self._read_rows(source)
+        except SourceUnavailableError as exc:
+            # changed() says yes again at the next check: read again then.
+            self._source_fails(exc)
+        except Exception:
+            logger.exception("Reading the django-celery-beat rows failed")
+        else:
+            self._source_answers()
+            self._rows_read = rows
+        finally:
+            source.close()
+
     def _source_fails(self, exc: SourceUnavailableError) -> None:
         if not self._source_down:
             logger.warning(
@@ -334,8 +429,12 @@ class PeriodicServer:
                 for name, ms in ran.items():
                     self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
                 self._source_fails(exc)
+        rows, self._rows_read = self._rows_read, None
+        if rows is not None:
+            self.reconcile(rows=rows)
+            self._visits_checked = False
         if now - self._last_check >= RECONCILE_CHECK_SECONDS:
-            self.reconcile()
+            self._check_config()
             self._visits_checked = False
         if not self._visits_checked:
             self._check_visits()
@@ -378,18 +477,24 @@ class PeriodicServer:
             if name not in snap.pointers or task_id in remembered or task_id in pending
         }
         advanced: set[str] = set()
+        later: list[tuple[str, Pointer, int, int]] = []
         for name, definition in snap.definitions.items():
             if name in snap.paused:
                 continue
             try:
                 gap_decided = self._sort_out_missed(definition, snap)
-                parked += self._tend_one(definition, snap, gap_decided=gap_decided, moved=advanced)
+                parked += self._tend_one(
+                    definition, snap, gap_decided=gap_decided, moved=advanced, later=later
+                )
             except Exception as exc:
                 if isinstance(exc, ZDelayError) and exc.transient:
                     raise  # the store's state, not this schedule's: the caller waits
                 logger.exception(
                     "Periodic task %r: parking its next occurrences failed", definition.label
                 )
+        if later:
+            self.periodic.defer(later)
+            advanced.update(name for name, *_ in later)
         self._revisit_stale(snap, advanced)
         self.parked += parked
         return parked
@@ -668,8 +773,15 @@ class PeriodicServer:
         *,
         gap_decided: bool = False,
         moved: set[str] | None = None,
+        later: list[tuple[str, Pointer, int, int]] | None = None,
     ) -> int:
-        """Park what is due of one schedule; add its name to *moved* if its pointer is written."""
+        """Park what is due of one schedule; add its name to *moved* if its pointer is written.
+
+        With *later*, a schedule whose next occurrence is more than
+        :data:`PARK_LEAD_MS` ahead, with nothing parked that waits for its
+        run, parks nothing: (name, pointer, wake ms, next ms) is added to
+        *later*, for the caller to put its next look off (``defer.lua``).
+        """
         pointer = snap.pointers.get(definition.name)
         if pointer is None:
             return 0
@@ -689,6 +801,13 @@ class PeriodicServer:
         todo_park = [ms for ms in todo.park if definition.in_window(ms)]
         if definition.max_runs is not None:
             todo_park = todo_park[: max(0, definition.max_runs - pointer.runs)]
+        if later is not None and todo_park and not (todo.skipped or todo.missed or gap_decided):
+            wake = self._wake_ms(definition.name, todo_park[0])
+            last_run = snap.runs.get(definition.name, (-1, 0))[0]
+            waiting = any(ms > last_run for ms, _ in pointer.parked)
+            if wake > snap.now_ms + self.horizon_ms and not waiting and not pointer.inclusive:
+                later.append((definition.name, pointer, wake, todo_park[0]))
+                return 0
         if not todo_park:
             if todo.pointer_ms != pointer.ms:
                 if moved is not None:
@@ -771,6 +890,16 @@ class PeriodicServer:
                 self._pending.pop(task_id, None)
             return 0
         return first
+
+    def _wake_ms(self, name: str, occurrence_ms: int) -> int:
+        """When to look at a schedule again whose next occurrence is at *occurrence_ms*.
+
+        Between :attr:`park_lead_ms` and half of it before, by a hash of the
+        name: the same in every companion, and schedules that tick at one
+        instant are parked over half an hour, not in one pass.
+        """
+        spread = zlib.crc32(name.encode()) % max(1, self.park_lead_ms // 2)
+        return occurrence_ms - self.park_lead_ms + spread
 
     @staticmethod
     def _missed_ids(

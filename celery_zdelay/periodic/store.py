@@ -76,6 +76,10 @@ class Pointer:
     inclusive: bool = False
     #: Occurrences parked under this definition so far (for ``zdelay_max_runs``).
     runs: int = 0
+    #: Put off until then by a planner (``defer.lua``): its next occurrence,
+    #: :attr:`next_ms`, was further ahead than it parks.
+    wake_ms: int | None = None
+    next_ms: int | None = None
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Pointer:
@@ -97,18 +101,33 @@ class Pointer:
             parked=parked,
             inclusive=data.get("incl") is True,
             runs=int(data.get("n") or 0),
+            wake_ms=_ms_or_none(data.get("wake")),
+            next_ms=_ms_or_none(data.get("next")),
         )
+
+
+def _ms_or_none(value: Any) -> int | None:
+    """A stored time as the scripts read it (a JSON number), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    return None
 
 
 def next_visit_ms(pointer: Pointer | None, last_run_ms: int) -> float:
     """The score a schedule has in the visits zset (``periodic_next_visit`` in ``_pointer.lua``).
 
     Its pointer's ms, or the earliest occurrence parked after *last_run_ms*
-    (the last run recorded), if earlier; infinity without a pointer.
+    (the last run recorded), if earlier; when none is parked after it, the
+    time a planner put its next look off to (:attr:`Pointer.wake_ms`), if
+    later. Infinity without a pointer.
     """
     if pointer is None:
         return math.inf
-    return min([pointer.ms, *(ms for ms, _ in pointer.parked if ms > last_run_ms)])
+    waiting = [ms for ms, _ in pointer.parked if ms > last_run_ms]
+    at = min([pointer.ms, *waiting])
+    if not waiting and pointer.wake_ms is not None and pointer.wake_ms > at:
+        return pointer.wake_ms
+    return at
 
 
 @dataclass
@@ -155,6 +174,7 @@ PERIODIC_SCRIPTS = register(
     ScriptSpec("park_once", _lua("park_once"), leads_into=spec("park")),
     ScriptSpec("record_runs", _lua("record_runs"), (_POINTER,)),
     ScriptSpec("revisit", _lua("revisit"), (_POINTER,)),
+    ScriptSpec("defer", _lua("defer"), (_POINTER,)),
 )
 
 
@@ -183,6 +203,7 @@ class PeriodicStore:
         self._park_once = scripts["park_once"]
         self._record_runs = scripts["record_runs"]
         self._revisit = scripts["revisit"]
+        self._defer = scripts["defer"]
         #: name -> (stored body, its Definition): a body read again is not decoded again.
         self._decoded: dict[str, tuple[bytes, Definition]] = {}
         #: See :data:`TICK_MEMORY_MS`.
@@ -452,6 +473,23 @@ class PeriodicStore:
                     args=[now_ms - self.remember_parked_ms, *names],
                 )
             )
+
+    def defer(self, plans: Sequence[tuple[str, Pointer, int, int]]) -> int:
+        """Put off the next look at schedules: (name, pointer read, wake ms, next ms) each.
+
+        ``defer.lua``, in batches of :data:`REVISIT_BATCH`: one whose pointer
+        is no longer the one read (changed, advanced, paused, removed) is
+        left as it is. Returns how many were put off.
+        """
+        k = self.keys
+        done = 0
+        with store_errors(self.store.url):
+            for at in range(0, len(plans), REVISIT_BATCH):
+                args: list[Any] = []
+                for name, pointer, wake_ms, next_ms in plans[at : at + REVISIT_BATCH]:
+                    args += [name, pointer.version, pointer.ms, wake_ms, next_ms]
+                done += int(self._defer(keys=[k.pointers, k.runs, k.visits], args=args))
+        return done
 
     # -- definitions ----------------------------------------------------------
 

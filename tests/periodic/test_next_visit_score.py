@@ -85,6 +85,22 @@ CASES: list[tuple[str, dict[str, Any], Any, float]] = [
         MS - 2000,
     ),
     ("a pointer without ids", {"ms": MS, "v": 1}, None, MS),
+    # A planner put its next look off (defer.lua, PARK_LEAD_MS)
+    ("a wake after the pointer", {"ms": MS, "v": 1, "ids": [], "wake": MS + 9000}, None, MS + 9000),
+    ("a wake before the pointer is not", {"ms": MS, "v": 1, "wake": MS - 9000}, None, MS),
+    (
+        "an occurrence waiting for its run is, whatever the wake",
+        {"ms": MS, "v": 1, "ids": [[MS, "a"]], "wake": MS + 9000},
+        None,
+        MS,
+    ),
+    (
+        "one recorded as run is not waited for",
+        {"ms": MS, "v": 1, "ids": [[MS, "a"]], "wake": MS + 9000},
+        {"ms": MS, "lateness_ms": 3},
+        MS + 9000,
+    ),
+    ("a wake that is not a number is ignored", {"ms": MS, "v": 1, "wake": "soon"}, None, MS),
 ]
 
 

@@ -159,8 +159,9 @@ def test_schedules_sharing_an_occurrence_time_record_only_their_own_runs(
 
 
 def test_the_handoff_names_what_it_moves_only_near_a_periodic_occurrence(app: Celery) -> None:
-    # Given a companion serving an hourly schedule, its next tick an hour away
-    app.conf.beat_schedule = {"hourly": {"task": "tests.record", "schedule": 3600}}
+    # Given a companion serving a half-hourly schedule, its next tick half an
+    # hour away (parked: within the planner's PARK_LEAD_MS)
+    app.conf.beat_schedule = {"hourly": {"task": "tests.record", "schedule": 1800}}
     with Companion(app, beat=True) as companion:
         server = companion.periodic
         assert server is not None
@@ -179,7 +180,7 @@ def test_the_handoff_names_what_it_moves_only_near_a_periodic_occurrence(app: Ce
         # fast-forwarded to the tick
         companion.release_due()
         companion.release_due()
-        report = companion.release_due(advance_ms=3_601_000)
+        report = companion.release_due(advance_ms=1_801_000)
 
     # Then only the first (no clock yet) and the last (the tick) asked for ids
     assert asked == [True, False, True]

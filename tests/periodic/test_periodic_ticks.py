@@ -124,13 +124,13 @@ def test_missed_occurrences_follow_the_entry_policy() -> None:
 
 def test_numeric_expires_counts_from_the_occurrence(app: Celery, redis_client: redis.Redis) -> None:
     server = server_for(
-        app, {"a": {"task": "tests.record", "schedule": 3600, "options": {"expires": 60}}}
+        app, {"a": {"task": "tests.record", "schedule": 1800, "options": {"expires": 60}}}
     )
     server.reconcile()
     tend(server)
     (task_id,) = parked_ids(redis_client, "a")
     with Companion(app) as companion:
-        companion.release_due(advance_ms=3_700_000)
+        companion.release_due(advance_ms=1_900_000)
     message = redis_client.lpop("celery")
     assert message is not None
     headers = json.loads(message)["headers"]

@@ -51,8 +51,11 @@ def _served(make_test_app: AppFactory, url: str, prefix: str, count: int) -> Per
     }
     server = server_for(app, schedule, f"c-{prefix}")
     server.reconcile()
-    # The first pass parks each one's next occurrence, a day ahead.
-    assert tend(server) == count
+    # The first pass parks none: each one's next occurrence is a day ahead,
+    # further than the planner parks (PARK_LEAD_MS), and is written down.
+    assert tend(server) == 0
+    pointers = server.periodic.snapshot().pointers
+    assert sum(1 for p in pointers.values() if p.next_ms and not p.parked) == count
     return server
 
 
@@ -124,9 +127,12 @@ def test_a_schedule_not_due_is_served_when_it_comes_due(
     snap = server.periodic.view(server.horizon_ms)
     assert set(snap.visits) == {"every-second"}
     assert any(t.startswith("periodic:every-second:v1:") for t in server._pending)
+    # (daily-7 looked at, its next occurrence a day ahead written down)
     pointer = server.periodic.snapshot().pointers["daily-7"]
     assert pointer.version == 2
-    assert len(pointer.parked) == 1
+    assert pointer.parked == []
+    assert pointer.next_ms is not None
+    assert pointer.next_ms > snap.now_ms + 23 * 3_600_000
 
 
 def test_an_unchanged_beat_schedule_is_not_rebuilt_and_an_edit_in_place_is_seen(

@@ -144,6 +144,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("revisit.lua", "HSET", "pointers"): _PERIODIC,
     ("revisit.lua", "ZADD", "visits"): _PERIODIC,
     ("revisit.lua", "ZREM", "visits"): _PERIODIC,
+    ("defer.lua", "HSET", "pointers"): _PERIODIC,
+    ("defer.lua", "ZADD", "visits"): _PERIODIC,
     # A task id's history (lua/_history.lua, called by the transitions):
     # what happened to an id, kept after it is gone; no entry's state.
     ("_history.lua", "HSET", "hist"): _HISTORY,

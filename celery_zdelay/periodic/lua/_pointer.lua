@@ -36,6 +36,9 @@ end
 -- pointer lists as parked that no companion recorded as run (in the runs
 -- hash; none given: none recorded), if earlier, so companions look at it
 -- until its run is recorded.
+-- When the pointer lists no such occurrence and a planner put its next
+-- one off (its "wake", written by defer.lua: parked within the hour before
+-- it is due), that time instead, if later.
 -- A pointer that cannot be read is never looked at ('+inf'), as a pass
 -- leaves it out. Must equal next_visit_ms() in periodic/store.py.
 local function periodic_next_visit(r, runs, name)
@@ -46,14 +49,16 @@ local function periodic_next_visit(r, runs, name)
     local ok, run = pcall(cjson.decode, redis.call('HGET', runs, name) or '')
     if ok and type(run) == 'table' and tonumber(run.ms) then last = tonumber(run.ms) end
   end
+  local waiting = false
   if type(r.ids) == 'table' then
     for _, pair in ipairs(r.ids) do
-      if type(pair) == 'table' and type(pair[1]) == 'number' and pair[1] > last
-          and pair[1] < at then
-        at = pair[1]
+      if type(pair) == 'table' and type(pair[1]) == 'number' and pair[1] > last then
+        waiting = true
+        if pair[1] < at then at = pair[1] end
       end
     end
   end
+  if not waiting and type(r.wake) == 'number' and r.wake > at then at = r.wake end
   -- As an integer: a Lua number would be written as 1.7649720000001e+12.
   return string.format('%d', at)
 end

@@ -70,6 +70,8 @@ for i = first_pair, #ARGV, 2 do
 end
 r.ids = ids
 r.n = (tonumber(r.n) or 0) + added
+-- Planned now: a visit put off (defer.lua) is over.
+r.wake, r.next = nil, nil
 redis.call('HSET', pointers, name, cjson.encode(r))
 redis.call('ZADD', visits, periodic_next_visit(r, runs, name), name)
 return 1

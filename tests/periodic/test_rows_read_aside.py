@@ -1,0 +1,132 @@
+"""Rows that changed are read beside the planner's passes, not inside one.
+
+At 100,000 django-celery-beat rows, an edit made each companion read every
+row again inside a planner pass: more than ten seconds in which no schedule
+was planned, so the rows ticking every 5 s ran out of occurrences parked
+ahead and lost ticks to ``zdelay_missed`` (``benchmarks/beat_rows.py``: two
+ticks of each such row passed while no companion served it). The read now
+runs in a thread of its own and the next pass stores what it read.
+
+The database is a stand-in here, one whose read of the rows takes as long
+as a large table's: what is tested is the planner around it, against a
+real Redis. The real rows, read aside, are served by the
+django-celery-beat tests (``test_django_beat*.py``) through real companions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_zdelay.periodic.definition import SOURCE_DJANGO_BEAT, Definition, from_beat_entry
+from celery_zdelay.periodic.django_beat import SourceUnavailableError
+from tests.helpers import wait_for
+from tests.support.periodic import server_for, tend
+
+pytestmark = pytest.mark.timeout(60)
+
+#: How long the stand-in's read of the rows takes once they changed.
+SLOW_READ_S = 3.0
+
+
+class SlowRows:
+    """A django-celery-beat source whose rows are *entries*, read in *read_s* seconds."""
+
+    def __init__(self, entries: dict[str, Any]) -> None:
+        self.entries = dict(entries)
+        self.marker = 1
+        self.read_marker = 0
+        self.read_s = 0.0
+        self.fail_next = False
+        self.reads = 0
+        self.closed_in: list[str] = []
+
+    def changed(self) -> bool:
+        return self.marker != self.read_marker
+
+    def definitions(self) -> tuple[list[Definition], dict[str, str]]:
+        time.sleep(self.read_s)
+        if self.fail_next:
+            self.fail_next = False
+            raise SourceUnavailableError("Reading the django-celery-beat rows failed: gone")
+        self.reads += 1
+        self.read_marker = self.marker
+        return [
+            from_beat_entry(name, entry, source=SOURCE_DJANGO_BEAT)
+            for name, entry in self.entries.items()
+        ], {}
+
+    def made(self) -> int:
+        return self.read_marker
+
+    def pinned(self) -> dict[str, str]:
+        return {}
+
+    def last_runs(self) -> dict[str, int]:
+        return {}
+
+    def read_again(self) -> None:
+        self.read_marker = 0
+
+    def note_runs(self, runs: dict[str, int]) -> None:
+        runs.clear()
+
+    def close(self) -> None:
+        self.closed_in.append(threading.current_thread().name)
+
+
+def _served(app: Celery) -> tuple[Any, SlowRows]:
+    rows = SlowRows({"fast": {"task": "tests.record", "schedule": 1.0}})
+    server = server_for(app, {})
+    server._source = rows  # type: ignore[assignment]
+    assert server.reconcile() == "done"
+    return server, rows
+
+
+def test_an_edit_read_slowly_holds_no_pass_and_is_stored_when_read(app: Celery) -> None:
+    # Given a companion serving rows, its first pass made
+    server, rows = _served(app)
+    tend(server)
+
+    # When a row is added and the rows now take 3 s to read, and passes go on
+    rows.entries["added"] = {"task": "tests.record", "schedule": 2.0}
+    rows.marker, rows.read_s = 2, SLOW_READ_S
+    server._last_check = 0.0  # the check is due
+    longest = 0.0
+    started = time.monotonic()
+    while "added" not in server.periodic.snapshot().definitions:
+        assert time.monotonic() - started < 20, "the rows read aside were never stored"
+        began = time.monotonic()
+        tend(server)
+        longest = max(longest, time.monotonic() - began)
+        time.sleep(0.05)
+
+    # Then no pass waited for the read (mutant: the check reads in the pass,
+    # as before: the longest pass is the 3 s read), the rows were stored once
+    # read, and the reading thread closed its database connections
+    assert longest < SLOW_READ_S / 3, longest
+    assert time.monotonic() - started >= SLOW_READ_S
+    assert rows.reads == 2
+    assert rows.closed_in == ["zdelay-rows-c"]
+
+
+def test_a_read_that_fails_is_tried_again_at_the_next_check(app: Celery) -> None:
+    # Given a companion serving rows, and an edit whose first read fails
+    server, rows = _served(app)
+    rows.entries["added"] = {"task": "tests.record", "schedule": 2.0}
+    rows.marker, rows.fail_next = 2, True
+
+    # When the checks go on
+    def stored() -> bool:
+        server._last_check = 0.0
+        tend(server)
+        return "added" in server.periodic.snapshot().definitions
+
+    # Then the edit is read again and stored, and the source is said to be down meanwhile
+    wait_for(stored, timeout=20)
+    assert rows.reads == 2
+    assert server._source_down is False
