@@ -11,7 +11,7 @@ and chords do not pass ``producer=`` on to the tasks they publish first, so
 Celery's send path sends ``after_task_publish`` right after the producer
 takes the message. A captured message is not published, and may never be
 parked (the store refuses it, a ``batch()`` block raises, a transaction
-rolls back), so that signal is held back for each message the capturing
+rolls back), so that signal is silenced for each message the capturing
 producer takes: its arguments stay with the message
 (:class:`CapturedMessage`), and :func:`announce_parked` sends it once the
 store has parked it. ``before_task_publish`` runs where Celery runs it: its
@@ -44,10 +44,10 @@ R = TypeVar("R")
 
 @dataclass
 class CapturedMessage(TaskMessage):
-    """A task message taken by a :class:`CapturingProducer`, with its held-back signal."""
+    """A task message taken by a :class:`CapturingProducer`, with its silenced signal."""
 
-    #: The arguments of the ``after_task_publish`` Celery sent for it, held
-    #: back until it is parked (:func:`announce_parked`); None once sent.
+    #: The arguments of the ``after_task_publish`` Celery sent for it, kept
+    #: until it is parked (:func:`announce_parked`); None once sent.
     announcement: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
@@ -82,8 +82,8 @@ class CapturingProducer(Producer):  # type: ignore[misc]
         if len(self.messages) > taken:
             message = self.messages[-1]
             # What Celery's send path passes to after_task_publish, which it
-            # sends next, for this message: that send is held back
-            # (_hold_after_publish) and made by announce_parked instead.
+            # sends next, for this message: that send is silenced
+            # (_silence_after_publish) and made by announce_parked instead.
             message.announcement = {
                 "sender": message.task_name,
                 "body": body,
@@ -91,7 +91,7 @@ class CapturingProducer(Producer):  # type: ignore[misc]
                 "exchange": kwargs.get("exchange"),
                 "routing_key": routing_key,
             }
-            _held.set(message.task_name)
+            _silenced.set(message.task_name)
         return result
 
     def _events_exchange(self) -> str:
@@ -159,13 +159,13 @@ def capture(app: Celery, send: Callable[[CapturingProducer], R]) -> tuple[R, lis
     """
     producer = CapturingProducer(_lazy_connection(app), lambda: str(app.conf.event_exchange))
     _route_acquired_producers(app)
-    _hold_after_publish()
+    _silence_after_publish()
     token = _capturing.set((app, producer))
-    held = _held.set(None)
+    silenced = _silenced.set(None)
     try:
         result = send(producer)
     finally:
-        _held.reset(held)
+        _silenced.reset(silenced)
         _capturing.reset(token)
     return result, list(producer.messages)
 
@@ -183,15 +183,15 @@ def announce_parked(messages: Iterable[TaskMessage | None]) -> None:
             signals.after_task_publish.send(**announcement)
 
 
-#: The task name whose next ``after_task_publish`` is held back: the message
+#: The task name whose next ``after_task_publish`` is silenced: the message
 #: a capturing producer just took, in this thread or task.
-_held: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "celery_zdelay_held_signal", default=None
+_silenced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "celery_zdelay_silenced_signal", default=None
 )
-_holding = threading.Lock()
+_silencing = threading.Lock()
 
 
-def _hold_after_publish() -> None:
+def _silence_after_publish() -> None:
     """Make ``after_task_publish`` skip the message a capturing producer just took.
 
     Celery's sender binds ``after_task_publish.send`` when an app first
@@ -200,21 +200,21 @@ def _hold_after_publish() -> None:
     publish, another thread) reaches every receiver as before.
     """
     signal = signals.after_task_publish
-    if getattr(signal, "_zdelay_holds", False):
+    if getattr(signal, "_zdelay_silences", False):
         return
-    with _holding:
-        if getattr(signal, "_zdelay_holds", False):
+    with _silencing:
+        if getattr(signal, "_zdelay_silences", False):
             return
         live_receivers = signal._live_receivers
 
         def _live_receivers(sender: Any) -> Any:
-            if sender is not None and _held.get() == sender:
-                _held.set(None)
+            if sender is not None and _silenced.get() == sender:
+                _silenced.set(None)
                 return []
             return live_receivers(sender)
 
         signal._live_receivers = _live_receivers
-        signal._zdelay_holds = True
+        signal._zdelay_silences = True
 
 
 #: The app being captured in this context, and its capturing producer.

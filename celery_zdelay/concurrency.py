@@ -76,7 +76,7 @@ def slots_of(
 
     *queue* None means "any queue": the worker, which does not know which
     queue the companion saw, frees the task's slot in every queue control
-    (freeing a slot a task does not hold changes nothing).
+    (freeing a slot a task did not take changes nothing).
     """
     found: list[tuple[str, int]] = []
     for name in sorted(controls):

@@ -7,7 +7,9 @@ the only place that reads them, validates them and applies the defaults.
 from __future__ import annotations
 
 import difflib
+import logging
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
 __all__ = [
+    "RENAMED_SETTINGS",
     "SETTINGS",
     "RetryPolicy",
     "ZDelayConfig",
@@ -48,9 +51,10 @@ DEFAULT_RETRY_POLICY: Mapping[str, float] = {
     "interval_max": 1.0,
 }
 
-#: Most seconds an on_key="until_finished" key stays held after its task's
-#: release, when no worker reports the task finished (a worker was lost).
-DEFAULT_KEY_HOLD_SECONDS = 3600.0
+#: Most seconds a released task's run is taken to last: its on_key="until_finished"
+#: key, its periodic overlap key and its concurrency slots are freed this long
+#: after the release when no worker reports the run ended (a worker was lost).
+DEFAULT_MAX_RUN_SECONDS = 3600.0
 
 #: Seconds a task id's history is kept after its last event (0: none is
 #: recorded). See docs/performance.rst for the figures behind it.
@@ -83,7 +87,7 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_audit_log": "log one INFO line per released, cancelled, rescheduled or dead task",
     "zdelay_whole_messages": "park messages exactly as pushed: a faster handoff, more Redis memory",
     "zdelay_rate_limits": "release rate limits per queue or task, global across companions",
-    "zdelay_key_hold_seconds": 'most seconds an on_key="until_finished" key is held after release',
+    "zdelay_max_run_seconds": "most seconds a run's until_finished key and slots stay taken",
     "zdelay_max_late": "most seconds after its due time a task is still released as usual",
     "zdelay_on_stale": 'what a release past max_late does: "dead", "drop" or "run"',
     "zdelay_concurrency": "most tasks released and not finished, per queue, task or limit key",
@@ -91,9 +95,24 @@ SETTINGS: Mapping[str, str] = {
     "zdelay_release_ahead_seconds": "release this many seconds before due, eta set (0: off)",
 }
 
+#: Old names of settings -> their names now. An old name still works, with a
+#: DeprecationWarning and a logged warning; setting both names is an error.
+RENAMED_SETTINGS: Mapping[str, str] = {
+    # "hold" means a task held back by a control; a run's key and slots are not held.
+    "zdelay_key_hold_seconds": "zdelay_max_run_seconds",
+}
+
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 #: Keys whose change (set on ``app.conf``) means the settings must be read again.
-_WATCHED = (*SETTINGS, "broker_url", "broker_write_url", "broker_transport_options")
+_WATCHED = (
+    *SETTINGS,
+    *RENAMED_SETTINGS,
+    "broker_url",
+    "broker_write_url",
+    "broker_transport_options",
+)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -143,16 +162,17 @@ class ZDelayConfig:
     #: Release rate limits: control name (``queue:<q>``/``task:<t>``) -> limit;
     #: a limit set at run time (:func:`celery_zdelay.set_rate_limit`) overrides it.
     rate_limits: Mapping[str, RateLimit] = field(default_factory=dict)
-    #: ``zdelay_key_hold_seconds`` in ms: how long an ``until_finished`` key
-    #: stays held after the release if no worker reports the task finished.
-    key_hold_ms: int = round(DEFAULT_KEY_HOLD_SECONDS * 1000)
+    #: ``zdelay_max_run_seconds`` in ms: how long after the release a run's
+    #: ``until_finished`` key (or periodic overlap key) and concurrency slots
+    #: stay taken if no worker reports the task finished.
+    max_run_ms: int = round(DEFAULT_MAX_RUN_SECONDS * 1000)
     #: ``zdelay_max_late`` in ms (None: no limit), applied by the companions
     #: at release to entries parked without their own ``max_late``.
     max_late_ms: int | None = None
     #: ``zdelay_on_stale``: what a release past the limit does (see stale.py).
     on_stale: str = "dead"
     #: ``zdelay_concurrency``: control name -> most tasks released and not
-    #: finished. A slot is held at most :attr:`key_hold_ms` after the release.
+    #: finished. A slot is taken at most :attr:`max_run_ms` after the release.
     concurrency: Mapping[str, int] = field(default_factory=dict)
     #: ``zdelay_history_seconds`` in ms: how long a task id's history (see
     #: :func:`celery_zdelay.history`) is kept after its last event; 0 records none.
@@ -198,6 +218,7 @@ def get_config(app: Celery) -> ZDelayConfig:
     if unknown:
         raise ConfigurationError(unknown[0])
     raw = {key: _lookup(app, key) for key in SETTINGS}
+    _read_renamed(app, raw)
     config = _build(
         raw, conf.broker_transport_options, _broker_url(app), setting_name(app, "zdelay_redis_url")
     )
@@ -209,6 +230,34 @@ def _lookup(app: Celery, key: str) -> Any:
     # Under a namespace (Django's namespace="CELERY"), Celery's settings view
     # finds CELERY_ZDELAY_THRESHOLD for zdelay_threshold itself.
     return app.conf.get(key)
+
+
+def _read_renamed(app: Celery, raw: dict[str, Any]) -> None:
+    """Put the value of each renamed setting set under its old name into *raw*, with a warning.
+
+    Raises:
+        ConfigurationError: both the old and the new name are set.
+    """
+    for old, new in RENAMED_SETTINGS.items():
+        value = _lookup(app, old)
+        if value is None:
+            continue
+        old_name, new_name = setting_name(app, old), setting_name(app, new)
+        if raw[new] is not None:
+            raise ConfigurationError(
+                f"{old_name} and {new_name} are both set: {old_name} is the old name of "
+                f"{new_name}. Keep {new_name} only."
+            )
+        raw[new] = value
+        # Once per app and name: the settings are read again when they change.
+        warned: set[str] = app.__dict__.setdefault("_zdelay_warned_renamed", set())
+        if old not in warned:
+            warned.add(old)
+            message = (
+                f"{old_name} is deprecated: rename it to {new_name} (same meaning, same value)."
+            )
+            warnings.warn(message, DeprecationWarning, stacklevel=3)
+            logger.warning("%s", message)
 
 
 def _broker_url(app: Celery) -> str | None:
@@ -239,7 +288,7 @@ def unknown_settings(app: Celery) -> list[str]:
         name = str(key).lower()
         if name.startswith("celery_"):
             name = name[len("celery_") :]
-        if name.startswith("zdelay_") and name not in SETTINGS:
+        if name.startswith("zdelay_") and name not in SETTINGS and name not in RENAMED_SETTINGS:
             # Spelled as the user spelled the key: CELERY_ZDELAY_... in Django.
             prefix = str(key)[: len(str(key)) - len(name)]
             upper = str(key).isupper()
@@ -313,10 +362,10 @@ def _build(
         audit_log=_flag("zdelay_audit_log", raw["zdelay_audit_log"]),
         whole_messages=whole_messages,
         rate_limits=parse_limits(raw["zdelay_rate_limits"]),
-        key_hold_ms=_seconds_ms(
-            "zdelay_key_hold_seconds",
-            raw["zdelay_key_hold_seconds"],
-            DEFAULT_KEY_HOLD_SECONDS,
+        max_run_ms=_seconds_ms(
+            "zdelay_max_run_seconds",
+            raw["zdelay_max_run_seconds"],
+            DEFAULT_MAX_RUN_SECONDS,
             0.001,
         ),
         max_late_ms=stale.max_late_ms(raw["zdelay_max_late"], "zdelay_max_late"),

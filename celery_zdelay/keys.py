@@ -10,9 +10,9 @@ with ``on_key`` saying what a second call does:
   call: the task runs once, after the calls have been quiet for it; with
   ``max_wait=`` (seconds), at most that long after the first call of the
   burst, however steady the calls (:func:`max_wait_ms`);
-- ``"until_finished"``: as keep, and the key stays held after the release
+- ``"until_finished"``: as keep, and the key stays taken after the release
   while the task runs, until its run ends however it ends (see
-  :func:`celery_zdelay.worker.release_key`) or ``zdelay_key_hold_seconds``
+  :func:`celery_zdelay.worker.release_key`) or ``zdelay_max_run_seconds``
   passed.
 
 *Tags* (``tags=["order:42"]``) find and steer parked tasks:
@@ -180,7 +180,7 @@ def set_headers(
     options["headers"] = headers
 
 
-def mark_from_headers(headers: Mapping[str, Any], *, hold_ms: int) -> Mark | None:
+def mark_from_headers(headers: Mapping[str, Any], *, max_run_ms: int) -> Mark | None:
     """Return the mark a message's *headers* ask for (checked), or None for none."""
     key = headers.get(KEY_HEADER)
     tags = headers.get(TAGS_HEADER)
@@ -203,7 +203,7 @@ def mark_from_headers(headers: Mapping[str, Any], *, hold_ms: int) -> Mark | Non
         key=None if key is None else validate_key(key),
         on_key=mode,
         tags=_validate_tags(tags or ()),
-        hold_ms=hold_ms,
+        max_run_ms=max_run_ms,
         max_wait_ms=_max_wait_header(headers.get(MAX_WAIT_HEADER), key, mode),
     )
 

@@ -1,10 +1,10 @@
 """What a task id, key, tag or limit key may hold: one rule, checked where a value enters.
 
 The store keeps these values in records that join fields with a newline
-(``store/lua/_marks.lua``): an entry's mark ``"<mode><hold ms>\\n<key>\\n<tag>..."``,
-a key's holder ``"<task id>\\n<until ms>"``, the tag index ``"<tag>\\n<task id>"``.
-A newline inside one of them would shift every field after it: a key held by
-task ``"a\\nb"`` reads as held by ``"a"`` until ms ``0``, i.e. free. So a value
+(``store/lua/_marks.lua``): an entry's mark ``"<mode><max run ms>\\n<key>\\n<tag>..."``,
+a key's owner ``"<task id>\\n<until ms>"``, the tag index ``"<tag>\\n<task id>"``.
+A newline inside one of them would shift every field after it: a key owned by
+task ``"a\\nb"`` reads as owned by ``"a"`` until ms ``0``, i.e. free. So a value
 that names parked work is refused, before anything is written, when it is not
 a ``str``, is empty, or holds
 

@@ -103,7 +103,7 @@ def park_task(
         )
     parked = park_messages(app, messages, due, spread_ms=spread_ms, max_late_ms=late_ms)
     if key is not None and parked and parked[0] != result.id:
-        # The key was held: the caller gets the entry that holds it.
+        # The key was taken: the caller gets the entry that owns it.
         return task.AsyncResult(parked[0])
     return result
 
@@ -409,7 +409,7 @@ def park_messages(
     (see :mod:`celery_zdelay.stale`).
 
     Returns, per message, the id of the entry parked for it: its own, or for
-    a message with a key already held (``on_key``), the holder's.
+    a message with a key already taken (``on_key``), the owner's.
     Inside :func:`batch` the entries are queued and parked when it ends.
     """
     parking = producing(app)
@@ -438,7 +438,7 @@ def park_messages(
                     "Parked %s[%s]%s",
                     message.task_name,
                     message.task_id,
-                    "" if parked_id == message.task_id else f": its key is held by {parked_id}",
+                    "" if parked_id == message.task_id else f": its key is owned by {parked_id}",
                 )
         _announce(app, messages, parked)
         if not parking.companion_checked:
@@ -560,7 +560,7 @@ def _requests(
         if max_late_ms is not None:
             payload = with_max_late(payload, max_late_ms)
         mark = (
-            mark_from_headers(message.headers, hold_ms=parking.config.key_hold_ms)
+            mark_from_headers(message.headers, max_run_ms=parking.config.max_run_ms)
             if KEY_HEADER in message.headers
             or TAGS_HEADER in message.headers
             or ON_KEY_HEADER in message.headers
@@ -580,7 +580,7 @@ CANVAS_GRACE_MS = 7 * 24 * 3600 * 1000
 
 
 def _remember_canvas(app: Celery, result: Any, messages: list[TaskMessage], due: Due) -> None:
-    """Let the ids the caller holds for a canvas find the tasks parked for it.
+    """Let the ids the caller has for a canvas find the tasks parked for it.
 
     A chain parks its first task but returns its last one's result (its
     ``parent`` chain leads back), a group returns a result under the group
@@ -589,13 +589,13 @@ def _remember_canvas(app: Celery, result: Any, messages: list[TaskMessage], due:
     remember_canvas(app, _result_ids(result), [message.task_id for message in messages], due)
 
 
-def remember_canvas(app: Celery, held: Iterable[str], parked: list[str], due: Due) -> None:
-    """Record that the ids in *held* stand for the entries *parked* (canvas aliases).
+def remember_canvas(app: Celery, result_ids: Iterable[str], parked: list[str], due: Due) -> None:
+    """Record that the ids in *result_ids* stand for the entries *parked* (canvas aliases).
 
     Members add up (a group parked member by member in transparent mode); the
     record expires :data:`CANVAS_GRACE_MS` after the due time.
     """
-    aliases = {result_id for result_id in held if result_id} - set(parked)
+    aliases = {result_id for result_id in result_ids if result_id} - set(parked)
     if not parked or not aliases:
         return
     store = store_for(app)

@@ -51,7 +51,7 @@ class DelayedTaskMixin(RunHooks):
         ``zdelay`` fixture): then it is parked, and the test releases it.
 
         With *key*, at most one task is parked per key, and *on_key* says
-        what a call finding the key held does: ``"keep"`` (the default:
+        what a call finding the key taken does: ``"keep"`` (the default:
         park nothing), ``"replace"``, ``"debounce"`` or ``"until_finished"``
         (see :doc:`/keys-and-tags`). The result returned is that of the
         task parked under the key afterwards. *tags* (strings) let
@@ -157,7 +157,7 @@ class DelayedTaskMixin(RunHooks):
         *tags* tag every call; *keys* gives each call its key (None for
         none), with one *on_key* (and *max_wait*, for ``"debounce"``) for
         all (see :meth:`apply_delayed`); the result of a call whose key is
-        held is the holder's. *limit_key* and *max_late* apply to every call
+        taken is the owner's. *limit_key* and *max_late* apply to every call
         (see :meth:`apply_delayed`).
 
         Raises:

@@ -183,20 +183,20 @@ def _transparent_sender(app: Celery, native: SendTaskMessage) -> SendTaskMessage
         options = _without_native_delay(options)
         result, messages = capture(app, lambda p: native(p, name, message, **options))
         park_messages(app, messages, due)
-        remember_canvas(app, _held_ids(headers, message), [m.task_id for m in messages], due)
+        remember_canvas(app, _canvas_ids(headers, message), [m.task_id for m in messages], due)
         return result
 
     send_task_message._zdelay_transparent = True  # type: ignore[attr-defined]
     return send_task_message
 
 
-def _held_ids(headers: dict[str, Any], message: Any) -> list[str]:
-    """Return the ids a caller may hold for this message's canvas: group, later chain steps.
+def _canvas_ids(headers: dict[str, Any], message: Any) -> list[str]:
+    """Return the ids a caller may have for this message's canvas: group, later chain steps.
 
     ``group(...).apply_async(countdown=)`` returns the group's id, a chain its
     last step's: ``cancel()`` finds the parked message by either.
     """
-    held = [headers.get("group")]
+    ids = [headers.get("group")]
     body = message[2] if len(message) > 2 else None
     embed = body[2] if isinstance(body, tuple) and len(body) > 2 else None
     if isinstance(embed, dict):
@@ -206,8 +206,8 @@ def _held_ids(headers: dict[str, Any], message: Any) -> list[str]:
         for step in steps:
             options = step.get("options") if isinstance(step, dict) else None
             if isinstance(options, dict):
-                held.append(options.get("task_id"))
-    return [h for h in held if isinstance(h, str)]
+                ids.append(options.get("task_id"))
+    return [i for i in ids if isinstance(i, str)]
 
 
 def _native(

@@ -14,7 +14,7 @@ Then, around each run of a task:
   (``zdelay_worker_dedupe``); :func:`apply_overlap_policy` runs, waits or
   skips a periodic occurrence by its schedule's overlap policy;
 - **when it ends**: :func:`note_run_finished` records the end for the guard,
-  and :func:`release_key` frees the key the run held (an ``until_finished``
+  and :func:`release_key` frees the key the run took (an ``until_finished``
   key, or a schedule's overlap key) and its concurrency slots
   (``zdelay_concurrency``) however the run ends: Celery's
   ``after_return`` is not called for ``Ignore``, ``Reject`` or a revoke, so
@@ -316,7 +316,7 @@ def apply_overlap_policy(task: Any) -> None:
     Called by :meth:`RunHooks.before_start` (see :mod:`celery_zdelay.periodic.overlap`).
     Raises ``celery.exceptions.Ignore`` to skip it (counted as skipped by
     overlap). With ``buffer_one`` it waits here, in this worker process,
-    until the run before it ends or its hold does. Should the store be out
+    until the run before it ends or is taken to have ended. Should the store be out
     of reach, the occurrence runs: the policy is a guard against piling up
     runs, and a tick not run cannot be run later.
     """
@@ -328,12 +328,12 @@ def apply_overlap_policy(task: Any) -> None:
     policy = header_of(request, OVERLAP_HEADER)
     name = header_of(request, SCHEDULE_HEADER)
     timeout = header_of(request, OVERLAP_TIMEOUT_HEADER)
-    hold = timeout if isinstance(timeout, int) and timeout > 0 else get_config(app).key_hold_ms
+    max_run_ms = timeout if isinstance(timeout, int) and timeout > 0 else get_config(app).max_run_ms
     waited = False
     while True:
         try:
             store = store_for(app)
-            verdict, holder = start_run(store, key, request.id, hold_ms=hold, policy=policy)
+            verdict, owner = start_run(store, key, request.id, max_run_ms=max_run_ms, policy=policy)
             if verdict == "skip":
                 PeriodicStore(store).count(name, "skipped_overlap")
         except (ZDelayError, RedisError, OSError) as exc:
@@ -359,28 +359,28 @@ def apply_overlap_policy(task: Any) -> None:
                 "Periodic task %r: skipped %s, run %s is unfinished (zdelay_overlap=%r)",
                 name,
                 request.id,
-                holder,
+                owner,
                 policy,
                 extra={"task_id": request.id},
             )
             raise Ignore()
-        # Bounded: the holder's hold ends at most *hold* ms after it started.
+        # Bounded: the owner's run is taken to end at most *max_run_ms* after it started.
         waited = True
         time.sleep(BUFFER_POLL_SECONDS)
 
 
-# -- a run ends: free the key it held --------------------------------------------------
+# -- a run ends: free the key it took --------------------------------------------------
 
 
 def release_key(task: Any, request: Any = None) -> None:
-    """Free the key and concurrency slots the run of *request* (default: the current one) held.
+    """Free the key and concurrency slots the run of *request* (default: the current one) took.
 
     The ``until_finished`` key of a released task, or the key a periodic
-    occurrence holds for its schedule's overlap policy. Called once per run
-    by the run-end receivers below, however the run ended. Only the holder
+    occurrence takes for its schedule's overlap policy. Called once per run
+    by the run-end receivers below, however the run ended. Only the owner
     frees a key (``finish_key.lua`` compares the task id), so a call for a
-    run that never held it changes nothing. Should no call come (a worker
-    that died), the hold ends by itself: ``zdelay_key_hold_seconds`` after
+    run that never took it changes nothing. Should no call come (a worker
+    that died), the key is freed by itself: ``zdelay_max_run_seconds`` after
     the release, or the schedule's ``zdelay_overlap_timeout`` after the run
     started. The slots of ``zdelay_concurrency`` are freed the same way,
     on the same ends (see :func:`release_slots`).
@@ -392,7 +392,7 @@ def release_key(task: Any, request: Any = None) -> None:
     release_slots(task, request)
     key = header_of(request, KEY_HEADER)
     if not isinstance(key, str) or header_of(request, ON_KEY_HEADER) != "until_finished":
-        # A periodic occurrence with an overlap policy holds its schedule's
+        # A periodic occurrence with an overlap policy takes its schedule's
         # key the same way while it runs (see apply_overlap_policy).
         key = overlap_key_of_run(request)
     if key is None or not request.id:
@@ -400,7 +400,7 @@ def release_key(task: Any, request: Any = None) -> None:
     try:
         finish_key(store_for(task._get_app()), key, request.id)
     except (ZDelayError, RedisError, OSError) as exc:
-        # The hold ends on its own (zdelay_key_hold_seconds after the release).
+        # The key is freed on its own (zdelay_max_run_seconds after the release).
         logger.warning(
             "Could not free key %r of %s[%s]: %r",
             key,
@@ -412,13 +412,13 @@ def release_key(task: Any, request: Any = None) -> None:
 
 
 def release_slots(task: Any, request: Any) -> None:
-    """Free the ``zdelay_concurrency`` slots the run of *request* held (see :func:`release_key`).
+    """Free the ``zdelay_concurrency`` slots the run of *request* took (see :func:`release_key`).
 
     The slots of its task's control, of every queue control (the worker
-    does not know which queue the companion saw; freeing a slot a task does
-    not hold changes nothing) and of its limit key's controls. Like a key,
+    does not know which queue the companion saw; freeing a slot a task did
+    not take changes nothing) and of its limit key's controls. Like a key,
     a slot no call frees (a worker that died) ends by itself,
-    ``zdelay_key_hold_seconds`` after the release. A retry and a
+    ``zdelay_max_run_seconds`` after the release. A retry and a
     ``Reject(requeue=True)`` keep the slots, as they keep the key: the task
     has not finished, and its next run's end frees them.
     """
@@ -435,7 +435,7 @@ def release_slots(task: Any, request: Any) -> None:
         if slots:
             free_slots(store_for(app), [slot for slot, _ in slots], [request.id])
     except (ZDelayError, RedisError, OSError) as exc:
-        # The slot ends on its own (zdelay_key_hold_seconds after the release).
+        # The slot ends on its own (zdelay_max_run_seconds after the release).
         logger.warning(
             "Could not free the concurrency slots of %s[%s]: %r",
             task.name,

@@ -210,7 +210,7 @@ _STEERING = (
 #: Held tasks (pauses, rate limits) listed, rescheduled and cancelled.
 _HELD = "tests/test_held_steering.py"
 _OVERLAP_KILLS = "tests/periodic/test_overlap_policy.py"
-_FINISH_START = "tests/store/test_running_key_holds.py"
+_FINISH_START = "tests/store/test_run_keys.py"
 _FORGET_ALLOWED = "tests/store/test_lanes_and_acl_precheck.py"
 #: A held task meets a key, a requeue, a purge: where an id is (_where.lua).
 _HELD_MEETS = "tests/store/test_held_meets_keys_and_dead_letters.py"
@@ -307,7 +307,7 @@ LUA = (
         _STORE + "_where.lua",
         (_HELD_MEETS, _REQUEUE_PURGE, _PARK_KEYED, _FINISH_START, _HELD_AGAIN),
     ),
-    # A key holder a producer found forged (with signing) is forgotten, only as checked.
+    # A key owner a producer found forged (with signing) is forgotten, only as checked.
     Target(
         "drop_key.lua",
         _STORE + "drop_key.lua",
@@ -315,7 +315,7 @@ LUA = (
             _MARKS,
             "tests/test_keys.py::test_a_forged_key_cannot_make_replace_cancel_a_signed_entry"
             "_parked_under_another_key",
-            "tests/test_keys.py::test_a_forged_running_hold_cannot_make_keep_return_a_signed_entry",
+            "tests/test_keys.py::test_a_forged_running_owner_cannot_make_keep_return_a_signed_entry",
         ),
     ),
     # zdelay adopt: a message taken from a broker queue is parked the first time only.
@@ -547,7 +547,7 @@ KILL_TESTS = frozenset(
         "tests/store/test_push_to_broker_lists.py",
         "tests/store/test_requeue_and_purge.py",
         "tests/store/test_reschedule_held.py",
-        "tests/store/test_running_key_holds.py",
+        "tests/store/test_run_keys.py",
         "tests/store/test_script_guards.py",
         "tests/store/test_shard_ownership.py",
         "tests/store/test_token_buckets.py",

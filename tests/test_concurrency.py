@@ -2,7 +2,7 @@
 
 Issue 36. Companions take a slot before they publish; workers free it when
 the run ends, however it ends; a slot no worker frees ends by itself
-``zdelay_key_hold_seconds`` after the release. Real Redis, real companions
+``zdelay_max_run_seconds`` after the release. Real Redis, real companions
 and real workers; the tasks record when they start and end on the Redis
 clock, so overlaps are measured where they happen.
 """
@@ -155,18 +155,18 @@ def test_two_companions_run_one_task_per_tenant_at_a_time_and_tenants_side_by_si
     wait_for(lambda: _slot_records(redis_client) == [], timeout=10)
 
 
-def test_a_worker_killed_with_sigkill_frees_its_slot_when_the_hold_ends(
+def test_a_worker_killed_with_sigkill_frees_its_slot_when_its_max_run_ends(
     make_test_app: AppFactory,
     worker: Callable[..., CeleryProcess],
     companion: Callable[..., CeleryProcess],
     runs: Runs,
     redis_client: redis.Redis,
 ) -> None:
-    # Given 1 at once and a hold of 3 s (zdelay_key_hold_seconds), and a
+    # Given 1 at once and a max run of 3 s (zdelay_max_run_seconds), and a
     # solo worker running the one task released
-    hold_s = 3.0
+    max_run_s = 3.0
     app = make_test_app(
-        conf={"zdelay_concurrency": {f"task:{SLOW}": 1}, "zdelay_key_hold_seconds": hold_s}
+        conf={"zdelay_concurrency": {f"task:{SLOW}": 1}, "zdelay_max_run_seconds": max_run_s}
     )
     doomed = worker(app)
     companion(app)
@@ -184,12 +184,12 @@ def test_a_worker_killed_with_sigkill_frees_its_slot_when_the_hold_ends(
     worker(app)
 
     # Then the second task runs once the first one's slot ended: not before
-    # the hold, and at most the hold plus the companion's look-up interval
+    # the max run, and at most the max run plus the companion's look-up interval
     # (0.5 s) and a margin for this loaded machine after the first's start
     wait_for(lambda: any(r["id"] == second.id for r in runs.all()), timeout=30)
     started = {r["id"]: r["redis_ms"] for r in runs.all() if r["result"] == "started"}
     waited_ms = started[second.id] - started[first.id]
-    assert hold_s * 1000 - 500 <= waited_ms <= (hold_s + 0.5 + 3.0) * 1000, waited_ms
+    assert max_run_s * 1000 - 500 <= waited_ms <= (max_run_s + 0.5 + 3.0) * 1000, waited_ms
     assert started[second.id] >= killed_ms
     # And once it finished, the slot record is gone
     wait_for(lambda: _slot_records(redis_client) == [], timeout=10)
@@ -283,7 +283,7 @@ def _run_one(app: Celery, runs: Runs, how: str, seconds: float = 0) -> str:
 def test_a_slot_is_free_once_its_run_ends_however_it_ends(
     make_test_app: AppFactory, worker: Callable[..., CeleryProcess], runs: Runs, how: str
 ) -> None:
-    # Given a worker and the default hold of an hour
+    # Given a worker and the default max run of an hour
     app = make_test_app(conf={"zdelay_concurrency": {f"task:{END_BY}": 1}})
     worker(app)
 
@@ -329,7 +329,7 @@ def test_revoke_with_terminate_frees_the_slot(
     # When it is revoked with terminate=True
     app.control.revoke(first, terminate=True)
 
-    # Then its slot is free long before the hour of zdelay_key_hold_seconds
+    # Then its slot is free long before the hour of zdelay_max_run_seconds
     wait_for(lambda: _live(app, f"task:{END_BY}") == 0, timeout=20)
 
 
@@ -408,24 +408,24 @@ def test_a_good_concurrency_setting_is_read() -> None:
 def test_slots_ended_by_time_are_free_and_a_record_goes_with_its_last_slot(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    # Given two slots of a control of 2, held 300 ms
+    # Given two slots of a control of 2, taken for 300 ms
     control = ControlStore(store_for(app))
-    assert control.take_slots("task:x", 2, ["a", "b", "c"], hold_ms=300) == ["a", "b"]
-    # A task that holds one keeps it, and takes no second one
-    assert control.take_slots("task:x", 2, ["a", "c"], hold_ms=300) == ["a"]
+    assert control.take_slots("task:x", 2, ["a", "b", "c"], max_run_ms=300) == ["a", "b"]
+    # A task that took one keeps it, and takes no second one
+    assert control.take_slots("task:x", 2, ["a", "c"], max_run_ms=300) == ["a"]
 
-    # When no worker frees them and their hold ends
+    # When no worker frees them and their max run ends
     wait_for(lambda: control.live_slots("task:x") == 0, timeout=5)
 
     # Then they are free again, and the record expires once empty
-    assert control.take_slots("task:x", 2, ["c"], hold_ms=300) == ["c"]
+    assert control.take_slots("task:x", 2, ["c"], max_run_ms=300) == ["c"]
     control.free_slots("task:x", ["c"])
     assert _slot_records(redis_client) == []
-    control.take_slots("task:y", 1, ["d"], hold_ms=200)
+    control.take_slots("task:y", 1, ["d"], max_run_ms=200)
     wait_for(lambda: _slot_records(redis_client) == [], timeout=5)
 
 
-def test_slots_hold_on_a_redis_cluster_store(
+def test_slots_limit_runs_on_a_redis_cluster_store(
     make_test_app: AppFactory, cluster: LocalCluster, broker_server: RedisServer
 ) -> None:
     # Given a store on a 3-master cluster (4 shards over its nodes, each slot

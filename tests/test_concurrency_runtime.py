@@ -94,7 +94,7 @@ def test_a_control_set_at_run_time_holds_releases_and_a_worker_frees_its_slots(
 
     # And the worker, whose settings know no such control, frees the slot
     # when the run ends (a worker that read only its settings never would:
-    # the slot would stay taken for zdelay_key_hold_seconds, an hour)
+    # the slot would stay taken for zdelay_max_run_seconds, an hour)
     wait_for(lambda: any(r["result"] == "return" for r in runs.all()), timeout=30)
     wait_for(lambda: _live(app, CONTROL) == 0, timeout=10)
     # So the next one goes out

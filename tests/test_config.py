@@ -9,7 +9,12 @@ from celery import Celery
 
 import celery_zdelay
 from celery_zdelay.cli import EXIT_CONFIG
-from celery_zdelay.config import DEFAULT_BATCH_SIZE, get_config, unknown_settings
+from celery_zdelay.config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_RUN_SECONDS,
+    get_config,
+    unknown_settings,
+)
 from celery_zdelay.errors import ConfigurationError
 from tests.support.cli import run
 
@@ -139,3 +144,60 @@ def test_the_companion_refuses_to_start_with_a_misspelt_setting() -> None:
 
     assert result.exit_code == EXIT_CONFIG
     assert "Unknown setting zdelay_treshold. Did you mean zdelay_threshold?" in result.output
+
+
+# -- zdelay_key_hold_seconds, renamed zdelay_max_run_seconds ------------------------
+
+
+def test_the_max_run_is_an_hour_by_default_and_set_by_its_name_without_a_warning() -> None:
+    assert get_config(_app()).max_run_ms == DEFAULT_MAX_RUN_SECONDS * 1000 == 3_600_000
+    # (warnings are errors here: a DeprecationWarning would fail this line)
+    assert get_config(_app(zdelay_max_run_seconds=90)).max_run_ms == 90_000
+
+
+def test_the_old_name_still_sets_the_max_run_and_warns_and_logs_the_new_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = _app(zdelay_key_hold_seconds=90)
+    with pytest.warns(DeprecationWarning, match="zdelay_max_run_seconds") as warned:
+        config = get_config(app)
+    assert config.max_run_ms == 90_000
+    (warning,) = warned
+    assert str(warning.message) == (
+        "zdelay_key_hold_seconds is deprecated: rename it to zdelay_max_run_seconds "
+        "(same meaning, same value)."
+    )
+    assert str(warning.message) in caplog.text
+    # Read again after a change: warned once per app (warnings are errors here)
+    app.conf.zdelay_key_prefix = "other"
+    assert get_config(app).max_run_ms == 90_000
+    # Not reported as unknown, and checked as the new name is
+    assert unknown_settings(app) == []
+    with (
+        pytest.warns(DeprecationWarning, match="zdelay_max_run_seconds"),
+        pytest.raises(ConfigurationError) as bad,
+    ):
+        get_config(_app(zdelay_key_hold_seconds=-1))
+    assert "zdelay_max_run_seconds must be a number of seconds" in str(bad.value)
+
+
+def test_the_old_name_in_a_django_project_is_named_as_it_spells_it() -> None:
+    app = Celery("config-test", set_as_current=False)
+    settings = types.SimpleNamespace(
+        CELERY_BROKER_URL="redis://127.0.0.1:1/5", CELERY_ZDELAY_KEY_HOLD_SECONDS=30
+    )
+    app.config_from_object(settings, namespace="CELERY")
+    with pytest.warns(DeprecationWarning, match="rename it to CELERY_ZDELAY_MAX_RUN_SECONDS"):
+        assert get_config(app).max_run_ms == 30_000
+    assert unknown_settings(app) == []
+
+
+def test_both_the_old_and_the_new_name_set_is_an_error_naming_both() -> None:
+    app = _app(zdelay_key_hold_seconds=60, zdelay_max_run_seconds=90)
+    with pytest.raises(ConfigurationError) as both:
+        get_config(app)
+    assert str(both.value) == (
+        "zdelay_key_hold_seconds and zdelay_max_run_seconds are both set: "
+        "zdelay_key_hold_seconds is the old name of zdelay_max_run_seconds. "
+        "Keep zdelay_max_run_seconds only."
+    )

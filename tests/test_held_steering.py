@@ -24,7 +24,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import admin
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_owner, tagged_ids
 from celery_zdelay.testing import RedisServer
 from celery_zdelay.web import create_app, queries
 from tests.conftest import AppFactory
@@ -270,7 +270,7 @@ def test_held_tasks_on_every_shard_are_filtered_sorted_and_steered_with_the_park
         assert _places(redis_client, email.id) == [f"due:{store.shard_of(email.id)}"]
     for email in emails[6:]:
         assert _places(redis_client, email.id) == []
-        assert key_holder(store, f"mail:{emails.index(email)}") is None
+        assert key_owner(store, f"mail:{emails.index(email)}") is None
     assert sorted(tagged_ids(store, "batch")) == sorted(e.id for e in emails[:6])
     assert check_marks(store) == []
     listed = admin.list_parked(store, queue="emails").entries
@@ -295,7 +295,7 @@ def test_a_cancelled_held_task_gives_up_its_key_and_its_tags(
 
     # Then its key and its tag go with it, as for a parked one
     assert _places(redis_client, email.id) == []
-    assert key_holder(store, "order:7") is None
+    assert key_owner(store, "order:7") is None
     assert tagged_ids(store, "shop") == []
     assert check_marks(store) == []
     assert celery_zdelay.lookup(email.id, app=app) is None

@@ -23,7 +23,7 @@ from celery_zdelay import ConfigurationError
 from celery_zdelay.companion import Companion
 from celery_zdelay.keys import task_id_for
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_owner, tagged_ids
 from celery_zdelay.store.redis_keys import shard_of
 from celery_zdelay.testing import RedisServer
 from tests.helpers import ROOT, CeleryProcess, Runs, wait_for
@@ -52,7 +52,7 @@ def _index_is_exact(app: Celery) -> None:
 # -- the modes -----------------------------------------------------------------------
 
 
-def test_keep_parks_nothing_when_the_key_is_held_and_returns_the_parked_task(
+def test_keep_parks_nothing_when_the_key_is_taken_and_returns_the_parked_task(
     app: Celery, redis_client: redis.Redis
 ) -> None:
     record = app.tasks["tests.record"]
@@ -92,7 +92,7 @@ def test_a_released_key_is_free_again(app: Celery) -> None:
     again = record.apply_delayed((2,), countdown=3600, key="once")
 
     assert again.id != first.id
-    assert key_holder(store_for(app), "once") == (again.id, None)
+    assert key_owner(store_for(app), "once") == (again.id, None)
     _index_is_exact(app)
 
 
@@ -100,7 +100,7 @@ def test_a_cancelled_keyed_task_frees_its_key(app: Celery) -> None:
     record = app.tasks["tests.record"]
     first = record.apply_delayed((1,), countdown=3600, key="k")
     assert celery_zdelay.cancel(first.id, app=app) is True
-    assert key_holder(store_for(app), "k") is None
+    assert key_owner(store_for(app), "k") is None
 
     assert record.apply_delayed((2,), countdown=3600, key="k").id != first.id
 
@@ -153,7 +153,7 @@ def test_threads_parking_one_key_leave_exactly_one_entry(
 
     assert _parked(redis_client) == 1
     (parked,) = redis_client.zrange(SHARD0.due, 0, -1)
-    assert key_holder(store_for(app), "hot") == (parked.decode(), None)
+    assert key_owner(store_for(app), "hot") == (parked.decode(), None)
     if mode in ("keep", "until_finished"):
         assert set(returned) == {parked.decode()}
     _index_is_exact(app)
@@ -201,7 +201,7 @@ def test_processes_parking_one_key_leave_exactly_one_entry(
 
 
 @pytest.mark.parametrize("path", ["handoff", "generic"])
-def test_until_finished_holds_while_the_task_runs_and_frees_the_key_after(
+def test_until_finished_keeps_the_key_while_the_task_runs_and_frees_the_key_after(
     make_test_app: Callable[..., Celery],
     broker_server: RedisServer,
     worker: Callable[..., CeleryProcess],
@@ -221,7 +221,7 @@ def test_until_finished_holds_while_the_task_runs_and_frees_the_key_after(
         first.id
     )
     wait_for(lambda: any(r["result"] == "finished" for r in runs.all()), timeout=30)
-    wait_for(lambda: key_holder(store_for(app), "import:7") is None, timeout=10)
+    wait_for(lambda: key_owner(store_for(app), "import:7") is None, timeout=10)
 
     after = slow.apply_delayed((0,), countdown=3600, key="import:7", on_key="until_finished")
     assert after.id != first.id
@@ -243,18 +243,18 @@ def test_until_finished_keeps_its_key_through_a_parked_retry_and_frees_it_after_
     # When an until_finished task retries once, under its own id
     first = task.apply_delayed((2,), countdown=0, key="import:7", on_key="until_finished")
 
-    # Then the retry is parked (not taken for a second call of a held key) and runs
+    # Then the retry is parked (not taken for a second call of a taken key) and runs
     done = runs.wait_for_count(2, timeout=30)
     assert [(r["id"], r["result"]) for r in done] == [(first.id, 0), (first.id, 1)]
-    # And the key is held until that last run ended, then free
-    wait_for(lambda: key_holder(store_for(app), "import:7") is None, timeout=10)
+    # And the key is taken until that last run ended, then free
+    wait_for(lambda: key_owner(store_for(app), "import:7") is None, timeout=10)
     _index_is_exact(app)
 
 
 def test_until_finished_frees_the_key_of_a_killed_worker_within_its_bound(
     make_test_app: Callable[..., Celery], worker: Callable[..., CeleryProcess], runs: Runs
 ) -> None:
-    app = make_test_app(conf={"zdelay_key_hold_seconds": 3})
+    app = make_test_app(conf={"zdelay_max_run_seconds": 3})
     running = worker(app)
     slow = app.tasks["tests.slow_late"]
     first = slow.apply_delayed((60,), countdown=0, key="k", on_key="until_finished")
@@ -265,7 +265,7 @@ def test_until_finished_frees_the_key_of_a_killed_worker_within_its_bound(
     assert slow.apply_delayed((0,), countdown=3600, key="k", on_key="until_finished").id == (
         first.id
     )
-    # Held for at most zdelay_key_hold_seconds after the release, then free.
+    # Taken for at most zdelay_max_run_seconds after the release, then free.
     second = wait_for(
         lambda: (
             r
@@ -276,7 +276,7 @@ def test_until_finished_frees_the_key_of_a_killed_worker_within_its_bound(
         timeout=15,
         interval=0.2,
     )
-    assert key_holder(store_for(app), "k") == (second.id, None)
+    assert key_owner(store_for(app), "k") == (second.id, None)
 
 
 # -- shards ----------------------------------------------------------------------------
@@ -315,14 +315,14 @@ def test_apply_delayed_many_with_keys_parks_one_per_key(
 ) -> None:
     app = make_test_app(conf={"zdelay_shards": 4})
     record = app.tasks["tests.record"]
-    held = record.apply_delayed(("held",), countdown=3600, key="b")
+    kept = record.apply_delayed(("kept",), countdown=3600, key="b")
 
     results = record.apply_delayed_many(
         [(1,), (2,), (3,), (4,)], countdown=3600, keys=["a", "b", None, "a"], tags=["batch"]
     )
 
-    assert results[1].id == held.id
-    assert results[0].id == results[3].id  # keep: the first of the batch holds "a"
+    assert results[1].id == kept.id
+    assert results[0].id == results[3].id  # keep: the first of the batch owns "a"
     assert _parked(redis_client, 4) == 3
     assert celery_zdelay.cancel_matching(tag="batch", dry_run=True, app=app) == 2
     _index_is_exact(app)
@@ -335,16 +335,16 @@ def test_apply_delayed_many_takes_one_on_key_for_its_keys(
     # Given a task parked under "b", and a batch whose calls 1 and 4 share "a"
     app = make_test_app(conf={"zdelay_shards": 4})
     record = app.tasks["tests.record"]
-    held = record.apply_delayed(("held",), countdown=3600, key="b")
+    kept = record.apply_delayed(("kept",), countdown=3600, key="b")
 
     # When the batch is parked with on_key= for every call
     results = record.apply_delayed_many(
         [(1,), (2,), (3,), (4,)], countdown=3600, keys=["a", "b", None, "a"], on_key=mode
     )
 
-    # Then the last call of "a" holds it, "b" is replaced, and "a" and "b" say so
+    # Then the last call of "a" owns it, "b" is replaced, and "a" and "b" say so
     assert results[0].id == results[3].id
-    assert celery_zdelay.lookup(held.id, app=app) is None
+    assert celery_zdelay.lookup(kept.id, app=app) is None
     found = celery_zdelay.lookup(results[1].id, app=app)
     assert found is not None
     assert (found.key, found.on_key) == ("b", mode)
@@ -385,9 +385,9 @@ def test_threads_parking_the_same_keys_with_apply_delayed_many_leave_one_entry_p
     # Then each key has exactly one entry, found by its tag too
     assert failures == []
     assert _parked(redis_client, 4) == 3
-    holders = {key_holder(store_for(app), f"k{j}") for j in range(3)}
-    assert len(holders) == 3
-    assert sorted(tagged_ids(store_for(app), "batch")) == sorted(h[0] for h in holders if h)
+    owners = {key_owner(store_for(app), f"k{j}") for j in range(3)}
+    assert len(owners) == 3
+    assert sorted(tagged_ids(store_for(app), "batch")) == sorted(h[0] for h in owners if h)
     _index_is_exact(app)
 
 
@@ -512,14 +512,14 @@ def test_a_forged_key_cannot_make_replace_cancel_a_signed_entry_parked_under_ano
     assert _parked(redis_client) == 2
 
 
-def test_a_forged_running_hold_cannot_make_keep_return_a_signed_entry(
+def test_a_forged_running_owner_cannot_make_keep_return_a_signed_entry(
     make_test_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
     # Given a signed entry parked under "invoice:1"
     app = make_test_app(conf={"zdelay_signing_key": "s" * 32})
     record = app.tasks["tests.record"]
     victim = record.apply_delayed(("victim",), countdown=3600, key="invoice:1")
-    # Someone with write access to Redis writes "promo" as held by it, running for ever
+    # Someone with write access to Redis writes "promo" as owned by it, running for ever
     redis_client.hset(SHARD0.marks, "k:promo", f"{victim.id}\n99999999999999")
 
     # When a producer parks "promo"
@@ -527,7 +527,7 @@ def test_a_forged_running_hold_cannot_make_keep_return_a_signed_entry(
 
     # Then it gets its own entry, not the victim, which keeps its own key
     assert kept.id != victim.id
-    assert key_holder(store_for(app), "promo") == (kept.id, None)
+    assert key_owner(store_for(app), "promo") == (kept.id, None)
     found = celery_zdelay.lookup(victim.id, app=app)
     assert found is not None
     assert found.key == "invoice:1"

@@ -46,7 +46,7 @@ class SilentServer:
     def __init__(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
-        self._held: list[socket.socket] = []
+        self._stalled: list[socket.socket] = []
         self.accepted = threading.Event()
 
     def _accept(self) -> None:
@@ -55,7 +55,7 @@ class SilentServer:
                 client, _ = self._listener.accept()
             except OSError:  # closed
                 return
-            self._held.append(client)
+            self._stalled.append(client)
             self.accepted.set()
 
     def __enter__(self) -> SilentServer:
@@ -64,7 +64,7 @@ class SilentServer:
 
     def __exit__(self, *exc: object) -> None:
         self._listener.close()
-        for client in self._held:
+        for client in self._stalled:
             client.close()
 
 

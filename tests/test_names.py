@@ -1,8 +1,8 @@
 """One rule for every task id, key, tag and limit key, checked where a value enters.
 
 The store joins ids, keys and tags with newlines in its records (a key's
-holder is ``"<id>\\n<until ms>"``): given a task parked under the id
-``"a\\nb"`` and the key ``k``, the holder read back was ``"a"``, free since
+owner is ``"<id>\\n<until ms>"``): given a task parked under the id
+``"a\\nb"`` and the key ``k``, the owner read back was ``"a"``, free since
 ms 0, and a later ``on_key="keep"`` call parked a second task. Now every
 park path, every by-id operation, the CLI and the dashboard refuse a value
 holding a control character (U+0000-U+001F, U+007F-U+009F) or a lone
@@ -28,7 +28,7 @@ from celery_zdelay.names import MAX_NAME_LENGTH, validate_limit_key
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.definition import from_beat_entry
 from celery_zdelay.steering import purge_dead, requeue_dead
-from celery_zdelay.store.marks import check_marks, key_holder
+from celery_zdelay.store.marks import check_marks, key_owner
 from celery_zdelay.web import create_app
 from tests.support.cli import run
 from tests.support.keys import keys_of
@@ -58,12 +58,12 @@ def test_a_newline_in_a_task_id_is_refused_so_a_key_keeps_one_task(
         record.apply_delayed(("first",), countdown=600, task_id="a\nb", key="k")
     assert "Use printable characters only" in str(refused.value)
     assert _all_keys(redis_client) == []
-    # When the key is then used twice with keep, one task holds it
+    # When the key is then used twice with keep, one task owns it
     first = record.apply_delayed(("second",), countdown=600, key="k", on_key="keep")
     second = record.apply_delayed(("third",), countdown=600, key="k", on_key="keep")
     assert second.id == first.id
     assert redis_client.zcard(keys_of(0).due) == 1
-    assert key_holder(store_for(app), "k") == (first.id, None)
+    assert key_owner(store_for(app), "k") == (first.id, None)
     assert check_marks(store_for(app)) == []
 
 

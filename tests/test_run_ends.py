@@ -1,8 +1,8 @@
-"""Every end of a run frees the key it held: an ``until_finished`` key, or a schedule's overlap key.
+"""Every end of a run frees the key it took: an ``until_finished`` key, or a schedule's overlap key.
 
 Issue 33 item 4: Celery calls no ``after_return`` for ``Ignore``,
-``Reject`` or a revoke, and the key stayed held for
-``zdelay_key_hold_seconds`` (an hour by default): every call with the key
+``Reject`` or a revoke, and the key stayed taken for
+``zdelay_max_run_seconds`` (an hour by default): every call with the key
 meanwhile parked nothing. Each story runs the task in a real worker (solo,
 or prefork where a pool process must be terminated or lost), released by a
 real companion step, against a private Redis.
@@ -22,7 +22,7 @@ from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
 from celery_zdelay.periodic.overlap import overlap_key
 from celery_zdelay.store.headers import OVERLAP_HEADER, SCHEDULE_HEADER
-from celery_zdelay.store.marks import check_marks, key_holder
+from celery_zdelay.store.marks import check_marks, key_owner
 from tests.helpers import CeleryProcess, Runs, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,7 +56,7 @@ def _parks_a_new_task(app: Celery, held_by: str) -> bool:
 def test_an_until_finished_key_is_free_once_its_run_ends_however_it_ends(
     app: Celery, worker: Callable[..., CeleryProcess], runs: Runs, how: str
 ) -> None:
-    # Given a worker and the default hold of an hour
+    # Given a worker and the default max run of an hour
     worker(app)
 
     # When an until_finished task returns, fails, raises Ignore or Reject(requeue=False)
@@ -64,7 +64,7 @@ def test_an_until_finished_key_is_free_once_its_run_ends_however_it_ends(
     wait_for(lambda: any(r["result"] == how for r in runs.all()), timeout=30)
 
     # Then its key is free at once, and the next call parks its own task
-    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=10)
+    wait_for(lambda: key_owner(store_for(app), KEY) is None, timeout=10)
     assert _parks_a_new_task(app, first)
     assert check_marks(store_for(app)) == []
 
@@ -83,7 +83,7 @@ def test_a_run_rejected_back_to_the_broker_keeps_the_key_until_the_run_after_it_
     assert not _parks_a_new_task(app, first)
     # And it is free once that second run returned
     wait_for(lambda: [r["result"] for r in runs.all()].count("reject_once") == 2, timeout=30)
-    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=10)
+    wait_for(lambda: key_owner(store_for(app), KEY) is None, timeout=10)
 
 
 def test_a_retry_sent_to_the_broker_keeps_the_key_until_its_last_run_ends(
@@ -101,14 +101,14 @@ def test_a_retry_sent_to_the_broker_keeps_the_key_until_its_last_run_ends(
     def retried() -> bool:
         if runs.count() >= 2:
             return True
-        holder = key_holder(store_for(app), KEY)
-        assert holder is not None, "the key was freed while the retry waited"
-        assert holder[0] == first.id
+        owner = key_owner(store_for(app), KEY)
+        assert owner is not None, "the key was freed while the retry waited"
+        assert owner[0] == first.id
         return False
 
     wait_for(retried, timeout=30, interval=0.05)
     # And it is free after the last run
-    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=10)
+    wait_for(lambda: key_owner(store_for(app), KEY) is None, timeout=10)
 
 
 def test_revoke_with_terminate_frees_the_key_of_the_run_it_ended(
@@ -121,8 +121,8 @@ def test_revoke_with_terminate_frees_the_key_of_the_run_it_ended(
     # When it is revoked with terminate=True
     app.control.revoke(first, terminate=True)
 
-    # Then its key is free long before the hour of zdelay_key_hold_seconds
-    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=20)
+    # Then its key is free long before the hour of zdelay_max_run_seconds
+    wait_for(lambda: key_owner(store_for(app), KEY) is None, timeout=20)
     assert _parks_a_new_task(app, first)
     assert app.AsyncResult(first).state == "REVOKED"
 
@@ -142,7 +142,7 @@ def test_a_task_revoked_before_it_ran_frees_its_key_when_the_worker_drops_it(
     running.wait_for_log(f"Discarding revoked task: {END_BY}[{first.id}]")
 
     # Then its key is free
-    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=10)
+    wait_for(lambda: key_owner(store_for(app), KEY) is None, timeout=10)
     assert runs.count() == 0
 
 
@@ -159,7 +159,7 @@ def test_a_pool_process_killed_mid_run_frees_the_key_through_the_workers_main_pr
     os.kill(pid, signal.SIGKILL)
 
     # Then the main process reports the run lost and frees its key
-    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=20)
+    wait_for(lambda: key_owner(store_for(app), KEY) is None, timeout=20)
     assert _parks_a_new_task(app, first)
 
 
@@ -167,7 +167,7 @@ def test_a_run_ended_by_its_hard_time_limit_frees_the_key_at_once(
     app: Celery, worker: Callable[..., CeleryProcess], runs: Runs
 ) -> None:
     # Given an until_finished task with a hard time limit of 2 s that runs
-    # for a minute in a prefork worker's pool process (the hold is an hour)
+    # for a minute in a prefork worker's pool process (the max run is an hour)
     worker(app, pool="prefork")
     task = app.tasks[END_BY]
     first = task.apply_delayed(
@@ -177,13 +177,13 @@ def test_a_run_ended_by_its_hard_time_limit_frees_the_key_at_once(
     wait_for(lambda: any(r["result"] == "started" for r in runs.all()), timeout=30)
 
     # When the limit strikes
-    # Then the key is free long before the hold would end
-    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=30)
+    # Then the key is free long before the max run would end
+    wait_for(lambda: key_owner(store_for(app), KEY) is None, timeout=30)
     assert _parks_a_new_task(app, first.id)
     assert [r["result"] for r in runs.all()] == ["started"]
 
 
-def test_a_second_delivery_refused_by_the_guard_leaves_the_key_to_the_run_that_holds_it(
+def test_a_second_delivery_refused_by_the_guard_leaves_the_key_to_the_run_that_owns_it(
     make_test_app: Callable[..., Celery],
     worker: Callable[..., CeleryProcess],
     runs: Runs,
@@ -212,18 +212,18 @@ def test_a_second_delivery_refused_by_the_guard_leaves_the_key_to_the_run_that_h
     def returned() -> bool:
         if any(r["result"] == "return" for r in runs.all()):
             return True
-        holder = key_holder(store_for(app), KEY)
-        assert holder is not None, "the refused delivery freed the key of the running task"
-        assert holder[0] == first.id
+        owner = key_owner(store_for(app), KEY)
+        assert owner is not None, "the refused delivery freed the key of the running task"
+        assert owner[0] == first.id
         return False
 
     wait_for(returned, timeout=30, interval=0.05)
     # And then it is free
-    wait_for(lambda: key_holder(store_for(app), KEY) is None, timeout=10)
+    wait_for(lambda: key_owner(store_for(app), KEY) is None, timeout=10)
 
 
 @pytest.mark.parametrize("how", ["return", "ignore", "reject"])
-def test_a_schedules_overlap_hold_is_freed_however_its_run_ends(
+def test_a_schedules_overlap_key_is_freed_however_its_run_ends(
     app: Celery, worker: Callable[..., CeleryProcess], runs: Runs, how: str
 ) -> None:
     # Given a worker and an occurrence of a schedule with zdelay_overlap="skip"
@@ -231,12 +231,12 @@ def test_a_schedules_overlap_hold_is_freed_however_its_run_ends(
     headers = {SCHEDULE_HEADER: "nightly", OVERLAP_HEADER: "skip"}
     occurrence = app.tasks[END_BY].apply_async((how, 1.0), headers=headers)
 
-    # While it runs, it holds its schedule's key
+    # While it runs, it owns its schedule's key
     wait_for(lambda: any(r["result"] == "started" for r in runs.all()), timeout=30)
-    holder = key_holder(store_for(app), overlap_key("nightly"))
-    assert holder is not None
-    assert holder[0] == occurrence.id
+    owner = key_owner(store_for(app), overlap_key("nightly"))
+    assert owner is not None
+    assert owner[0] == occurrence.id
 
     # When it returns, raises Ignore or Reject(requeue=False), the key is free
     wait_for(lambda: any(r["result"] == how for r in runs.all()), timeout=30)
-    wait_for(lambda: key_holder(store_for(app), overlap_key("nightly")) is None, timeout=10)
+    wait_for(lambda: key_owner(store_for(app), overlap_key("nightly")) is None, timeout=10)

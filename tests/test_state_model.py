@@ -23,7 +23,7 @@ its Redis keys (:func:`read_store`, never through the API) and checks:
   name; in flight; dead), and the store knows no other id;
 - due times are those the calls asked for (on the Redis clock), a
   debounce's capped at its burst's first call + ``max_wait`` (issue 36);
-- the key index (holders, running holds) and the tag index match the
+- the key index (owners, parked or running) and the tag index match the
   entries exactly, and so does each entry's record (a debounce's burst:
   its first call and cap);
 - nothing is released before its due time, nothing twice, nothing lost:
@@ -64,7 +64,7 @@ seconds, and the ``max_late`` limits (30 min, 1.5 h, 2.5 h) lie between
 those hours: whether a release is stale never depends on the machine's
 speed. Token buckets and concurrency slots run on the real Redis clock,
 which the test does not move: a 1/h bucket refills less than a token in an
-example, and a slot ends by itself only after ``zdelay_key_hold_seconds``
+example, and a slot ends by itself only after ``zdelay_max_run_seconds``
 (an hour).
 
 Budget: the Hypothesis profile named by ``ZDELAY_MODEL_PROFILE`` (``ci``,
@@ -341,7 +341,7 @@ def read_store(client: redis.Redis) -> Snapshot:
 
 
 def parse_record(record: str) -> tuple[str | None, str | None, tuple[str, ...]]:
-    """(key, mode letter, tags) of a marks record: "<mode><hold>\\n<key>\\n<tag>..."."""
+    """(key, mode letter, tags) of a marks record: "<mode><max run>\\n<key>\\n<tag>..."."""
     lines = record.split("\n")
     key = lines[1] if len(lines) > 1 and lines[1] else None
     return key, (lines[0][:1] if key else None), tuple(t for t in lines[2:] if t)
@@ -416,9 +416,9 @@ class Entry:
 
 
 @dataclass
-class Holder:
+class Owner:
     id: str
-    #: Released with until_finished: held while it runs.
+    #: Released with until_finished: owns the key while it runs.
     running: bool = False
 
 
@@ -435,7 +435,7 @@ class Seen:
 class Model:
     entries: dict[str, Entry] = field(default_factory=dict)
     dead: dict[str, Entry] = field(default_factory=dict)
-    holders: dict[str, Holder] = field(default_factory=dict)
+    owners: dict[str, Owner] = field(default_factory=dict)
     revoked: set[str] = field(default_factory=set)
     #: Ids a run ended in SUCCESS: Celery's result backend keeps a SUCCESS
     #: over any later state of the id (backends/base.py), REVOKED included.
@@ -455,7 +455,7 @@ class Model:
     concurrency: bool = False
     on_stale: str = "dead"
     max_late_ms: int | None = None
-    #: Per slot name, the ids holding a slot: released, not finished.
+    #: Per slot name, the ids that took a slot: released, not finished.
     slots: dict[str, set[str]] = field(default_factory=dict)
     #: Ids whose run ended in a retry (its message dropped): unfinished, per slot name.
     retrying: dict[str, list[str]] = field(default_factory=dict)
@@ -474,8 +474,8 @@ class Model:
     #: Each id's place in the order ids were first parked.
     first_seen: dict[str, int] = field(default_factory=dict)
 
-    def holder_ids(self) -> set[str]:
-        return {h.id for h in self.holders.values()}
+    def owner_ids(self) -> set[str]:
+        return {o.id for o in self.owners.values()}
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -577,9 +577,9 @@ class Model:
         entry = self.entries.get(task_id)
         if entry is None or entry.key is None:
             return
-        holder = self.holders.get(entry.key)
-        if holder is not None and holder.id == task_id:
-            del self.holders[entry.key]
+        owner = self.owners.get(entry.key)
+        if owner is not None and owner.id == task_id:
+            del self.owners[entry.key]
 
 
 @dataclass
@@ -697,32 +697,32 @@ class StoreMachine(RuleBasedStateMachine):
 
         *asked* bounds the due ms the call asked for; the entry's
         ``due_bounds`` are those, capped for a debounce at its burst's first
-        call + max_wait (the burst passes from a holder still waiting).
+        call + max_wait (the burst passes from an owner still waiting).
         """
         model = self.model
-        holder = model.holders.get(key) if key is not None else None
+        owner = model.owners.get(key) if key is not None else None
         first: tuple[int, int] | None = None
         cap: int | None = None
         if mode == "debounce":
-            waiting = model.entries.get(holder.id) if holder and not holder.running else None
+            waiting = model.entries.get(owner.id) if owner and not owner.running else None
             if waiting is not None and waiting.state in ("due", "held") and waiting.first:
                 first, cap = waiting.first, waiting.cap
             first = first or self._call_ms
             if max_wait_ms is not None and (cap is None or max_wait_ms < cap):
                 cap = max_wait_ms
-        if holder is not None:
-            if holder.running and holder.id == task_id:
+        if owner is not None:
+            if owner.running and owner.id == task_id:
                 pass  # a running task parks itself again (a retry): parked
             elif mode in ("keep", "until_finished"):
-                return holder.id, False
-            elif not holder.running and holder.id != task_id:
-                # replace, debounce: the parked holder goes (one being
+                return owner.id, False
+            elif not owner.running and owner.id != task_id:
+                # replace, debounce: the parked owner goes (one being
                 # released cannot be stopped, and keeps running).
-                taken = model.entries.get(holder.id)
+                taken = model.entries.get(owner.id)
                 if taken is not None and taken.state in ("due", "held"):
-                    model.forget_marks(holder.id)
-                    del model.entries[holder.id]
-                    revoked.add(holder.id)
+                    model.forget_marks(owner.id)
+                    del model.entries[owner.id]
+                    revoked.add(owner.id)
         if task_id in model.entries:
             model.forget_marks(task_id)
         model.revoked.discard(task_id)
@@ -746,7 +746,7 @@ class StoreMachine(RuleBasedStateMachine):
             max_late_ms=max_late_ms,
         )
         if key is not None:
-            model.holders[key] = Holder(task_id)
+            model.owners[key] = Owner(task_id)
         return task_id, True
 
     def _settle_park(self, parked: list[str], revoked: set[str], how: str) -> None:
@@ -815,7 +815,7 @@ class StoreMachine(RuleBasedStateMachine):
             options["limit_key"] = limit_key
         if max_late is not None:
             options["max_late"] = max_late
-        holders_before = self.model.holder_ids()
+        owners_before = self.model.owner_ids()
         if task_id == NEWLINE_ID:
             # One rule for ids at the boundary (celery_zdelay.names): refused
             # with a clear error, nothing written; the invariants after this
@@ -832,8 +832,8 @@ class StoreMachine(RuleBasedStateMachine):
         result = self._task(task).apply_delayed((1,), countdown=countdown, **options)
         self._call_ms = (before, self._now())
         own = result.id if task_id is None else task_id
-        if task_id is None and result.id in holders_before:
-            own = f"kept-{self.model.next_seq()}"  # kept for a holder: never parked
+        if task_id is None and result.id in owners_before:
+            own = f"kept-{self.model.next_seq()}"  # kept for an owner: never parked
         revoked: set[str] = set()
         expected, parked = self._park_one(
             own,
@@ -938,7 +938,7 @@ class StoreMachine(RuleBasedStateMachine):
         returned = [r.id for r in results]
         # The model parks the calls one after the other under stand-in ids;
         # a call still parked at the end returned its own id (a result names
-        # the key's holder after the call), which the stand-in then takes. A
+        # the key's owner after the call), which the stand-in then takes. A
         # call replaced by a later one of the same batch was never parked.
         model = self.model
         stand_ins = [f"call-{model.next_seq()}" for _ in keys]
@@ -965,10 +965,10 @@ class StoreMachine(RuleBasedStateMachine):
             entry.id = task_id
             model.entries[task_id] = entry
             self._due_bounds[task_id] = self._due_bounds.pop(own)
-        for holder in model.holders.values():
-            holder.id = real.get(holder.id, holder.id)
+        for owner in model.owners.values():
+            owner.id = real.get(owner.id, owner.id)
         expected = [
-            real[own] if key is None else model.holders[key].id
+            real[own] if key is None else model.owners[key].id
             for own, key in zip(stand_ins, keys, strict=True)
         ]
         assert returned == expected, f"apply_delayed_many returned {returned}, expected {expected}"
@@ -1098,12 +1098,12 @@ class StoreMachine(RuleBasedStateMachine):
             self._bury(entry, None)
             return "dead"
         del model.entries[entry.id]
-        holder = model.holders.get(entry.key) if entry.key is not None else None
-        if holder is not None and holder.id == entry.id and not holder.running:
+        owner = model.owners.get(entry.key) if entry.key is not None else None
+        if owner is not None and owner.id == entry.id and not owner.running:
             if entry.mode == "until_finished":
-                holder.running = True
+                owner.running = True
             else:
-                del model.holders[entry.key]  # type: ignore[arg-type]
+                del model.owners[entry.key]  # type: ignore[arg-type]
         self._pass.released.append(entry.id)
         event = model.saw(entry.id, "released", self.companion.id)
         self._pass.releases.append((event, entry.due_ms))
@@ -1113,9 +1113,9 @@ class StoreMachine(RuleBasedStateMachine):
         """Dead-lettered with *reason* ("stale", or None: the poison queue's refusal)."""
         model = self.model
         del model.entries[entry.id]
-        holder = model.holders.get(entry.key) if entry.key is not None else None
-        if holder is not None and holder.id == entry.id:
-            del model.holders[entry.key]  # type: ignore[arg-type]
+        owner = model.owners.get(entry.key) if entry.key is not None else None
+        if owner is not None and owner.id == entry.id:
+            del model.owners[entry.key]  # type: ignore[arg-type]
         model.dead[entry.id] = replace(entry, state="dead", lane=None, reason=reason)
         self._pass.dead.append(entry.id)
         model.saw(entry.id, "dead", reason or POISON_REASON)
@@ -1143,7 +1143,7 @@ class StoreMachine(RuleBasedStateMachine):
     ) -> tuple[list[Entry], dict[str, list[str]]]:
         """take_slots.lua for *entries* about to be published, slot name by slot name.
 
-        In due order, an id that holds a slot keeps it, another takes one
+        In due order, an id that took a slot keeps it, another takes one
         while fewer than the number are taken. An entry short of a slot is
         held in the lane of the first it missed, and gives back those it
         got. Returns those that got all theirs, and each one's slot names.
@@ -1482,8 +1482,8 @@ class StoreMachine(RuleBasedStateMachine):
         headers = json.loads(raw)["headers"]
         task_id, key = headers["id"], headers.get("zdelay_key")
         until_finished = headers.get("zdelay_on_key") == "until_finished"
-        holder = self.model.holders.get(key) if key is not None else None
-        runs_holder = holder is not None and holder.id == task_id and holder.running
+        owner = self.model.owners.get(key) if key is not None else None
+        runs_owner = owner is not None and owner.id == task_id and owner.running
         del self.inbox[index]
         self.client.rpush(queue, raw)
         _outcome_of[task_id] = outcome
@@ -1504,8 +1504,8 @@ class StoreMachine(RuleBasedStateMachine):
         retried = self._drain_broker()
         assert all(json.loads(r)["headers"]["id"] == task_id for _, r in retried)
         assert len(retried) == (1 if outcome == "retry" else 0)
-        if until_finished and runs_holder and outcome != "retry":
-            del self.model.holders[key]
+        if until_finished and runs_owner and outcome != "retry":
+            del self.model.owners[key]
         slots = self.model.slots_of(headers["task"], headers.get("zdelay_limit_key"))
         if outcome == "retry":
             self.model.retrying[task_id] = slots
@@ -1534,10 +1534,10 @@ class StoreMachine(RuleBasedStateMachine):
             return
         entry = model.dead.pop(task_id)
         if entry.key is not None:
-            if entry.key in model.holders:
+            if entry.key in model.owners:
                 entry = replace(entry, key=None, mode=None, first=None, cap=None)
             else:
-                model.holders[entry.key] = Holder(task_id)
+                model.owners[entry.key] = Owner(task_id)
         model.entries[task_id] = replace(
             entry,
             state="due",
@@ -1583,7 +1583,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert snap.held[entry.lane][entry.id] // 1024 == entry.due_ms  # type: ignore[index]
             else:
                 assert entry.id in snap.lease
-        # The key and tag index: records, holders, tag members, exactly.
+        # The key and tag index: records, owners, tag members, exactly.
         expected_marks: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {}
         for prefix, entries in (("i:", model.entries), ("d:", model.dead)):
             for entry in entries.values():
@@ -1610,13 +1610,13 @@ class StoreMachine(RuleBasedStateMachine):
                     f"{entry.id}: burst from {fields['f']}, model {entry.first}"
                 )
                 assert fields.get("w") == entry.cap, f"{entry.id}: cap {fields}, model {entry.cap}"
-        holders = {
+        owners = {
             name[2:]: (value.partition("\n")[0], bool(value.partition("\n")[2]))
             for name, value in snap.marks.items()
             if name.startswith("k:")
         }
-        assert holders == {k: (h.id, h.running) for k, h in model.holders.items()}, (
-            f"key holders {holders}, model {model.holders}"
+        assert owners == {k: (h.id, h.running) for k, h in model.owners.items()}, (
+            f"key owners {owners}, model {model.owners}"
         )
         tagged = {f"{t}\n{e.id}" for e in model.entries.values() for t in e.tags}
         assert snap.tagged == tagged, f"tag index {snap.tagged}, model {tagged}"

@@ -16,7 +16,7 @@ import celery_zdelay
 from celery_zdelay import steering
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.marks import key_holder, tagged_ids
+from celery_zdelay.store.marks import key_owner, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.keys import PREFIX, SHARD0
 from tests.support.store import held_sets
@@ -42,7 +42,7 @@ def _held(client: redis.Redis, control: str) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["replace", "debounce"])
-def test_a_keyed_replace_cancels_the_holder_a_pause_holds(
+def test_a_keyed_replace_cancels_the_owner_a_pause_holds(
     make_test_app: AppFactory, redis_client: redis.Redis, mode: str
 ) -> None:
     # Given a keyed task due now, held by a pause of its queue
@@ -60,7 +60,7 @@ def test_a_keyed_replace_cancels_the_holder_a_pause_holds(
     assert second.id != first.id
     assert _held(redis_client, "queue:emails") == []
     assert celery_zdelay.lookup(first.id, app=app) is None
-    assert key_holder(store_for(app), "k1") == (second.id, None)
+    assert key_owner(store_for(app), "k1") == (second.id, None)
 
 
 def test_a_task_replaced_by_key_ends_revoked(make_test_app: AppFactory) -> None:
@@ -93,7 +93,7 @@ def test_an_id_parked_again_without_key_or_tags_drops_its_earlier_key_and_tags(
     # the key is free for others and the tag no longer selects the entry
     assert celery_zdelay.lookup("id-2", app=app) is not None
     assert redis_client.hget(SHARD0.marks, "i:id-2") is None
-    assert key_holder(store_for(app), "k2") is None
+    assert key_owner(store_for(app), "k2") is None
     assert tagged_ids(store_for(app), "t1") == []
     other: Any = record.apply_delayed((3,), countdown=3600, key="k2")
     assert other.id != "id-2"
@@ -111,14 +111,14 @@ def test_a_dead_letter_requeued_after_its_key_was_taken_leaves_no_empty_record(
     assert redis_client.zscore(SHARD0.dead, dead.id) is not None
 
     # ...and a new task that took its key meanwhile
-    holder = record.apply_delayed((2,), countdown=3600, key="k1")
+    owner = record.apply_delayed((2,), countdown=3600, key="k1")
 
     # When the dead letter is requeued: parked again, without the key
     assert steering.requeue_dead([dead.id], app=app) == [True]
 
     # Then the key stays with the new task, and the requeued entry, with
     # neither key nor tags, has no record in the index (as any unmarked entry)
-    assert key_holder(store_for(app), "k1") == (holder.id, None)
+    assert key_owner(store_for(app), "k1") == (owner.id, None)
     assert redis_client.hget(SHARD0.marks, f"i:{dead.id}") is None
 
 
@@ -145,7 +145,7 @@ def test_an_id_dead_lettered_again_without_its_key_leaves_no_record_of_the_old_o
     assert found is not None
     assert found.key is None
     assert steering.requeue_dead(["id-1"], app=app) == [True]
-    assert key_holder(store_for(app), "k1") is None
+    assert key_owner(store_for(app), "k1") is None
     assert redis_client.hget(SHARD0.marks, "i:id-1") is None
 
 
@@ -202,8 +202,8 @@ def test_a_task_id_with_a_newline_keeps_its_key_or_is_refused(
         record.apply_delayed((1,), countdown=3600, task_id="id\n3", key="k1")
     except celery_zdelay.ConfigurationError:
         return  # refused at the boundary, with a clear error: as good
-    # Then the key's holder is that id, parked (not "id", running until 3 ms)
-    assert key_holder(store_for(app), "k1") == ("id\n3", None)
+    # Then the key's owner is that id, parked (not "id", running until 3 ms)
+    assert key_owner(store_for(app), "k1") == ("id\n3", None)
     # ...and a keep call with the key parks nothing
     kept = record.apply_delayed((2,), countdown=3600, key="k1", on_key="keep")
     assert kept.id == "id\n3"

@@ -18,7 +18,7 @@ from celery_zdelay.store import admin
 from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.marks import (
     check_marks,
-    key_holder,
+    key_owner,
     repair_marks,
     tag_count,
     tagged_ids,
@@ -233,9 +233,9 @@ def test_tag_and_key_operations_on_a_three_master_cluster(
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    holder = key_holder(store, "hot")
-    assert holder is not None
-    assert tagged_ids(store, "hot") == [holder[0]]
+    owner = key_owner(store, "hot")
+    assert owner is not None
+    assert tagged_ids(store, "hot") == [owner[0]]
     assert celery_zdelay.cancel_matching(tag="hot", app=app) == 1
 
     assert tag_count(store, "order:1") == 20

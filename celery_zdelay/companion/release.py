@@ -454,7 +454,7 @@ class ReleasePass:
                 most[slot] = limit
         granted = {
             slot: set(
-                gate.control.take_slots(slot, most[slot], ids, hold_ms=self.config.key_hold_ms)
+                gate.control.take_slots(slot, most[slot], ids, max_run_ms=self.config.max_run_ms)
             )
             for slot, ids in needs.items()
         }

@@ -294,7 +294,7 @@ def _json_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     cls=CeleryOption,
     help_group="Entry Options",
     help="With --overlap skip or buffer_one: a run no worker reported finished (killed) "
-    "stops blocking after SECONDS (default: zdelay_key_hold_seconds).",
+    "stops blocking after SECONDS (default: zdelay_max_run_seconds).",
 )
 @click.pass_context
 def add(

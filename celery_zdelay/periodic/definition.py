@@ -113,7 +113,7 @@ class Definition:
     #: One of :data:`OVERLAP_POLICIES`.
     overlap: str = "allow"
     #: How long a run counts as unfinished at most when no worker reports
-    #: its end (a SIGKILLed worker); None: the app's ``zdelay_key_hold_seconds``.
+    #: its end (a SIGKILLed worker); None: the app's ``zdelay_max_run_seconds``.
     overlap_timeout_ms: int | None = None
     #: The name people know it by, when it is not *name*: a django-celery-beat
     #: row's name in the admin, spaces and all (*name*, the key of everything

@@ -10,12 +10,12 @@ Only a worker knows when a run starts and ends, so the companions park and
 release every occurrence as before (each exactly once), with the policy in
 the message headers (:func:`overlap_headers`), and the worker decides just
 before the task runs (:func:`celery_zdelay.worker.apply_overlap_policy`).
-The run holds the schedule's key (:func:`overlap_key_of_run`) as an
-``until_finished`` key is held after its release
+The run takes the schedule's key (:func:`overlap_key_of_run`) as an
+``until_finished`` key stays taken after its release
 (``store/lua/start_run.lua``): the same record in the same index, freed by
 the same receivers however the run ends (:func:`celery_zdelay.worker.release_key`),
 and by itself once ``zdelay_overlap_timeout`` (by default
-``zdelay_key_hold_seconds``) passed, so a SIGKILLed worker does not block
+``zdelay_max_run_seconds``) passed, so a SIGKILLed worker does not block
 the schedule for ever.
 """
 

@@ -312,20 +312,20 @@ class ControlStore:
     # -- concurrency slots ------------------------------------------------------
 
     def take_slots(
-        self, slot: str, limit: int, task_ids: Sequence[str], *, hold_ms: int
+        self, slot: str, limit: int, task_ids: Sequence[str], *, max_run_ms: int
     ) -> list[str]:
         """Take a slot of *slot* for each of *task_ids* while fewer than *limit* are live.
 
-        Returns the ids granted, in order. An id that holds a live slot
-        already keeps it (its end moved *hold_ms* on). A slot no worker
-        frees ends by itself *hold_ms* after it was taken.
+        Returns the ids granted, in order. An id that took a live slot
+        already keeps it (its end moved *max_run_ms* on). A slot no worker
+        frees ends by itself *max_run_ms* after it was taken.
         """
         if not task_ids:
             return []
         with store_errors(self.store.url):
             granted = self.store.scripts.take_slots(
                 keys=[self.keys.slots(self.prefix, slot)],
-                args=[limit, hold_ms, *task_ids],
+                args=[limit, max_run_ms, *task_ids],
                 client=self.store.client,
             )
             control, _, limit_key = slot.partition(" ")
@@ -335,13 +335,13 @@ class ControlStore:
                 now_ms = self.store.time_ms()
                 with self.store.client.pipeline(transaction=False) as pipe:
                     pipe.zremrangebyscore(index, "-inf", now_ms)
-                    pipe.zadd(index, {limit_key: now_ms + hold_ms})
-                    pipe.pexpire(index, hold_ms)
+                    pipe.zadd(index, {limit_key: now_ms + max_run_ms})
+                    pipe.pexpire(index, max_run_ms)
                     pipe.execute()
         return [_text(task_id) for task_id in granted]
 
     def free_slots(self, slot: str, task_ids: Sequence[str]) -> None:
-        """Free the slots of *task_ids* in *slot* (those they do not hold: nothing)."""
+        """Free the slots of *task_ids* in *slot* (those they did not take: nothing)."""
         free_slots(self.store, [slot], task_ids)
 
     def live_slots(self, slot: str, now_ms: int | None = None) -> int:
@@ -513,7 +513,7 @@ def free_slots(store: Store, slots: Sequence[str], task_ids: Sequence[str]) -> N
 
     One ZREM per slot record (each its own hash tag, so no script spans
     them); Redis deletes a record with its last member. Freeing a slot a
-    task does not hold changes nothing.
+    task did not take changes nothing.
     """
     if not slots or not task_ids:
         return

@@ -47,8 +47,8 @@ MAX_WAIT_HEADER = "zdelay_max_wait_ms"
 #: against a second publish (``zdelay_worker_dedupe``).
 PARK_HEADER = "zdelay_park"
 #: A periodic occurrence whose schedule has an overlap policy: the
-#: schedule's name, the policy, and the hold (ms; absent: the worker's
-#: ``zdelay_key_hold_seconds``).
+#: schedule's name, the policy, and the overlap timeout (ms; absent: the worker's
+#: ``zdelay_max_run_seconds``).
 SCHEDULE_HEADER = "zdelay_schedule"
 OVERLAP_HEADER = "zdelay_overlap"
 OVERLAP_TIMEOUT_HEADER = "zdelay_overlap_timeout_ms"

@@ -2,7 +2,7 @@
 
 Each shard has two more keys (see :class:`~celery_zdelay.store.redis_keys.ShardKeys`):
 ``marks``, a hash of each marked entry's record (``i:<id>``; ``d:<id>`` while
-it is dead-lettered) and of each key's holder (``k:<key>``), and ``tagged``,
+it is dead-lettered) and of each key's owner (``k:<key>``), and ``tagged``,
 a sorted set of ``<tag>\\n<id>`` read by lexical range. ``park_keyed.lua``
 writes them with the entry; every script that removes an entry (handoff,
 push, ack, cancel, dead-letter, purge, requeue) updates them in the same
@@ -38,7 +38,7 @@ __all__ = [
     "MarkProblem",
     "check_marks",
     "finish_key",
-    "key_holder",
+    "key_owner",
     "mark_records",
     "marks_of",
     "repair_marks",
@@ -75,8 +75,9 @@ class Mark:
     key: str | None
     on_key: str
     tags: tuple[str, ...]
-    #: How long an ``until_finished`` key stays held after the release, at most.
-    hold_ms: int
+    #: How long an ``until_finished`` key stays taken after the release, at most
+    #: (stored as the digits after the mode: the record's format is unchanged).
+    max_run_ms: int
     #: ``debounce`` only: the key's burst of calls runs at most this long
     #: after its first call (``max_wait=``, in ms); None for no cap.
     max_wait_ms: int | None = None
@@ -88,7 +89,7 @@ class Mark:
         adds the burst's first call (``f``) on the Redis clock.
         """
         mode = ON_KEY_MODES[self.on_key] if self.key is not None else "-"
-        head = f"{mode}{self.hold_ms}"
+        head = f"{mode}{self.max_run_ms}"
         if self.max_wait_ms is not None and self.key is not None:
             head += f" w{self.max_wait_ms}"
         return "\n".join([head, self.key or "", *self.tags])
@@ -129,17 +130,17 @@ def finish_key(store: Store, key: str, task_id: str) -> bool:
 
 
 def start_run(
-    store: Store, key: str, task_id: str, *, hold_ms: int, policy: str
+    store: Store, key: str, task_id: str, *, max_run_ms: int, policy: str
 ) -> tuple[str, str | None]:
-    """Take *key* for the run of *task_id* about to start, unless another run holds it.
+    """Take *key* for the run of *task_id* about to start, unless another run owns it.
 
-    Returns ("run", None), or ("wait", holder) / ("skip", holder) while
-    *holder* runs (see ``lua/start_run.lua``). The key is freed as an
-    ``until_finished`` key is (:func:`finish_key`), or when *hold_ms* passed.
+    Returns ("run", None), or ("wait", owner) / ("skip", owner) while
+    *owner* runs (see ``lua/start_run.lua``). The key is freed as an
+    ``until_finished`` key is (:func:`finish_key`), or when *max_run_ms* passed.
     """
     keys = store.keys(store.shard_of(key))
     with store_errors(store.url):
-        reply = store.scripts.start_run(keys=[keys.marks], args=[key, task_id, hold_ms, policy])
+        reply = store.scripts.start_run(keys=[keys.marks], args=[key, task_id, max_run_ms, policy])
     verdict = _text(reply[0])
     return verdict, (_text(reply[1]) if len(reply) > 1 else None)
 
@@ -211,15 +212,15 @@ def parse_record(record: str) -> EntryMarks:
     )
 
 
-def key_holder(store: Store, key: str) -> tuple[str, int | None] | None:
+def key_owner(store: Store, key: str) -> tuple[str, int | None] | None:
     """Return (id, hold end ms or None while parked) of the entry holding *key*, if any."""
     keys = store.keys(store.shard_of(key))
     with store_errors(store.url):
         value = store.client.hget(keys.marks, "k:" + key)
     if value is None:
         return None
-    holder, _, until = _text(value).partition("\n")
-    return holder, (int(until) if until else None)
+    owner, _, until = _text(value).partition("\n")
+    return owner, (int(until) if until else None)
 
 
 # -- check and repair -----------------------------------------------------------
@@ -290,7 +291,7 @@ def _check_shard(store: Store, shard: int, *, sample: int | None = None) -> list
     keys = store.keys(shard)
     fields, members, whole = _read_index(store, shard, sample)
     if not whole:
-        # Judge each sampled holder and tag member as the whole check would:
+        # Judge each sampled owner and tag member as the whole check would:
         # with the record of the entry it names.
         named = {v.partition("\n")[0] for n, v in fields.items() if n.startswith("k:")}
         named |= {m.partition("\n")[2] for m in members}
@@ -303,8 +304,8 @@ def _check_shard(store: Store, shard: int, *, sample: int | None = None) -> list
             )
     records = {name[2:]: value for name, value in fields.items() if name.startswith("i:")}
     dead_records = {name[2:]: value for name, value in fields.items() if name.startswith("d:")}
-    holders = {name[2:]: value for name, value in fields.items() if name.startswith("k:")}
-    ids = sorted({*records, *dead_records, *(v.partition("\n")[0] for v in holders.values())})
+    owners = {name[2:]: value for name, value in fields.items() if name.startswith("k:")}
+    ids = sorted({*records, *dead_records, *(v.partition("\n")[0] for v in owners.values())})
     ids += sorted({m.partition("\n")[2] for m in members} - set(ids))
     live, dead = _states(store, shard, ids)
     problems: list[MarkProblem] = []
@@ -330,21 +331,21 @@ def _check_shard(store: Store, shard: int, *, sample: int | None = None) -> list
                 f"entry {task_id} has a dead-letter record but is not dead",
                 ("hdel", "d:" + task_id),
             )
-    for key, value in holders.items():
-        holder, _, until = value.partition("\n")
+    for key, value in owners.items():
+        owner, _, until = value.partition("\n")
         if until:
-            continue  # released and running: held until the worker or the hold ends it
-        held_by = records.get(holder)
-        if holder not in live:
+            continue  # released and running: taken until the worker or max_run_ms frees it
+        held_by = records.get(owner)
+        if owner not in live:
             problem(
                 "stale key",
-                f"key {key!r} points at {holder}, which is not parked",
+                f"key {key!r} points at {owner}, which is not parked",
                 ("hdel", "k:" + key),
             )
         elif held_by is None or parse_record(held_by).key != key:
             problem(
                 "stale key",
-                f"key {key!r} points at {holder}, parked without that key",
+                f"key {key!r} points at {owner}, parked without that key",
                 ("hdel", "k:" + key),
             )
     for member in set(members) - expected_tags:

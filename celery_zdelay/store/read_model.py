@@ -127,7 +127,7 @@ class ParkedTask:
     #: recorded (parked whole, by ``zdelay_whole_messages``, or by an earlier
     #: release, which did not record it).
     parked_ms: int | None = None
-    #: Its key (``apply_delayed(key=...)``), while it holds it; else None.
+    #: Its key (``apply_delayed(key=...)``), while it owns it; else None.
     key: str | None = None
     #: Its ``on_key`` mode, with :attr:`key`.
     on_key: str | None = None

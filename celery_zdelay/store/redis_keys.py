@@ -59,7 +59,7 @@ class ShardKeys:
     #: ZSET periodic occurrence id -> ms first parked: parked once, never again.
     ticks: str
     #: HASH of the keys and tags of entries: "i:<id>" record, "d:<id>" record
-    #: of a dead letter, "k:<key>" holder (see store/marks.py, lua/_marks.lua).
+    #: of a dead letter, "k:<key>" owner (see store/marks.py, lua/_marks.lua).
     marks: str
     #: ZSET "<tag>\n<id>", all scored 0: the entries of a tag, by ZRANGEBYLEX.
     tagged: str
@@ -210,7 +210,7 @@ class ControlKeys:
         return f"{{{prefix}:bucket:{name}}}"
 
     def slots(self, prefix: str, slot: str) -> str:
-        """Return the ZSET of the tasks holding a slot of *slot* (a hash tag of its own).
+        """Return the ZSET of the tasks that took a slot of *slot* (a hash tag of its own).
 
         Task id -> ms (Redis clock) its slot ends by itself. Like a bucket,
         only ever touched alone (take_slots.lua, a worker's ZREM); Redis

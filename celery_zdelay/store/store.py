@@ -94,7 +94,7 @@ class Parked:
     """What :meth:`Store.park` did for one request."""
 
     #: The id of the entry parked for this request afterwards: its own, or
-    #: (for a key already held) the holder's.
+    #: (for a key already taken) the owner's.
     task_id: str
     #: That entry's due ms; None when it is no longer parked (released, running).
     due_ms: int | None
@@ -237,7 +237,7 @@ class Store:
                 self.ensure_allowed(self._keys[shard].due, script)
                 break
         if marked and self.config.signing_keys:
-            self._drop_forged_holders(requests)
+            self._drop_forged_owners(requests)
         with store_errors(self.url):
             if len(by_shard) == 1 or self.cluster:
                 replies = [
@@ -300,14 +300,14 @@ class Store:
                     "(a file or object-store key), or raise proto-max-bulk-len"
                 )
 
-    def _drop_forged_holders(self, requests: Sequence[ParkRequest]) -> None:
-        """With signing, forget key holders whose signed message does not carry the key.
+    def _drop_forged_owners(self, requests: Sequence[ParkRequest]) -> None:
+        """With signing, forget key owners whose signed message does not carry the key.
 
         park_keyed.lua cannot check an HMAC: without this, anyone able to write
         to Redis could point a key at a signed entry parked under another key,
         and a ``replace`` call would cancel it (a ``keep`` call would return
-        it). A holder is trusted only if its message, signed with a current
-        key under its own id, names the key. A holder released and running
+        it). An owner is trusted only if its message, signed with a current
+        key under its own id, names the key. An owner released and running
         (``until_finished``) has no message left to check and stays; one
         written as running while its id is parked is checked as parked, so a
         forged hold cannot make a ``keep`` call return a signed entry either.
@@ -322,13 +322,13 @@ class Store:
                 value = self.client.hget(keys.marks, "k:" + key)
                 if value is None:
                     continue
-                holder, _, until = _text(value).partition("\n")
-                payload = cast("bytes | None", self.client.hget(keys.msg, holder))
+                owner, _, until = _text(value).partition("\n")
+                payload = cast("bytes | None", self.client.hget(keys.msg, owner))
             if until and payload is None:
                 continue
             try:
                 message = decode_entry(
-                    payload, self.config.signing_keys, self.templates(shard), entry_id=holder
+                    payload, self.config.signing_keys, self.templates(shard), entry_id=owner
                 )
                 trusted = message.headers.get(KEY_HEADER) == key
             except EntryError:
@@ -338,8 +338,8 @@ class Store:
                     "Key %r pointed at %s, whose signed message does not carry it: dropped "
                     "(someone else wrote into the store's index)",
                     key,
-                    holder,
-                    extra={"task_id": holder},
+                    owner,
+                    extra={"task_id": owner},
                 )
                 with store_errors(self.url):
                     self.ensure_allowed(keys.marks, "drop_key")
@@ -350,7 +350,7 @@ class Store:
 
         None at first: the first park of an id, the common case, reads no
         held set. The script answers ``[-2]``, having written nothing, when
-        an id parked again (or a key's holder to move or answer) is held in
+        an id parked again (or a key's owner to move or answer) is held in
         a set not given: then they are read (one name per control: this ends).
         """
         lanes = self.known_lanes(shard)

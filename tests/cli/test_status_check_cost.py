@@ -18,7 +18,7 @@ from tests.support.cli import run
 pytestmark = pytest.mark.timeout(60)
 
 #: Entries parked with a key and two tags: three index entries each (a record,
-#: a key holder, two tag members: 4 counting both tags).
+#: a key owner, two tag members: 4 counting both tags).
 MARKED = 3 * CHECK_SAMPLE
 
 
@@ -50,7 +50,7 @@ def _commands(app: Celery, *args: str) -> tuple[int, str]:
 
 def test_status_check_reads_a_bounded_sample_of_a_large_key_and_tag_index(app: Celery) -> None:
     # Given 3,000 parked entries with a key and two tags each: an index of
-    # 12,000 records, holders and tag members, well above the sample
+    # 12,000 records, owners and tag members, well above the sample
     _park_marked(app, MARKED)
 
     # When status --check probes the store (and status alone, for comparison)
@@ -85,17 +85,17 @@ def test_a_sampled_check_finds_a_drift_among_the_entries_it_reads(app: Celery) -
     assert len(problems) <= CHECK_SAMPLE
 
 
-def test_a_sampled_check_judges_the_key_holders_it_draws(app: Celery) -> None:
+def test_a_sampled_check_judges_the_key_owners_it_draws(app: Celery) -> None:
     # Given a large index whose every key points at an entry that is not parked
     _park_marked(app, MARKED)
     store = store_for(app)
     marks = store.keys(0).marks
     store.client.hset(marks, mapping={f"k:order:{i}": "gone" for i in range(MARKED)})
 
-    # When the check reads a sample (holders are read only from the records drawn)
+    # When the check reads a sample (owners are read only from the records drawn)
     problems = check_marks(store, sample=CHECK_SAMPLE)
 
-    # Then the holders drawn are reported stale, and only they: at most half the sample
+    # Then the owners drawn are reported stale, and only they: at most half the sample
     stale = [p for p in problems if p.kind == "stale key"]
     assert stale, problems[:3]
     assert all("points at gone" in p.detail for p in stale)

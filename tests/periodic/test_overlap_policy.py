@@ -5,12 +5,12 @@ hook of ``celery_zdelay/worker.py`` (see docs/mutation.rst): the headers an
 occurrence carries for its policy (none for ``allow``), read from the
 message's headers however Celery hands them to the task, and
 :func:`apply_overlap_policy` on a private Redis in this process, the
-task's request pushed as a worker pushes it: the first run holds the
+task's request pushed as a worker pushes it: the first run takes the
 schedule's key for ``zdelay_overlap_timeout`` (by default
-``zdelay_key_hold_seconds``, also for a timeout header that is not a
+``zdelay_max_run_seconds``, also for a timeout header that is not a
 positive count), an occurrence starting meanwhile is skipped and counted
 (``skip``) or waits for the run to end (``buffer_one``) and then logs
-that it waited (only then), an eager call or one without an id holds
+that it waited (only then), an eager call or one without an id takes
 nothing, and a store out of reach lets the occurrence run. The stories through real workers are in
 test_periodic_overlap.py.
 """
@@ -32,7 +32,7 @@ from celery_zdelay.periodic.overlap import overlap_headers, overlap_key, overlap
 from celery_zdelay.periodic.store import PeriodicStore
 from celery_zdelay.store import Store
 from celery_zdelay.store.headers import OVERLAP_HEADER, OVERLAP_TIMEOUT_HEADER, SCHEDULE_HEADER
-from celery_zdelay.store.marks import key_holder
+from celery_zdelay.store.marks import key_owner
 from celery_zdelay.testing import free_port
 from celery_zdelay.worker import apply_overlap_policy, release_key
 from tests.conftest import AppFactory
@@ -69,13 +69,13 @@ def _finish(app: Celery, task_id: str, headers: dict[str, Any]) -> None:
         task.pop_request()
 
 
-def _held_until(store: Store, task_id: str) -> int:
-    """When the hold of *task_id* on the schedule's key ends (Redis ms)."""
-    holder = key_holder(store, KEY)
-    assert holder is not None
-    assert holder[0] == task_id
-    assert holder[1] is not None
-    return holder[1]
+def _owned_until(store: Store, task_id: str) -> int:
+    """When *task_id*'s ownership of the schedule's key ends (Redis ms)."""
+    owner = key_owner(store, KEY)
+    assert owner is not None
+    assert owner[0] == task_id
+    assert owner[1] is not None
+    return owner[1]
 
 
 def test_an_occurrence_carries_its_schedule_and_policy_and_allow_carries_nothing() -> None:
@@ -100,7 +100,7 @@ class _Request:
             self.__dict__.update(headers)
 
 
-def test_the_key_held_is_read_from_attributes_or_headers_for_skip_and_buffer_one_only() -> None:
+def test_the_overlap_key_is_read_from_attributes_or_headers_for_skip_and_buffer_one_only() -> None:
     for policy in ("skip", "buffer_one"):
         headers = overlap_headers(_schedule(policy))
         assert overlap_key_of_run(_Request(headers, as_attributes=True)) == KEY
@@ -113,7 +113,7 @@ def test_the_key_held_is_read_from_attributes_or_headers_for_skip_and_buffer_one
         assert overlap_key_of_run(_Request(headers, as_attributes=False)) is None
 
 
-def test_skip_holds_the_key_for_the_overlap_timeout_and_skips_and_counts_an_occurrence_meanwhile(
+def test_skip_takes_the_key_for_the_overlap_timeout_and_skips_and_counts_an_occurrence_meanwhile(
     app: Celery,
 ) -> None:
     headers = overlap_headers(_schedule("skip", 5))
@@ -122,7 +122,7 @@ def test_skip_holds_the_key_for_the_overlap_timeout_and_skips_and_counts_an_occu
 
     _start(app, "first", headers)
 
-    until = _held_until(store, "first")
+    until = _owned_until(store, "first")
     assert before + 5000 <= until <= redis_ms(store.client) + 5000
     assert PeriodicStore(store).snapshot().counts == {}
     with pytest.raises(Ignore):
@@ -131,46 +131,62 @@ def test_skip_holds_the_key_for_the_overlap_timeout_and_skips_and_counts_an_occu
 
     _finish(app, "first", headers)
     _start(app, "third", headers)
-    assert (key_holder(store, KEY) or ("",))[0] == "third"
+    assert (key_owner(store, KEY) or ("",))[0] == "third"
 
 
-def test_without_an_overlap_timeout_the_key_is_held_for_the_key_hold(
+def test_without_an_overlap_timeout_the_key_is_taken_for_the_max_run(
     make_test_app: AppFactory,
 ) -> None:
-    app = make_test_app(conf={"zdelay_key_hold_seconds": 120})
+    app = make_test_app(conf={"zdelay_max_run_seconds": 120})
     store = store_for(app)
     before = redis_ms(store.client)
     _start(app, "first", overlap_headers(_schedule("skip")))
-    until = _held_until(store, "first")
+    until = _owned_until(store, "first")
+    assert before + 120_000 <= until <= redis_ms(store.client) + 120_000
+
+
+def test_the_old_name_zdelay_key_hold_seconds_still_sets_the_max_run_with_a_warning(
+    make_test_app: AppFactory,
+) -> None:
+    # Given an app that still spells the setting by its old name
+    app = make_test_app(conf={"zdelay_key_hold_seconds": 120})
+    with pytest.warns(DeprecationWarning, match="rename it to zdelay_max_run_seconds"):
+        store = store_for(app)
+    before = redis_ms(store.client)
+
+    # When a run takes its schedule's key, the old name sets how long
+    _start(app, "first", overlap_headers(_schedule("skip")))
+
+    until = _owned_until(store, "first")
     assert before + 120_000 <= until <= redis_ms(store.client) + 120_000
 
 
 @pytest.mark.parametrize(
-    ("timeout", "held_ms"),
+    ("timeout", "owned_ms"),
     [(1, 1), (0, 120_000), (-5, 120_000), ("5000", 120_000), (None, 120_000)],
     ids=["1-ms", "zero", "negative", "not-a-number", "none"],
 )
-def test_an_overlap_timeout_header_of_a_positive_count_is_the_hold_else_the_key_hold(
-    make_test_app: AppFactory, timeout: Any, held_ms: int
+def test_an_overlap_timeout_header_of_a_positive_count_is_the_max_run_else_the_setting(
+    make_test_app: AppFactory, timeout: Any, owned_ms: int
 ) -> None:
     # Definitions give at least 1 ms; a message written otherwise (by hand,
-    # by another producer) holds the key for the worker's key hold
-    app = make_test_app(conf={"zdelay_key_hold_seconds": 120})
+    # by another producer) takes the key for the worker's max run
+    app = make_test_app(conf={"zdelay_max_run_seconds": 120})
     store = store_for(app)
     headers = {**overlap_headers(_schedule("skip")), OVERLAP_TIMEOUT_HEADER: timeout}
     before = redis_ms(store.client)
 
     _start(app, "first", headers)
 
-    until = _held_until(store, "first")
-    assert before + held_ms <= until <= redis_ms(store.client) + held_ms
+    until = _owned_until(store, "first")
+    assert before + owned_ms <= until <= redis_ms(store.client) + owned_ms
 
 
-def test_an_eager_call_or_one_without_an_id_holds_nothing(app: Celery) -> None:
+def test_an_eager_call_or_one_without_an_id_takes_nothing(app: Celery) -> None:
     headers = overlap_headers(_schedule("skip", 5))
     _start(app, "eager", headers, is_eager=True)
     _start(app, None, headers)
-    assert key_holder(store_for(app), KEY) is None
+    assert key_owner(store_for(app), KEY) is None
 
 
 def test_buffer_one_waits_for_the_run_before_it_to_end_then_runs(app: Celery) -> None:
@@ -194,13 +210,13 @@ def test_buffer_one_waits_for_the_run_before_it_to_end_then_runs(app: Celery) ->
 
     assert not waiting.is_alive()
     assert failures == []
-    assert (key_holder(store_for(app), KEY) or ("",))[0] == "second"
+    assert (key_owner(store_for(app), KEY) or ("",))[0] == "second"
 
 
 def test_only_an_occurrence_that_waited_logs_that_it_ran_after_the_run_before_it(
     app: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # A hold of 0.3 s: the second occurrence waits for it to end, here
+    # A max run of 0.3 s: the second occurrence waits for it to end, here
     headers = overlap_headers(_schedule("buffer_one", 0.3))
     caplog.set_level(logging.INFO, logger=worker.__name__)
 
@@ -209,7 +225,7 @@ def test_only_an_occurrence_that_waited_logs_that_it_ran_after_the_run_before_it
     _start(app, "second", headers)
 
     assert _waited_logs(caplog) == ["second"]
-    assert (key_holder(store_for(app), KEY) or ("",))[0] == "second"
+    assert (key_owner(store_for(app), KEY) or ("",))[0] == "second"
 
 
 def _waited_logs(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -2,8 +2,8 @@
 
 Issue 26 item 2: ``zdelay_overlap`` is ``allow`` (celery beat's behaviour),
 ``skip`` or ``buffer_one``. The companions release every occurrence once as
-before; the worker that is about to run it applies the policy, holding the
-schedule's key as an ``until_finished`` key is held, freed when the task
+before; the worker that is about to run it applies the policy, taking the
+schedule's key as an ``until_finished`` key is taken, freed when the task
 returns or, for a SIGKILLed worker, once ``zdelay_overlap_timeout`` passed.
 Real Redis, real solo workers (three, so runs could overlap), real
 companions, a task that runs long (``tests.slow_late``).
@@ -178,8 +178,8 @@ def test_a_sigkilled_worker_blocks_the_schedule_until_the_timeout_and_no_longer(
     running = next(w for w in workers if first_id in w.log())
     running.kill()
 
-    # Then the other worker skips the ticks while the run's hold lasts, and runs
-    # one once it ended (with no bound: zdelay_key_hold_seconds, an hour)
+    # Then the other worker skips the ticks while the run owns the key, and runs
+    # one once it ended (with no bound: zdelay_max_run_seconds, an hour)
     wait_for(lambda: len(run_spans(runs, "slow")) >= 2, timeout=90)
     later = {i: s for i, (s, _) in run_spans(runs, "slow").items() if i != first_id}
     assert min(later.values()) >= first_start + 4000 - 50, (first_start, later)

@@ -2,7 +2,7 @@
 
 Pins the key-and-tag lines of ``store/lua/ack.lua`` that mutation testing
 found unguarded (see docs/mutation.rst): when the broker has accepted a
-keyed, tagged entry, :meth:`Store.ack` removes its record, its key's holder
+keyed, tagged entry, :meth:`Store.ack` removes its record, its key's owner
 and its tag members in the same script, so the key is free at once and the
 tag lists only what is still parked or in flight. Through real parking on a
 private Redis; no worker or companion is needed.
@@ -15,7 +15,7 @@ import redis
 from celery import Celery
 
 from celery_zdelay.parking import store_for
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_owner, tagged_ids
 from celery_zdelay.store.redis_keys import shard_keys
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,8 +36,8 @@ def test_an_acknowledged_entry_gives_up_its_key_and_leaves_its_tags(
 
     assert store.ack(0, claimed.token, [done.id]) == 1
 
-    assert key_holder(store, "order:1") is None
-    assert key_holder(store, "order:2") == (kept.id, None)
+    assert key_owner(store, "order:1") is None
+    assert key_owner(store, "order:2") == (kept.id, None)
     assert tagged_ids(store, "shop") == [kept.id]
     assert tagged_ids(store, "eu") == []
     assert set(redis_client.hkeys(KEYS.marks)) == {f"i:{kept.id}".encode(), b"k:order:2"}
@@ -45,7 +45,7 @@ def test_an_acknowledged_entry_gives_up_its_key_and_leaves_its_tags(
     # The key is free: the next call under it parks a new task.
     again = record.apply_delayed(("again",), countdown=3600, key="order:1")
     assert again.id != done.id
-    assert key_holder(store, "order:1") == (again.id, None)
+    assert key_owner(store, "order:1") == (again.id, None)
 
 
 def test_an_ack_by_another_claim_keeps_the_key_and_the_tags(
@@ -58,6 +58,6 @@ def test_an_ack_by_another_claim_keeps_the_key_and_the_tags(
 
     assert store.ack(0, claimed.token + 1, [parked.id]) == 0
 
-    assert key_holder(store, "order:3") == (parked.id, None)
+    assert key_owner(store, "order:3") == (parked.id, None)
     assert tagged_ids(store, "shop") == [parked.id]
     assert check_marks(store) == []

@@ -20,7 +20,7 @@ from celery import Celery
 from celery_zdelay import StoreRefusedError
 from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_owner, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 from tests.support.store import due_ms
@@ -70,8 +70,8 @@ def test_a_cancelled_entry_gives_up_its_key_and_its_tags(app: Celery) -> None:
 
     assert store.cancel([gone.id]) == [True]
 
-    assert key_holder(store, "order:1") is None
-    assert key_holder(store, "order:2") == (kept.id, None)
+    assert key_owner(store, "order:1") is None
+    assert key_owner(store, "order:2") == (kept.id, None)
     assert tagged_ids(store, "shop") == [kept.id]
     assert tagged_ids(store, "eu") == []
     assert check_marks(store) == []

@@ -20,7 +20,7 @@ from celery import Celery
 from celery_zdelay.parking import store_for
 from celery_zdelay.store import Store
 from celery_zdelay.store.dead_reason import DeadReason
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_owner, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0, refused_while_written_over
 
@@ -83,8 +83,8 @@ def test_each_entry_this_claim_leases_is_dead_lettered_with_its_reason_and_paylo
     assert [f.decode() for f in redis_client.hkeys(SHARD0.msg)] == [other]
     assert redis_client.hget(SHARD0.leased, other).endswith(f" {other_token}".encode())
     # Key given up, tags left, records kept for a requeue
-    assert key_holder(store, "order:1") is None
-    assert key_holder(store, "order:2") == (other, None)
+    assert key_owner(store, "order:1") is None
+    assert key_owner(store, "order:2") == (other, None)
     assert tagged_ids(store, "shop") == tagged_ids(store, "eu") == []
     assert redis_client.hgetall(SHARD0.marks) == {
         f"d:{keyed}".encode(): records[keyed],

@@ -2,7 +2,7 @@
 
 Through :meth:`Store.park` on a private Redis, no worker or companion, with
 absolute due times so every figure is exact. The burst's first call ("f",
-Redis clock) and its cap ("w") live in the key holder's record; each
+Redis clock) and its cap ("w") live in the key owner's record; each
 debounce is due at min(what it asked for, f + w):
 
 - the first call of a burst (key free) records f = the Redis clock of the
@@ -10,7 +10,7 @@ debounce is due at min(what it asked for, f + w):
 - a later call is capped at the *first* call's f + w, not its own time;
 - a call without max_wait keeps the burst's cap, a larger one does not
   loosen it, a smaller one tightens it;
-- a holder released (in flight) or cancelled ends the burst: the next call
+- an owner released (in flight) or cancelled ends the burst: the next call
   starts a new one;
 - a record without f (an older version's) starts a burst now;
 - within one batch, the later call inherits the earlier one's burst.
@@ -23,7 +23,7 @@ import redis
 
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import Parked, ParkRequest, Store
-from celery_zdelay.store.marks import Mark, check_marks, key_holder, marks_of
+from celery_zdelay.store.marks import Mark, check_marks, key_owner, marks_of
 from tests.helpers import wait_for
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -91,7 +91,7 @@ def test_the_first_call_records_its_redis_time_and_is_due_as_asked_under_the_cap
     assert first is not None
     assert before <= first <= redis_ms(redis_client)
     assert _due(redis_client, "first") == at
-    assert key_holder(store, "k") == ("first", None)
+    assert key_owner(store, "k") == ("first", None)
     # The record still reads as a debounce under its key (Python and Lua agree)
     found = marks_of(store, "first", 0)
     assert found is not None
@@ -126,7 +126,7 @@ def test_a_later_call_is_capped_at_the_first_calls_time_plus_max_wait(
     assert _due(redis_client, "second") == first + 2 * HOUR
     assert _burst(redis_client, "second") == (first, 2 * HOUR)
     assert not redis_client.hexists(SHARD0.msg, "first")
-    assert key_holder(store, "k") == ("second", None)
+    assert key_owner(store, "k") == ("second", None)
     assert check_marks(store) == []
 
 
@@ -206,7 +206,7 @@ def test_a_cap_already_passed_makes_the_call_due_at_once_at_the_cap(
     assert _due(redis_client, "second") == first + 5
 
 
-def test_a_released_holder_ends_the_burst_and_the_next_call_starts_a_new_one(
+def test_a_released_owner_ends_the_burst_and_the_next_call_starts_a_new_one(
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
@@ -225,7 +225,7 @@ def test_a_released_holder_ends_the_burst_and_the_next_call_starts_a_new_one(
     assert redis_client.zscore(SHARD0.lease, "runs") is not None
 
 
-def test_a_cancelled_holder_ends_the_burst(store: Store, redis_client: redis.Redis) -> None:
+def test_a_cancelled_owner_ends_the_burst(store: Store, redis_client: redis.Redis) -> None:
     first, now = _first_call(store, redis_client, HOUR)
     assert store.cancel(["first"]) == [True]
 
@@ -237,7 +237,7 @@ def test_a_cancelled_holder_ends_the_burst(store: Store, redis_client: redis.Red
     assert parked == Parked("next", restarted + HOUR, True)
 
 
-def test_a_holder_of_another_mode_starts_a_burst_at_the_debounce(
+def test_an_owner_of_another_mode_starts_a_burst_at_the_debounce(
     store: Store, redis_client: redis.Redis
 ) -> None:
     at = redis_ms(redis_client) + 10 * HOUR

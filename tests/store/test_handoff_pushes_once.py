@@ -30,7 +30,7 @@ from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.redis_layout import RedisLayout
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ClaimResult, ParkRequest, Store
-from celery_zdelay.store.marks import Mark, key_holder, tagged_ids
+from celery_zdelay.store.marks import Mark, key_owner, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -384,7 +384,7 @@ def test_an_entry_whose_list_key_holds_another_type_is_dead_lettered_with_the_fi
     # It still refers to its template (a requeue restores it); its key and tags
     # leave with it, and its record is kept for the requeue
     assert _template_refs(redis_client) == refs
-    assert key_holder(store, "k") is None
+    assert key_owner(store, "k") is None
     assert tagged_ids(store, "t") == []
     assert redis_client.hget(SHARD0.marks, "d:stuck") == b"k0\nk\nt"
     assert redis_client.get(QUEUE) == b"something else wrote this"
@@ -479,8 +479,8 @@ def test_a_handed_off_entry_frees_its_key_or_holds_it_until_finished_and_leaves_
 
     result = _handoff(app)
 
-    assert key_holder(store, "k1") is None
-    assert key_holder(store, "k2") == ("held", result.now_ms + 5000)
+    assert key_owner(store, "k1") is None
+    assert key_owner(store, "k2") == ("held", result.now_ms + 5000)
     assert tagged_ids(store, "t") == []
     assert redis_client.hkeys(SHARD0.marks) == [b"k:k2"]
 

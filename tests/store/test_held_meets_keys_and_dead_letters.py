@@ -26,7 +26,7 @@ from celery_zdelay.store.dead_reason import DeadReason
 from celery_zdelay.store.marks import (
     check_marks,
     finish_key,
-    key_holder,
+    key_owner,
     tagged_ids,
 )
 from celery_zdelay.store.redis_keys import held_set_key
@@ -135,16 +135,16 @@ def test_purging_a_dead_id_leaves_the_held_task_parked_again_under_it(
     # Then only the dead letter went: the held X keeps its message, key and tag
     assert _places(redis_client, store, "X") == ["held"]
     assert redis_client.hexists(keys_of(0).msg, "X")
-    assert key_holder(store, "k") == ("X", None)
+    assert key_owner(store, "k") == ("X", None)
     assert tagged_ids(store, "t") == ["X"]
     assert check_marks(store) == []
     assert _released_after_resume(app, redis_client) == [("X", "('new',)")]
 
 
-# -- a key whose holder is held --------------------------------------------------
+# -- a key whose owner is held --------------------------------------------------
 
 
-def _held_holder(app: Celery, client: redis.Redis, *, on_key: str = "keep") -> str:
+def _held_owner(app: Celery, client: redis.Redis, *, on_key: str = "keep") -> str:
     """Pause the emails queue, park a task under key k there, hold it; return its id."""
     celery_zdelay.pause(PAUSED, app=app)
     first = app.tasks["tests.record"].apply_delayed(
@@ -156,13 +156,13 @@ def _held_holder(app: Celery, client: redis.Redis, *, on_key: str = "keep") -> s
 
 
 @pytest.mark.parametrize("on_key", ["replace", "debounce"])
-def test_replace_and_debounce_cancel_a_held_holder_so_one_task_runs_after_resume(
+def test_replace_and_debounce_cancel_a_held_owner_so_one_task_runs_after_resume(
     make_test_app: AppFactory, redis_client: redis.Redis, on_key: str
 ) -> None:
     # Given a task under key k, held behind the emails pause
     app = _app(make_test_app)
     store = store_for(app)
-    first = _held_holder(app, redis_client)
+    first = _held_owner(app, redis_client)
 
     # When a new call under k replaces (or debounces) it, due in 0.3 s
     before_ms = redis_ms(redis_client)
@@ -171,12 +171,12 @@ def test_replace_and_debounce_cancel_a_held_holder_so_one_task_runs_after_resume
     )
 
     # Then the held one is cancelled as a parked one is: out of its held set,
-    # its message, key and tag gone with it; the new one parked and holding k
+    # its message, key and tag gone with it; the new one parked and owning k
     assert second.id != first
     assert _places(redis_client, store, first) == []
     assert not redis_client.hexists(keys_of(0).msg, first)
     assert _places(redis_client, store, second.id) == ["due"]
-    assert key_holder(store, "k") == (second.id, None)
+    assert key_owner(store, "k") == (second.id, None)
     assert tagged_ids(store, "t") == [second.id]
     assert check_marks(store) == []
     found = celery_zdelay.lookup(second.id, app=app)
@@ -189,13 +189,13 @@ def test_replace_and_debounce_cancel_a_held_holder_so_one_task_runs_after_resume
 
 
 @pytest.mark.parametrize("on_key", ["keep", "until_finished"])
-def test_keep_and_until_finished_keep_a_held_holder_and_return_it(
+def test_keep_and_until_finished_keep_a_held_owner_and_return_it(
     make_test_app: AppFactory, redis_client: redis.Redis, on_key: str
 ) -> None:
     # Given a task under key k, held behind the emails pause
     app = _app(make_test_app)
     store = store_for(app)
-    first = _held_holder(app, redis_client, on_key=on_key)
+    first = _held_owner(app, redis_client, on_key=on_key)
     due_ms = redis_client.zscore(held_set_key("zdelay", 0, pause_lane(PAUSED)), first)
     assert due_ms is not None
 
@@ -211,7 +211,7 @@ def test_keep_and_until_finished_keep_a_held_holder_and_return_it(
     ms = int(due_ms) // 1024
     parked = store.park([marked_request("other", ms, key="k", on_key=on_key)])
     assert parked == [Parked(task_id=first, due_ms=ms, parked=False)]
-    assert key_holder(store, "k") == (first, None)
+    assert key_owner(store, "k") == (first, None)
     assert check_marks(store) == []
     assert _released_after_resume(app, redis_client) == [(first, "('first',)")]
 
@@ -222,7 +222,7 @@ def test_a_held_task_parked_again_under_its_own_id_and_key_leaves_its_held_set(
     # Given a task under key k, held behind the emails pause
     app = _app(make_test_app)
     store = store_for(app)
-    first = _held_holder(app, redis_client, on_key="replace")
+    first = _held_owner(app, redis_client, on_key="replace")
 
     # When it is parked again under its own id and key, due in an hour
     again = app.tasks["tests.record"].apply_delayed(
@@ -232,17 +232,17 @@ def test_a_held_task_parked_again_under_its_own_id_and_key_leaves_its_held_set(
     # Then it is in the due set only, never also in its held set
     assert again.id == first
     assert _places(redis_client, store, first) == ["due"]
-    assert key_holder(store, "k") == (first, None)
+    assert key_owner(store, "k") == (first, None)
     assert check_marks(store) == []
     celery_zdelay.resume(PAUSED, app=app)
     _hold(app)
     assert redis_client.llen("emails") == 0
 
 
-def test_apply_delayed_many_replaces_held_holders_on_four_shards(
+def test_apply_delayed_many_replaces_held_owners_on_four_shards(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
-    # Given 4 shards and 8 keys, each holder held behind the emails pause
+    # Given 4 shards and 8 keys, each owner held behind the emails pause
     app = _app(make_test_app, shards=4)
     store = store_for(app)
     record = app.tasks["tests.record"]
@@ -264,9 +264,9 @@ def test_apply_delayed_many_replaces_held_holders_on_four_shards(
         on_key="replace",
     )
 
-    # Then every held holder is gone and each key holds its new task
+    # Then every held owner is gone and each key is owned by its new task
     assert all(_places(redis_client, store, r.id) == [] for r in first)
-    assert [key_holder(store, k) for k in keys] == [(r.id, None) for r in second]
+    assert [key_owner(store, k) for k in keys] == [(r.id, None) for r in second]
     assert check_marks(store) == []
     released = _released_after_resume(app, redis_client)
     assert sorted(released) == sorted((r.id, f"('second', {i})") for i, r in enumerate(second))
@@ -279,7 +279,7 @@ def test_a_run_ending_keeps_the_key_of_its_task_parked_again_and_held(
     make_test_app: AppFactory, redis_client: redis.Redis
 ) -> None:
     # Given an until_finished task X under key k, released and running (its
-    # hold in the index), which parks itself again under X (a retry), and
+    # end in the index), which parks itself again under X (a retry), and
     # that retry held behind the emails pause
     app = _app(make_test_app)
     store = store_for(app)
@@ -289,21 +289,21 @@ def test_a_run_ending_keeps_the_key_of_its_task_parked_again_and_held(
     )
     _hold(app)
     assert redis_client.llen("emails") == 1
-    assert key_holder(store, "k") is not None
+    assert key_owner(store, "k") is not None
     celery_zdelay.pause(PAUSED, app=app)
     record.apply_delayed(
         ("retry",), countdown=0, queue="emails", key="k", on_key="until_finished", task_id=run.id
     )
     _hold(app)
     assert _places(redis_client, store, run.id) == ["held"]
-    assert key_holder(store, "k") == (run.id, None)
+    assert key_owner(store, "k") == (run.id, None)
 
     # When the first run ends (the worker frees the key of the run it ran)
     freed = finish_key(store, "k", run.id)
 
     # Then the key stays with the held retry: a keep call parks nothing
     assert freed is False
-    assert key_holder(store, "k") == (run.id, None)
+    assert key_owner(store, "k") == (run.id, None)
     other = record.apply_delayed(("other",), countdown=0, queue="emails", key="k", on_key="keep")
     assert other.id == run.id
     assert check_marks(store) == []

@@ -2,11 +2,11 @@
 
 Pins the lines of ``store/lua/park_keyed.lua`` (see docs/mutation.rst)
 through :meth:`Store.park` on a private Redis, no worker or companion:
-``keep`` and ``until_finished`` park nothing while the key is held and
-answer the holder's id and due time; ``replace`` and ``debounce`` take the
-parked holder out (its message, its marks, its template count) but never
+``keep`` and ``until_finished`` park nothing while the key is taken and
+answer the owner's id and due time; ``replace`` and ``debounce`` take the
+parked owner out (its message, its marks, its template count) but never
 one being released; within one batch the last call of a key decides; a
-hold that ended frees the key; an id parked again gives up its old key and
+run that ended frees the key; an id parked again gives up its old key and
 tags; only a marked entry gets a record; a retried call answers what the
 first one did and parks nothing again; a malformed call or a marks key of
 another type is refused before anything is written.
@@ -25,7 +25,7 @@ from celery_zdelay.capture import capture
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import Parked, ParkRequest, Store
-from celery_zdelay.store.marks import Mark, check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import Mark, check_marks, key_owner, tagged_ids
 from celery_zdelay.store.store import HISTORY_SENTINEL
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -78,49 +78,49 @@ def calls(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, .
     return seen
 
 
-# -- a held key ----------------------------------------------------------------------
+# -- a taken key ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", ["keep", "until_finished"])
-def test_keep_parks_nothing_while_the_key_is_held_and_answers_the_holders_due_time(
+def test_keep_parks_nothing_while_the_key_is_taken_and_answers_the_owners_due_time(
     store: Store, redis_client: redis.Redis, mode: str
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    # The holder takes the second slot of its millisecond: its due ms is the score // 1024
+    # The owner takes the second slot of its millisecond: its due ms is the score // 1024
     store.park([marked_request("first-of-ms", at)])
-    assert store.park([marked_request("holder", at, "k", mode, ("t",))]) == [
-        Parked("holder", at, True)
+    assert store.park([marked_request("owner", at, "k", mode, ("t",))]) == [
+        Parked("owner", at, True)
     ]
 
     again = store.park([marked_request("second", at + 5000, "k", mode, ("u",))])
 
-    assert again == [Parked("holder", at, False)]
-    assert set(_parked(redis_client)) == {"first-of-ms", "holder"}
-    assert _marks(redis_client) == {"i:holder": f"{mode[0]}0\nk\nt", "k:k": "holder"}
+    assert again == [Parked("owner", at, False)]
+    assert set(_parked(redis_client)) == {"first-of-ms", "owner"}
+    assert _marks(redis_client) == {"i:owner": f"{mode[0]}0\nk\nt", "k:k": "owner"}
     assert tagged_ids(store, "u") == []
     assert check_marks(store) == []
 
 
 @pytest.mark.parametrize("mode", ["replace", "debounce"])
-def test_replace_takes_the_parked_holder_out_with_its_marks_and_template_count(
+def test_replace_takes_the_parked_owner_out_with_its_marks_and_template_count(
     app: Celery, store: Store, redis_client: redis.Redis, mode: str
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    holder = dataclasses.replace(
-        _call(app, "tests.record", "holder", at, "k", mode),
+    owner = dataclasses.replace(
+        _call(app, "tests.record", "owner", at, "k", mode),
         mark=Mark("k", mode, ("old",), 0),
     )
-    store.park([holder, _call(app, "tests.record", "other", at, "j", mode)])
+    store.park([owner, _call(app, "tests.record", "other", at, "j", mode)])
     assert list(_template_refs(redis_client).values()) == [2]
 
     reply = store.park([_call(app, "tests.add", "new", at + 1000, "k", mode)])
 
     assert reply == [Parked("new", at + 1000, True)]
     assert set(_parked(redis_client)) == {"other", "new"}
-    assert not redis_client.hexists(SHARD0.msg, "holder")
-    assert key_holder(store, "k") == ("new", None)
+    assert not redis_client.hexists(SHARD0.msg, "owner")
+    assert key_owner(store, "k") == ("new", None)
     assert tagged_ids(store, "old") == []
-    assert "i:holder" not in _marks(redis_client)
+    assert "i:owner" not in _marks(redis_client)
     assert sorted(_template_refs(redis_client).values()) == [1, 1]
     assert check_marks(store) == []
 
@@ -160,7 +160,7 @@ def test_within_one_batch_replace_parks_only_the_last_call_of_a_key(
     ]
 
     assert set(_parked(redis_client)) == {"last"}
-    assert key_holder(store, "k") == ("last", None)
+    assert key_owner(store, "k") == ("last", None)
     assert tagged_ids(store, "t") == []
     assert first.template is not None
     assert last.template is not None
@@ -169,34 +169,34 @@ def test_within_one_batch_replace_parks_only_the_last_call_of_a_key(
     assert check_marks(store) == []
 
 
-def test_a_call_under_the_holders_own_id_keeps_its_record_or_moves_it_in_place(
+def test_a_call_under_the_owners_own_id_keeps_its_record_or_moves_it_in_place(
     store: Store, redis_client: redis.Redis
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    store.park([marked_request("holder", at, "k", "keep", ("t",))])
+    store.park([marked_request("owner", at, "k", "keep", ("t",))])
 
-    # keep: nothing parked, the holder keeps its key and tags, and the
+    # keep: nothing parked, the owner keeps its key and tags, and the
     # reply says when it is due (regression: it said -1, "not parked")
-    (kept,) = store.park([marked_request("holder", at + 1000, "k", "keep", ("u",))])
-    assert kept == Parked("holder", at, False)
-    assert _parked(redis_client) == {"holder": at * 1024}
-    assert _marks(redis_client) == {"i:holder": "k0\nk\nt", "k:k": "holder"}
-    assert tagged_ids(store, "t") == ["holder"]
+    (kept,) = store.park([marked_request("owner", at + 1000, "k", "keep", ("u",))])
+    assert kept == Parked("owner", at, False)
+    assert _parked(redis_client) == {"owner": at * 1024}
+    assert _marks(redis_client) == {"i:owner": "k0\nk\nt", "k:k": "owner"}
+    assert tagged_ids(store, "t") == ["owner"]
 
     # replace: re-parked where it is, not taken out first: the earliest due
     # time does not move earlier, so the companions are not woken
     with wake_ups(redis_client) as seen:
-        assert store.park([marked_request("holder", at, "k", "replace")]) == [
-            Parked("holder", at, True)
+        assert store.park([marked_request("owner", at, "k", "replace")]) == [
+            Parked("owner", at, True)
         ]
     assert seen == []
-    assert _marks(redis_client) == {"i:holder": "r0\nk", "k:k": "holder"}
+    assert _marks(redis_client) == {"i:owner": "r0\nk", "k:k": "owner"}
 
 
-# -- a holder being released ----------------------------------------------------------
+# -- an owner being released ----------------------------------------------------------
 
 
-def test_replace_never_takes_out_a_holder_being_released(
+def test_replace_never_takes_out_an_owner_being_released(
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
@@ -204,7 +204,7 @@ def test_replace_never_takes_out_a_holder_being_released(
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
     assert [e.task_id for e in claimed.entries] == ["in-flight"]
 
-    # keep: the holder is no longer parked, so no due time
+    # keep: the owner is no longer parked, so no due time
     assert store.park([marked_request("kept-out", now + HOUR, "k", "keep")]) == [
         Parked("in-flight", None, False)
     ]
@@ -215,21 +215,21 @@ def test_replace_never_takes_out_a_holder_being_released(
     assert redis_client.zscore(SHARD0.lease, "in-flight") is not None
     assert _marks(redis_client)["i:in-flight"] == "r0\nk\nt"
     assert tagged_ids(store, "t") == ["in-flight"]
-    assert key_holder(store, "k") == ("new", None)
+    assert key_owner(store, "k") == ("new", None)
 
 
-def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
+def test_until_finished_keeps_the_key_after_the_release_until_its_max_run_ends(
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
-    store.park([marked_request("runs", now - 1000, "k", "until_finished", hold_ms=HOUR)])
-    store.park([marked_request("ends", now - 1000, "e", "until_finished", hold_ms=0)])
+    store.park([marked_request("runs", now - 1000, "k", "until_finished", max_run_ms=HOUR)])
+    store.park([marked_request("ends", now - 1000, "e", "until_finished", max_run_ms=0)])
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
     assert store.ack(0, claimed.token, ["runs", "ends"]) == 2
-    holder = key_holder(store, "k")
-    assert holder is not None
-    assert holder[0] == "runs"
-    assert holder[1] is not None
+    owner = key_owner(store, "k")
+    assert owner is not None
+    assert owner[0] == "runs"
+    assert owner[1] is not None
 
     # Released and running: kept, and a replace cannot stop it
     assert store.park([marked_request("waits", now + HOUR, "k", "until_finished")]) == [
@@ -238,22 +238,22 @@ def test_until_finished_holds_the_key_after_the_release_until_the_hold_ends(
     assert store.park([marked_request("replaces", now + HOUR, "k", "replace")]) == [
         Parked("replaces", now + HOUR, True)
     ]
-    # A hold that ended is free
+    # A key whose run ended is free
     assert store.park([marked_request("after", now + HOUR, "e", "until_finished")]) == [
         Parked("after", now + HOUR, True)
     ]
     assert set(_parked(redis_client)) == {"replaces", "after"}
-    assert key_holder(store, "e") == ("after", None)
+    assert key_owner(store, "e") == ("after", None)
 
 
 def _released_and_running(store: Store, now: int, task_id: str, key: str) -> None:
-    """Park *task_id* holding *key* until finished, then release it: it runs, holding the key."""
-    store.park([marked_request(task_id, now - 1000, key, "until_finished", hold_ms=HOUR)])
+    """Park *task_id* owning *key* until finished, then release it: it runs, owning the key."""
+    store.park([marked_request(task_id, now - 1000, key, "until_finished", max_run_ms=HOUR)])
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
     assert store.ack(0, claimed.token, [task_id]) == 1
 
 
-def test_replace_leaves_parked_the_retry_of_a_holder_that_runs(
+def test_replace_leaves_parked_the_retry_of_an_owner_that_runs(
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
@@ -269,19 +269,19 @@ def test_replace_leaves_parked_the_retry_of_a_holder_that_runs(
     assert redis_client.hexists(SHARD0.msg, "runs")
 
 
-def test_a_running_holder_parks_its_own_retry_under_its_key_and_no_one_else_does(
+def test_a_running_owner_parks_its_own_retry_under_its_key_and_no_one_else_does(
     store: Store, redis_client: redis.Redis
 ) -> None:
     now = redis_ms(redis_client)
     _released_and_running(store, now, "runs", "k")
 
     # The running task retries under its own id with its key (transparent
-    # mode's retry(countdown=)): parked, and holding the key as parked
+    # mode's retry(countdown=)): parked, and owning the key as parked
     assert store.park([marked_request("runs", now + HOUR, "k", "until_finished")]) == [
         Parked("runs", now + HOUR, True)
     ]
     assert set(_parked(redis_client)) == {"runs"}
-    assert key_holder(store, "k") == ("runs", None)
+    assert key_owner(store, "k") == ("runs", None)
     # while another id with the key is still kept out
     assert store.park([marked_request("other", now + HOUR, "k", "keep")]) == [
         Parked("runs", now + HOUR, False)
@@ -306,8 +306,8 @@ def test_an_id_parked_again_gives_up_its_old_key_and_tags(
     assert store.park([marked_request("a", at + 1, "new", "replace", ("t2", "t3"))]) == [
         Parked("a", at + 1, True)
     ]
-    assert key_holder(store, "old") is None
-    assert key_holder(store, "new") == ("a", None)
+    assert key_owner(store, "old") is None
+    assert key_owner(store, "new") == ("a", None)
     assert (tagged_ids(store, "t1"), tagged_ids(store, "t2"), tagged_ids(store, "t3")) == (
         [],
         ["a"],
@@ -374,13 +374,13 @@ def test_a_retried_call_answers_what_the_first_did_and_parks_nothing_again(
     store: Store, redis_client: redis.Redis, calls: list[tuple[object, ...]]
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    store.park([marked_request("holder", at, "k")])
+    store.park([marked_request("owner", at, "k")])
     first = store.park(
         [marked_request("a", at + 1, "k", "replace", ("t",)), marked_request("b", at, "k")]
     )
     assert first == [Parked("a", at + 1, True), Parked("a", at + 1, False)]
-    # The replace took the holder out: the caller reports it cancelled.
-    assert [p.replaced for p in first] == ["holder", None]
+    # The replace took the owner out: the caller reports it cancelled.
+    assert [p.replaced for p in first] == ["owner", None]
     park_call = calls[-1]
     marker = str(park_call[2 + 5])
     assert redis_client.pttl(marker) > 60_000
@@ -397,7 +397,7 @@ def test_a_retried_call_answers_what_the_first_did_and_parks_nothing_again(
         "a",
         at + 1,
         0,
-        "holder",
+        "owner",
         "",
     ]
     assert redis_client.zcard(SHARD0.due) == 0
@@ -454,11 +454,11 @@ def test_a_due_key_of_another_type_refuses_the_park_before_the_marks_are_written
     store: Store, redis_client: redis.Redis
 ) -> None:
     at = redis_ms(redis_client) + HOUR
-    store.park([marked_request("holder", at, "k", "keep", ("t",))])
+    store.park([marked_request("owner", at, "k", "keep", ("t",))])
     redis_client.rename(SHARD0.due, "saved-due")
     redis_client.set(SHARD0.due, "something else wrote this")
 
     with pytest.raises(StoreRefusedError, match=r"holds a string, not a zset: something else"):
-        store.park([marked_request("holder", at, "new", "replace", ("u",))])
+        store.park([marked_request("owner", at, "new", "replace", ("u",))])
 
-    assert _marks(redis_client) == {"i:holder": "k0\nk\nt", "k:k": "holder"}
+    assert _marks(redis_client) == {"i:owner": "k0\nk\nt", "k:k": "owner"}

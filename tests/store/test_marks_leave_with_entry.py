@@ -1,4 +1,4 @@
-"""An entry's key and tags leave with it; a forged key holder is forgotten only as checked.
+"""An entry's key and tags leave with it; a forged key owner is forgotten only as checked.
 
 Pins the lines of ``store/lua/_marks.lua`` and ``store/lua/drop_key.lua``
 (see docs/mutation.rst) that the kill tests of the scripts loading them left
@@ -6,14 +6,14 @@ unguarded, on a private Redis with real parking and no worker or companion.
 
 ``_marks.lua`` runs in every script that removes entries (handoff, push,
 ack, cancel, dead-letter, park_keyed's replace): the entry's record, its
-key's holder and its tag members go in the same step, however many entries
-leave at once; an ``until_finished`` key released is held for the entry's
-own hold from the release; a shard without marks pays one ``EXISTS`` and
+key's owner and its tag members go in the same step, however many entries
+leave at once; an ``until_finished`` key released stays taken for the entry's
+own max run from the release; a shard without marks pays one ``EXISTS`` and
 reads no record; and a marks or tag key of another type refuses the call
 before anything moves.
 
-``drop_key.lua`` forgets a key holder a producer found forged (its signed
-message does not carry the key) only if the holder is still the value
+``drop_key.lua`` forgets a key owner a producer found forged (its signed
+message does not carry the key) only if the owner is still the value
 checked, answers 1 when it dropped it and 0 when not, and refuses a marks
 key of another type with the fix.
 """
@@ -30,7 +30,7 @@ from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
 from celery_zdelay.store.client import store_errors
 from celery_zdelay.store.dead_reason import DeadReason
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_owner, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import FOREIGN, SHARD0, refused_while_written_over
@@ -50,29 +50,29 @@ def store(app: Celery) -> Store:
     return store_for(app)
 
 
-# -- _marks.lua: until_finished holds ----------------------------------------------------
+# -- _marks.lua: until_finished keys ---------------------------------------------------
 
 
-def test_an_until_finished_key_released_is_held_for_the_entrys_own_hold_from_the_ack(
+def test_an_until_finished_key_released_stays_taken_for_the_entrys_max_run_from_the_ack(
     store: Store, redis_client: redis.Redis
 ) -> None:
-    # Breaks if: the hold ms is read from the record's third character on
+    # Breaks if: the max run ms is read from the record's third character on
     # (string.sub(head, 3)), read as 0 (``and 0``), or subtracted from now.
-    hold_ms = 7 * HOUR
+    max_run_ms = 7 * HOUR
     now = redis_ms(redis_client)
-    store.park([marked_request("runs", now - 1000, "k", "until_finished", hold_ms=hold_ms)])
+    store.park([marked_request("runs", now - 1000, "k", "until_finished", max_run_ms=max_run_ms)])
     claimed = store.claim(0, limit=10, lease_ms=HOUR)
 
     before = redis_ms(redis_client)
     assert store.ack(0, claimed.token, ["runs"]) == 1
     after = redis_ms(redis_client)
 
-    holder = key_holder(store, "k")
-    assert holder is not None
-    assert holder[0] == "runs"
-    assert holder[1] is not None
-    assert before + hold_ms <= holder[1] <= after + hold_ms
-    assert _marks(redis_client) == {"k:k": f"runs\n{holder[1]}"}
+    owner = key_owner(store, "k")
+    assert owner is not None
+    assert owner[0] == "runs"
+    assert owner[1] is not None
+    assert before + max_run_ms <= owner[1] <= after + max_run_ms
+    assert _marks(redis_client) == {"k:k": f"runs\n{owner[1]}"}
 
 
 # -- _marks.lua: a dead letter replaced --------------------------------------------------
@@ -170,15 +170,15 @@ def test_a_tag_index_of_another_type_refuses_the_ack_before_anything_moves(
 
 
 def _drop(store: Store, key: str, checked: str) -> object:
-    """Call drop_key.lua as the producer's forged-holder check does (see store/marks.py)."""
+    """Call drop_key.lua as the producer's forged-owner check does (see store/marks.py)."""
     with store_errors(store.url):
         return store.scripts.drop_key(keys=[SHARD0.marks], args=[key, checked])
 
 
-def test_a_forged_holder_is_dropped_only_while_it_is_the_value_checked(
+def test_a_forged_owner_is_dropped_only_while_it_is_the_value_checked(
     store: Store, redis_client: redis.Redis
 ) -> None:
-    # Breaks if: the comparison is inverted (a holder written meanwhile
+    # Breaks if: the comparison is inverted (an owner written meanwhile
     # would be dropped), or the reply says 1 for a drop not made, or 2, or nothing.
     redis_client.hset(SHARD0.marks, mapping={"k:promo": "victim", "k:other": "kept"})
 

@@ -29,7 +29,7 @@ from celery_zdelay.capture import capture
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_owner, tagged_ids
 from tests.conftest import AppFactory
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
@@ -324,10 +324,10 @@ def test_an_id_parked_again_plainly_forgets_the_key_and_tags_it_had(
     # Then the new entry has no marks: its key is free, its tags select
     # nothing, and "b" keeps all of its own
     assert redis_client.hget(SHARD0.marks, "i:a") is None
-    assert key_holder(store, "k1") is None
+    assert key_owner(store, "k1") is None
     assert tagged_ids(store, "t1") == ["b"]
     assert tagged_ids(store, "t2") == []
-    assert key_holder(store, "k2") == ("b", None)
+    assert key_owner(store, "k2") == ("b", None)
     assert check_marks(store) == []
 
 

@@ -26,7 +26,7 @@ from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.parking import park_requests, store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store
-from celery_zdelay.store.marks import Mark, key_holder, tagged_ids
+from celery_zdelay.store.marks import Mark, key_owner, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0
 
@@ -258,12 +258,12 @@ def test_a_pushed_entry_frees_its_key_or_holds_it_until_finished_and_leaves_its_
     assert store.push(0, token, routes) == (["kept", "held"], [])
 
     after = redis_ms(redis_client)
-    assert key_holder(store, "k1") is None
-    holder = key_holder(store, "k2")
-    assert holder is not None
-    assert holder[0] == "held"
-    assert holder[1] is not None
-    assert before + 5000 <= holder[1] <= after + 5000
+    assert key_owner(store, "k1") is None
+    owner = key_owner(store, "k2")
+    assert owner is not None
+    assert owner[0] == "held"
+    assert owner[1] is not None
+    assert before + 5000 <= owner[1] <= after + 5000
     assert tagged_ids(store, "t") == []
     assert redis_client.hkeys(SHARD0.marks) == [b"k:k2"]
 

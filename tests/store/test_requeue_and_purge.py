@@ -9,7 +9,7 @@ A requeue parks each dead-lettered id again, due at Redis-now (score
 ``now * 1024``), with the payload after its record's first newline, takes
 it out of the dead set and hash, and wakes the companions once when it took
 any; it gives the entry its tags back (scored 0) and its key unless another
-entry holds the key (parked, or released and running with a hold not over
+entry owns the key (parked, or released and running with a max run not over
 yet), in which case its record keeps the tags only. It answers one flag per
 id: 0 for an id not dead-lettered, without a payload, or parked again since
 (waiting or in flight, whose new entry it leaves alone).
@@ -34,7 +34,7 @@ from celery_zdelay.parking import store_for
 from celery_zdelay.schedule import Due
 from celery_zdelay.store import ParkRequest, Store, admin
 from celery_zdelay.store.dead_reason import DeadReason
-from celery_zdelay.store.marks import check_marks, key_holder, tagged_ids
+from celery_zdelay.store.marks import check_marks, key_owner, tagged_ids
 from tests.support.clock import redis_ms
 from tests.support.keys import SHARD0, refused_while_written_over
 from tests.support.wake import wake_ups
@@ -185,29 +185,29 @@ def test_an_id_parked_again_since_it_died_keeps_its_new_entry(
 
 
 @pytest.mark.parametrize(
-    ("holder", "takes_key"),
-    [("parked", False), ("running", False), ("hold over", True)],
+    ("owner", "takes_key"),
+    [("parked", False), ("running", False), ("run over", True)],
 )
-def test_a_requeued_entry_gets_its_key_back_only_when_no_one_holds_it(
-    app: Celery, redis_client: redis.Redis, holder: str, takes_key: bool
+def test_a_requeued_entry_gets_its_key_back_only_when_no_one_owns_it(
+    app: Celery, redis_client: redis.Redis, owner: str, takes_key: bool
 ) -> None:
     store, (entry,) = _dead(app, [{"key": "order:1", "tags": ["shop"]}])
     record = redis_client.hget(SHARD0.marks, f"d:{entry}")
     assert record is not None
     assert b"\norder:1\n" in record
     now = redis_ms(redis_client)
-    if holder == "parked":
+    if owner == "parked":
         call = app.tasks["tests.record"]
         value = call.apply_delayed(("other",), countdown=600, key="order:1").id
     else:
-        until = now + HOUR if holder == "running" else now - 1_000
+        until = now + HOUR if owner == "running" else now - 1_000
         value = f"other-id\n{until}"
         redis_client.hset(SHARD0.marks, "k:order:1", value)
 
     assert admin.requeue_dead(store, [entry]) == [True]
 
     if takes_key:
-        assert key_holder(store, "order:1") == (entry, None)
+        assert key_owner(store, "order:1") == (entry, None)
         assert redis_client.hget(SHARD0.marks, f"i:{entry}") == record
     else:
         assert redis_client.hget(SHARD0.marks, "k:order:1") == value.encode()
@@ -356,7 +356,7 @@ def test_a_key_of_another_type_refuses_the_purge_before_anything_moves(
     assert _count(redis_client, template) == 1
 
 
-def test_two_dead_letters_of_one_key_requeued_together_leave_one_holder(
+def test_two_dead_letters_of_one_key_requeued_together_leave_one_owner(
     app: Celery, redis_client: redis.Redis
 ) -> None:
     # Given two entries of one key that died in turn (the key was free again
@@ -372,7 +372,7 @@ def test_two_dead_letters_of_one_key_requeued_together_leave_one_holder(
     # Then the first takes the key back and the second is parked without it,
     # as if they had been requeued one after the other: one entry per key;
     # left with neither key nor tags, the second has no record at all
-    assert key_holder(store, "order:1") == (first, None)
+    assert key_owner(store, "order:1") == (first, None)
     assert redis_client.hget(SHARD0.marks, f"i:{first}") == first_record
     assert {f.decode() for f in redis_client.hkeys(SHARD0.marks)} == {
         f"i:{first}",
@@ -380,4 +380,4 @@ def test_two_dead_letters_of_one_key_requeued_together_leave_one_holder(
     }
     assert check_marks(store) == []
     third = app.tasks["tests.record"].apply_delayed(("third",), countdown=600, key="order:1").id
-    assert third == first  # a keep call finds the key held by the first
+    assert third == first  # a keep call finds the key owned by the first

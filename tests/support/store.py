@@ -177,10 +177,10 @@ def marked_request(
     key: str | None = None,
     on_key: str = "keep",
     tags: tuple[str, ...] = (),
-    hold_ms: int = 0,
+    max_run_ms: int = 0,
 ) -> ParkRequest:
-    """A request parking *task_id* at *ms* with a key (its mode and hold) and tags."""
-    return ParkRequest(task_id, Due("a", ms), PAYLOAD, mark=Mark(key, on_key, tags, hold_ms))
+    """A request parking *task_id* at *ms* with a key (its mode and max run) and tags."""
+    return ParkRequest(task_id, Due("a", ms), PAYLOAD, mark=Mark(key, on_key, tags, max_run_ms))
 
 
 def release_everything(app: Celery, client: Any, queue: str, control: str) -> list[tuple[str, Any]]:

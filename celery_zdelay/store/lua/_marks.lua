@@ -7,17 +7,17 @@
 --
 -- marks hash   "i:<id>" -> record of a parked (or in-flight) entry
 --              "d:<id>" -> record of a dead-lettered entry (requeue restores it)
---              "k:<key>" -> holder: "<id>" (parked or in flight), or
+--              "k:<key>" -> owner: "<id>" (parked or in flight), or
 --                           "<id>\n<until ms>" (released, running: until_finished)
 -- tagged zset  "<tag>\n<id>", score 0: entries by tag (ZRANGEBYLEX)
--- record       "<mode><hold ms>[ <field>...]\n<key>\n<tag>\n<tag>..."; mode "-" no key,
+-- record       "<mode><max run ms>[ <field>...]\n<key>\n<tag>\n<tag>..."; mode "-" no key,
 --              "k" keep, "r" replace, "d" debounce, "u" until_finished;
 --              fields, each a letter and digits after a space (debounce):
 --              "w<ms>" the burst's max_wait, "f<ms>" its first call (Redis
 --              clock, written by park_keyed.lua). A record without them
 --              (written before max_wait existed) is a burst of unknown start.
 
--- Returns mode, hold ms, key ('' for none), list of tags of *record*, and
+-- Returns mode, max run ms, key ('' for none), list of tags of *record*, and
 -- its head's fields (letter -> number; one that is not digits is nil).
 local function zdelay_mark_parse(record)
   local lines, start = {}, 1
@@ -41,7 +41,7 @@ end
 -- *record* with its head's fields replaced by *fields* (letter -> number, in
 -- the order of *names*; a nil one left out).
 local function zdelay_mark_with(record, names, fields)
-  -- The mode and hold, then the rest from the first line's end.
+  -- The mode and max run ms, then the rest from the first line's end.
   local head, rest = string.match(record, '^([^ \n]*)[^\n]*(.*)$')
   for _, name in ipairs(names) do
     if fields[name] then head = head .. ' ' .. name .. string.format('%.0f', fields[name]) end
@@ -49,8 +49,8 @@ local function zdelay_mark_with(record, names, fields)
   return head .. rest
 end
 
--- Returns the id and, for a released entry, the ms its hold ends (else nil).
-local function zdelay_mark_holder(value)
+-- Returns the id and, for a released entry, the ms its key is freed by (else nil).
+local function zdelay_mark_owner(value)
   if not value then return nil, nil end
   local nl = string.find(value, '\n', 1, true)
   if not nl then return value, nil end
@@ -59,7 +59,7 @@ end
 
 -- Reads only (call before the first write). The writes that make the marks
 -- of *ids* leave (for zdelay_marks_apply), as they leave the due set or the lease: *how* is
--- "release" (published: an until_finished key is held for its hold ms
+-- "release" (published: an until_finished key stays taken for its max run ms
 -- from *now_ms*), "cancel" or "dead" (the record is kept for a requeue).
 -- Returns nil when the shard has no marks at all: one EXISTS per call.
 local function zdelay_marks_plan(marks, tagged, ids, how, now_ms)
@@ -78,20 +78,20 @@ local function zdelay_marks_plan(marks, tagged, ids, how, now_ms)
         plan.hdel[#plan.hdel + 1] = 'd:' .. id
       end
       if record then
-        local mode, hold_ms, key, tags = zdelay_mark_parse(record)
+        local mode, max_run_ms, key, tags = zdelay_mark_parse(record)
         plan.hdel[#plan.hdel + 1] = 'i:' .. id
         if how == 'dead' then
           plan.hset[#plan.hset + 1] = {'d:' .. id, record}
         end
         for _, tag in ipairs(tags) do plan.zrem[#plan.zrem + 1] = tag .. '\n' .. id end
         if key ~= '' then
-          local holder, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
-          if holder == id then
+          local owner, until_ms = zdelay_mark_owner(redis.call('HGET', marks, 'k:' .. key))
+          if owner == id then
             if how == 'release' and mode == 'u' and until_ms == nil then
-              local ends = string.format('%.0f', (now_ms or zdelay_now_ms()) + hold_ms)
+              local ends = string.format('%.0f', (now_ms or zdelay_now_ms()) + max_run_ms)
               plan.hset[#plan.hset + 1] = {'k:' .. key, id .. '\n' .. ends}
             else
-              -- Also a hold a worker ended before the release was acknowledged.
+              -- Also a run a worker ended before the release was acknowledged.
               plan.hdel[#plan.hdel + 1] = 'k:' .. key
             end
           end

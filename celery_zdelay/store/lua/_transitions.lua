@@ -12,8 +12,8 @@
 --   in flight  lease zset (expiry) + leased hash ("<due score> <token>") + payload
 --   dead       dead zset (at ms) + dead hash ("<reason JSON>\n<payload>"),
 --              its marks kept as "d:<id>" for a requeue
---   gone       none of these; an until_finished key may stay held by the id
---              (marks "k:<key>" -> "<id>\n<until ms>": a running key holder)
+--   gone       none of these; an until_finished key may stay taken by the id
+--              (marks "k:<key>" -> "<id>\n<until ms>": a running key owner)
 --
 -- Transitions (function: from -> to; scripts that call it):
 --   zdelay_t_park       new, due, held, in flight -> due   park, park_keyed
@@ -35,9 +35,9 @@
 --   zdelay_t_requeue    dead -> due                         requeue
 --   zdelay_t_purge      dead -> gone                        purge
 --   zdelay_t_reschedule due or held -> due at a new score   reschedule
---   zdelay_t_key_hold   a key held by a run, or its one waiting run
+--   zdelay_t_key_take   a key taken by a run, or its one waiting run
 --                                                           finish_key, start_run
---   zdelay_t_key_free   a key's holder forgotten            finish_key, start_run, drop_key
+--   zdelay_t_key_free   a key's owner forgotten            finish_key, start_run, drop_key
 --
 -- None of them reads or checks anything: a script reads and checks all it
 -- needs first (_guard.lua, zdelay_marks_plan, zdelay_refs_plan), then calls
@@ -177,7 +177,7 @@ end
 -- In flight (*leased* true) or taken -> gone: published. Their payloads go,
 -- their templates' counts drop (*refs*, *keep*: see zdelay_refs_apply) and
 -- their marks leave as *marks* plans ("release": an until_finished key
--- stays held by its run). *scores*: their due scores, for the history
+-- stays taken by its run). *scores*: their due scores, for the history
 -- (optional: read from the leased hash when they are leased).
 local function zdelay_t_release(s, ids, leased, refs, keep, marks, scores)
   zdelay_h_released(ids, scores, leased and s.leased)
@@ -269,12 +269,12 @@ local function zdelay_t_reschedule(s, id, from, score)
 end
 
 -- Key *field* of the marks hash ("k:<key>", or "b:<key>" for the one run
--- waiting for it) held as *value* ("<id>\n<until ms>": a run's hold).
-local function zdelay_t_key_hold(marks, field, value)
+-- waiting for it) taken as *value* ("<id>\n<until ms>": a run's end at the latest).
+local function zdelay_t_key_take(marks, field, value)
   redis.call('HSET', marks, field, value)
 end
 
--- Key *field* of the marks hash freed: its run ended, or its holder was forged.
+-- Key *field* of the marks hash freed: its run ended, or its owner was forged.
 local function zdelay_t_key_free(marks, field)
   redis.call('HDEL', marks, field)
 end

@@ -3,8 +3,8 @@
 -- number of producers parking one key leave exactly what its mode says.
 -- Entries without either are parked by park.lua alone, at no extra cost.
 --
--- A holder held back by a pause or rate limit (hold.lua) is a parked
--- holder like one in the due set: replace and debounce take it out of its
+-- An owner held back by a pause or rate limit (hold.lua) is a parked
+-- owner like one in the due set: replace and debounce take it out of its
 -- held set, keep and until_finished answer it. Where each id is comes from
 -- zdelay_where (_where.lua), which needs the names of the shard's held sets
 -- to move one: the caller passes those it knows, and is told to read them
@@ -80,18 +80,18 @@ local function placed(id)
   return state, from, score
 end
 
--- Who holds each key as the batch goes: {id, until ms or nil, index of an
--- entry of this batch or nil, where a parked holder is: state, set, due
--- score}, false when free. A hold that ended is free.
-local holders = {}
-local function holder_of(key)
-  local h = holders[key]
+-- Who owns each key as the batch goes: {id, until ms or nil, index of an
+-- entry of this batch or nil, where a parked owner is: state, set, due
+-- score}, false when free. A key whose run ended is free.
+local owners = {}
+local function owner_of(key)
+  local h = owners[key]
   if h == nil then
-    local id, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
+    local id, until_ms = zdelay_mark_owner(redis.call('HGET', marks, 'k:' .. key))
     if id and until_ms and until_ms <= know then id = nil end
     h = id and {id, until_ms} or false
     if h and until_ms == nil then h[4], h[5], h[6] = placed(id) end
-    holders[key] = h
+    owners[key] = h
   end
   return h
 end
@@ -100,10 +100,10 @@ end
 -- (or held by a task no longer waiting: released, running) to its run.
 -- Its first call's time ("f", Redis clock) and its max_wait ("w", the
 -- smallest any of its calls gave: a cap only tightens) pass from the
--- parked holder a debounce takes out (or the earlier entry of this batch
+-- parked owner a debounce takes out (or the earlier entry of this batch
 -- it replaces) to the new entry's record; the entry is due at the sooner
 -- of what it asked for (countdown, eta, jitter included) and f + w. A
--- holder whose record has no "f" (another mode, or written before
+-- owner whose record has no "f" (another mode, or written before
 -- max_wait existed) starts a burst now.
 local bursts, capped = {}, {}
 local function debounce(e, h, fields)
@@ -138,11 +138,11 @@ for e = 1, n do
   keyof[e], tagsof[e] = key, tags
   parks[e] = true
   if key ~= '' then
-    local h = holder_of(key)
+    local h = owner_of(key)
     if mode == 'd' then debounce(e, h, fields) end
     if h and h[2] ~= nil and h[1] == id then
       -- Its own task, running, parks itself again (Celery's retry under
-      -- the same id): it is parked, and holds the key as parked.
+      -- the same id): it is parked, and owns the key as parked.
       parks[e] = true
     elseif h and (mode == 'k' or mode == 'u') then
       parks[e] = false
@@ -150,13 +150,13 @@ for e = 1, n do
       if h[3] then
         parks[h[3]] = false  -- an earlier entry of this batch: never parked
       elseif h[2] == nil and h[1] ~= id and (h[4] == 'due' or h[4] == 'held') then
-        -- The parked holder goes, waiting or held back; one being released
+        -- The parked owner goes, waiting or held back; one being released
         -- cannot be stopped.
         replaced[#replaced + 1] = {h[1], h[5]}
         took_out[e] = h[1]
       end
     end
-    if parks[e] then holders[key] = {id, nil, e} end
+    if parks[e] then owners[key] = {id, nil, e} end
   end
   if parks[e] and not unheld[id] and redis.call('HEXISTS', kmsg, id) == 1 then
     -- Parked again under its id while held: it leaves its held set in
@@ -235,7 +235,7 @@ end
 for _, e in ipairs(order) do
   local id, key = all_args[kfirst + 5 * (e - 1)], keyof[e]
   local record = (key ~= '' or #tagsof[e] > 0) and records[e]
-  if key ~= '' and holders[key][3] ~= e then key = '' end
+  if key ~= '' and owners[key][3] ~= e then key = '' end
   zdelay_t_index(kshard, id, record, key, tagsof[e], false)
 end
 
@@ -246,9 +246,9 @@ for e = 1, n do
     ms, flag = due_of[e], 1
   end
   local key = keyof[e]
-  local h = key ~= '' and holders[key]
-  -- Kept for a holder (another entry, or this id already parked under the
-  -- key): answer the holder and its due ms.
+  local h = key ~= '' and owners[key]
+  -- Kept for an owner (another entry, or this id already parked under the
+  -- key): answer the owner and its due ms.
   if h and (h[1] ~= id or not parks[e]) then
     id = h[1]
     if h[3] then

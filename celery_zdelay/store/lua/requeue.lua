@@ -40,7 +40,7 @@ end
 -- A requeued entry gets its tags back, and its key unless another entry
 -- took the key meanwhile (that one keeps it; this one is parked without),
 -- or an entry before it in this call takes it back: two dead letters of one
--- key requeued together leave one holder, as one after the other would.
+-- key requeued together leave one owner, as one after the other would.
 -- One left with neither key nor tags gets no record, as any unmarked entry.
 local restore, taken = {}, {}
 if marks and #chosen > 0 and redis.call('EXISTS', marks) == 1 then
@@ -51,8 +51,8 @@ if marks and #chosen > 0 and redis.call('EXISTS', marks) == 1 then
       local _, _, key, tags = zdelay_mark_parse(record)
       local takes_key = false
       if key ~= '' then
-        local holder, until_ms = zdelay_mark_holder(redis.call('HGET', marks, 'k:' .. key))
-        takes_key = not taken[key] and (not holder or (until_ms ~= nil and until_ms <= now_ms))
+        local owner, until_ms = zdelay_mark_owner(redis.call('HGET', marks, 'k:' .. key))
+        takes_key = not taken[key] and (not owner or (until_ms ~= nil and until_ms <= now_ms))
         if takes_key then
           taken[key] = true
         elseif #tags > 0 then

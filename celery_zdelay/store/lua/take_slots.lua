@@ -4,25 +4,25 @@
 -- own (as a token bucket): on a Redis Cluster it sits on one node, whatever
 -- node the shards are on. Several companions call this at once; the script
 -- is atomic, so the record never holds more than *limit* live slots.
--- A task that holds a slot already (its retry, a second release of the same
+-- A task that took a slot already (its retry, a second release of the same
 -- id) keeps it, its end moved: it takes no second one. A slot whose end has
 -- passed (a worker that died without saying the task ended) is free again.
 --
 -- KEYS[1] slots zset    task id -> ms (Redis clock) its slot ends by itself
 -- ARGV[1] limit: most live slots
--- ARGV[2] hold ms: how long a slot lasts when no worker frees it
+-- ARGV[2] max run ms: how long a slot lasts when no worker frees it
 -- ARGV[3..] task ids, in release order
 -- returns the ids granted a slot, in the order given
 if redis.replicate_commands then redis.replicate_commands() end
 
 local slots = KEYS[1]
-local limit, hold_ms = zdelay_number(ARGV[1]), zdelay_number(ARGV[2])
-if not limit or not hold_ms or limit < 1 or hold_ms < 1 then
-  error({err = 'ERR celery-zdelay take_slots: limit and hold ms must be positive numbers'})
+local limit, max_run_ms = zdelay_number(ARGV[1]), zdelay_number(ARGV[2])
+if not limit or not max_run_ms or limit < 1 or max_run_ms < 1 then
+  error({err = 'ERR celery-zdelay take_slots: limit and max run ms must be positive numbers'})
 end
 zdelay_expect(slots, 'zset')
 local now_ms = zdelay_now_ms()
-local ends = now_ms + hold_ms
+local ends = now_ms + max_run_ms
 
 local live = redis.call('ZCOUNT', slots, '(' .. string.format('%.0f', now_ms), '+inf')
 local granted = {}
