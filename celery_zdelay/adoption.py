@@ -47,6 +47,16 @@ delayed for a queue the app does not name goes back, left to RabbitMQ: a
 virtual host's delay queues hold every app's. The headers RabbitMQ added
 (``x-death``, ``x-delivery-count``...) are left out. No worker consumes
 the delay queues, so their workers need not be stopped.
+
+celery-redis-plus (a kombu transport for Redis) keeps a message delayed more
+than a minute in a sorted set of the broker's Redis, and hands it to a
+worker a minute before it is due. With *redis_plus*, :func:`adopt` reads
+every message of its queues that no consumer took (delayed, or waiting in
+its queue with an ``eta``; :mod:`celery_zdelay.redis_plus`), parks each
+with an ``eta`` ahead as it was sent (to its exchange and routing key),
+then takes it out of celery-redis-plus, in one script that first checks
+that no consumer popped it meanwhile; reading takes nothing, so nothing is
+given back.
 """
 
 from __future__ import annotations
@@ -62,11 +72,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
 from kombu import Connection
 from kombu.compression import compress
 from kombu.exceptions import OperationalError
 
-from . import signals
+from . import redis_plus, signals
 from .app_state import store_for
 from .entry import TaskMessage
 from .errors import (
@@ -77,9 +88,18 @@ from .errors import (
     ZDelayError,
 )
 from .parking import park_requests
+from .redis_plus import RedisPlusBroker
 from .schedule import Due, due_from
 from .store import Store
-from .store.adopted import ADOPTED, ADOPTED_BEFORE, ID_TAKEN, Adoption, adopt_once, adopted_among
+from .store.adopted import (
+    ADOPTED,
+    ADOPTED_BEFORE,
+    ID_TAKEN,
+    Adoption,
+    adopt_once,
+    adopted_among,
+    forget,
+)
 from .store.client import sanitize_url
 from .store.headers import ETA_HEADER
 
@@ -98,6 +118,7 @@ __all__ = [
     "OTHER_QUEUE",
     "REASONS",
     "REFUSED",
+    "TAKEN_MEANWHILE",
     "UNDECODABLE",
     "AdoptReport",
     "QueueReport",
@@ -116,6 +137,7 @@ UNDECODABLE = "undecodable"
 ID_PARKED = "id_parked"
 REFUSED = "refused"
 OTHER_QUEUE = "other_queue"
+TAKEN_MEANWHILE = "taken_meanwhile"
 #: Each reason, for people.
 REASONS = {
     NO_ETA: "no eta (runs at once)",
@@ -126,6 +148,7 @@ REASONS = {
     ID_PARKED: "another entry is parked under its id",
     REFUSED: "refused by the store's rules (see the log)",
     OTHER_QUEUE: "delayed for a queue the app does not name (left to RabbitMQ)",
+    TAKEN_MEANWHILE: "taken by a consumer while adopt parked it (its parked copy withdrawn)",
 }
 
 #: The levels of Celery's native delayed delivery (kombu >= 5.5,
@@ -162,9 +185,11 @@ _BROKER_HEADERS = frozenset(
         "x-last-death-reason",
     }
 )
-#: Properties a transport adds to what Celery's producer set: not the message's own.
+#: Properties a transport adds to what Celery's producer set: not the message's own
+#: (celery-redis-plus copies the eta into ``eta``, epoch seconds).
 _TRANSPORT_PROPERTIES = frozenset(
     {
+        "eta",
         "delivery_info",
         "delivery_tag",
         "body_encoding",
@@ -229,6 +254,7 @@ def adopt(
     force: bool = False,
     inspect_timeout: float = INSPECT_TIMEOUT_S,
     delayed_delivery: bool = False,
+    redis_plus: bool = False,
 ) -> AdoptReport:
     """Move the ETA task messages waiting in *queues* into the store of *app*; report what moved.
 
@@ -237,13 +263,17 @@ def adopt(
     the check that no worker consumes the queues. With *delayed_delivery*,
     the delay queues of Celery's native delayed delivery on RabbitMQ
     (:data:`DELAY_QUEUES`, see the module docstring) are read too, after
-    *queues* (which may then be empty); no worker consumes those.
+    *queues* (which may then be empty); no worker consumes those. With
+    *redis_plus*, so are the messages waiting in celery-redis-plus's keys of
+    the broker's Redis (:mod:`celery_zdelay.redis_plus`), last.
 
     Raises:
         ConfigurationError: the store is not configured (nothing is read).
         QueueNotFoundError: a queue is unknown to the broker and to *app*, or
-            with *delayed_delivery*, the broker has no delay queue.
-        QueueInUseError: a worker consumes one of *queues* (without *force*).
+            with *delayed_delivery*, the broker has no delay queue, or with
+            *redis_plus*, no queue of celery-redis-plus.
+        QueueInUseError: a worker consumes one of *queues*, or with
+            *redis_plus* one of celery-redis-plus's (without *force*).
         BrokerUnavailableError: the broker cannot be reached, or was lost midway.
         StoreRefusedError: the store's user may not run the parking script
             (nothing is read).
@@ -259,24 +289,59 @@ def adopt(
     names = list(dict.fromkeys(queues))
     connection = app.connection_for_write()
     broker = sanitize_url(connection.as_uri(include_password=True))
+    reports = []
     try:
-        with _broker_errors(broker, connection, started=False):
-            connection.ensure_connection(max_retries=1)
-            found = {name: _declared(app, connection, name) for name in names}
-            if not force:
-                _refuse_if_consumed(app, found, inspect_timeout)
-            delays = _delay_queues(connection, broker) if delayed_delivery else []
-        reports = []
-        for name in names:
-            with _broker_errors(broker, connection, started=True):
-                reports.append(_QueueRun(app, store, connection, name, dry_run=dry_run).run())
-        for name in delays:
-            with _broker_errors(broker, connection, started=True):
-                run = _QueueRun(app, store, connection, name, dry_run=dry_run, delay=True)
-                reports.append(run.run())
+        if names or delayed_delivery or not redis_plus:
+            errors = _kombu_errors(connection)
+            with _broker_errors(broker, errors, started=False):
+                connection.ensure_connection(max_retries=1)
+                found = {name: _declared(app, connection, name) for name in names}
+                if not force:
+                    _refuse_if_consumed(app, found, inspect_timeout)
+                delays = _delay_queues(connection, broker) if delayed_delivery else []
+            for name in names:
+                with _broker_errors(broker, errors, started=True):
+                    reports.append(_QueueRun(app, store, connection, name, dry_run=dry_run).run())
+            for name in delays:
+                with _broker_errors(broker, errors, started=True):
+                    run = _QueueRun(app, store, connection, name, dry_run=dry_run, delay=True)
+                    reports.append(run.run())
     finally:
         connection.release()
+    if redis_plus:
+        reports += _adopt_redis_plus(
+            app, store, dry_run=dry_run, force=force, timeout=inspect_timeout
+        )
     return AdoptReport(broker=broker, dry_run=dry_run, queues=reports, now_ms=store.time_ms())
+
+
+def _adopt_redis_plus(
+    app: Celery, store: Store, *, dry_run: bool, force: bool, timeout: float
+) -> list[QueueReport]:
+    """Adopt the messages waiting in celery-redis-plus's keys of the broker's Redis, by queue."""
+    source = RedisPlusBroker.of(app, channel=_Settled())
+    broker = sanitize_url(source.url)
+    errors = (redis.ConnectionError, redis.TimeoutError)
+    try:
+        with _broker_errors(broker, errors, started=False):
+            queues = source.queues()
+            if not queues:
+                raise QueueNotFoundError(
+                    f"The broker {broker} holds no queue of celery-redis-plus ("
+                    f"{redis_plus.INDEX_PREFIX}<queue> keys"
+                    + (f" under the global_keyprefix {source.prefix!r}" if source.prefix else "")
+                    + "): nothing waits there, or the broker_url or global_keyprefix is not the "
+                    "one the project had with celery-redis-plus. Nothing was taken."
+                )
+            if not force:
+                _refuse_if_redis_plus_consumed(app, source, queues, timeout)
+        reports = []
+        for queue in queues:
+            with _broker_errors(broker, errors, started=True):
+                reports.append(_RedisPlusRun(app, store, source, queue, dry_run=dry_run).run())
+        return reports
+    finally:
+        source.close()
 
 
 def fingerprint(message: TaskMessage) -> str:
@@ -309,26 +374,31 @@ class _Declared:
     consumers: int
 
 
-class _QueueRun:
-    """Read one queue once: adopt the ETA messages ahead, give back the others."""
+class _Run:
+    """Adopt the ETA messages ahead among those read from one queue; count the others.
+
+    A subclass reads the messages (its ``run``) and says how one leaves its
+    queue (:meth:`_acknowledge`).
+    """
 
     def __init__(
         self,
         app: Celery,
         store: Store,
-        connection: Connection,
-        name: str,
+        queue: str,
         *,
         dry_run: bool,
         delay: bool = False,
+        report_as: str | None = None,
     ) -> None:
         self.app = app
         self.store = store
-        self.connection = connection
         self.dry_run = dry_run
+        #: The queue the messages were sent to.
+        self.queue = queue
         #: A delay queue of native delayed delivery (see the module docstring).
         self.delay = delay
-        self.report = QueueReport(name)
+        self.report = QueueReport(report_as or queue)
         #: Every message read and not acknowledged, in the order read: what
         #: goes back when the run ends (or fails).
         self.taken: list[Message] = []
@@ -338,39 +408,18 @@ class _QueueRun:
         #: unless it is a copy of one adopted before (the parked one runs).
         self.passed: list[tuple[Message, TaskMessage]] = []
 
-    def run(self) -> QueueReport:
-        report = self.report
-        channel = self.connection.channel()
-        try:
-            redis_unacked = _RedisUnacked.of(self.app, channel, report.queue)
-            if redis_unacked is not None:
-                report.restored = redis_unacked.restore_visible()
-            report.waiting = _declared(self.app, self.connection, report.queue).messages
-            now_ms = self.store.time_ms()
-            try:
-                # Only what waited when the turn came: a message sent meanwhile
-                # is left for the next run, and none is read twice.
-                for _ in range(report.waiting):
-                    message = _get(channel, report.queue)
-                    if message is None:
-                        break
-                    report.read += 1
-                    self.taken.append(message)
-                    self._sort(message, now_ms)
-                    if len(self.pending) + len(self.passed) >= _BATCH:
-                        self._adopt()
-                self._adopt()
-            finally:
-                self._give_back(channel)
-            if redis_unacked is not None:
-                report.unacked, report.unacked_back_ms = redis_unacked.left()
-        finally:
-            channel.close()
-        return report
+    def _acknowledge(self, messages: list[Message]) -> list[Message]:
+        """Take *messages* out of their queue for good; return those it no longer held.
+
+        A broker queue holds what this run read until it acknowledges it.
+        """
+        for message in messages:
+            message.ack()
+        return []
 
     def _sort(self, message: Message, now_ms: int) -> None:
         """Count *message* as put back, with its reason, or queue it to be looked at."""
-        verdict = _classify(self.app, message, self.report.queue, delay=self.delay)
+        verdict = _classify(self.app, message, self.queue, delay=self.delay)
         if isinstance(verdict, str):
             self.report.put_back[verdict] += 1
             return
@@ -435,10 +484,47 @@ class _QueueRun:
                 messages=[message for message, _ in parked],
                 due_ms=[due_ms for _, due_ms in parked],
             )
-        for (message, _), outcome in zip(adoptions, outcomes, strict=True):
-            if outcome != ID_TAKEN:
-                message.ack()
+        kept = [
+            (message, adoption)
+            for (message, adoption), outcome in zip(adoptions, outcomes, strict=True)
+            if outcome != ID_TAKEN
+        ]
+        lost = self._acknowledge([message for message, _ in kept])
+        if lost:
+            self._withdraw([adoption for message, adoption in kept if message in lost])
         self.taken = [message for message in self.taken if not message.acknowledged]
+
+    def _withdraw(self, adoptions: list[Adoption]) -> None:
+        """Take back the parked copies of messages a consumer took while this run parked them.
+
+        The record goes first: killed between the two steps, the run leaves
+        a copy parked that a next run would not take for one adopted before
+        (a duplicate at worst, never a message dropped as a copy).
+        """
+        report = self.report
+        forget(self.store, adoptions)
+        ids = [adoption.request.task_id for adoption in adoptions]
+        for task_id, withdrawn in zip(
+            ids, self.store.cancel(ids, how="withdrawn", by="adopt"), strict=True
+        ):
+            report.adopted -= 1
+            report.put_back[TAKEN_MEANWHILE] += 1
+            if withdrawn:
+                logger.warning(
+                    "Task %s was taken by a consumer of queue %s while adopt parked it: "
+                    "left to that consumer, its parked copy withdrawn.",
+                    task_id,
+                    self.queue,
+                    extra={"task_id": task_id},
+                )
+            else:
+                logger.error(
+                    "Task %s was taken by a consumer of queue %s while adopt parked it, and "
+                    "its parked copy was released already: it may run twice.",
+                    task_id,
+                    self.queue,
+                    extra={"task_id": task_id},
+                )
 
     def _drop_copies(self) -> None:
         """Acknowledge the messages with an eta passed that are copies of ones adopted before.
@@ -451,14 +537,70 @@ class _QueueRun:
         if not passed:
             return
         found = adopted_among(self.store, [(m.task_id, fingerprint(m)) for _, m in passed])
+        copies = []
         for (message, _), answer in zip(passed, found, strict=True):
             if answer == ADOPTED_BEFORE:
                 self.report.adopted_before += 1
-                if not self.dry_run:
-                    message.ack()
+                copies.append(message)
             else:
                 self.report.put_back[ETA_PASSED] += 1
+        if copies and not self.dry_run:
+            for message in self._acknowledge(copies):
+                # Its parked copy ran or runs now: nothing left to withdraw.
+                logger.warning(
+                    "A copy of task %s adopted before was taken by a consumer of queue %s "
+                    "during this run: it may run twice.",
+                    message.headers.get("id"),
+                    self.queue,
+                )
         self.taken = [message for message in self.taken if not message.acknowledged]
+
+
+class _QueueRun(_Run):
+    """Read one broker queue once: adopt the ETA messages ahead, give back the others."""
+
+    def __init__(
+        self,
+        app: Celery,
+        store: Store,
+        connection: Connection,
+        name: str,
+        *,
+        dry_run: bool,
+        delay: bool = False,
+    ) -> None:
+        super().__init__(app, store, name, dry_run=dry_run, delay=delay)
+        self.connection = connection
+
+    def run(self) -> QueueReport:
+        report = self.report
+        channel = self.connection.channel()
+        try:
+            redis_unacked = _RedisUnacked.of(self.app, channel, report.queue)
+            if redis_unacked is not None:
+                report.restored = redis_unacked.restore_visible()
+            report.waiting = _declared(self.app, self.connection, report.queue).messages
+            now_ms = self.store.time_ms()
+            try:
+                # Only what waited when the turn came: a message sent meanwhile
+                # is left for the next run, and none is read twice.
+                for _ in range(report.waiting):
+                    message = _get(channel, report.queue)
+                    if message is None:
+                        break
+                    report.read += 1
+                    self.taken.append(message)
+                    self._sort(message, now_ms)
+                    if len(self.pending) + len(self.passed) >= _BATCH:
+                        self._adopt()
+                self._adopt()
+            finally:
+                self._give_back(channel)
+            if redis_unacked is not None:
+                report.unacked, report.unacked_back_ms = redis_unacked.left()
+        finally:
+            channel.close()
+        return report
 
     def _give_back(self, channel: Any) -> None:
         """Give every message taken and not acknowledged back to its queue, in reading order.
@@ -503,6 +645,67 @@ class _QueueRun:
                 )
                 return
             time.sleep(0.1)
+
+
+class _RedisPlusRun(_Run):
+    """Read the messages of one queue waiting in celery-redis-plus's keys; adopt the ETA ones ahead.
+
+    Reading takes nothing: a message leaves celery-redis-plus only once its
+    copy is parked, and only if no consumer popped it meanwhile
+    (:meth:`RedisPlusBroker.take`). A run killed anywhere loses nothing: the
+    next finds the message still there, and its record of adoption, and
+    takes it out without parking it again. A worker of celery-redis-plus
+    racing the run keeps what it popped, and the parked copy is withdrawn.
+    """
+
+    def __init__(
+        self, app: Celery, store: Store, source: RedisPlusBroker, queue: str, *, dry_run: bool
+    ) -> None:
+        report_as = redis_plus.INDEX_PREFIX + queue
+        super().__init__(app, store, queue, dry_run=dry_run, report_as=report_as)
+        self.source = source
+
+    def run(self) -> QueueReport:
+        report = self.report
+        # Only what waited when the turn came: the index as it is now.
+        tags = self.source.tags(self.queue)
+        now_ms = self.store.time_ms()
+        delivered: list[int] = []
+        for start in range(0, len(tags), _BATCH):
+            for waiting in self.source.read(self.queue, tags[start : start + _BATCH]):
+                if waiting.message is None:
+                    # A consumer holds it: given back to the queue at next_ms,
+                    # unless that consumer acknowledges it.
+                    delivered.append(waiting.next_ms)
+                    continue
+                report.waiting += 1
+                report.read += 1
+                self.taken.append(waiting.message)
+                self._sort(waiting.message, now_ms)
+            self._adopt()
+        # Read, never taken: nothing goes back.
+        self.taken = []
+        report.unacked, report.unacked_back_ms = len(delivered), min(delivered, default=None)
+        return report
+
+    def _acknowledge(self, messages: list[Message]) -> list[Message]:
+        gone = self.source.take(self.queue, [str(m.delivery_tag) for m in messages])
+        for message, taken in zip(messages, gone, strict=True):
+            if taken:
+                message.ack()
+        return [message for message, taken in zip(messages, gone, strict=True) if not taken]
+
+
+class _Settled:
+    """The channel of a message read from celery-redis-plus.
+
+    Its ack only marks it done: :meth:`RedisPlusBroker.take` removed it.
+    """
+
+    no_ack_consumers = None
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        pass
 
 
 def _get(channel: Any, queue: str) -> Message | None:
@@ -686,14 +889,46 @@ def _bound_on_redis(channel: Any, name: str) -> bool:
     return any(binding[-1] == name for binding in get_table(name))
 
 
-def _refuse_if_consumed(app: Celery, found: dict[str, _Declared], timeout: float) -> None:
-    """Raise :class:`QueueInUseError` when a worker consumes one of the queues in *found*."""
-    problems = [
+def _refuse_if_redis_plus_consumed(
+    app: Celery, source: RedisPlusBroker, queues: list[str], timeout: float
+) -> None:
+    """Raise :class:`QueueInUseError` when a worker of celery-redis-plus seems to consume.
+
+    Its idle workers wait in BZMPOP, which the broker lists; its workers
+    answer Celery's remote control only on its own transport (it carries
+    broadcasts in Redis streams), so they are asked only when *app* has it.
+    """
+    waiting = source.consumers()
+    problems = []
+    if waiting:
+        problems.append(
+            f"{waiting} client(s) of the broker wait for messages in BZMPOP, as the "
+            "workers of celery-redis-plus do"
+        )
+    transport = str(app.conf.broker_transport or app.conf.broker_url or "")
+    asked = transport.startswith(("celery_redis_plus", "valkey"))
+    found = {queue: _Declared(0, 0) for queue in queues}
+    _refuse_if_consumed(app, found, timeout, problems=problems, inspect=asked)
+
+
+def _refuse_if_consumed(
+    app: Celery,
+    found: dict[str, _Declared],
+    timeout: float,
+    *,
+    problems: Sequence[str] = (),
+    inspect: bool = True,
+) -> None:
+    """Raise :class:`QueueInUseError` when a worker consumes one of the queues in *found*.
+
+    *problems*: what else was found consuming; *inspect*: ask the workers.
+    """
+    problems = [*problems] + [
         f"RabbitMQ counts {declared.consumers} consumer(s) of queue {name!r}"
         for name, declared in found.items()
         if declared.consumers
     ]
-    replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    replies = (app.control.inspect(timeout=timeout).active_queues() or {}) if inspect else {}
     for worker, consumed in sorted(replies.items()):
         for queue in consumed or []:
             name = queue.get("name") if isinstance(queue, dict) else None
@@ -710,16 +945,22 @@ def _refuse_if_consumed(app: Celery, found: dict[str, _Declared], timeout: float
         )
 
 
-@contextmanager
-def _broker_errors(broker: str, connection: Connection, *, started: bool) -> Iterator[None]:
-    """Translate the broker's connection errors into :class:`BrokerUnavailableError`."""
+def _kombu_errors(connection: Connection) -> tuple[type[BaseException], ...]:
+    """The errors of *connection* that say the broker is out of reach."""
     # kombu's Redis transport counts KeyError among its connection errors:
     # a KeyError here is a defect, not an outage.
-    errors = tuple(
+    return tuple(
         error
         for error in (*connection.connection_errors, *connection.channel_errors)
         if error is not KeyError
     )
+
+
+@contextmanager
+def _broker_errors(
+    broker: str, errors: tuple[type[BaseException], ...], *, started: bool
+) -> Iterator[None]:
+    """Translate the broker's connection *errors* into :class:`BrokerUnavailableError`."""
     try:
         yield
     except ZDelayError:

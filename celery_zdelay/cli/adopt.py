@@ -32,15 +32,18 @@ Examples:
   celery -A proj zdelay adopt --queue celery
   celery -A proj zdelay adopt --queue celery --queue orders --json
   celery -A proj zdelay adopt --delayed-delivery      # RabbitMQ's delay queues
+  celery -A proj zdelay adopt --redis-plus            # celery-redis-plus's sorted sets
 
 \b
 Stop the workers of those queues first: a running worker holds the ETA
 tasks it took in memory (docs/migrating.rst). The delay queues of Celery's
-native delayed delivery (RabbitMQ quorum queues) are consumed by no worker.
-Exit codes: 0 done (with --dry-run: counted, every message back in its
+native delayed delivery (RabbitMQ quorum queues) are consumed by no worker;
+stop the workers of celery-redis-plus too (a message one popped is left to
+it). Exit codes: 0 done (with --dry-run: counted, every message back in its
 queue); 1 a worker consumes one of the queues; 2 a queue the broker and the
-app do not know, or no delay queue; 69 the broker or the store cannot be
-reached; 78 the store is not configured.
+app do not know, no delay queue, or no queue of celery-redis-plus; 69 the
+broker or the store cannot be reached; 78 the store is not configured, or
+--redis-plus with a broker that is not Redis.
 """
 
 
@@ -65,6 +68,16 @@ reached; 78 the store is not configured.
     ),
 )
 @click.option(
+    "--redis-plus",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Adopt Options",
+    help=(
+        "Also take the ETA tasks waiting in celery-redis-plus's keys of the broker's Redis "
+        "(messages_index:<queue>: delayed, or queued and taken by no worker)."
+    ),
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     cls=CeleryOption,
@@ -84,18 +97,26 @@ def adopt_(
     ctx: click.Context,
     queues: tuple[str, ...],
     delayed_delivery: bool,
+    redis_plus: bool,
     dry_run: bool,
     force: bool,
     as_json: bool,
 ) -> None:
     """Move ETA tasks sent with apply_async(countdown=/eta=) from their queues into the store."""
     app = ctx.obj.app
-    if not queues and not delayed_delivery:
-        raise click.UsageError("Give --queue NAME (repeat it for more), or --delayed-delivery.")
+    if not queues and not delayed_delivery and not redis_plus:
+        raise click.UsageError(
+            "Give --queue NAME (repeat it for more), --delayed-delivery or --redis-plus."
+        )
     with exit_codes(ctx):
         try:
             report = adopt(
-                app, queues, dry_run=dry_run, force=force, delayed_delivery=delayed_delivery
+                app,
+                queues,
+                dry_run=dry_run,
+                force=force,
+                delayed_delivery=delayed_delivery,
+                redis_plus=redis_plus,
             )
         except QueueNotFoundError as exc:
             click.echo(f"Error: {exc}", err=True)

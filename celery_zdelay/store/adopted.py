@@ -26,6 +26,7 @@ __all__ = [
     "Adoption",
     "adopt_once",
     "adopted_among",
+    "forget",
 ]
 
 #: How long after its due time an adopted message is remembered: longer than
@@ -120,3 +121,19 @@ def adopted_among(store: Store, messages: Sequence[tuple[str, str]]) -> list[str
         else:
             answers.append(None)
     return answers
+
+
+def forget(store: Store, adoptions: Sequence[Adoption]) -> None:
+    """Forget that *adoptions* were adopted: a next run parks them again if it reads them.
+
+    For a message adopt parked and then could not take out of its queue (a
+    consumer had it): its parked copy is withdrawn, and the message may come
+    back to its queue if that consumer dies.
+    """
+    if not adoptions:
+        return
+    with store_errors(store.url), store.client.pipeline(transaction=False) as pipe:
+        for adoption in adoptions:
+            keys = store.keys(store.shard_of(adoption.request.task_id))
+            pipe.zrem(keys.adopted, f"{adoption.request.task_id}\n{adoption.fingerprint}")
+        pipe.execute()
