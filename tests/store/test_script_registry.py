@@ -26,6 +26,7 @@ import pytest
 import redis
 
 import celery_zdelay.periodic.store
+import celery_zdelay.redis_plus
 import celery_zdelay.testing.fastforward
 from celery_zdelay.config import get_config
 from celery_zdelay.errors import StoreRefusedError

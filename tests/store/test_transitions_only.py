@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import celery_zdelay.periodic.store
+import celery_zdelay.redis_plus
 import celery_zdelay.testing.fastforward
 from celery_zdelay.store.scripts import TRANSITIONS, LuaFile, registered_scripts, script_commands
 
@@ -90,6 +91,7 @@ _ADOPTED = (
 _HISTORY = "a task id's history: a record of its transitions, written by them, never read by one"
 
 #: (file, command, the key as the script names it) -> why it is no entry's state.
+_REDIS_PLUS = "celery-redis-plus's keys in the broker's Redis (zdelay adopt --redis-plus)"
 ALLOWED: dict[tuple[str, str, str], str] = {
     ("park.lua", "SADD", "dests"): "the handoff's destination set: where entries may go",
     ("park.lua", "SET", "marker"): "the call marker that makes a retried park a no-op",
@@ -150,6 +152,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # what happened to an id, kept after it is gone; no entry's state.
     ("_history.lua", "HSET", "hist"): _HISTORY,
     ("history_sweep.lua", "HDEL", "hist"): _HISTORY,
+    # zdelay adopt --redis-plus: celery-redis-plus's own keys in the broker's
+    # Redis, a message taken out once its copy is parked; no entry of the store.
+    ("redis_plus_take.lua", "ZREM", "KEYS[1]"): _REDIS_PLUS,
+    ("redis_plus_take.lua", "ZREM", "KEYS[2]"): _REDIS_PLUS,
+    ("redis_plus_take.lua", "DEL", "KEYS[3]"): _REDIS_PLUS,
     ("shift.lua", "ZADD", "due"): "celery_zdelay.testing's fast-forward, in tests only: every "
     "due score moves earlier at once, nothing changes state",
     ("shift.lua", "HSET", "marks"): "celery_zdelay.testing's fast-forward, in tests only: a "
