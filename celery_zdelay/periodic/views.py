@@ -25,7 +25,10 @@ __all__ = [
 #: How many schedules ``zdelay status`` shows: all of them up to this many,
 #: else this many of the soonest to run, and how many more are stored
 #: (``periodic list`` shows them all). So status costs the same with 100,000
-#: schedules as with 50.
+#: schedules as with 50. "Soonest" is the planner's order (the visits zset):
+#: a schedule whose next run is more than an hour ahead is looked at half an
+#: hour to an hour before it (``PARK_LEAD_MS``), so among those the order is
+#: within that half hour.
 STATUS_SCHEDULES = 50
 
 
