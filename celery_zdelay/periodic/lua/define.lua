@@ -104,8 +104,12 @@ local function only_labels_differ(stored, body)
   return ok_a and ok_b and type(a) == 'table' and type(b) == 'table' and same_json(a, b, LABELS)
 end
 local puts, relabels, drops = {}, {}, {}
+-- name -> stored body, when every definition was read at once ("config"
+-- mode): one HGETALL rather than an HGET per entry.
+local bodies = nil
 local function want_put(name, body, since)
-  local stored = redis.call('HGET', defs, name)
+  local stored
+  if bodies then stored = bodies[name] or false else stored = redis.call('HGET', defs, name) end
   if stored == body then return end
   if stored and only_labels_differ(stored, body) then
     relabels[#relabels + 1] = {name, body}
@@ -157,7 +161,9 @@ else
   -- one stored without a source, read as "config"). One it no longer
   -- names is removed.
   local stored = redis.call('HGETALL', defs)
+  bodies = {}
   for i = 1, #stored, 2 do
+    bodies[stored[i]] = stored[i + 1]
     if not incoming[stored[i]] then
       local ok, d = pcall(cjson.decode, stored[i + 1])
       if ok and type(d) == 'table' and d.source ~= 'api' then want_drop(stored[i]) end
