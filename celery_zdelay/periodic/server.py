@@ -270,17 +270,24 @@ class PeriodicServer:
         # A bad row is withdrawn (every companion reads the same rows); an
         # entry of beat_schedule stays as stored (another companion may import
         # its task module).
-        status, changed = self.periodic.store_config(
-            definitions,
-            digest,
-            writer=self.companion_id,
-            force=force,
-            keep=errors if self._source is None else None,
-            withdraw=errors if self._source is not None else None,
-            since=since,
-            made=None if rows is None else rows.made,
-            reading=ROWS_READING,
-        )
+        try:
+            status, changed = self.periodic.store_config(
+                definitions,
+                digest,
+                writer=self.companion_id,
+                force=force,
+                keep=errors if self._source is None else None,
+                withdraw=errors if self._source is not None else None,
+                since=since,
+                made=None if rows is None else rows.made,
+                reading=ROWS_READING,
+            )
+        except Exception:
+            if self._source is not None:
+                # The source counts these rows as read: without this, an
+                # edit Redis refused or missed would wait for the next edit.
+                self._source.read_again()
+            raise
         # Kept for the names removed: they are no longer read.
         self._labels.update((d.name, d.label) for d in definitions)
         self._config_hash = digest

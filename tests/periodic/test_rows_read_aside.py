@@ -20,8 +20,10 @@ import time
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
+from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.periodic.definition import SOURCE_DJANGO_BEAT, Definition, from_beat_entry
 from celery_zdelay.periodic.django_beat import SourceUnavailableError
 from tests.helpers import wait_for
@@ -130,3 +132,38 @@ def test_a_read_that_fails_is_tried_again_at_the_next_check(app: Celery) -> None
     wait_for(stored, timeout=20)
     assert rows.reads == 2
     assert server._source_down is False
+
+
+def test_rows_redis_refused_to_store_are_read_and_stored_again(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a companion serving rows, and an edit Redis refuses to store
+    # (a key of the configuration's written by something else)
+    server, rows = _served(app)
+    superseded = server.periodic.keys.superseded
+    redis_client.set(superseded, "not a set")
+    rows.entries["added"] = {"task": "tests.record", "schedule": 2.0}
+    rows.marker = 2
+
+    def check() -> bool:
+        server._last_check = 0.0
+        try:
+            tend(server)
+        except StoreRefusedError:
+            return True
+        return False
+
+    wait_for(check, timeout=20)
+
+    # When the key is put right and the checks go on
+    redis_client.delete(superseded)
+
+    # Then the edit is read again and stored (mutant: read_again() left out
+    # of reconcile: the source says "unchanged" until the next edit)
+    def stored() -> bool:
+        server._last_check = 0.0
+        tend(server)
+        return "added" in server.periodic.snapshot().definitions
+
+    wait_for(stored, timeout=20)
+    assert rows.reads == 3
