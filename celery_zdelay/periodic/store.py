@@ -58,7 +58,7 @@ REMEMBER_PARKED_MS = 60_000
 #: swap, a frozen VM) for less than this cannot run a tick again.
 TICK_MEMORY_MS = 3_600_000
 #: Names per ``revisit.lua`` call when the visits zset is built again (a
-#: call then costs Redis about a millisecond).
+#: call then costs Redis about a millisecond), and per ``defer.lua`` call.
 REVISIT_BATCH = 500
 
 

@@ -89,6 +89,13 @@ def _served(app: Celery) -> tuple[Any, SlowRows]:
     return server, rows
 
 
+def _added_after_a_check(server: Any) -> bool:
+    """Make a pass with the configuration check due; whether the added row is stored now."""
+    server._last_check = 0.0
+    tend(server)
+    return "added" in server.periodic.snapshot().definitions
+
+
 def test_an_edit_read_slowly_holds_no_pass_and_is_stored_when_read(app: Celery) -> None:
     # Given a companion serving rows, its first pass made
     server, rows = _served(app)
@@ -122,14 +129,9 @@ def test_a_read_that_fails_is_tried_again_at_the_next_check(app: Celery) -> None
     rows.entries["added"] = {"task": "tests.record", "schedule": 2.0}
     rows.marker, rows.fail_next = 2, True
 
-    # When the checks go on
-    def stored() -> bool:
-        server._last_check = 0.0
-        tend(server)
-        return "added" in server.periodic.snapshot().definitions
-
-    # Then the edit is read again and stored, and the source is said to be down meanwhile
-    wait_for(stored, timeout=20)
+    # When the checks go on, then the edit is read again and stored, and
+    # the source counts as answering again
+    wait_for(lambda: _added_after_a_check(server), timeout=20)
     assert rows.reads == 2
     assert server._source_down is False
 
@@ -160,10 +162,5 @@ def test_rows_redis_refused_to_store_are_read_and_stored_again(
 
     # Then the edit is read again and stored (mutant: read_again() left out
     # of reconcile: the source says "unchanged" until the next edit)
-    def stored() -> bool:
-        server._last_check = 0.0
-        tend(server)
-        return "added" in server.periodic.snapshot().definitions
-
-    wait_for(stored, timeout=20)
+    wait_for(lambda: _added_after_a_check(server), timeout=20)
     assert rows.reads == 3
