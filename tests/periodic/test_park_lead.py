@@ -157,3 +157,26 @@ def test_defer_refuses_a_wake_that_is_not_a_time_and_a_key_of_another_type(
         store.defer([("a", pointer, pointer.ms + 10_000_000, pointer.ms + 20_000_000)])
     redis_client.delete(store.keys.runs)
     assert store.snapshot().pointers["a"] == pointer
+
+
+def test_a_written_down_run_already_past_is_not_shown_as_next(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a schedule whose pointer holds a run written down and nothing parked
+    server = server_for(app, {"a": {"task": "tests.record", "schedule": 86_400.0}})
+    server.reconcile()
+    keys = server.periodic.keys
+    record = json.loads(redis_client.hget(keys.pointers, "a") or "{}")
+
+    # When that run's time has passed (no companion parked it), it is not the
+    # next run (mutant: the comparison with now left out of schedules_in)
+    record["next"] = record["ms"] - 60_000
+    redis_client.hset(keys.pointers, "a", json.dumps(record))
+    (info,) = periodic.schedules(app)[1]
+    assert info.next_run_ms is None
+
+    # and one still ahead is
+    record["next"] = record["ms"] + 7_200_000
+    redis_client.hset(keys.pointers, "a", json.dumps(record))
+    (info,) = periodic.schedules(app)[1]
+    assert info.next_run_ms == record["next"]
