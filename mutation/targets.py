@@ -440,7 +440,8 @@ LUA = (
     Target(
         "advance.lua",
         _PERIODIC + "advance.lua",
-        (_ADVANCE, *_PERIODIC_TESTS),
+        # test_park_lead: the wake cleared and the visit scored as the pointer moves.
+        (_ADVANCE, "tests/periodic/test_park_lead.py", *_PERIODIC_TESTS),
     ),
     Target("pause.lua", _PERIODIC + "pause.lua", (_PAUSE, _WITHDRAW, _WITHDRAWN, *_PERIODIC_TESTS)),
     Target(
