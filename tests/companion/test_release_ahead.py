@@ -114,7 +114,7 @@ def test_released_ahead_messages_carry_their_due_time_as_eta_and_overdue_ones_no
     app = make_test_app(broker=broker, conf=conf)
     record = app.tasks["tests.record"]
     # and tasks due within that second, and tasks overdue
-    ahead = [record.apply_delayed((i,), countdown=0.5 + i / 10) for i in range(4)]
+    ahead = [record.apply_delayed((i,), countdown=0.9 + i / 40) for i in range(4)]
     overdue_at = datetime.now(timezone.utc) - timedelta(seconds=5)
     overdue = [record.apply_delayed(("late", i), eta=overdue_at) for i in range(2)]
     dues = {r.id: _due_ms(redis_client, r.id) for r in ahead + overdue}
@@ -133,12 +133,25 @@ def test_released_ahead_messages_carry_their_due_time_as_eta_and_overdue_ones_no
     }
     broker_client.close()
     assert set(headers) == set(dues)
+    # (each by its own release: on a loaded machine the pass can come after
+    # a task's due time, and then it is released overdue)
+    late = {r.id: _released_late_ms(app, r.id) for r in ahead}
+    released_ahead = [r for r in ahead if late[r.id] < 0]
+    assert released_ahead, f"none released ahead, the test proves nothing: {late}"
     for result in ahead:
-        assert headers[result.id]["eta"] == eta_text(dues[result.id])
+        want = eta_text(dues[result.id]) if late[result.id] < 0 else None
+        assert headers[result.id]["eta"] == want
     for result in overdue:
         assert headers[result.id]["eta"] is None
     # And each ahead release is reported as negative lateness, no more than the lead
-    assert sum(1 for late in report.lateness_ms if -1000 <= late < 0) == 4
+    assert sum(1 for late in report.lateness_ms if -1000 <= late < 0) == len(released_ahead)
+
+
+def _released_late_ms(app: Celery, task_id: str) -> int:
+    """How late the companion released *task_id* by its history (negative: ahead)."""
+    (released,) = [e for e in celery_zdelay.history(task_id, app=app) if e.event == "released"]
+    assert released.late_ms is not None
+    return released.late_ms
 
 
 def test_history_says_how_far_ahead_a_task_was_released(
@@ -215,13 +228,14 @@ def test_no_task_starts_before_its_due_time_when_released_ahead(
     early = {run["id"]: dues[run["id"]] - run["redis_ms"] for run in runs.all()}
     early = {task_id: ms for task_id, ms in early.items() if ms > 0}
     assert early == {}, f"{len(early)} started early, by up to {max(early.values())} ms"
-    # And many reached the worker before they were due (released ahead), or
-    # the test would prove nothing
+    # And some reached the worker before they were due (released ahead), or
+    # the test would prove nothing (most do on a quiet machine; 15 of 200
+    # did at a load of 20 on 2 cores, where the companion ran seconds late)
     recorder = redis_server.client(RECORD_DB)
     received = [json.loads(raw) for raw in recorder.lrange(RECEIVED_KEY, 0, -1)]
     ahead = sorted(dues[r["id"]] - r["redis_ms"] for r in received)
     before_due = sum(1 for ms in ahead if ms > 0)
-    assert before_due >= len(dues) // 10, (
+    assert before_due >= 5, (
         f"only {before_due} of {len(dues)} arrived ahead; ms ahead, by decile: {ahead[::20]}"
     )
     store.close()
