@@ -245,22 +245,39 @@ def stop_all(processes: list[CeleryProcess]) -> None:
     finishing its batch cost a test up to 15 s each in teardown.
     """
     running = [p for p in processes if p.process is not None and p.process.poll() is None]
-    for each in running:
-        assert each.process is not None
-        each.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + TEARDOWN_GRACE
-    for each in running:
-        assert each.process is not None
-        try:
-            each.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            # Its leader still runs, so the group is its own: the worker's
-            # pool processes go with it.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(each.process.pid, signal.SIGKILL)
-            each.process.wait(timeout=10)
+    try:
+        for each in running:
+            assert each.process is not None
+            each.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + TEARDOWN_GRACE
+        for each in running:
+            assert each.process is not None
+            try:
+                each.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(each)
+    except BaseException:
+        # Interrupted (the test's timeout fired during teardown, on a loaded
+        # machine): none may outlive its test, or the next test on this
+        # xdist worker fails on its "still running" ResourceWarning.
+        for each in running:
+            _kill_group(each)
+        raise
     for each in processes:
         each.log_path.unlink(missing_ok=True)
+
+
+def _kill_group(each: CeleryProcess) -> None:
+    """SIGKILL *each*'s process group and reap its leader."""
+    assert each.process is not None
+    if each.process.poll() is not None:
+        return  # reaped: its group id may be another's by now
+    # Its leader still runs, so the group is its own: the worker's pool
+    # processes go with it.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(each.process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        each.process.wait(timeout=10)
 
 
 def start_worker(
