@@ -305,6 +305,10 @@ def test_an_added_or_deleted_row_takes_effect_within_the_bound(
     assert runs.duplicates() == {}
 
 
+# (One database: the switch through last_run_at runs on both in
+# test_the_switch_from_celery_beat_goes_on_from_last_run_at; this 90 s story
+# adds a real beat, whose writes go through the same Django ORM.)
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
 @pytest.mark.timeout(300)
 def test_a_real_celery_beat_then_the_companion_lose_and_double_no_tick(
     make_test_app: AppFactory,
@@ -359,6 +363,8 @@ def test_a_real_celery_beat_then_the_companion_lose_and_double_no_tick(
     assert runs.duplicates() == {}
 
 
+# (One database: the row's fields reach the message the same way from either.)
+@pytest.mark.parametrize("database", ["sqlite"], indirect=True)
 def test_a_rows_routing_priority_headers_and_expiry_reach_the_message(
     make_test_app: AppFactory,
     database: str,
