@@ -301,6 +301,19 @@ LUA = (
             _HELD_AGAIN,
         ),
     ),
+    # Loaded in front of every script that includes _transitions.lua: each
+    # transition's history line (what, when, why, by whom), capped, and the
+    # key checked before any write.
+    Target(
+        "_history.lua",
+        _STORE + "_history.lua",
+        (
+            "tests/store/test_history_lines.py",
+            "tests/store/test_history.py",
+            "tests/cli/test_cli_history.py",
+            "tests/companion/test_history_story.py",
+        ),
+    ),
     # Where an id is now (due, held, in flight), for every script that asks.
     Target(
         "_where.lua",
@@ -539,6 +552,7 @@ KILL_TESTS = frozenset(
         "tests/store/test_dead_lettering.py",
         "tests/store/test_handoff_entry_reader.py",
         "tests/store/test_handoff_pushes_once.py",
+        "tests/store/test_history_lines.py",
         "tests/store/test_holding.py",
         "tests/store/test_keyed_parking.py",
         "tests/store/test_lanes_and_acl_precheck.py",
