@@ -176,6 +176,13 @@ PYTHON = (
         ),
         quick=("tests/store/test_read_model.py", "tests/test_state_spelling.py"),
     ),
+    # zdelay adopt --redis-plus: celery-redis-plus's waiting messages read as
+    # kombu reads them, and taken out only while no consumer holds them.
+    Target(
+        "redis_plus",
+        "celery_zdelay/redis_plus.py",
+        ("tests/test_redis_plus_waiting_messages.py", "tests/test_adopt_redis_plus.py"),
+    ),
     # Capture: the message Celery would have sent is the one parked.
     Target(
         "capture",
@@ -569,6 +576,7 @@ KILL_TESTS = frozenset(
         "tests/store/test_transitions.py",
         "tests/test_capture.py",
         "tests/test_dedupe_guard.py",
+        "tests/test_redis_plus_waiting_messages.py",
         "tests/test_due_score_order.py",
         "tests/test_due_times.py",
         "tests/test_entry_reads_back.py",
