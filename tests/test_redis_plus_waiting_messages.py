@@ -318,6 +318,13 @@ def test_consumers_counts_clients_waiting_in_bzmpop_on_the_brokers_database(
 
         # Then only the one on the broker's database counts
         assert plus.consumers() == 1
+        # (and a URL that names no database names database 0, the broker's here)
+        assert BROKER_DB == 0
+        bare = RedisPlusBroker(redis_server.url)
+        try:
+            assert bare.consumers() == 1
+        finally:
+            bare.close()
     finally:
         # (a member each wakes them)
         for db in (BROKER_DB, BROKER_DB + 5):
