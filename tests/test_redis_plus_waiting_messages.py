@@ -301,8 +301,8 @@ def test_a_valkey_url_is_read_as_redis(scheme: str) -> None:
 def test_consumers_counts_clients_waiting_in_bzmpop_on_the_brokers_database(
     plus: RedisPlusBroker, redis_server: RedisServer
 ) -> None:
-    # Given a client blocked in BZMPOP on the broker's database and one on another
-    waiting = [redis_server.client(BROKER_DB), redis_server.client(BROKER_DB + 5)]
+    # Given two clients blocked in BZMPOP on the broker's database and one on another
+    waiting = [redis_server.client(db) for db in (BROKER_DB, BROKER_DB, BROKER_DB + 5)]
 
     def block(client: redis.Redis) -> None:
         client.execute_command("BZMPOP", 5, 1, "queue:celery", "MIN")
@@ -312,22 +312,23 @@ def test_consumers_counts_clients_waiting_in_bzmpop_on_the_brokers_database(
         thread.start()
     try:
         wait_for(
-            lambda: sum(c.get("cmd") == "bzmpop" for c in plus.client.client_list()) == 2,
+            lambda: sum(c.get("cmd") == "bzmpop" for c in plus.client.client_list()) == 3,
             timeout=10,
         )
 
-        # Then only the one on the broker's database counts
-        assert plus.consumers() == 1
+        # Then only those on the broker's database count (not this reader's
+        # own connection, nor any other client there)
+        assert plus.consumers() == 2
         # (and a URL that names no database names database 0, the broker's here)
         assert BROKER_DB == 0
         bare = RedisPlusBroker(redis_server.url)
         try:
-            assert bare.consumers() == 1
+            assert bare.consumers() == 2
         finally:
             bare.close()
     finally:
         # (a member each wakes them)
-        for db in (BROKER_DB, BROKER_DB + 5):
+        for db in (BROKER_DB, BROKER_DB, BROKER_DB + 5):
             waker = redis_server.client(db)
             waker.zadd("queue:celery", {"wake": 0})
             waker.close()
