@@ -257,6 +257,8 @@ LUA = (
             _FINISH_START,
             _FORGET_ALLOWED,
             "tests/store/test_hardening_store.py",
+            # The held sets a park is given (zdelay_park_layout's loop over them).
+            _HELD_AGAIN,
         ),
     ),
     # Loaded in front of every script that removes entries (and of park,
