@@ -176,6 +176,13 @@ PYTHON = (
         ),
         quick=("tests/store/test_read_model.py", "tests/test_state_spelling.py"),
     ),
+    # zdelay adopt --redis-plus: celery-redis-plus's waiting messages read as
+    # kombu reads them, and taken out only while no consumer holds them.
+    Target(
+        "redis_plus",
+        "celery_zdelay/redis_plus.py",
+        ("tests/test_redis_plus_waiting_messages.py", "tests/test_adopt_redis_plus.py"),
+    ),
     # Capture: the message Celery would have sent is the one parked.
     Target(
         "capture",
@@ -250,6 +257,8 @@ LUA = (
             _FINISH_START,
             _FORGET_ALLOWED,
             "tests/store/test_hardening_store.py",
+            # The held sets a park is given (zdelay_park_layout's loop over them).
+            _HELD_AGAIN,
         ),
     ),
     # Loaded in front of every script that removes entries (and of park,
@@ -299,6 +308,19 @@ LUA = (
             _WITHDRAW,
             _HELD_MEETS,
             _HELD_AGAIN,
+        ),
+    ),
+    # Loaded in front of every script that includes _transitions.lua: each
+    # transition's history line (what, when, why, by whom), capped, and the
+    # key checked before any write.
+    Target(
+        "_history.lua",
+        _STORE + "_history.lua",
+        (
+            "tests/store/test_history_lines.py",
+            "tests/store/test_history.py",
+            "tests/cli/test_cli_history.py",
+            "tests/companion/test_history_story.py",
         ),
     ),
     # Where an id is now (due, held, in flight), for every script that asks.
@@ -539,6 +561,7 @@ KILL_TESTS = frozenset(
         "tests/store/test_dead_lettering.py",
         "tests/store/test_handoff_entry_reader.py",
         "tests/store/test_handoff_pushes_once.py",
+        "tests/store/test_history_lines.py",
         "tests/store/test_holding.py",
         "tests/store/test_keyed_parking.py",
         "tests/store/test_lanes_and_acl_precheck.py",
@@ -555,6 +578,7 @@ KILL_TESTS = frozenset(
         "tests/store/test_transitions.py",
         "tests/test_capture.py",
         "tests/test_dedupe_guard.py",
+        "tests/test_redis_plus_waiting_messages.py",
         "tests/test_due_score_order.py",
         "tests/test_due_times.py",
         "tests/test_entry_reads_back.py",

@@ -188,3 +188,37 @@ def test_a_key_of_another_type_refuses_the_pause_before_any_write(
 
     assert store.client.zcard(store.keys(0).due) == parked
     assert not store.client.exists(periodic.keys.paused) or name == "paused"
+
+
+def test_a_pause_names_each_occurrence_it_took_from_a_due_set_once(app: Celery) -> None:
+    # Given a schedule's occurrences parked, one of them leased to a companion
+    periodic = _served(app).periodic
+    store = periodic.store
+    claimed = store.claim(0, limit=1, lease_ms=600_000, advance_ms=2 * HORIZON_MS)
+    (in_flight,) = [entry.task_id for entry in claimed.entries]
+    due = sorted(m.decode() for m in store.client.zrange(store.keys(0).due, 0, -1))
+    assert len(due) >= 4
+    named: list[str] = []
+    periodic.on_withdrawn = named.extend
+
+    # When it is paused
+    assert periodic.set_paused("a", True) == 1
+
+    # Then each one taken from the due set is named once, for its owner to
+    # record as cancelled; the one in flight runs, and is not
+    assert sorted(named) == due
+    assert in_flight not in named
+
+
+def test_a_paused_schedule_leaves_the_planners_visits_and_a_resume_puts_it_back(
+    app: Celery,
+) -> None:
+    periodic = _served(app).periodic
+    client = periodic.store.client
+    assert client.zscore(periodic.keys.visits, "a") is not None
+
+    assert periodic.set_paused("a", True) == 1
+    assert client.zscore(periodic.keys.visits, "a") is None
+
+    assert periodic.set_paused("a", False) == 1
+    assert client.zscore(periodic.keys.visits, "a") is not None

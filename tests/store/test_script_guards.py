@@ -183,6 +183,20 @@ def test_a_park_without_a_template_count_is_refused_with_what_is_missing(
     assert redis_client.zcard(SHARD0.due) == 0
 
 
+def test_a_park_without_a_held_set_count_is_refused_with_what_is_missing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    store = store_for(app)
+    at = redis_ms(redis_client) + HOUR
+    keys, args = store.park_arguments(0, [ParkRequest("t1", Due("a", at), b'{"v":1}\nbody')])
+    args[3] = "none"  # the number of held sets the call gives
+
+    with pytest.raises(redis.ResponseError, match="park: no held set count"):
+        store.scripts.park(keys=keys, args=args, client=store.client)
+
+    assert redis_client.zcard(SHARD0.due) == 0
+
+
 def test_a_keyed_batch_another_shard_cannot_take_records_no_key_on_any_shard(
     make_test_app: AppFactory,
 ) -> None:
