@@ -102,13 +102,15 @@ def test_every_waiting_task_is_parked_once_and_runs_once_at_its_eta(
     runs: Runs,
 ) -> None:
     # Given, sent through celery-redis-plus: two tasks waiting in its delayed
-    # set (a countdown of 4 and 6 s, sent "70 s ago"), one in its queue with
-    # an eta 5 s ahead (a countdown under its minute), and one with none
+    # set (a countdown of 12 and 14 s, sent "70 s ago"), one in its queue with
+    # an eta 13 s ahead (a countdown under its minute), and one with none
+    # (seconds enough for the sends and the dry run on a loaded machine:
+    # with 4 to 6 s an eta passed before adopt ran, at a load of 20)
     url = app.conf.broker_url
     delayed = send(
-        url, [{"args": [i], "countdown": c, "sent_ago": AGO_S} for i, c in ((1, 4), (2, 6))]
+        url, [{"args": [i], "countdown": c, "sent_ago": AGO_S} for i, c in ((1, 12), (2, 14))]
     )
-    (queued,) = send(url, [{"args": [3], "countdown": 5}])
+    (queued,) = send(url, [{"args": [3], "countdown": 13}])
     (at_once,) = send(url, [{"args": [4]}])
     before = _plus_keys(broker)
     assert broker.zcard("messages_index:celery") == 4
