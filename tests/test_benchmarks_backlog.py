@@ -9,7 +9,10 @@ restart from AOF loses nothing parked, every rate was measured.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _run_quick(name: str, tmp_path: Path) -> dict[str, Any]:
     out = tmp_path / f"{name}.json"
-    done = subprocess.run(
+    # In a process group of its own, so that a run cut short takes the
+    # servers it started with it (killed alone, it left a cluster's
+    # redis-servers running for the rest of the suite)
+    bench = subprocess.Popen(
         [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out)],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
-        check=False,
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "load average" in done.stdout  # the table, with the machine's load beside it
+    try:
+        stdout, stderr = bench.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bench.pid, signal.SIGKILL)
+        bench.wait()
+    assert bench.returncode == 0, stderr[-3000:]
+    assert "load average" in stdout  # the table, with the machine's load beside it
     result: dict[str, Any] = json.loads(out.read_text())
     assert [p["parked"] for p in result["points"]] == [0, 10_000]
     return result
