@@ -117,7 +117,9 @@ class PingProbe:
     """PING Redis every 10 ms from a thread: the slowest answers, per span."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
+        # No socket timeout (redis-py's default is 5 s): a script holding
+        # Redis longer is what it measures, not a reason to stop.
+        self.client = redis.Redis.from_url(url, socket_timeout=None)
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -162,8 +164,8 @@ def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]
         url = f"{server.url}/0"
         record = f"{server.url}/1"
         app = make_app(broker=url, store=url, record=record)
-        client = redis.Redis.from_url(url)
-        recorder = redis.Redis.from_url(record)
+        client = redis.Redis.from_url(url, socket_timeout=None)
+        recorder = redis.Redis.from_url(record, socket_timeout=None)
         res.callback(client.close)
         res.callback(recorder.close)
         keys = periodic_keys("zdelay")
