@@ -554,14 +554,15 @@ class PeriodicStore:
             "" if made is None else reading,
         ]
         seen, self._stored_config = self._stored_config, None
+        sent = _StoredConfig.of(config_hash, entries) if incremental else None
         reply: tuple[str, list[tuple[str, str]]] | None = None
-        if incremental and not force and seen is not None:
-            reply = self._define_call(["diff", *head, seen.hash, *seen.changes_to(entries)])
+        if sent is not None and seen is not None and not force:
+            reply = self._define_call(["diff", *head, seen.hash, *seen.changes_to(sent, entries)])
         if reply is None or reply[0] == _STALE:
             reply = self._define_call(["config", *head, *_flat(entries.items())])
         if reply[0] in ("done", "same"):
             # Stored as it is now: what the next change is made against.
-            self._stored_config = _StoredConfig.of(config_hash, entries)
+            self._stored_config = sent
         return reply
 
     def unserved(self) -> dict[str, str]:
@@ -878,15 +879,15 @@ class _StoredConfig:
     def of(cls, config_hash: str, entries: Mapping[str, tuple[str, str]]) -> _StoredConfig:
         return cls(config_hash, {name: _digest(*triple) for name, triple in entries.items()})
 
-    def changes_to(self, entries: Mapping[str, tuple[str, str]]) -> list[str]:
-        """The "diff" triples that make this configuration *entries* (see ``define.lua``)."""
+    def changes_to(self, new: _StoredConfig, entries: Mapping[str, tuple[str, str]]) -> list[str]:
+        """The "diff" triples that make this configuration *new*, whose triples are *entries*."""
         changes = [
-            (name, second, third)
-            for name, (second, third) in entries.items()
-            if self.digests.get(name) != _digest(second, third)
+            (name, entries[name])
+            for name, digest in new.digests.items()
+            if self.digests.get(name) != digest
         ]
-        changes += [(name, "-", "") for name in self.digests if name not in entries]
-        return _flat((name, (second, third)) for name, second, third in changes)
+        changes += [(name, ("-", "")) for name in self.digests if name not in new.digests]
+        return _flat(changes)
 
 
 def _digest(second: str, third: str) -> bytes:
