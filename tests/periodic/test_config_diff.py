@@ -230,16 +230,40 @@ def test_a_diff_against_a_store_changed_since_is_refused_with_nothing_written(
     # Then they are refused ("stale") and nothing is written
     assert reply == ("stale", [("", "h1")])
     assert _dump(periodic_store, []) == before
-    # and so are changes from a configuration that is not the stored one
+    # and so are changes from a configuration that is not the stored one,
+    # though nothing was written since that one
     periodic_store.store_config(
-        [_row("a"), _row("b")], "h1", writer="c", force=False, made=100, incremental=False
+        [_row("a"), _row("b", 30.0)], "h3", writer="c", force=False, made=300, reading=2
     )
     before = _dump(periodic_store, [])
     reply = periodic_store._define_call(
-        ["diff", "h2", "0", "c", 200, 2, "h0", "a", _row("a", 20.0).body(), ""]
+        ["diff", "h4", "0", "c", 400, 2, "h1", "a", _row("a", 20.0).body(), ""]
     )
-    assert reply == ("stale", [("", "h1")])
+    assert reply == ("stale", [("", "h3")])
     assert _dump(periodic_store, []) == before
+    # and, from the stored one, when its unserved entries cannot be read
+    # (stored otherwise than as an object of reasons)
+    client, meta = periodic_store.store.client, periodic_store.keys.meta
+    for unreadable in ('"reasons"', "{not json"):
+        client.hset(meta, "unserved", unreadable)
+        before = _dump_raw(periodic_store)
+        reply = periodic_store._define_call(
+            ["diff", "h4", "0", "c", 400, 2, "h3", "a", _row("a", 20.0).body(), ""]
+        )
+        assert reply == ("stale", [("", "h3")])
+        assert _dump_raw(periodic_store) == before
+    # while a readable one takes the changes
+    client.hset(meta, "unserved", "{}")
+    reply = periodic_store._define_call(
+        ["diff", "h4", "0", "c", 400, 2, "h3", "a", _row("a", 20.0).body(), ""]
+    )
+    assert reply == ("done", [("changed", "a")])
+
+
+def _dump_raw(periodic_store: PeriodicStore) -> dict[str, Any]:
+    """What :func:`_dump` reads, the meta hash as stored (its "unserved" not read as JSON)."""
+    client, k = periodic_store.store.client, periodic_store.keys
+    return {"meta": client.hgetall(k.meta), "defs": client.hgetall(k.defs)}
 
 
 @pytest.mark.parametrize("between", ["put", "put over a row", "drop", "old drop", "old put"])
