@@ -426,3 +426,27 @@ def test_a_pause_between_two_stores_does_not_make_the_next_one_whole(app: Celery
     snap = periodic_store.snapshot()
     assert snap.paused == {"a"}
     assert periodic_store.store.client.zscore(periodic_store.keys.visits, "a") is None
+
+
+def test_an_entry_added_at_run_time_stays_under_a_name_a_diff_withdraws_or_no_longer_names(
+    app: Celery,
+) -> None:
+    # Given an entry added at run time, and rows that name it as a bad row
+    periodic_store = PeriodicStore(store_for(app))
+    periodic_store.put(_api("added"), writer="api")
+    recorder = Recorder(periodic_store)
+    withdrawn: Config = ([_row("a")], {}, {"added": "bad row"}, {})
+    assert _store(periodic_store, withdrawn, "h1", made=100, incremental=True)[0] == "done"
+
+    # When the rows no longer name it, then name it as a bad row again
+    gone = _store(periodic_store, ([_row("a")], {}, {}, {}), "h2", made=200, incremental=True)
+    after_gone = periodic_store.snapshot()
+    again = _store(periodic_store, withdrawn, "h3", made=300, incremental=True)
+
+    # Then, through diffs, the entry added at run time stays as it is,
+    # as the whole configuration leaves it; only the reasons change
+    assert recorder.take() == [("config", "done"), ("diff", "done"), ("diff", "done")]
+    assert gone == again == ("done", [])
+    assert after_gone.definitions["added"] == _api("added")
+    assert periodic_store.unserved() == {"added": "bad row"}
+    assert periodic_store.snapshot().definitions["added"] == _api("added")
