@@ -89,8 +89,10 @@
 -- changes from the configuration the caller stored or saw stored last, it
 -- costs what changed, and it stores exactly what "config" mode would: the
 -- names it does not send hold what that configuration holds, so "config"
--- mode would leave them as they are. That holds while the defs hash is as
--- that configuration's write left it (save entries added at run time), so
+-- mode would leave them as they are (a hash is of the names, definitions
+-- and reasons: the same hash, the same configuration). That holds while the
+-- defs hash is as that configuration's write left it (entries added at run
+-- time aside), so
 -- the guard is the meta field "base", "<gen> <count>", written with every
 -- configuration: the meta field "gen" then (a counter every write of a
 -- definition bumps, in every mode) and how many definitions were stored.
@@ -99,14 +101,17 @@
 -- answered first, as "config" mode answers them whatever is stored.
 -- Releases before this one do not bump "gen". Their "config" write stores a
 -- configuration whole, with its own hash: a "diff" against that hash finds
--- the defs hash as that write left it, whatever "base" says. Their "drop"
+-- the defs hash as that write left it, whatever "base" says (a count it
+-- moved refuses the diff: the configuration goes whole). Their "drop"
 -- (periodic remove) and their "put" of a new name (periodic add) change the
 -- count. What none of the three checks sees is their "put" replacing a
--- stored name and leaving the count: the definition added at run time is
--- then served until that name changes in the configuration or one is
--- stored whole, where "config" mode would put the configured one back at
--- this store. Either way no tick runs twice or under two versions: the put
--- took the old version's occurrences back in its own script.
+-- stored name (or a "drop" and a "put" of a new name in between, which
+-- leave the count): a configured entry replaced or removed at run time then
+-- stays so until its name changes in the configuration or one is stored
+-- whole, where "config" mode would put it back at this store. Nothing runs
+-- twice or under two versions either way (their put and drop take the old
+-- version's occurrences back in their own script), and nothing this diff
+-- names is stored otherwise than "config" mode stores it.
 --
 -- Everything that can fail is checked before the first write (key types,
 -- version counters, template counts): a failure leaves every schedule as it was.
