@@ -266,7 +266,19 @@ def _dump_raw(periodic_store: PeriodicStore) -> dict[str, Any]:
     return {"meta": client.hgetall(k.meta), "defs": client.hgetall(k.defs)}
 
 
-@pytest.mark.parametrize("between", ["put", "put over a row", "drop", "old drop", "old put"])
+@pytest.mark.parametrize(
+    "between",
+    [
+        "put",
+        "put over a row",
+        "put relabelling a row",
+        "drop",
+        "drop and put",
+        "drop and old put",
+        "old drop",
+        "old put",
+    ],
+)
 def test_a_change_at_run_time_between_two_stores_makes_the_next_one_whole(
     app: Celery, redis_client: redis.Redis, between: str
 ) -> None:
@@ -284,8 +296,19 @@ def test_a_change_at_run_time_between_two_stores_makes_the_next_one_whole(
         other.put(_api("x"), writer="api")
     elif between == "put over a row":
         other.put(_api("a"), writer="api")
+    elif between == "put relabelling a row":
+        # The same schedule, owned otherwise: relabelled, not changed (define.lua)
+        other.put(_api("a", 10.0), writer="api")
     elif between == "drop":
         assert other.drop(["a"]) == ["a"]
+    elif between == "drop and put":
+        # As many definitions as before: only the counter sees it.
+        assert other.drop(["a"]) == ["a"]
+        other.put(_api("x"), writer="api")
+    elif between == "drop and old put":
+        # Likewise, the put by a release that counts no write.
+        assert other.drop(["a"]) == ["a"]
+        redis_client.hset(k.defs, "x", _api("x").body())
     elif between == "old drop":
         redis_client.hdel(k.defs, "a")
         redis_client.hdel(k.pointers, "a")
@@ -450,3 +473,26 @@ def test_an_entry_added_at_run_time_stays_under_a_name_a_diff_withdraws_or_no_lo
     assert after_gone.definitions["added"] == _api("added")
     assert periodic_store.unserved() == {"added": "bad row"}
     assert periodic_store.snapshot().definitions["added"] == _api("added")
+
+
+def test_a_put_or_drop_that_changes_nothing_between_two_stores_keeps_the_next_one_a_diff(
+    app: Celery,
+) -> None:
+    # Given rows stored, and an entry added at run time that is added again
+    # as it is, and a name never stored removed
+    periodic_store = PeriodicStore(store_for(app))
+    periodic_store.put(_api("x"), writer="api")
+    recorder = Recorder(periodic_store)
+    rows: Config = ([_row("a"), _row("b")], {}, {}, {})
+    assert _store(periodic_store, rows, "h1", made=100, incremental=True)[0] == "done"
+    assert periodic_store.put(_api("x"), writer="api") is False
+    assert periodic_store.drop(["never-stored"]) == []
+    assert recorder.take() == [("config", "done"), ("put", "done"), ("drop", "done")]
+
+    # When an edit is stored
+    edited: Config = ([_row("a", 20.0), _row("b")], {}, {}, {})
+    reply = _store(periodic_store, edited, "h2", made=200, incremental=True)
+
+    # Then as its changes: nothing was written in between
+    assert reply == ("done", [("changed", "a")])
+    assert recorder.take() == [("diff", "done")]
