@@ -540,12 +540,13 @@ class PeriodicStore:
         the same either way.
         """
         since = since or {}
-        entries: dict[str, tuple[str, str]] = {}
-        for definition in definitions:
-            entries[definition.name] = (definition.body(), str(since.get(definition.name, "")))
+        # (name, definition or marker, since or reason): a name may have a
+        # definition and a reason both (a row another row's name is taken by).
+        triples: list[tuple[str, str, str]] = [
+            (d.name, d.body(), str(since.get(d.name, ""))) for d in definitions
+        ]
         for marker, unserved in (("", keep), ("!", withdraw)):
-            for name, reason in (unserved or {}).items():
-                entries[name] = (marker, reason)
+            triples += [(name, marker, reason) for name, reason in (unserved or {}).items()]
         head: list[Any] = [
             config_hash,
             "1" if force else "0",
@@ -554,12 +555,15 @@ class PeriodicStore:
             "" if made is None else reading,
         ]
         seen, self._stored_config = self._stored_config, None
-        sent = _StoredConfig.of(config_hash, entries) if incremental else None
+        by_name: dict[str, list[tuple[str, str, str]]] = {}
+        for triple in triples:
+            by_name.setdefault(triple[0], []).append(triple)
+        sent = _StoredConfig.of(config_hash, by_name) if incremental else None
         reply: tuple[str, list[tuple[str, str]]] | None = None
         if sent is not None and seen is not None and not force:
-            reply = self._define_call(["diff", *head, seen.hash, *seen.changes_to(sent, entries)])
+            reply = self._define_call(["diff", *head, seen.hash, *seen.changes_to(sent, by_name)])
         if reply is None or reply[0] == _STALE:
-            reply = self._define_call(["config", *head, *_flat(entries.items())])
+            reply = self._define_call(["config", *head, *(p for t in triples for p in t)])
         if reply[0] in ("done", "same"):
             # Stored as it is now: what the next change is made against.
             self._stored_config = sent
@@ -868,36 +872,40 @@ _STALE = "stale"
 
 @dataclass(frozen=True)
 class _StoredConfig:
-    """A configuration as stored: its hash, and a digest of each entry's triple."""
+    """A configuration as stored: its hash, and a digest of each name's triples."""
 
     hash: str
-    #: name -> digest of (definition or marker, reason) (not of *since*: a
+    #: name -> digest of its definition and reason (not of *since*: a
     #: definition stored as it was is no change, whatever its since).
     digests: dict[str, bytes]
 
     @classmethod
-    def of(cls, config_hash: str, entries: Mapping[str, tuple[str, str]]) -> _StoredConfig:
-        return cls(config_hash, {name: _digest(*triple) for name, triple in entries.items()})
+    def of(
+        cls, config_hash: str, by_name: Mapping[str, list[tuple[str, str, str]]]
+    ) -> _StoredConfig:
+        return cls(config_hash, {name: _digest(triples) for name, triples in by_name.items()})
 
-    def changes_to(self, new: _StoredConfig, entries: Mapping[str, tuple[str, str]]) -> list[str]:
-        """The "diff" triples that make this configuration *new*, whose triples are *entries*."""
+    def changes_to(
+        self, new: _StoredConfig, by_name: Mapping[str, list[tuple[str, str, str]]]
+    ) -> list[str]:
+        """The "diff" triples that make this configuration *new* (see ``define.lua``)."""
         changes = [
-            (name, entries[name])
+            triple
             for name, digest in new.digests.items()
             if self.digests.get(name) != digest
+            for triple in by_name[name]
         ]
-        changes += [(name, ("-", "")) for name in self.digests if name not in new.digests]
-        return _flat(changes)
+        changes += [(name, "-", "") for name in self.digests if name not in new.digests]
+        return [part for triple in changes for part in triple]
 
 
-def _digest(second: str, third: str) -> bytes:
-    """What is compared of an entry's triple: a definition, or a marker and its reason."""
-    told = second if second not in ("", "!") else f"{second}\0{third}"
-    return hashlib.blake2b(told.encode(), digest_size=16).digest()
-
-
-def _flat(entries: Iterable[tuple[str, tuple[str, str]]]) -> list[str]:
-    return [part for name, (second, third) in entries for part in (name, second, third)]
+def _digest(triples: list[tuple[str, str, str]]) -> bytes:
+    """What is compared of a name's triples: its definition, its marker and reason."""
+    digest = hashlib.blake2b(digest_size=16)
+    for _, second, third in triples:
+        digest.update((second if second not in ("", "!") else f"{second}\0{third}").encode())
+        digest.update(b"\1")
+    return digest.digest()
 
 
 #: The fields of the meta hash a pass reads (not "unserved": it lists every bad entry).

@@ -151,6 +151,10 @@ def _random_config(rng: random.Random, now_ms: int) -> Config:
     if rng.random() < 0.3:
         # The configuration takes over the name an entry added at run time has.
         definitions.append(_row("shared"))
+    for definition in definitions:
+        if rng.random() < 0.15:
+            # A row whose schedule name another row has: a definition and a reason.
+            withdraw[definition.name] = rng.choice(["same name", "taken"])
     return definitions, keep, withdraw, since
 
 
@@ -496,3 +500,35 @@ def test_a_put_or_drop_that_changes_nothing_between_two_stores_keeps_the_next_on
     # Then as its changes: nothing was written in between
     assert reply == ("done", [("changed", "a")])
     assert recorder.take() == [("diff", "done")]
+
+
+def test_a_row_stored_with_a_reason_under_its_name_stays_as_its_reason_changes(
+    app: Celery,
+) -> None:
+    # Given a row stored under a name another row's reason names too (that
+    # row's schedule name is taken by it)
+    periodic_store = PeriodicStore(store_for(app))
+    recorder = Recorder(periodic_store)
+    both: Config = ([_row("a"), _row("b")], {}, {"a": "taken"}, {})
+    assert _store(periodic_store, both, "h1", made=100, incremental=True) == (
+        "done",
+        [("new", "a"), ("new", "b")],
+    )
+    version = periodic_store.snapshot().pointers["a"].version
+
+    # When the reason changes, then goes, through diffs
+    other_reason: Config = ([_row("a"), _row("b")], {}, {"a": "taken again"}, {})
+    changed = _store(periodic_store, other_reason, "h2", made=200, incremental=True)
+    unserved = periodic_store.unserved()
+    gone = _store(
+        periodic_store, ([_row("a"), _row("b")], {}, {}, {}), "h3", made=300, incremental=True
+    )
+
+    # Then the row stays as it was stored, and only the reasons change
+    assert recorder.take() == [("config", "done"), ("diff", "done"), ("diff", "done")]
+    assert changed == gone == ("done", [])
+    assert unserved == {"a": "taken again"}
+    assert periodic_store.unserved() == {}
+    snap = periodic_store.snapshot()
+    assert snap.definitions["a"] == _row("a")
+    assert snap.pointers["a"].version == version

@@ -37,8 +37,8 @@
 --           withdraws it, e.g. a database row every companion reads as bad.
 --           The reasons are stored as the meta field "unserved", JSON)
 -- ARGV[7] "diff": the hash of the configuration the changes were made
---         against; ARGV[8..] triples as in "config" mode, of the names whose
---         definition (or reason, or marker) differs from that configuration's,
+--         against; ARGV[8..] triples as in "config" mode, all those of each
+--         name whose definition or reason differs from that configuration's,
 --         and each name it named and this one does not, with "-" in the
 --         second place
 -- returns {status, kind, name, kind, name, ...}: status "same" (configuration
@@ -212,15 +212,21 @@ else
     local ok, was = pcall(cjson.decode, redis.call('HGET', meta, 'unserved') or '{}')
     if not ok or type(was) ~= 'table' then return {'stale', current or ''} end
     unserved = was
+    -- Each name sent comes with all its triples (a definition, a reason, or
+    -- both): one sent without a definition or a kept reason is removed, as
+    -- "config" mode removes one it does not name.
+    local incoming, looked = {}, {}
+    for i = 8, #ARGV, 3 do
+      if ARGV[i + 1] ~= '!' and ARGV[i + 1] ~= '-' then incoming[ARGV[i]] = true end
+    end
     for i = 8, #ARGV, 3 do
       local name, body = ARGV[i], ARGV[i + 1]
-      if body == '-' or body == '!' then
-        -- No longer named, or withdrawn: removed as "config" mode removes.
+      if not incoming[name] and not looked[name] then
+        looked[name] = true
         local stored = redis.call('HGET', defs, name)
         if stored and configured(stored) then drops[#drops + 1] = name end
-      elseif body ~= '' then
-        want_put(name, body, ARGV[i + 2])
       end
+      if body ~= '' and body ~= '!' and body ~= '-' then want_put(name, body, ARGV[i + 2]) end
       unserved[name] = nil
     end
   else
