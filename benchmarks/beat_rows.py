@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -117,7 +117,9 @@ class PingProbe:
     """PING Redis every 10 ms from a thread: the slowest answers, per span."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
+        # No socket timeout (redis-py's default is 5 s): a script holding
+        # Redis longer is what it measures, not a reason to stop.
+        self.client = redis.Redis.from_url(url, socket_timeout=None)
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -134,7 +136,10 @@ class PingProbe:
     def _run(self) -> None:
         while not self._stop.is_set():
             sent = time.perf_counter()
-            self.client.ping()
+            # A script running past Redis's busy threshold (5 s) is answered
+            # BUSY: the PING waits until Redis answers it.
+            while _busy(self.client.ping):
+                time.sleep(0.001)
             self.samples.append((time.monotonic(), (time.perf_counter() - sent) * 1000))
             time.sleep(0.01)
 
@@ -162,8 +167,8 @@ def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]
         url = f"{server.url}/0"
         record = f"{server.url}/1"
         app = make_app(broker=url, store=url, record=record)
-        client = redis.Redis.from_url(url)
-        recorder = redis.Redis.from_url(record)
+        client = redis.Redis.from_url(url, socket_timeout=None)
+        recorder = redis.Redis.from_url(record, socket_timeout=None)
         res.callback(client.close)
         res.callback(recorder.close)
         keys = periodic_keys("zdelay")
@@ -182,7 +187,11 @@ def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]
             companions.append(process)
         for process in companions:
             process.wait_for_log(" started: ", timeout=120)
-        wait_for(lambda: int(client.hlen(keys.defs)) >= rows, timeout=900, what="rows stored")
+        wait_for(
+            lambda: not _busy(lambda: int(client.hlen(keys.defs)) >= rows),
+            timeout=900,
+            what="rows stored",
+        )
         result["stored_after_s"] = round(time.monotonic() - started, 1)
         # The first pass plans every schedule's first occurrence; ticks resume after it.
         wait_for(lambda: recorder.llen(TICKS_KEY) > 0, timeout=1800, what="a first tick")
@@ -265,6 +274,16 @@ def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]
         result["companion_log_tail"] = [p.log()[-600:] for p in companions]
     result["machine"] = load.stop()
     return result
+
+
+def _busy(call: Callable[[], Any]) -> bool:
+    """Run *call*: True when Redis answered BUSY (a script held it past 5 s) or *call* said no."""
+    try:
+        return not call()
+    except redis.exceptions.ResponseError as exc:
+        if str(exc).startswith("BUSY"):
+            return True
+        raise
 
 
 def _redis_ms(client: redis.Redis) -> int:

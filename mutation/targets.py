@@ -52,6 +52,8 @@ _OWN = ("tests/store/test_shard_ownership.py",)
 _CLAIM = "tests/store/test_claim_due_entries.py"
 _ADVANCE = "tests/periodic/test_pointer_advance.py"
 _DEFINE = "tests/periodic/test_schedule_versions.py"
+#: A configuration stored as its changes stores what the whole one would (define.lua's "diff").
+_DEFINE_DIFF = "tests/periodic/test_config_diff.py"
 _PARK = "tests/store/test_park_script.py"
 _PARK_KEYED = "tests/store/test_keyed_parking.py"
 #: A debounce's burst and its max_wait cap, exact due times (park_keyed.lua, _marks.lua).
@@ -457,7 +459,7 @@ LUA = (
     Target(
         "define.lua",
         _PERIODIC + "define.lua",
-        (_DEFINE, _WITHDRAW, _WITHDRAWN, *_PERIODIC_TESTS),
+        (_DEFINE, _DEFINE_DIFF, _WITHDRAW, _WITHDRAWN, *_PERIODIC_TESTS),
     ),
     Target(
         "advance.lua",
@@ -553,6 +555,7 @@ KILL_TESTS = frozenset(
         "tests/store/test_stale_drop.py",
         "tests/store/test_adopt_once.py",
         "tests/periodic/test_schedule_versions.py",
+        "tests/periodic/test_config_diff.py",
         "tests/periodic/test_withdrawal.py",
         "tests/store/test_acknowledged_entries.py",
         "tests/store/test_acknowledged_marks.py",

@@ -281,6 +281,9 @@ class PeriodicServer:
                 since=since,
                 made=None if rows is None else rows.made,
                 reading=ROWS_READING,
+                # Only what changed since the last store: an edit of one row
+                # among 100,000 holds Redis for that row (see define.lua).
+                incremental=True,
             )
         except Exception:
             if self._source is not None:

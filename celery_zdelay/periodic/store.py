@@ -10,6 +10,7 @@ the store's ``park.lua``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -206,6 +207,8 @@ class PeriodicStore:
         self._defer = scripts["defer"]
         #: name -> (stored body, its Definition): a body read again is not decoded again.
         self._decoded: dict[str, tuple[bytes, Definition]] = {}
+        #: The configuration last stored or found stored (see :meth:`store_config`).
+        self._stored_config: _StoredConfig | None = None
         #: See :data:`TICK_MEMORY_MS`.
         self.tick_memory_ms = TICK_MEMORY_MS
         #: See :data:`REMEMBER_PARKED_MS`.
@@ -505,6 +508,7 @@ class PeriodicStore:
         since: Mapping[str, int | str] | None = None,
         made: int | None = None,
         reading: int = 1,
+        incremental: bool = False,
     ) -> tuple[str, list[tuple[str, str]]]:
         """Store a ``beat_schedule``; return ("same"|"older"|"done", [(kind, name), ...]).
 
@@ -527,22 +531,43 @@ class PeriodicStore:
         read at the same time by a release reading them otherwise (a later
         *reading*) are stored over an earlier release's, never the other
         way round.
+
+        *incremental* sends only what changed since the configuration this
+        store stored or found stored last (``define.lua``'s "diff" mode: its
+        Redis time grows with the changes, not the entries), and the whole
+        configuration when that one is no longer stored as it was left
+        ("stale"), or none was (the first store, a *force*). The result is
+        the same either way.
         """
         since = since or {}
-        args: list[Any] = [
-            "config",
+        # (name, definition or marker, since or reason): a name may have a
+        # definition and a reason both (a row another row's name is taken by).
+        triples: list[tuple[str, str, str]] = [
+            (d.name, d.body(), str(since.get(d.name, ""))) for d in definitions
+        ]
+        for marker, unserved in (("", keep), ("!", withdraw)):
+            triples += [(name, marker, reason) for name, reason in (unserved or {}).items()]
+        head: list[Any] = [
             config_hash,
             "1" if force else "0",
             writer,
             "" if made is None else made,
             "" if made is None else reading,
         ]
-        for definition in definitions:
-            args += [definition.name, definition.body(), since.get(definition.name, "")]
-        for marker, unserved in (("", keep), ("!", withdraw)):
-            for name, reason in (unserved or {}).items():
-                args += [name, marker, reason]
-        return self._define_call(args)
+        seen, self._stored_config = self._stored_config, None
+        by_name: dict[str, list[tuple[str, str, str]]] = {}
+        for triple in triples:
+            by_name.setdefault(triple[0], []).append(triple)
+        sent = _StoredConfig.of(config_hash, by_name) if incremental else None
+        reply: tuple[str, list[tuple[str, str]]] | None = None
+        if sent is not None and seen is not None and not force:
+            reply = self._define_call(["diff", *head, seen.hash, *seen.changes_to(sent, by_name)])
+        if reply is None or reply[0] == _STALE:
+            reply = self._define_call(["config", *head, *(p for t in triples for p in t)])
+        if reply[0] in ("done", "same"):
+            # Stored as it is now: what the next change is made against.
+            self._stored_config = sent
+        return reply
 
     def unserved(self) -> dict[str, str]:
         """Name -> why, of the entries of the stored configuration that no companion serves."""
@@ -838,6 +863,49 @@ class PeriodicStore:
         if task_ids:
             with store_errors(self.store.url):
                 self.store.client.srem(self.keys.cancel, *task_ids)
+
+
+#: What ``define.lua`` answers a "diff" made against a configuration no
+#: longer stored as it was left.
+_STALE = "stale"
+
+
+@dataclass(frozen=True)
+class _StoredConfig:
+    """A configuration as stored: its hash, and a digest of each name's triples."""
+
+    hash: str
+    #: name -> digest of its definition and reason (not of *since*: a
+    #: definition stored as it was is no change, whatever its since).
+    digests: dict[str, bytes]
+
+    @classmethod
+    def of(
+        cls, config_hash: str, by_name: Mapping[str, list[tuple[str, str, str]]]
+    ) -> _StoredConfig:
+        return cls(config_hash, {name: _digest(triples) for name, triples in by_name.items()})
+
+    def changes_to(
+        self, new: _StoredConfig, by_name: Mapping[str, list[tuple[str, str, str]]]
+    ) -> list[str]:
+        """The "diff" triples that make this configuration *new* (see ``define.lua``)."""
+        changes = [
+            triple
+            for name, digest in new.digests.items()
+            if self.digests.get(name) != digest
+            for triple in by_name[name]
+        ]
+        changes += [(name, "-", "") for name in self.digests if name not in new.digests]
+        return [part for triple in changes for part in triple]
+
+
+def _digest(triples: list[tuple[str, str, str]]) -> bytes:
+    """What is compared of a name's triples: its definition, its marker and reason."""
+    digest = hashlib.blake2b(digest_size=16)
+    for _, second, third in triples:
+        digest.update((second if second not in ("", "!") else f"{second}\0{third}").encode())
+        digest.update(b"\1")
+    return digest.digest()
 
 
 #: The fields of the meta hash a pass reads (not "unserved": it lists every bad entry).

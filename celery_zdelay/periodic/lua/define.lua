@@ -7,21 +7,24 @@
 --                          "incl": true when "ms" is itself an occurrence still to run}
 -- KEYS[4] paused set       names
 -- KEYS[5] cancel set       occurrence ids every companion cancels (then forgets)
--- KEYS[6] meta hash        hash, written_by, written_ms, made, reading of the stored
---                          configuration
+-- KEYS[6] meta hash        hash, written_by, written_ms, made, reading, unserved,
+--                          base of the stored configuration; gen (see "A
+--                          configuration as its changes" below)
 -- KEYS[7] superseded set   configuration hashes replaced by a newer one
 -- KEYS[8] visits zset      name -> ms a planner pass looks at it from (see _pointer.lua)
 -- KEYS[9..] the shards' keys, five per shard (see _withdraw.lua); none on a
 --           Redis Cluster, whose shards are other slots
 -- ARGV[1] mode             "config": replace the entries from configuration
+--                          "diff": store a configuration as its changes from the
+--                          stored one (see "A configuration as its changes" below)
 --                          "put": add or replace one entry; "drop": remove ARGV[7..]
--- ARGV[2] configuration hash ("config" mode)
+-- ARGV[2] configuration hash ("config"/"diff" mode)
 -- ARGV[3] "1": write even a superseded configuration (a deliberate rollback)
 -- ARGV[4] writer (companion id)
--- ARGV[5] "config": when the source made this configuration, an integer
+-- ARGV[5] "config"/"diff": when the source made this configuration, an integer
 --         (django-celery-beat's change marker, epoch microseconds), or ""
 --         for none (a beat_schedule: ordered by the superseded set instead)
--- ARGV[6] "config" with ARGV[5]: how this release reads the source, an
+-- ARGV[6] "config"/"diff" with ARGV[5]: how this release reads the source, an
 --         integer (django_beat.ROWS_READING); "" elsewhere
 -- ARGV[7..] "config"/"put": triples name, definition JSON, since ms ("" for
 --           none: a new entry starts from now; else from that time, e.g.
@@ -33,9 +36,17 @@
 --           that name, e.g. its task module does not import here; "!"
 --           withdraws it, e.g. a database row every companion reads as bad.
 --           The reasons are stored as the meta field "unserved", JSON)
+-- ARGV[7] "diff": the hash of the configuration the changes were made
+--         against; ARGV[8..] triples as in "config" mode, all those of each
+--         name whose definition or reason differs from that configuration's,
+--         and each name it named and this one does not, with "-" in the
+--         second place
 -- returns {status, kind, name, kind, name, ...}: status "same" (configuration
 --         already stored), "older" (superseded, or made before the stored
---         one: not written), "done"; each kind "new", "changed", "relabelled"
+--         one: not written), "stale" ("diff": the stored configuration is
+--         not the one the changes were made against, or was changed since;
+--         nothing written, the caller stores it in "config" mode), "done";
+--         each kind "new", "changed", "relabelled"
 --         or "removed", or "withdrawn" with an occurrence's id in place of
 --         the name: one this script took back from a due set, which never
 --         runs (the caller records it as cancelled; one taken from a lease
@@ -72,6 +83,36 @@
 -- where the release before stored them as "config", neither withdraws nor
 -- delays a tick.
 --
+-- A configuration as its changes ("diff" mode): storing one whole costs
+-- Redis its every entry (100,000 django-celery-beat rows: the triples
+-- parsed, an HGETALL, a comparison each) however few changed. Sent as its
+-- changes from the configuration the caller stored or saw stored last, it
+-- costs what changed, and it stores exactly what "config" mode would: the
+-- names it does not send hold what that configuration holds, so "config"
+-- mode would leave them as they are (a hash is of the names, definitions
+-- and reasons: the same hash, the same configuration). That holds while the
+-- defs hash is as that configuration's write left it (entries added at run
+-- time aside), so
+-- the guard is the meta field "base", "<gen> <count>", written with every
+-- configuration: the meta field "gen" then (a counter every write of a
+-- definition bumps, in every mode) and how many definitions were stored.
+-- A "diff" is refused ("stale") unless the stored hash is ARGV[7] and "base"
+-- is the "gen" and the HLEN of the defs hash now; "same" and "older" are
+-- answered first, as "config" mode answers them whatever is stored.
+-- Releases before this one do not bump "gen". Their "config" write stores a
+-- configuration whole, with its own hash: a "diff" against that hash finds
+-- the defs hash as that write left it, whatever "base" says (a count it
+-- moved refuses the diff: the configuration goes whole). Their "drop"
+-- (periodic remove) and their "put" of a new name (periodic add) change the
+-- count. What none of the three checks sees is their "put" replacing a
+-- stored name (or a "drop" and a "put" of a new name in between, which
+-- leave the count): a configured entry replaced or removed at run time then
+-- stays so until its name changes in the configuration or one is stored
+-- whole, where "config" mode would put it back at this store. Nothing runs
+-- twice or under two versions either way (their put and drop take the old
+-- version's occurrences back in their own script), and nothing this diff
+-- names is stored otherwise than "config" mode stores it.
+--
 -- Everything that can fail is checked before the first write (key types,
 -- version counters, template counts): a failure leaves every schedule as it was.
 if redis.replicate_commands then redis.replicate_commands() end
@@ -104,6 +145,8 @@ local function only_labels_differ(stored, body)
   return ok_a and ok_b and type(a) == 'table' and type(b) == 'table' and same_json(a, b, LABELS)
 end
 local puts, relabels, drops = {}, {}, {}
+-- name -> why, of the configuration's entries not served ("config"/"diff").
+local unserved = {}
 -- name -> stored body, when every definition was read at once ("config"
 -- mode): one HGETALL rather than an HGET per entry.
 local bodies = nil
@@ -121,6 +164,13 @@ end
 local function want_drop(name)
   if redis.call('HEXISTS', defs, name) == 1 then drops[#drops + 1] = name end
 end
+-- Whether a stored body is the configuration's: all but those added at run
+-- time (source "api"), and one stored without a source, read as "config".
+-- One that cannot be read is left where it is.
+local function configured(body)
+  local ok, d = pcall(cjson.decode, body)
+  return ok and type(d) == 'table' and d.source ~= 'api'
+end
 
 local hash = ARGV[2]
 local current = redis.call('HGET', meta, 'hash')
@@ -129,7 +179,7 @@ if mode == 'drop' then
 elseif mode == 'put' then
   want_put(ARGV[7], ARGV[8], ARGV[9])
 else
-  -- "config": the newest configuration wins (see the header).
+  -- "config", "diff": the newest configuration wins (see the header).
   local made = tonumber(ARGV[5])
   local reading = tonumber(ARGV[6]) or 1
   local stored_made = tonumber(redis.call('HGET', meta, 'made') or '')
@@ -152,27 +202,58 @@ else
       return {'older', current or ''}
     end
   end
-  local incoming = {}
-  for i = 7, #ARGV, 3 do
-    if ARGV[i + 1] ~= '!' then incoming[ARGV[i]] = true end
-  end
-  -- Every definition but those added at run time (source "api") is the
-  -- configuration's: beat_schedule entries, django-celery-beat rows (and
-  -- one stored without a source, read as "config"). One it no longer
-  -- names is removed.
-  local stored = redis.call('HGETALL', defs)
-  bodies = {}
-  for i = 1, #stored, 2 do
-    bodies[stored[i]] = stored[i + 1]
-    if not incoming[stored[i]] then
-      local ok, d = pcall(cjson.decode, stored[i + 1])
-      if ok and type(d) == 'table' and d.source ~= 'api' then want_drop(stored[i]) end
+  if mode == 'diff' then
+    -- The stored configuration is the one the changes were made against,
+    -- as its write left it (see "A configuration as its changes").
+    local base, gen = redis.call('HGET', meta, 'base'), redis.call('HGET', meta, 'gen')
+    if current ~= ARGV[7] or not gen or base ~= gen .. ' ' .. redis.call('HLEN', defs) then
+      return {'stale', current or ''}
+    end
+    local ok, was = pcall(cjson.decode, redis.call('HGET', meta, 'unserved') or '{}')
+    if not ok or type(was) ~= 'table' then return {'stale', current or ''} end
+    unserved = was
+    -- Each name sent comes with all its triples (a definition, a reason, or
+    -- both): one sent without a definition or a kept reason is removed, as
+    -- "config" mode removes one it does not name.
+    local incoming, looked = {}, {}
+    for i = 8, #ARGV, 3 do
+      if ARGV[i + 1] ~= '!' and ARGV[i + 1] ~= '-' then incoming[ARGV[i]] = true end
+    end
+    for i = 8, #ARGV, 3 do
+      local name, body = ARGV[i], ARGV[i + 1]
+      if not incoming[name] and not looked[name] then
+        looked[name] = true
+        local stored = redis.call('HGET', defs, name)
+        if stored and configured(stored) then drops[#drops + 1] = name end
+      end
+      if body ~= '' and body ~= '!' and body ~= '-' then want_put(name, body, ARGV[i + 2]) end
+      unserved[name] = nil
+    end
+  else
+    local incoming = {}
+    for i = 7, #ARGV, 3 do
+      if ARGV[i + 1] ~= '!' then incoming[ARGV[i]] = true end
+    end
+    -- Every definition but those added at run time is the configuration's:
+    -- beat_schedule entries, django-celery-beat rows. One it no longer
+    -- names is removed.
+    local stored = redis.call('HGETALL', defs)
+    bodies = {}
+    for i = 1, #stored, 2 do
+      bodies[stored[i]] = stored[i + 1]
+      if not incoming[stored[i]] and configured(stored[i + 1]) then want_drop(stored[i]) end
+    end
+    for i = 7, #ARGV, 3 do
+      if ARGV[i + 1] ~= '' and ARGV[i + 1] ~= '!' then want_put(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
     end
   end
-  for i = 7, #ARGV, 3 do
-    if ARGV[i + 1] ~= '' and ARGV[i + 1] ~= '!' then want_put(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
+  for i = mode == 'diff' and 8 or 7, #ARGV, 3 do
+    if ARGV[i + 1] == '' or ARGV[i + 1] == '!' then unserved[ARGV[i]] = ARGV[i + 2] end
   end
 end
+-- Bumped by each write of a definition (see "A configuration as its changes").
+local writes = mode == 'config' or mode == 'diff' or #puts + #drops + #relabels > 0
+if writes then zdelay_expect_field_counter(meta, 'gen') end
 
 -- 2. What the old versions still have parked or leased: taken back below.
 local listed = {}   -- name -> {{ms, id}, ...}
@@ -249,15 +330,13 @@ for _, r in ipairs(relabels) do
   changed[#changed + 1] = 'relabelled'
   changed[#changed + 1] = r[1]
 end
-if mode == 'config' then
+local gen = writes and redis.call('HINCRBY', meta, 'gen', 1)
+if mode == 'config' or mode == 'diff' then
   if current then redis.call('SADD', superseded, current) end
   redis.call('SREM', superseded, hash)
-  local unserved = {}
-  for i = 7, #ARGV, 3 do
-    if ARGV[i + 1] == '' or ARGV[i + 1] == '!' then unserved[ARGV[i]] = ARGV[i + 2] end
-  end
   redis.call('HSET', meta, 'hash', hash, 'written_by', ARGV[4], 'written_ms', now_ms,
-    'unserved', next(unserved) and cjson.encode(unserved) or '{}')
+    'unserved', next(unserved) and cjson.encode(unserved) or '{}',
+    'base', gen .. ' ' .. redis.call('HLEN', defs))
   if tonumber(ARGV[5]) then
     redis.call('HSET', meta, 'made', ARGV[5], 'reading', (tonumber(ARGV[6]) or 1) .. ' ' .. hash)
   end
