@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     yield from migrated_database(request.param, tmp_path)
 
 
-def migrated_database(kind: str, tmp_path: Path) -> Iterator[str]:
+def migrated_database(kind: str, tmp_path: Path) -> Generator[str, None, None]:
     """A migrated django-celery-beat database of *kind* (a fixture's body).
 
     Yields ``sqlite:<path>`` or ``postgres:<name>`` (dropped afterwards).
