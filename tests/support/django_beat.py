@@ -123,7 +123,7 @@ def add_interval_row(
 
 
 def row_of(database: str, name: str) -> dict[str, Any]:
-    return django_run(
+    row: dict[str, Any] = django_run(
         database,
         f"""
         from django_celery_beat.models import PeriodicTask
@@ -134,6 +134,7 @@ def row_of(database: str, name: str) -> dict[str, Any]:
         }}))
         """,
     )
+    return row
 
 
 def companion(
