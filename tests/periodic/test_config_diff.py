@@ -9,7 +9,8 @@ longer stored as it was left (another stored since, an entry added or
 removed at run time, by this release or one before it) is refused with
 nothing written and the whole configuration is stored instead; one that is
 older is refused as the whole one is; removals, re-adds and relabels
-through a diff are what they are whole.
+through a diff are what they are whole. A kill test of ``define.lua``
+(docs/mutation.rst).
 """
 
 from __future__ import annotations

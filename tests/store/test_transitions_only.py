@@ -110,6 +110,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("take_slots.lua", "ZADD", "slots"): "a concurrency control's slots",
     ("take_slots.lua", "PEXPIREAT", "slots"): "a concurrency control's slots",
     ("define.lua", "HSET", "meta"): _PERIODIC,
+    ("define.lua", "HINCRBY", "meta"): _PERIODIC,
     ("define.lua", "SADD", "cancel"): "the periodic cancel set: ids every companion cancels "
     "where they are held (through cancel.lua)",
     ("define.lua", "HDEL", "defs"): _PERIODIC,
