@@ -298,6 +298,7 @@ def test_a_valkey_url_is_read_as_redis(scheme: str) -> None:
         plus.close()
 
 
+@pytest.mark.redis7  # BZMPOP, as celery-redis-plus itself needs
 def test_consumers_counts_clients_waiting_in_bzmpop_on_the_brokers_database(
     plus: RedisPlusBroker, redis_server: RedisServer
 ) -> None:
