@@ -51,7 +51,8 @@ STORE_NAMES = frozenset({"RedisServer"})
 
 #: Code of these packages is followed; anything else (Celery, redis-py, the
 #: package under test) is a leaf, judged by the name the test used for it.
-FOLLOWED = ("tests", "example_project")
+#: (benchmarks: tests/benchmarks starts workers and servers through it.)
+FOLLOWED = ("tests", "example_project", "benchmarks")
 
 
 def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
