@@ -33,6 +33,7 @@ from celery_zdelay.periodic.definition import (
     Definition,
     from_beat_entry,
 )
+from celery_zdelay.periodic.server import PeriodicServer
 from celery_zdelay.periodic.store import PeriodicStore
 from tests.support.clock import redis_ms
 from tests.support.periodic import parked_ids, server_for, tend
@@ -371,13 +372,19 @@ def periodic_store_defs(periodic_store: PeriodicStore) -> dict[str, Definition]:
     return periodic_store.snapshot().definitions
 
 
+def _rows_server(app: Celery) -> PeriodicServer:
+    """A companion's periodic part whose passes plan the rows stored by the
+    test, not its own (empty) ``beat_schedule``."""
+    server = server_for(app, {})
+    server._last_check = time.monotonic() + 3600
+    return server
+
+
 def test_a_row_removed_and_added_again_through_diffs_withdraws_and_gets_a_new_version(
     app: Celery,
 ) -> None:
     # Given rows stored, their occurrences parked by a pass
-    server = server_for(app, {})
-    # Its passes plan the rows stored here, not its (empty) beat_schedule.
-    server._last_check = time.monotonic() + 3600
+    server = _rows_server(app)
     periodic_store = server.periodic
     withdrawn: list[str] = []
     periodic_store.on_withdrawn = withdrawn.extend
@@ -410,9 +417,7 @@ def test_a_row_shown_otherwise_through_a_diff_is_relabelled_keeping_its_occurren
     app: Celery,
 ) -> None:
     # Given a row stored, its occurrences parked by a pass
-    server = server_for(app, {})
-    # Its passes plan the rows stored here, not its (empty) beat_schedule.
-    server._last_check = time.monotonic() + 3600
+    server = _rows_server(app)
     periodic_store = server.periodic
     rows: Config = ([_row("a", 1.0), _row("b", 1.0)], {}, {}, {})
     assert _store(periodic_store, rows, "h1", made=100, incremental=True)[0] == "done"
