@@ -230,3 +230,48 @@ def test_a_periodic_occurrence_held_and_forgotten_by_the_tick_memory_is_not_park
     celery_zdelay.resume(PAUSED, app=app)
     assert _release_everything(app, redis_client) == [("X", "('first',)")]
     assert admin.list_dead(store).entries == []
+
+
+def test_a_park_given_held_sets_stores_no_template_but_its_own(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given X held behind the emails pause: parking it again gives park.lua
+    # the held set, so its templates follow the control names in ARGV
+    app = _app(make_test_app)
+    _held(app, redis_client, "X")
+
+    # When X is parked again, with a message template
+    app.tasks["tests.record"].apply_delayed(("again",), countdown=3600, queue="emails", task_id="X")
+
+    # Then the templates hash holds each stored template with its use count,
+    # and nothing read from another argument (a control name, a count)
+    fields = {f.decode() for f in redis_client.hkeys(keys_of(0).templates)}
+    records = {f for f in fields if not f.startswith("#")}
+    counted = {f[1:] for f in fields if f.startswith("#")}
+    assert records, "the task's message was stored with a template"
+    assert records == counted
+    assert not records & {"1", *store_for(app).lanes(0)}
+
+
+def test_a_stray_payload_with_every_held_set_given_is_parked_in_one_call(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    # Given a store with the emails pause's held set (its only control), and
+    # a payload for S that no set has (written by something else)
+    app = _app(make_test_app)
+    store = store_for(app)
+    _held(app, redis_client, "X")
+    redis_client.hset(keys_of(0).msg, "S", b"stray")
+    lanes = store.lanes(0)
+    assert len(lanes) == 1
+
+    # When park.lua is called once for S with every held set given
+    payload = redis_client.hget(keys_of(0).msg, "X")
+    assert payload is not None
+    reply = store._park_call(
+        "park", 0, [ParkRequest("S", Due("r", 3_600_000), payload)], store.client, lanes
+    )
+
+    # Then it does not ask for the held sets again: S is parked, due
+    assert [int(x) for x in reply] != [-2]
+    assert _places(redis_client, store, "S") == ["due"]
