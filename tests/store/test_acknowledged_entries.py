@@ -63,6 +63,18 @@ def test_another_claims_token_acknowledges_nothing(app: Celery, redis_client: re
     assert store_for(app).ack(0, token, ["a", "never-parked"]) == 1
 
 
+def test_an_id_acknowledged_twice_in_one_call_counts_once_and_keeps_a_shared_template(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a and b in flight, sharing one template (counted twice)
+    token = _park_and_claim(app, ["a", "b"])
+    # When one call acknowledges a twice
+    assert store_for(app).ack(0, token, ["a", "a"]) == 1
+    # Then b's template stays, counted once, and one release is recorded
+    assert list(_template_counts(redis_client).values()) == [b"1"]
+    assert redis_client.hexists(KEYS.msg, "b")
+
+
 def test_the_last_acknowledgement_of_a_template_deletes_it(
     app: Celery, redis_client: redis.Redis
 ) -> None:
