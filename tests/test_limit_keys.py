@@ -385,21 +385,10 @@ def test_a_thousand_keys_used_once_leave_only_buckets_that_expire_when_full(
     assert all(":bucket:limit_key:tenant:" in key for key in left), left[:5]
     # ...each expiring once it would be full again (100/s, burst 100: 1 s,
     # plus the bucket's minute of margin against a clock that jumps)
+    # (Redis expires them by that TTL: nothing else runs here to extend it,
+    # so waiting the 61 s out would test Redis, not this package.)
     ttls = [int(redis_client.pttl(key)) for key in left]
     assert all(0 < ttl <= 1_000 + 60_000 for ttl in ttls), (min(ttls), max(ttls))
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_a_thousand_keys_used_once_leave_nothing_after_the_refill_time(
-    make_test_app: AppFactory, redis_client: redis.Redis
-) -> None:
-    _park_1000_keys_once_and_release(make_test_app, redis_client)
-    wait_for(
-        lambda: not _per_key_keys(redis_client),
-        timeout=1 + 60 + 30,
-        message=lambda: f"no per-key key left (have {len(_per_key_keys(redis_client))})",
-    )
 
 
 # -- a per-key limit and a per-key concurrency on one glob ---------------------------
