@@ -377,6 +377,14 @@ LUA = (
             _HELD_AGAIN,
         ),
     ),
+    # zdelay adopt --redis-plus takes a message out of celery-redis-plus
+    # only while no consumer holds it (beside celery_zdelay/redis_plus.py).
+    Target(
+        "redis_plus_take.lua",
+        "celery_zdelay/redis_plus_take.lua",
+        ("tests/test_redis_plus_waiting_messages.py", "tests/test_adopt_redis_plus.py"),
+        quick=("tests/test_redis_plus_waiting_messages.py",),
+    ),
     Target(
         "claim.lua",
         _STORE + "claim.lua",

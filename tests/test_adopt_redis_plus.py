@@ -35,9 +35,9 @@ Mutants these tests kill (each a one-line change of celery_zdelay, tried):
 
 The never-early promise is pinned by test 2 (due at the eta to the
 millisecond, read from the message) and test 1 (each run at or after it).
-Survivor: ``redis_plus_take.lua`` without its ``EXISTS`` line (a message
-whose hash expired by celery-redis-plus's message TTL while adopt parked it:
-no test expires one).
+``redis_plus_take.lua`` without its ``EXISTS`` line (a message whose hash
+expired by celery-redis-plus's message TTL while adopt parked it) is killed
+by ``tests/test_redis_plus_waiting_messages.py``.
 """
 
 from __future__ import annotations

@@ -225,6 +225,23 @@ def test_take_removes_what_waits_and_leaves_what_a_consumer_took(
     assert broker.exists("message:popped")
 
 
+def test_take_leaves_a_queued_tag_whose_message_expired_to_celery_redis_plus(
+    plus: RedisPlusBroker, broker: redis.Redis
+) -> None:
+    # Given a queued message whose hash celery-redis-plus's message TTL
+    # expired after adopt read it (its tag still queued and indexed)
+    _put(broker, "expired", queued=True)
+    broker.delete("message:expired")
+
+    # When adopt takes it, it is not reported taken (the parked copy is
+    # withdrawn: celery-redis-plus would not have run it either)...
+    assert plus.take(QUEUE, ["expired"]) == [False]
+
+    # ...and celery-redis-plus's own keys are left as they were
+    assert broker.zrange(f"queue:{QUEUE}", 0, -1) == [b"expired"]
+    assert broker.zrange(f"messages_index:{QUEUE}", 0, -1) == [b"expired"]
+
+
 def test_the_queues_are_those_indexed_under_the_prefix_itself(
     redis_server: RedisServer, broker: redis.Redis
 ) -> None:
