@@ -78,7 +78,12 @@ def psql(sql: str) -> None:
 
 
 def django_run(
-    database: str, code: str, *, settings: str = SETTINGS, env: dict[str, str] | None = None
+    database: str,
+    code: str,
+    *,
+    settings: str = SETTINGS,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
 ) -> Any:
     """Run *code* in a Django process on *database*; return what it prints, as JSON."""
     program = "import django, json\ndjango.setup()\n" + textwrap.dedent(code)
@@ -94,7 +99,7 @@ def django_run(
         },
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
     if done.returncode != 0:
