@@ -2,6 +2,7 @@
 
 python -m mutation                 every target (make mutants)
 python -m mutation --quick         the CI subset (make mutants-quick)
+python -m mutation --quick ack.lua the named targets of the CI subset, against their quick tests
 python -m mutation --kills         every target against its kill tests only (make mutants-kills)
 python -m mutation entry ack.lua   the named targets only
 python -m mutation --list          each target, its mutants and its tests
@@ -54,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        targets = [replace(t, tests=t.quick) for t in map(by_name, QUICK)]
+        # The CI subset, or the named targets of it (each against its quick tests).
+        names = args.targets or QUICK
+        for name in names:
+            if not by_name(name).quick:
+                parser.error(f"{name} has no quick tests: it is not in the CI subset")
+        targets = [replace(t, tests=t.quick) for t in map(by_name, names)]
     elif args.targets:
         targets = [by_name(n) for n in args.targets]
     else:

@@ -56,3 +56,29 @@ def test_kills_lists_each_target_with_its_kill_tests_only() -> None:
     for tests in rows.values():
         assert tests
         assert all(t.split("::")[0] in KILL_TESTS for t in tests)
+
+
+def _quick_list(*names: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mutation", "--quick", "--list", *names],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=50,
+    )
+
+
+def test_quick_runs_the_named_targets_of_the_ci_subset_only() -> None:
+    # The whole subset without names; the one named, with its quick tests, with one
+    whole = [line.split()[0] for line in _quick_list().stdout.splitlines()]
+    assert "ack.lua" in whole
+    assert len(whole) > 1
+    (row,) = _quick_list("ack.lua").stdout.splitlines()
+    ack = next(t for t in LUA if t.name == "ack.lua")
+    assert row.split()[0] == "ack.lua"
+    assert [w for w in row.split() if w.startswith("tests/")] == list(ack.quick)
+    # A target outside the subset is refused, saying so
+    refused = _quick_list("claim.lua")
+    assert refused.returncode == 2
+    assert "not in the CI subset" in refused.stderr
