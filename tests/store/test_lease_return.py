@@ -77,6 +77,15 @@ def test_each_entry_given_back_is_due_again_at_its_own_score_and_leaves_the_leas
     assert redis_client.zcard(SHARD0.lease) == redis_client.hlen(SHARD0.leased) == 0
 
 
+def test_an_id_given_back_twice_in_one_call_counts_once(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    token, scores = claim_parked(app, ["a", "b"])
+    assert store_for(app).unclaim(0, token, ["a", "a"]) == 1
+    assert _zset(redis_client, SHARD0.due) == {"a": scores["a"]}
+    assert list(_zset(redis_client, SHARD0.lease)) == ["b"]
+
+
 def test_only_the_claim_that_leased_an_entry_gives_it_back(
     app: Celery, redis_client: redis.Redis
 ) -> None:
