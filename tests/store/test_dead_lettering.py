@@ -135,3 +135,21 @@ def test_a_key_of_another_type_refuses_the_dead_letter_before_anything_moves(
     assert redis_client.hget(SHARD0.msg, entry) == payload
     assert not redis_client.exists(SHARD0.dead)
     assert not redis_client.exists(SHARD0.dead_msg)
+
+
+def test_an_id_dead_lettered_twice_in_one_call_counts_once_and_keeps_the_index_exact(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a keyed, tagged entry and a tagged one in flight, one claim
+    store, token, (twice, other) = _claimed(
+        app, [{"key": "order:1", "tags": ["shop"]}, {"tags": ["shop"]}]
+    )
+
+    # When one call names the first twice
+    reasons = [(twice, _reason("first")), (twice, _reason("again"))]
+    assert store.dead_letter(0, token, reasons) == 1
+
+    # Then it is dead once, and the other keeps its tag in an exact index
+    assert [m.decode() for m in redis_client.zrange(SHARD0.dead, 0, -1)] == [twice]
+    assert tagged_ids(store, "shop") == [other]
+    assert check_marks(store) == []

@@ -18,9 +18,11 @@ local marks, tagged = KEYS[6], KEYS[7]
 local token = tonumber(ARGV[1])
 zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash', dead, 'zset', dead_msg, 'hash')
 local now_ms = zdelay_now_ms()
-local owned = {}
+local owned, once = {}, {}
 for i = 2, #ARGV, 2 do
-  if zdelay_owned(lease, leased, ARGV[i], token) then
+  -- (reads before writes: an id given twice would be counted twice)
+  if not once[ARGV[i]] and zdelay_owned(lease, leased, ARGV[i], token) then
+    once[ARGV[i]] = true
     owned[#owned + 1] = {ARGV[i], ARGV[i + 1], redis.call('HGET', msg, ARGV[i]) or ''}
   end
 end
