@@ -381,3 +381,22 @@ def test_two_dead_letters_of_one_key_requeued_together_leave_one_owner(
     assert check_marks(store) == []
     third = app.tasks["tests.record"].apply_delayed(("third",), countdown=600, key="order:1").id
     assert third == first  # a keep call finds the key owned by the first
+
+
+def test_an_id_named_twice_in_one_requeue_is_requeued_once_with_its_key(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Given a dead letter that had a key and a tag
+    store, (dead,) = _dead(app, [{"key": "order:1", "tags": ["shop"]}])
+    record = redis_client.hget(SHARD0.marks, f"d:{dead}")
+
+    # When one call names it twice (zdelay requeue X X)
+    assert admin.requeue_dead(store, [dead, dead]) == [True, False]
+
+    # Then it is parked once, its key and tags back, and the index is exact
+    assert [m.decode() for m in redis_client.zrange(SHARD0.due, 0, -1)] == [dead]
+    assert redis_client.zcard(SHARD0.dead) == 0
+    assert key_owner(store, "order:1") == (dead, None)
+    assert redis_client.hget(SHARD0.marks, f"i:{dead}") == record
+    assert tagged_ids(store, "shop") == [dead]
+    assert check_marks(store) == []

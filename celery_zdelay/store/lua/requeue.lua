@@ -19,7 +19,7 @@ zdelay_expect(dead, 'zset', dead_msg, 'hash', due, 'zset', msg, 'hash', lease, '
 local now_ms = zdelay_now_ms()
 local place = {due = due, lease = lease, msg = msg}
 local result = {}
-local chosen = {}
+local chosen, once = {}, {}
 for i = 2, #ARGV do
   local id = ARGV[i]
   local stored = redis.call('HGET', dead_msg, id)
@@ -27,11 +27,14 @@ for i = 2, #ARGV do
   -- An id parked again since it died keeps its new entry, wherever it is:
   -- overwriting the payload of an in-flight entry would let its release
   -- acknowledge (delete) the requeued one, and a held one would be released
-  -- with the old message while the new one was lost.
-  if stored and not zdelay_where(place, id) then
+  -- with the old message while the new one was lost. An id given twice is
+  -- requeued by its first mention (every read here comes before the writes:
+  -- its second would take its key from the first and park it without).
+  if stored and not once[id] and not zdelay_where(place, id) then
     local nl = string.find(stored, '\n', 1, true)
     local payload = nl and string.sub(stored, nl + 1) or ''
     if payload ~= '' then
+      once[id] = true
       chosen[#chosen + 1] = {id, payload}
       result[i - 1] = 1
     end
