@@ -1521,15 +1521,21 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.model.dead))
     @rule(data=st.data())
     def requeue(self, data: st.DataObject) -> None:
-        """requeue_dead([id]): due now again, its tags back, its key if still free."""
+        """requeue_dead([id]): due now again, its tags back, its key if still free.
+
+        The id may be named twice in the call (``zdelay requeue X X``): its
+        first mention requeues it, the second finds nothing more to do.
+        """
         model = self.model
         dead = sorted(model.dead, key=lambda i: model.first_seen.get(i, 0))
         task_id = data.draw(st.sampled_from(dead), label="task_id")
+        mentions = data.draw(st.integers(min_value=1, max_value=2), label="mentions")
         live = model.entries.get(task_id)
         low = self._now()
-        (done,) = steering.requeue_dead([task_id], app=self.app)
+        done, *again = steering.requeue_dead([task_id] * mentions, app=self.app)
         high = self._now()
         assert done is (live is None), f"requeue_dead({task_id!r}) said {done}"
+        assert again == [False] * (mentions - 1), f"named again, requeue_dead said {again}"
         if not done:
             return
         entry = model.dead.pop(task_id)
