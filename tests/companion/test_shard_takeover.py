@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from celery_zdelay.companion.ownership import ShardOwnership
+from celery_zdelay.companion.ownership import ORPHAN_KEEP_SECONDS, ShardOwnership
 from celery_zdelay.config import get_config
 from celery_zdelay.store import Store
 from tests.conftest import AppFactory
@@ -147,5 +147,80 @@ def test_orphans_go_to_the_other_survivor_once_the_dead_one_is_forgotten(
         # then the surplus went to the other survivor: 4 each, none unowned.
         owners = _owners(redis_client)
         assert (owners.count("first"), owners.count("other")) == (4, 4), owners
+    finally:
+        store.close()
+
+
+def test_shards_given_up_for_a_slow_newcomer_are_not_taken_back_before_it_looks(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    """Catches, in ``ShardOwnership.maybe_renew``, taking back as orphans the
+    shards this companion gave up a look or two ago (the code before this
+    test, seen in a loaded whole-suite run: one companion kept all 8 shards
+    for good)::
+
+        orphaned = shard in self._seen_unowned and shard not in self._given_up
+        ->  orphaned = shard in self._seen_unowned
+    """
+    app = make_test_app(conf={"zdelay_shards": SHARDS, "zdelay_shard_leases": True})
+    store = Store(get_config(app))
+    try:
+        first = ShardOwnership(store, "first", range(SHARDS), lease_ms=60_000)
+        # Given a companion that owns every shard, alone,
+        _look(first, live=1)
+        assert first.shards() == list(range(SHARDS))
+        # when a second one starts (the live count is 2) and the first gives
+        # up half, then looks twice more before the newcomer's first look,
+        newcomer = ShardOwnership(store, "newcomer", range(SHARDS), lease_ms=60_000)
+        for _ in range(3):
+            _look(first)
+        assert len(first.shards()) == SHARDS // 2
+        _look(newcomer)
+        # then the newcomer has its half, and both keep theirs.
+        for _ in range(3):
+            _look(first)
+            _look(newcomer)
+        owners = _owners(redis_client)
+        assert (owners.count("first"), owners.count("newcomer")) == (4, 4), owners
+    finally:
+        store.close()
+
+
+def test_a_live_companion_whose_shards_were_taken_as_orphans_gets_them_back(
+    make_test_app: AppFactory, redis_client: redis.Redis
+) -> None:
+    """Catches, in ``ShardOwnership._kept``, keeping an orphan above the share
+    for as long as the live count stays as it was (the code before this
+    test)::
+
+        return live_companions == taken_with and now - taken_at < ORPHAN_KEEP_SECONDS
+        ->  return live_companions == taken_with
+    """
+    app = make_test_app(conf={"zdelay_shards": SHARDS, "zdelay_shard_leases": True})
+    store = Store(get_config(app))
+    try:
+        first = ShardOwnership(store, "first", range(SHARDS), lease_ms=60_000)
+        clock = [1000.0]
+        first.clock = lambda: clock[0]
+        # Given two companions starting together, the second too slow for
+        # its first look until the first has taken every shard (half as orphans),
+        for _ in range(3):
+            _look(first)
+        assert first.shards() == list(range(SHARDS))
+        second = ShardOwnership(store, "second", range(SHARDS), lease_ms=60_000)
+        _look(second)
+        assert second.shards() == []
+        # when the second is still live (the count unchanged) after a dead
+        # owner's heartbeat would have aged out of it,
+        clock[0] += ORPHAN_KEEP_SECONDS - 1
+        _look(first)
+        assert len(first.shards()) == SHARDS
+        clock[0] += 1
+        # then the first gives the surplus up, and the second takes its share.
+        for _ in range(3):
+            _look(first)
+            _look(second)
+        owners = _owners(redis_client)
+        assert (owners.count("first"), owners.count("second")) == (4, 4), owners
     finally:
         store.close()

@@ -212,6 +212,8 @@ class _Up:
 
 #: Waves of tasks in the repeated-kill test, one kill landing in each.
 WAVES = 5
+#: Waves at most, when kills land after their wave is out (see the test).
+MAX_WAVES = WAVES + 3
 
 
 # The waves below add up to more than the module's timeout: on a loaded
@@ -262,8 +264,14 @@ def test_companions_killed_over_and_over_lose_nothing(
     up = _Up()
     size = 6_000 // WAVES
     ids: set[str] = set()
-    pending_at_kill = []
-    for wave in range(WAVES):
+    pending_at_kill: list[int] = []
+    # Until WAVES kills have landed mid-wave: a wave's entries fall due over
+    # 2 s, and a test process descheduled that long on a loaded machine once
+    # killed after its wave was out (0 pending: a kill that tests nothing).
+    # Such a wave is followed by one more, up to MAX_WAVES.
+    wave = 0
+    while sum(1 for pending in pending_at_kill if pending) < WAVES:
+        assert wave < MAX_WAVES, f"kills landing mid-wave: {pending_at_kill}"
         wait_for(lambda: len(up(live)) >= 3, timeout=60, message="three companions up")
         with celery_zdelay.batch(app):
             for i in range(size):
@@ -281,10 +289,8 @@ def test_companions_killed_over_and_over_lose_nothing(
         replacement = CeleryProcess(app, "zdelay", "-l", "DEBUG").start()
         processes.append(replacement)  # stopped at teardown
         live.append(replacement)
+        wave += 1
     wait_for(lambda: redis_client.zcard(DUE) == 0, timeout=120, message="all claimed")
-    # every kill landed while entries of its wave were still parked or in flight
-    assert len(pending_at_kill) == WAVES
-    assert all(pending_at_kill), pending_at_kill
 
     # Then every task runs; twice only where the design allows it
     ran = runs.wait_for_ids(ids, stall_timeout=120)
@@ -295,7 +301,7 @@ def test_companions_killed_over_and_over_lose_nothing(
     else:
         # Only entries published by a companion killed before its store ack
         # run twice: at most one batch per kill.
-        assert len(duplicates) <= WAVES * batch_size
+        assert len(duplicates) <= len(pending_at_kill) * batch_size
     wait_for(lambda: redis_client.zcard(LEASE) == 0, timeout=30, message="nothing in flight")
     assert redis_client.hlen(MSG) == 0
 
