@@ -52,7 +52,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     Every test module with what it imports (Django, Playwright, Hypothesis,
     OpenTelemetry: about 186,000 objects) lives for the whole session, and
     each full collection (one per :func:`make_test_app` teardown) read it all
-    again: 60 % of the test processes' CPU in a whole-suite run. Frozen, it
+    again: 61 % of the test processes' CPU samples in a whole-suite run. Frozen, it
     is never collected; what the tests allocate still is.
     """
     gc.collect()
