@@ -266,6 +266,12 @@ def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]
         due_during = probes * int((edit_until_ms - edit_from_ms) / 1000 / PROBE_S)
         result["edit"] = {
             "first_tick_after_save_s": round(found["started_ms"] / 1000 - saved, 2),
+            # Where that time went: each companion's store of the edit, the
+            # occurrence it parked first (the schedule's next tick after it).
+            "stored_after_save_s": [
+                _logged_after(p.log(), f"changed: {name}", saved) for p in companions
+            ],
+            "first_occurrence_after_save_s": round(occurrence_ms(found["id"]) / 1000 - saved, 2),
             "ping_slowest_ms": ping.slowest(edit_from, time.monotonic()),
             "probe_ticks_meanwhile": len(during),
             "probe_ticks_due_about": due_during,
@@ -284,6 +290,17 @@ def _busy(call: Callable[[], Any]) -> bool:
         if str(exc).startswith("BUSY"):
             return True
         raise
+
+
+def _logged_after(log: str, text: str, since: float) -> float | None:
+    """Seconds from *since* (epoch) to the first line of *log* with *text* logged after it."""
+    for line in log.splitlines():
+        if text in line and line.startswith("["):
+            # "[2026-12-07 09:16:05,640: INFO/...": the companion's local time.
+            at = datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if at >= since:
+                return round(at - since, 2)
+    return None
 
 
 def _redis_ms(client: redis.Redis) -> int:

@@ -45,9 +45,11 @@ class SlowRows:
         self.read_s = 0.0
         self.fail_next = False
         self.reads = 0
+        self.checks = 0
         self.closed_in: list[str] = []
 
     def changed(self) -> bool:
+        self.checks += 1
         return self.marker != self.read_marker
 
     def definitions(self) -> tuple[list[Definition], dict[str, str]]:
@@ -121,6 +123,34 @@ def test_an_edit_read_slowly_holds_no_pass_and_is_stored_when_read(app: Celery) 
     assert time.monotonic() - started >= SLOW_READ_S
     assert rows.reads == 2
     assert rows.closed_in == ["zdelay-rows-c"]
+
+
+@pytest.mark.timing
+def test_the_change_marker_is_read_every_second_so_an_edit_waits_at_most_that(
+    app: Celery,
+) -> None:
+    # Given a companion serving rows, its passes going on at their own pace
+    server, rows = _served(app)
+    tend(server)
+
+    def passes_until(done: Any, timeout: float) -> float:
+        started = time.monotonic()
+        while not done():
+            assert time.monotonic() - started < timeout, "never"
+            server.tend()
+            time.sleep(0.02)
+        return time.monotonic() - started
+
+    # When a row is added just after a check of the marker
+    seen = rows.checks
+    passes_until(lambda: rows.checks > seen, timeout=10)
+    rows.entries["added"] = {"task": "tests.record", "schedule": 2.0}
+    rows.marker = 2
+
+    # Then it is stored at the next check, a second later (mutants: the
+    # marker read as beat_schedule is compared, every 5 s; the constant 5)
+    waited = passes_until(lambda: "added" in server.periodic.snapshot().definitions, timeout=10)
+    assert 0.7 <= waited < 2.5, waited
 
 
 def test_a_read_that_fails_is_tried_again_at_the_next_check(app: Celery) -> None:

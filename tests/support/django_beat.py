@@ -27,7 +27,7 @@ from tests.helpers import ROOT, CeleryProcess, Runs, unavailable
 
 SETTINGS = "tests.beat_project.settings"
 #: Seconds within which an edit made in the database reaches the companions
-#: (the periodic server checks django-celery-beat's change marker every 5 s).
+#: (the periodic server checks django-celery-beat's change marker every second).
 EDIT_BOUND_S = 12.0
 #: The period of the row switched from celery beat to the companions: longer
 #: than stopping beat and starting a companion takes on a loaded machine
