@@ -145,9 +145,9 @@ def test_bad_rows_are_logged_once_listed_fail_the_check_and_block_no_other_row(
     for row, (why, _) in BAD_ROWS.items():
         line = next(li for li in check.stdout.splitlines() if repr(row) in li)
         assert why in line, line
-    # and each is logged once per companion, not on every pass (a reconcile
-    # check comes every second: fifteen of them)
-    settle = time.monotonic() + 16
+    # and each is logged once per companion, not on every pass (the change
+    # marker is checked every second: six more of them)
+    settle = time.monotonic() + 6
     wait_for(lambda: time.monotonic() > settle, timeout=30, interval=0.5)
     for process in served:
         assert process.log().count("'bad kwargs' is not served") == 1
