@@ -13,7 +13,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -304,13 +304,30 @@ def start_worker(
     if queues:
         args += ["-Q", ",".join(queues)]
     worker = CeleryProcess(app, *args, env=env).start()
-    worker.wait_for_log(" ready.")
+    with _stopped_on_failure(worker):
+        worker.wait_for_log(" ready.")
     return worker
 
 
 def start_companion(app: Celery, *args: str, env: dict[str, str] | None = None) -> CeleryProcess:
     """Start ``celery zdelay`` and wait for its start-up line."""
     companion = CeleryProcess(app, "zdelay", "-l", "DEBUG", *args, env=env).start()
-    companion.wait_for_log("companion")
-    companion.wait_for_log(" started: ")
+    with _stopped_on_failure(companion):
+        companion.wait_for_log("companion")
+        companion.wait_for_log(" started: ")
     return companion
+
+
+@contextlib.contextmanager
+def _stopped_on_failure(process: CeleryProcess) -> Iterator[None]:
+    """Kill *process* (its group) when waiting for it to start fails.
+
+    No fixture knows of it yet: a worker that was not ready in time ran on
+    past its test, and through the rest of the session (seen: two workers
+    still busy 20 minutes after the test that started them failed).
+    """
+    try:
+        yield
+    except BaseException:
+        _kill_group(process)
+        raise

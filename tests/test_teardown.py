@@ -12,7 +12,8 @@ from typing import cast
 
 import pytest
 
-from tests.helpers import CeleryProcess, stop_all
+from tests.conftest import AppFactory
+from tests.helpers import CeleryProcess, start_worker, stop_all
 
 #: A process that ignores SIGTERM, as a worker finishing a long task does.
 STUBBORN = (
@@ -58,3 +59,36 @@ def test_a_teardown_cut_short_by_the_timeout_still_kills_what_it_started() -> No
             process.kill()
             process.wait()
         process.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_not_ready_when_its_wait_is_cut_short_is_killed(
+    make_test_app: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker being started, which no fixture knows of until it is ready
+    app = make_test_app()
+    started: list[CeleryProcess] = []
+    start = CeleryProcess.start
+
+    def noted(self: CeleryProcess) -> CeleryProcess:
+        started.append(self)
+        return start(self)
+
+    monkeypatch.setattr(CeleryProcess, "start", noted)
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        # When its wait for " ready." ends first (the test's timeout, or the
+        # wait's own: a worker starts in a second at best, not in 0.3 s)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted):
+            start_worker(app)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    # Then the worker is gone (it ran on through the rest of the session)
+    (worker,) = started
+    assert worker.process is not None
+    try:
+        assert worker.process.poll() is not None
+    finally:
+        worker.kill()
