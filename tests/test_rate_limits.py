@@ -38,6 +38,14 @@ from tests.support.keys import keys_of
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.timing]
 
+#: How long a task may go out after one due after it, released by another
+#: companion at the same moment (or from another shard of the same batch):
+#: tens to hundreds of milliseconds, but a companion that waits for the CPU
+#: between taking its entries and releasing them adds that wait. 1.009 s was
+#: seen once in a make flake-hunt round, against a 1 s bound then; the span
+#: of each test's release (3 s and 5 s) still fails an order not kept.
+OVERTAKE_S = 2.0
+
 QUEUES = [{"name": "celery"}, {"name": "emails"}]
 
 
@@ -105,7 +113,8 @@ def test_a_limit_holds_across_three_companions_and_four_shards_and_spares_other_
         assert most_in_any_window(released, window) <= 50 + 50 * window + 25, window
     # ...in due order, but for entries in transit at the same moment in other
     # companions: none goes out more than a moment after one due after it
-    assert largest_overtake_s(released, due_ms) < 1.0
+    # (OVERTAKE_S)
+    assert largest_overtake_s(released, due_ms) < OVERTAKE_S
     # And the unlimited queue was not held back by the limited one (counted from
     # when the last of them was parked, if that was after they fell due: the
     # 600 parks can take seconds on a loaded machine)
@@ -164,7 +173,7 @@ def test_a_limit_holds_on_a_redis_cluster_store(
     unlimited = as_released(app, unlimited)
     assert released[-1].at - released[0].at >= (160 - 40) / 40 * 0.9
     assert most_in_any_window(released, 1.0) <= 40 + 40 + 20
-    assert largest_overtake_s(released, due_ms) < 1.0
+    assert largest_overtake_s(released, due_ms) < OVERTAKE_S
     assert Counter(a.task_id for a in unlimited) == Counter(r.id for r in others)
     assert max(a.at for a in unlimited) - max(released[0].at, parked_at) < 3.0
 
