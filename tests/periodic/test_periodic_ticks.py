@@ -149,17 +149,21 @@ def test_when_every_companion_was_down_the_missed_policy_decides(
     server.reconcile()
     server.horizon_ms = 0
     tend(server)
-    (first,) = parked_ids(redis_client, "a")
+    # The one ahead, and before it any that fell due since the schedule was
+    # stored (a pass more than 200 ms after it, on a loaded machine: seen once)
+    before = sorted(parked_ids(redis_client, "a"), key=occurrence_ms)
+    first = before[-1]
+    assert occurrence_ms(first) > redis_ms(redis_client) - 300
 
     # When no companion serves it for well over five occurrences
     wait_for(lambda: redis_ms(redis_client) > occurrence_ms(first) + 1200, timeout=10)
     tend(server)
 
-    # Then the first (parked before) waits to run late, the next one is parked
+    # Then those parked before wait to run late, the next one is parked
     # ahead, and of the missed ones: the first (once), none (skip), each (all)
     parked = sorted(parked_ids(redis_client, "a"), key=occurrence_ms)
-    missed_parked = parked[1:-1]  # between the first and the one ahead
-    assert parked[0] == first
+    missed_parked = parked[len(before) : -1]  # between those and the one ahead
+    assert parked[: len(before)] == before
     assert occurrence_ms(parked[-1]) > redis_ms(redis_client) - 300
     if extra is None:
         steps = [occurrence_ms(b) - occurrence_ms(a) for a, b in itertools.pairwise(parked)]
