@@ -186,6 +186,8 @@ class Companion:
             self._stopping.set()
             if periodic is not None:
                 periodic.join()
+            if self.periodic is not None:
+                self.periodic.stop()
             wakeup.close()
             self.close()
             if self._ownership is not None:
@@ -303,7 +305,7 @@ class Companion:
             try:
                 if start:
                     start = False
-                    self.periodic.reconcile()
+                    self.periodic.begin()
                 self.periodic.tend()
                 failures, wait = 0, TEND_EVERY_SECONDS
             except Exception as exc:

@@ -27,7 +27,6 @@ import threading
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +52,7 @@ from .django_beat import (
 )
 from .occurrences import plan
 from .overlap import overlap_headers
+from .rows_reader import Rows, RowsReader, read_rows
 from .store import (
     LATE_MS,
     WAITING_HELD,
@@ -102,6 +102,15 @@ RECONCILE_CHECK_SECONDS = 5.0
 #: one table, read by django-celery-beat's own scheduler at each of its
 #: ticks too. Each second of it is a second of every edit's bound.
 ROWS_CHECK_SECONDS = 1.0
+#: A round of the rows' reader (:class:`RowsReader`) waiting this long on
+#: the database is logged as an outage: periodic tasks go on meanwhile.
+#: Longer than a read of 100,000 rows (seconds), shorter than a host that
+#: drops packets keeps a connection waiting (about 2 minutes of SYN retries).
+ROWS_SILENT_SECONDS = 60.0
+#: How long a starting companion waits for its first read of the rows
+#: before its first pass: a database that hangs does not hold the schedules
+#: stored in Redis (the rows are stored once read).
+FIRST_READ_SECONDS = 10.0
 
 
 def occurrence_id(name: str, version: int, occurrence_ms: int) -> str:
@@ -125,17 +134,6 @@ def _seen_entries(
         for name, entry in beat_schedule.items()
         if str(name) in built
     }
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """One read of the django-celery-beat rows, with what the source knew as it read them."""
-
-    definitions: list[Definition]
-    errors: dict[str, str]
-    made: int | None
-    pinned: dict[str, str]
-    last_runs: dict[str, int]
 
 
 def _version_prefix(name: str, version: int) -> str:
@@ -186,15 +184,13 @@ class PeriodicServer:
         self.first_pass = threading.Event()
         #: django-celery-beat's rows, when they are the schedule source.
         self._source = DjangoBeatSource(app) if uses_django_beat(app) else None
-        #: One read of the rows at a time (a check's, in a thread of its own,
-        #: or a reconcile's).
-        self._reading = threading.Lock()
-        #: The thread reading rows that changed (:meth:`_check_config`), and
-        #: what it read, for the next pass to store.
-        self._reader: threading.Thread | None = None
-        self._rows_read: _Rows | None = None
-        #: Runs to write back to those rows (name -> occurrence ms), by tend().
+        #: Every call to the rows' database once serving (started by the
+        #: first pass): a pass never waits on the database.
+        self._reader: RowsReader | None = None
+        #: Runs to write back to those rows (name -> occurrence ms), noted
+        #: by the release loop, handed to the reader by the next pass.
         self._rows_ran: dict[str, int] = {}
+        self._rows_ran_lock = threading.Lock()
         #: Whether the rows' database failed last time it was asked (logged once).
         self._source_down = False
         #: Schedule name -> the name people know it by (a row's name in the
@@ -203,13 +199,14 @@ class PeriodicServer:
 
     # -- configuration --------------------------------------------------------
 
-    def reconcile(self, *, force: bool = False, rows: _Rows | None = None) -> str:
+    def reconcile(self, *, force: bool = False, rows: Rows | None = None) -> str:
         """Store this app's ``beat_schedule`` unless a newer one is stored.
 
         Returns "same", "older" or "done" (see ``define.lua``). Entries that
         cannot be served are logged by name and left out; the others are
         stored. With django-celery-beat, the rows are read here, unless
-        *rows* were read already (:meth:`_check_config`).
+        *rows* were read already (by the reader of a serving companion,
+        :meth:`begin`; ``periodic sync`` reads them here).
         """
         self._last_check = time.monotonic()
         if not self._imported:
@@ -218,12 +215,12 @@ class PeriodicServer:
             self._imported = True
         if self._source is not None:
             if rows is None:
+                assert self._reader is None, "a serving companion's rows are read by its reader"
                 try:
-                    with self._reading:
-                        if not self._source.changed() and not force:
-                            self._source_answers()
-                            return "same"
-                        rows = self._read_rows(self._source)
+                    if not self._source.changed() and not force:
+                        self._source_answers()
+                        return "same"
+                    rows = read_rows(self._source)
                 except SourceUnavailableError as exc:
                     # Serve the rows as last read: they are stored in Redis.
                     self._source_fails(exc)
@@ -294,7 +291,7 @@ class PeriodicServer:
             if self._source is not None:
                 # The source counts these rows as read: without this, an
                 # edit Redis refused or missed would wait for the next edit.
-                self._source.read_again()
+                self._read_again()
             raise
         # Kept for the names removed: they are no longer read.
         self._labels.update((d.name, d.label) for d in definitions)
@@ -347,6 +344,30 @@ class PeriodicServer:
                     )
         return status
 
+    def begin(self) -> None:
+        """Store the configuration, as a starting companion does before its first pass.
+
+        ``beat_schedule`` at once. django-celery-beat's rows through the
+        reader: stored here when read within :data:`FIRST_READ_SECONDS`,
+        otherwise by the pass after their read (meanwhile the schedules
+        stored in Redis are served).
+        """
+        if self._source is None:
+            self.reconcile()
+            return
+        self._last_check = time.monotonic()
+        reader = self._rows_reader()
+        reader.check()
+        if reader.wait_for_round(FIRST_READ_SECONDS):
+            rows = reader.take()
+            if rows is not None:
+                self.reconcile(rows=rows)
+
+    def stop(self) -> None:
+        """End the rows' reader, if one was started (a stopping companion)."""
+        if self._reader is not None:
+            self._reader.stop()
+
     # -- each pass ------------------------------------------------------------
 
     def tend(self) -> int:
@@ -365,61 +386,43 @@ class PeriodicServer:
         finally:
             self.first_pass.set()
 
-    @staticmethod
-    def _read_rows(source: DjangoBeatSource) -> _Rows:
-        """Read the rows (the caller holds :attr:`_reading`), with what goes with them."""
-        definitions, errors = source.definitions()
-        return _Rows(definitions, errors, source.made(), source.pinned(), source.last_runs())
-
     def _check_config(self) -> None:
         """Compare the configuration with what is stored: every :data:`RECONCILE_CHECK_SECONDS`
         (django-celery-beat's rows: :data:`ROWS_CHECK_SECONDS`).
 
-        A ``beat_schedule`` here. django-celery-beat's rows, once their change
-        marker moved, in a thread of their own (:meth:`_read_aside`): reading
-        100,000 rows takes tens of seconds, and a pass held that long lets
-        the occurrences parked ahead of other schedules run out.
+        A ``beat_schedule`` here. django-celery-beat's rows by the reader
+        (:class:`RowsReader`), which reads them once their change marker
+        moved, for a later pass to store: reading 100,000 rows takes
+        seconds, and a database that hangs takes minutes, while the
+        occurrences parked ahead of every schedule run out.
         """
+        self._last_check = time.monotonic()
         if self._source is None:
             self.reconcile()
             return
-        self._last_check = time.monotonic()
-        if self._reader is not None and self._reader.is_alive():
-            return
-        try:
-            with self._reading:
-                changed = self._source.changed()
-        except SourceUnavailableError as exc:
-            self._source_fails(exc)
-            return
-        if not changed:
-            self._source_answers()
-            return
-        self._reader = threading.Thread(
-            target=self._read_aside,
-            args=(self._source,),
-            name=f"zdelay-rows-{self.companion_id}",
-            daemon=True,
-        )
-        self._reader.start()
+        self._rows_reader().check()
 
-    def _read_aside(self, source: DjangoBeatSource) -> None:
-        """Read the changed rows for the next pass to store (see :meth:`_check_config`)."""
-        try:
-            with self._reading:
-                rows = self._read_rows(source)
-        except SourceUnavailableError as exc:
-            # changed() says yes again at the next check: read again then.
-            self._source_fails(exc)
-        except Exception:
-            logger.exception("Reading the django-celery-beat rows failed")
+    def _rows_reader(self) -> RowsReader:
+        """The reader of the rows, started at its first use (by a pass: one thread)."""
+        if self._reader is None:
+            assert self._source is not None
+            self._reader = RowsReader(
+                self._source,
+                name=f"zdelay-rows-{self.companion_id}",
+                on_fail=self._source_fails,
+                on_answer=self._source_answers,
+            )
+        return self._reader
+
+    def _read_again(self) -> None:
+        """Have the rows read and built again at the next check, though unchanged."""
+        assert self._source is not None
+        if self._reader is None:
+            self._source.read_again()
         else:
-            self._source_answers()
-            self._rows_read = rows
-        finally:
-            source.close()
+            self._reader.check(again=True)
 
-    def _source_fails(self, exc: SourceUnavailableError) -> None:
+    def _source_fails(self, exc: SourceUnavailableError | str) -> None:
         if not self._source_down:
             logger.warning(
                 "%s; periodic tasks go on as last read from the database, and "
@@ -435,20 +438,22 @@ class PeriodicServer:
 
     def _tend(self) -> int:
         now = time.monotonic()
-        # Runs first: rows read after this one know they ran.
-        if self._rows_ran and self._source is not None:
-            ran, self._rows_ran = self._rows_ran, {}
-            try:
-                self._source.note_runs(ran)
-            except SourceUnavailableError as exc:
-                # What was not written waits for the database, newest run kept.
-                for name, ms in ran.items():
-                    self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
-                self._source_fails(exc)
-        rows, self._rows_read = self._rows_read, None
-        if rows is not None:
-            self.reconcile(rows=rows)
-            self._visits_checked = False
+        if self._source is not None:
+            reader = self._rows_reader()
+            with self._rows_ran_lock:
+                ran, self._rows_ran = self._rows_ran, {}
+            # Written at the reader's next round, before it reads the rows.
+            reader.note_runs(ran)
+            rows = reader.take()
+            if rows is not None:
+                self.reconcile(rows=rows)
+                self._visits_checked = False
+            waited = reader.waiting_for()
+            if waited >= ROWS_SILENT_SECONDS:
+                self._source_fails(
+                    f"The django-celery-beat database has kept the companion waiting "
+                    f"for {waited:.0f} s (the change marker, the rows or last_run_at)"
+                )
         every = RECONCILE_CHECK_SECONDS if self._source is None else ROWS_CHECK_SECONDS
         if now - self._last_check >= every:
             self._check_config()
@@ -461,11 +466,13 @@ class PeriodicServer:
             # store this companion's schedule again rather than serve nothing.
             logger.warning("No beat_schedule stored in Redis any more: storing this one again")
             self._config_hash = None
-            if self._source is not None:
-                # The rows did not change, but what was stored from them is gone.
-                self._source.read_again()
-            self.reconcile()
-            snap = self.periodic.view(self.horizon_ms)
+            if self._source is None:
+                self.reconcile()
+                snap = self.periodic.view(self.horizon_ms)
+            else:
+                # The rows did not change, but what was stored from them is
+                # gone: the reader reads them again for a later pass to store.
+                self._read_again()
         self._cancel(snap)
         self._withdraw_held_of_the_past(snap)
         # Built aside, then swapped in: note_released may read it meanwhile
@@ -602,9 +609,10 @@ class PeriodicServer:
         if self._source is not None:
             # Written by the periodic thread (tend): no database round trip
             # in the release loop.
-            for name in recorded:
-                ms = runs[name][0]
-                self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
+            with self._rows_ran_lock:
+                for name in recorded:
+                    ms = runs[name][0]
+                    self._rows_ran[name] = max(ms, self._rows_ran.get(name, ms))
 
     def _settle_parked(self, pending: dict[str, tuple[str, int]], snap: Snapshot) -> None:
         """Record the runs of occurrences released without their id, a while after their time.

@@ -7,6 +7,9 @@ ahead and lost ticks to ``zdelay_missed`` (``benchmarks/beat_rows.py``: two
 ticks of each such row passed while no companion served it). The read now
 runs in a thread of its own and the next pass stores what it read.
 
+Every other call to the database (the change marker, ``last_run_at``)
+is made by that thread too, so a database that hangs holds no pass.
+
 The database is a stand-in here, one whose read of the rows takes as long
 as a large table's: what is tested is the planner around it, against a
 real Redis. The real rows, read aside, are served by the
@@ -24,15 +27,18 @@ import redis
 from celery import Celery
 
 from celery_zdelay.errors import StoreRefusedError
+from celery_zdelay.periodic import server as server_module
 from celery_zdelay.periodic.definition import SOURCE_DJANGO_BEAT, Definition, from_beat_entry
 from celery_zdelay.periodic.django_beat import SourceUnavailableError
 from tests.helpers import wait_for
-from tests.support.periodic import server_for, tend
+from tests.support.periodic import parked_ids, server_for, tend, ticked_ids
 
 pytestmark = pytest.mark.timeout(60)
 
 #: How long the stand-in's read of the rows takes once they changed.
 SLOW_READ_S = 3.0
+#: Longest a call to the stand-in database waits while it does not answer.
+HANG_S = 30.0
 
 
 class SlowRows:
@@ -46,9 +52,18 @@ class SlowRows:
         self.fail_next = False
         self.reads = 0
         self.checks = 0
+        self.read_in: list[str] = []
         self.closed_in: list[str] = []
+        self.noted: dict[str, int] = {}
+        #: Cleared: every call waits, as on a database that drops packets.
+        self.answering = threading.Event()
+        self.answering.set()
+
+    def _wait_for_the_database(self) -> None:
+        assert self.answering.wait(HANG_S), "the stand-in database hung for good"
 
     def changed(self) -> bool:
+        self._wait_for_the_database()
         self.checks += 1
         return self.marker != self.read_marker
 
@@ -58,6 +73,7 @@ class SlowRows:
             self.fail_next = False
             raise SourceUnavailableError("Reading the django-celery-beat rows failed: gone")
         self.reads += 1
+        self.read_in.append(threading.current_thread().name)
         self.read_marker = self.marker
         return [
             from_beat_entry(name, entry, source=SOURCE_DJANGO_BEAT)
@@ -77,6 +93,8 @@ class SlowRows:
         self.read_marker = 0
 
     def note_runs(self, runs: dict[str, int]) -> None:
+        self._wait_for_the_database()
+        self.noted.update(runs)
         runs.clear()
 
     def close(self) -> None:
@@ -117,12 +135,16 @@ def test_an_edit_read_slowly_holds_no_pass_and_is_stored_when_read(app: Celery) 
         time.sleep(0.05)
 
     # Then no pass waited for the read (mutant: the check reads in the pass,
-    # as before: the longest pass is the 3 s read), the rows were stored once
-    # read, and the reading thread closed its database connections
+    # as before: the longest pass is the 3 s read), and the rows were stored
+    # once read, by the reader's thread
     assert longest < SLOW_READ_S / 3, longest
     assert time.monotonic() - started >= SLOW_READ_S
     assert rows.reads == 2
-    assert rows.closed_in == ["zdelay-rows-c"]
+    assert rows.read_in[-1] == "zdelay-rows-c"
+
+    # And when the companion stops, the reader closes its database connections
+    server.stop()
+    wait_for(lambda: rows.closed_in == ["zdelay-rows-c"], timeout=10)
 
 
 @pytest.mark.timing
@@ -194,3 +216,68 @@ def test_rows_redis_refused_to_store_are_read_and_stored_again(
     # of reconcile: the source says "unchanged" until the next edit)
     wait_for(lambda: _added_after_a_check(server), timeout=20)
     assert rows.reads == 3
+
+
+def test_a_database_that_hangs_holds_no_pass_and_is_logged_until_it_answers(
+    app: Celery,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a companion serving a row that ticks every second, with a run
+    # of it to write back to the row
+    monkeypatch.setattr(server_module, "ROWS_SILENT_SECONDS", 1.0)
+    server, rows = _served(app)
+    tend(server)
+    server._rows_ran["fast"] = 1234
+
+    # When the database stops answering (every call waits) while passes go
+    # on, each with the check of the marker due
+    rows.answering.clear()
+    ticked = set(ticked_ids(redis_client, "fast"))
+    longest, started = 0.0, time.monotonic()
+    while time.monotonic() - started < 4.0:
+        server._last_check = 0.0
+        began = time.monotonic()
+        tend(server)
+        longest = max(longest, time.monotonic() - began)
+        time.sleep(0.05)
+
+    # Then no pass waited on it (mutants: the marker read, or last_run_at
+    # written, in the pass, as before: the first pass waits for good), the
+    # row's ticks went on being parked, and the wait was logged once
+    assert longest < 0.5, longest
+    assert len(set(ticked_ids(redis_client, "fast")) - ticked) >= 3
+    waiting = [r for r in caplog.records if "has kept the companion waiting" in r.getMessage()]
+    assert len(waiting) == 1, waiting
+    assert rows.noted == {}
+
+    # When it answers again, then the run is written to the row, and that
+    # is logged too
+    rows.answering.set()
+    wait_for(lambda: rows.noted == {"fast": 1234}, timeout=10)
+    wait_for(lambda: "database answers again" in caplog.text, timeout=10)
+    server.stop()
+
+
+def test_a_companion_starting_while_the_database_hangs_serves_what_redis_holds(
+    app: Celery, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given rows stored by a companion, and the database hanging
+    monkeypatch.setattr(server_module, "FIRST_READ_SECONDS", 0.5)
+    _, rows = _served(app)
+    rows.answering.clear()
+
+    # When another companion starts
+    starting = server_for(app, {}, name="d")
+    starting._source = rows  # type: ignore[assignment]
+    began = time.monotonic()
+    starting.begin()
+
+    # Then its start waits for the first read only that long (mutant: the
+    # rows read in begin(), as before: it waits for good), and its passes
+    # park the row's ticks as Redis holds them
+    assert time.monotonic() - began < 2.0
+    wait_for(lambda: tend(starting) >= 0 and bool(parked_ids(redis_client, "fast")), timeout=10)
+    rows.answering.set()
+    starting.stop()
