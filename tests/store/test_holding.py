@@ -5,7 +5,8 @@ Pins the lines of ``store/lua/hold.lua`` (see docs/mutation.rst) through
 id this claim leases moves from the lease set and the leased hash into the
 control's held set, scored by its due score, and the control is named in
 the shard's lanes set in the same step; ids leased by another claim, or not
-leased at all, stay where they are and are not counted; a call that holds
+leased at all, stay where they are and are not counted; an id given
+twice is counted once; a call that holds
 nothing names no lane; and a key of another type refuses the call before
 anything moves.
 """
@@ -67,6 +68,19 @@ def test_entries_another_claim_leases_or_none_leases_stay_where_they_are(
     assert not redis_client.exists(held_set_key(PREFIX, 0, "queue:other"))
     assert control.hold(0, other_token, "queue:other", ["theirs"]) == 1
     assert redis_client.smembers(LANES) == {b"queue:other"}
+
+
+def test_an_id_given_twice_in_one_call_is_held_and_counted_once(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # The count is what the companion reports as held (tasks_held, the
+    # pass's totals): an id named twice is one entry
+    token, scores = claim_parked(app, ["a", "b"])
+
+    assert ControlStore(store_for(app)).hold(0, token, CONTROL, ["a", "b", "a"]) == 2
+
+    held = {m.decode(): int(s) for m, s in redis_client.zrange(HELD, 0, -1, withscores=True)}
+    assert held == scores
 
 
 def test_an_entry_whose_lease_is_gone_is_not_held(app: Celery, redis_client: redis.Redis) -> None:

@@ -114,12 +114,18 @@ local function zdelay_leased_value(score, token)
 end
 
 -- Returns the due score of *id* when claim *token* owns its lease, else nil.
-local function zdelay_owned(lease, leased, id, token)
+-- *seen* is the calling script's table of the ids it owns so far: an id
+-- given twice is owned once (every script reads all its ids before its
+-- first write, so a second one would be counted, and its template
+-- released, twice).
+local function zdelay_owned(lease, leased, id, token, seen)
+  if seen[id] then return nil end
   local value = redis.call('HGET', leased, id)
   if not value then return nil end
   local score, owner = string.match(value, '^(%S+) (%d+)$')
   if not owner or tonumber(owner) ~= token then return nil end
   if not redis.call('ZSCORE', lease, id) then return nil end
+  seen[id] = true
   return score
 end
 

@@ -19,12 +19,9 @@ local token = tonumber(ARGV[1])
 zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash')
 if templates then zdelay_expect(templates, 'hash') end
 local owned, released_templates = {}, {}
--- Every read comes before the writes: an id given twice would be counted
--- and its template released twice (a template other entries still use).
 local once = {}
 for i = 2, #ARGV do
-  if not once[ARGV[i]] and zdelay_owned(lease, leased, ARGV[i], token) then
-    once[ARGV[i]] = true
+  if zdelay_owned(lease, leased, ARGV[i], token, once) then
     owned[#owned + 1] = ARGV[i]
     if templates then
       zdelay_count(released_templates, zdelay_template_id(redis.call('HGET', msg, ARGV[i])), -1)

@@ -20,9 +20,7 @@ zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash', dead, 'zset', dead_msg
 local now_ms = zdelay_now_ms()
 local owned, once = {}, {}
 for i = 2, #ARGV, 2 do
-  -- (reads before writes: an id given twice would be counted twice)
-  if not once[ARGV[i]] and zdelay_owned(lease, leased, ARGV[i], token) then
-    once[ARGV[i]] = true
+  if zdelay_owned(lease, leased, ARGV[i], token, once) then
     owned[#owned + 1] = {ARGV[i], ARGV[i + 1], redis.call('HGET', msg, ARGV[i]) or ''}
   end
 end

@@ -22,8 +22,7 @@ zdelay_expect(lease, 'zset', leased, 'hash', msg, 'hash', templates, 'hash')
 local owned, entries, released_templates, seen = {}, {}, {}, {}
 for i = 2, #ARGV do
   local id = ARGV[i]
-  if not seen[id] and zdelay_owned(lease, leased, id, token) then
-    seen[id] = true
+  if zdelay_owned(lease, leased, id, token, seen) then
     owned[#owned + 1] = id
     entries[#entries + 1] = {id, lease}
     zdelay_count(released_templates, zdelay_template_id(redis.call('HGET', msg, id)), -1)

@@ -17,9 +17,9 @@
 local lease, leased, held, lanes = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token = tonumber(ARGV[1])
 zdelay_expect(lease, 'zset', leased, 'hash', held, 'zset', lanes, 'set')
-local owned = {}
+local owned, once = {}, {}
 for i = 3, #ARGV do
-  local score = zdelay_number(zdelay_owned(lease, leased, ARGV[i], token))
+  local score = zdelay_number(zdelay_owned(lease, leased, ARGV[i], token, once))
   if score then owned[#owned + 1] = {ARGV[i], score} end
 end
 zdelay_t_hold({lease = lease, leased = leased, lanes = lanes}, held, ARGV[2], owned)

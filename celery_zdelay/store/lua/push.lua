@@ -30,8 +30,7 @@ local kinds, seen = {}, {}
 local pushed, bodies, refused = {}, {}, {}
 for i = 3, #ARGV, 3 do
   local id, dest, head = ARGV[i], KEYS[5 + tonumber(ARGV[i + 1])], ARGV[i + 2]
-  if dest and not seen[id] and zdelay_owned(lease, leased, id, token) then
-    seen[id] = true
+  if dest and zdelay_owned(lease, leased, id, token, seen) then
     local kind = kinds[dest]
     if not kind then
       kind = redis.call('TYPE', dest)['ok']

@@ -12,12 +12,8 @@ local token = tonumber(ARGV[1])
 zdelay_expect(lease, 'zset', leased, 'hash', due, 'zset')
 local owned, once = {}, {}
 for i = 2, #ARGV do
-  -- (reads before writes: an id given twice would be counted twice)
-  local score = not once[ARGV[i]] and zdelay_number(zdelay_owned(lease, leased, ARGV[i], token))
-  if score then
-    once[ARGV[i]] = true
-    owned[#owned + 1] = {ARGV[i], score}
-  end
+  local score = zdelay_number(zdelay_owned(lease, leased, ARGV[i], token, once))
+  if score then owned[#owned + 1] = {ARGV[i], score} end
 end
 zdelay_t_unclaim({due = due, lease = lease, leased = leased}, owned)
 return #owned
