@@ -82,6 +82,9 @@ class Companion:
         self.app = app
         self.config = get_config(app)
         self.store = store if store is not None else Store(self.config)
+        #: Whether :meth:`close` closes the store's connections: only those
+        #: of a store this companion made (a caller's store is the caller's).
+        self._owns_store = store is None
         self.shards = list(shards) if shards is not None else list(self.store.shards)
         self.batch_size = self.config.batch_size
         self.lease_ms = self.config.lease_ms
@@ -189,10 +192,11 @@ class Companion:
             if self.periodic is not None:
                 self.periodic.stop()
             wakeup.close()
-            self.close()
             if self._ownership is not None:
                 self._ownership.release_all()
             self._forget_heartbeat()
+            # Last: the shards and the heartbeat above are given up in Redis.
+            self.close()
             self._send(signals.companion_stopped)
             logger.info(
                 "celery-zdelay companion %s stopped after releasing %d tasks",
@@ -214,9 +218,14 @@ class Companion:
             return PassReport(failed=True)
 
     def close(self) -> None:
-        """Close the broker connection (``run`` does this when it returns)."""
+        """Close the broker connection, and the store's if this companion made the store.
+
+        ``run`` does this when it returns.
+        """
         self.publisher.close()
         audit.disconnect(self)
+        if self._owns_store:
+            self.store.close()
 
     def __enter__(self) -> Companion:
         return self
