@@ -3,8 +3,9 @@
 Pins ``store/lua/drop_stale.lua`` (see docs/mutation.rst) through
 :meth:`Store.drop_stale` on a private Redis, no companion: the template a
 dropped entry referred to counts one reference less (in the templates
-hash, nowhere else), an id given twice is dropped and counted once, and a
-key of another type refuses the call before anything is written.
+hash, nowhere else), an id given twice is dropped and counted once, a
+dropped entry's key and tags leave with it (and another entry's stay), and
+a key of another type refuses the call before anything is written.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from celery import Celery
 
 from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.store import Store
+from celery_zdelay.store.marks import key_owner, tagged_ids
 from tests.support.keys import SHARD0
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,6 +57,26 @@ def test_a_dropped_entry_counts_one_reference_less_once_even_when_named_twice(
     assert redis_client.hgetall(SHARD0.marks) == marks_before
     # And the two others are still in flight under the claim
     assert redis_client.zcard(SHARD0.lease) == 2
+
+
+def test_a_dropped_entry_takes_its_key_and_tags_with_it_and_leaves_the_others(
+    app: Celery, store: Store, redis_client: redis.Redis
+) -> None:
+    # Given two stale calls in flight, each with a key and a tag
+    record = app.tasks["tests.record"]
+    dropped = record.apply_delayed((1,), eta=_ago(120), max_late=60, key="k1", tags=["t1"])
+    kept = record.apply_delayed((2,), eta=_ago(120), max_late=60, key="k2", tags=["t2"])
+    claim = store.claim(0, limit=10, lease_ms=30_000)
+
+    # When the first alone is dropped (mutant: the ids read from the second on)
+    assert store.drop_stale(0, claim.token, [dropped.id]) == [dropped.id]
+
+    # Then its key and tag are gone, and the other's are where they were
+    # (mutants: the marks or tag index read from another key)
+    assert key_owner(store, "k1") is None
+    assert tagged_ids(store, "t1") == []
+    assert key_owner(store, "k2") == (kept.id, None)
+    assert tagged_ids(store, "t2") == [kept.id]
 
 
 def test_a_key_of_another_type_refuses_the_drop_before_any_write(
