@@ -10,15 +10,15 @@ runs in a thread of its own and the next pass stores what it read.
 Every other call to the database (the change marker, ``last_run_at``)
 is made by that thread too, so a database that hangs holds no pass.
 
-The database is a stand-in here, one whose read of the rows takes as long
-as a large table's: what is tested is the planner around it, against a
-real Redis. The real rows, read aside, are served by the
-django-celery-beat tests (``test_django_beat*.py``) through real companions.
+The database is a stand-in here (``tests/support/rows_stand_in.py``),
+one whose read of the rows takes as long as a large table's, or that
+hangs: what is tested is the planner around it, against a real Redis.
+The real rows, read aside, are served by the django-celery-beat tests
+(``test_django_beat*.py``) through real companions.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -28,81 +28,18 @@ from celery import Celery
 
 from celery_zdelay.errors import StoreRefusedError
 from celery_zdelay.periodic import server as server_module
-from celery_zdelay.periodic.definition import SOURCE_DJANGO_BEAT, Definition, from_beat_entry
-from celery_zdelay.periodic.django_beat import SourceUnavailableError
 from tests.helpers import wait_for
 from tests.support.periodic import parked_ids, server_for, tend, ticked_ids
+from tests.support.rows_stand_in import StandInRows
 
 pytestmark = pytest.mark.timeout(60)
 
 #: How long the stand-in's read of the rows takes once they changed.
 SLOW_READ_S = 3.0
-#: Longest a call to the stand-in database waits while it does not answer.
-HANG_S = 30.0
 
 
-class SlowRows:
-    """A django-celery-beat source whose rows are *entries*, read in *read_s* seconds."""
-
-    def __init__(self, entries: dict[str, Any]) -> None:
-        self.entries = dict(entries)
-        self.marker = 1
-        self.read_marker = 0
-        self.read_s = 0.0
-        self.fail_next = False
-        self.reads = 0
-        self.checks = 0
-        self.read_in: list[str] = []
-        self.closed_in: list[str] = []
-        self.noted: dict[str, int] = {}
-        #: Cleared: every call waits, as on a database that drops packets.
-        self.answering = threading.Event()
-        self.answering.set()
-
-    def _wait_for_the_database(self) -> None:
-        assert self.answering.wait(HANG_S), "the stand-in database hung for good"
-
-    def changed(self) -> bool:
-        self._wait_for_the_database()
-        self.checks += 1
-        return self.marker != self.read_marker
-
-    def definitions(self) -> tuple[list[Definition], dict[str, str]]:
-        time.sleep(self.read_s)
-        if self.fail_next:
-            self.fail_next = False
-            raise SourceUnavailableError("Reading the django-celery-beat rows failed: gone")
-        self.reads += 1
-        self.read_in.append(threading.current_thread().name)
-        self.read_marker = self.marker
-        return [
-            from_beat_entry(name, entry, source=SOURCE_DJANGO_BEAT)
-            for name, entry in self.entries.items()
-        ], {}
-
-    def made(self) -> int:
-        return self.read_marker
-
-    def pinned(self) -> dict[str, str]:
-        return {}
-
-    def last_runs(self) -> dict[str, int]:
-        return {}
-
-    def read_again(self) -> None:
-        self.read_marker = 0
-
-    def note_runs(self, runs: dict[str, int]) -> None:
-        self._wait_for_the_database()
-        self.noted.update(runs)
-        runs.clear()
-
-    def close(self) -> None:
-        self.closed_in.append(threading.current_thread().name)
-
-
-def _served(app: Celery) -> tuple[Any, SlowRows]:
-    rows = SlowRows({"fast": {"task": "tests.record", "schedule": 1.0}})
+def _served(app: Celery) -> tuple[Any, StandInRows]:
+    rows = StandInRows({"fast": {"task": "tests.record", "schedule": 1.0}})
     server = server_for(app, {})
     server._source = rows  # type: ignore[assignment]
     assert server.reconcile() == "done"
@@ -250,12 +187,12 @@ def test_a_database_that_hangs_holds_no_pass_and_is_logged_until_it_answers(
     assert len(set(ticked_ids(redis_client, "fast")) - ticked) >= 3
     waiting = [r for r in caplog.records if "has kept the companion waiting" in r.getMessage()]
     assert len(waiting) == 1, waiting
-    assert rows.noted == {}
+    assert rows.written == []
 
     # When it answers again, then the run is written to the row, and that
     # is logged too
     rows.answering.set()
-    wait_for(lambda: rows.noted == {"fast": 1234}, timeout=10)
+    wait_for(lambda: rows.written == [("fast", 1234)], timeout=10)
     wait_for(lambda: "database answers again" in caplog.text, timeout=10)
     server.stop()
 

@@ -3,73 +3,31 @@
 :class:`RowsReader` makes every call to the rows' database for a
 companion's planner (see ``tests/periodic/test_rows_read_aside.py`` for the
 planner around it). Here it is driven alone, against a stand-in database
-that fails when told: the runs a round could not write are written by the
-next, the newest run of each row kept and none written twice; rows are read
-only when their marker moved, or when asked to read them again; an error
-is reported once per round, and an answer after it.
+(``tests/support/rows_stand_in.py``) that fails when told: the runs a
+round could not write are written by the next, the newest run of each row
+kept and none written twice; rows are read only when their marker moved,
+or when asked to read them again; an error is reported once per round, and
+an answer after it.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
-from celery_zdelay.periodic.django_beat import SourceUnavailableError
 from celery_zdelay.periodic.rows_reader import RowsReader
 from tests.helpers import wait_for
+from tests.support.rows_stand_in import StandInRows
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Database:
-    """A stand-in source: writes runs one by one, failing after *fail_after* of them when set."""
-
-    def __init__(self) -> None:
-        self.written: list[tuple[str, int]] = []
-        self.fail_after: int | None = None
-        self.marker, self.read_marker, self.reads, self.again = 1, 0, 0, 0
-        self.closed = threading.Event()
-
-    def note_runs(self, runs: dict[str, int]) -> None:
-        for name, ms in list(runs.items()):
-            if self.fail_after is not None and len(self.written) >= self.fail_after:
-                self.fail_after = None
-                raise SourceUnavailableError("Writing last_run_at failed: gone")
-            self.written.append((name, ms))
-            del runs[name]
-
-    def changed(self) -> bool:
-        return self.marker != self.read_marker
-
-    def definitions(self) -> tuple[list[Any], dict[str, str]]:
-        self.reads += 1
-        self.read_marker = self.marker
-        return [], {}
-
-    def made(self) -> int:
-        return self.read_marker
-
-    def pinned(self) -> dict[str, str]:
-        return {}
-
-    def last_runs(self) -> dict[str, int]:
-        return {}
-
-    def read_again(self) -> None:
-        self.again += 1
-        self.read_marker = 0
-
-    def close(self) -> None:
-        self.closed.set()
 
 
 @pytest.fixture
 def reader_of() -> Any:
     made: list[RowsReader] = []
 
-    def make(database: Database) -> tuple[RowsReader, list[str]]:
+    def make(database: StandInRows) -> tuple[RowsReader, list[str]]:
         events: list[str] = []
         reader = RowsReader(
             database,  # type: ignore[arg-type]
@@ -94,10 +52,10 @@ def test_runs_a_round_could_not_write_are_written_by_the_next_newest_kept_none_t
     reader_of: Any,
 ) -> None:
     # Given a database that fails after writing one run of three
-    database = Database()
+    database = StandInRows({})
     reader, events = reader_of(database)
     _round(reader)  # the first read
-    database.fail_after = 1
+    database.fail_runs_after = 1
     reader.note_runs({"a": 10, "b": 20, "c": 30})
 
     # When a round fails midway, and a newer run of b and an older one of c
@@ -117,7 +75,7 @@ def test_runs_a_round_could_not_write_are_written_by_the_next_newest_kept_none_t
 def test_rows_are_read_when_the_marker_moved_or_when_asked_again_and_taken_once(
     reader_of: Any,
 ) -> None:
-    database = Database()
+    database = StandInRows({})
     reader, _ = reader_of(database)
 
     # The first round reads (the marker was never read)
@@ -141,14 +99,13 @@ def test_rows_are_read_when_the_marker_moved_or_when_asked_again_and_taken_once(
     # again ignored: a Redis that lost the rows waits for the next edit)
     reader.check(again=True)
     assert reader.wait_for_round(10)
-    assert (database.again, database.reads) == (1, 3)
+    assert (database.read_again_calls, database.reads) == (1, 3)
     assert reader.take() is not None
 
 
 def test_a_stopped_reader_closes_its_database_connections(reader_of: Any) -> None:
-    database = Database()
+    database = StandInRows({})
     reader, _ = reader_of(database)
     _round(reader)
     reader.stop()
-    assert database.closed.wait(10)
-    wait_for(lambda: not reader._thread.is_alive(), timeout=10)
+    wait_for(lambda: database.closed_in == ["zdelay-rows-test"], timeout=10)
