@@ -1,13 +1,15 @@
 """django-celery-beat rows at scale, served by two companions: ``python -m benchmarks.beat_rows``.
 
 ``python -m benchmarks.beat_rows [--rows 100000] [--probes 50] [--db sqlite|postgres]
-[--window 60] [--out FILE]``: issue 34's "100,000 periodic schedules ... as
-django-celery-beat rows served by two companions". On a private Redis
+[--window 60] [--daily interval|crontab] [--out FILE]``: issue 34's
+"100,000 periodic schedules ... as django-celery-beat rows served by two
+companions". On a private Redis
 (broker and store) and a migrated django-celery-beat database (the test
 project's settings, ``tests/beat_project``):
 
 - ``--rows`` rows of ``bench.tick``: ``--probes`` of them every 5 s (the
-  ticks timed), the others every day (stored, planned, none due in the run),
+  ticks timed), the others every day (an interval, or with ``--daily
+  crontab`` the crontab ``0 3 * * *``; stored, planned, none due in the run),
   created with ``bulk_create`` and one ``PeriodicTasks.update_changed()``;
 - two ``celery -A benchmarks.proj zdelay --beat -S django`` and a worker
   (threads, 8) start: how long until every row is stored in Redis and until
@@ -72,20 +74,33 @@ def database(kind: str) -> Iterator[str]:
             made.close()
 
 
-def create_rows(spec: str, rows: int, probes: int) -> float:
-    """Create the rows (see the module docstring); return the seconds it took."""
+def create_rows(spec: str, rows: int, probes: int, daily: str = "interval") -> float:
+    """Create the rows (see the module docstring); return the seconds it took.
+
+    *daily*: the other rows' schedule, an interval of a day or the crontab
+    ``0 3 * * *`` (each companion builds Celery's schedule object of it).
+    """
     started = time.perf_counter()
     django_run(
         spec,
         f"""
-        from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
+        from django_celery_beat.models import (
+            CrontabSchedule, IntervalSchedule, PeriodicTask, PeriodicTasks,
+        )
         probe, _ = IntervalSchedule.objects.get_or_create(every={PROBE_S}, period="seconds")
-        day, _ = IntervalSchedule.objects.get_or_create(every=1, period="days")
+        if {daily!r} == "crontab":
+            day, _ = CrontabSchedule.objects.get_or_create(minute="0", hour="3", timezone="UTC")
+            daily_field = "crontab"
+        else:
+            day, _ = IntervalSchedule.objects.get_or_create(every=1, period="days")
+            daily_field = "interval"
         batch = []
         for i in range({rows}):
-            every = probe if i < {probes} else day
-            name = f"probe-{{i}}" if i < {probes} else f"day-{{i}}"
-            batch.append(PeriodicTask(name=name, task="bench.tick", interval=every))
+            if i < {probes}:
+                row = PeriodicTask(name=f"probe-{{i}}", task="bench.tick", interval=probe)
+            else:
+                row = PeriodicTask(name=f"day-{{i}}", task="bench.tick", **{{daily_field: day}})
+            batch.append(row)
             if len(batch) == 5000:
                 PeriodicTask.objects.bulk_create(batch)
                 batch = []
@@ -105,7 +120,7 @@ def edit_row(spec: str, name: str) -> float:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
         every, _ = IntervalSchedule.objects.get_or_create(every={PROBE_S}, period="seconds")
         row = PeriodicTask.objects.get(name={name!r})
-        row.interval = every
+        row.interval, row.crontab = every, None
         row.save()
         print(json.dumps(time.time()))
         """,
@@ -158,11 +173,19 @@ def schedule_of(task_id: str) -> str:
     return task_id.split(":", 1)[1].rsplit(":v", 1)[0]
 
 
-def run_rows(rows: int, probes: int, kind: str, window: float) -> dict[str, Any]:
+def run_rows(
+    rows: int, probes: int, kind: str, window: float, daily: str = "interval"
+) -> dict[str, Any]:
     load = MachineLoad()
-    result: dict[str, Any] = {"rows": rows, "probes": probes, "db": kind, "window_s": window}
+    result: dict[str, Any] = {
+        "rows": rows,
+        "probes": probes,
+        "daily": daily,
+        "db": kind,
+        "window_s": window,
+    }
     with Resources() as res, database(kind) as spec:
-        result["create_rows_s"] = round(create_rows(spec, rows, probes), 1)
+        result["create_rows_s"] = round(create_rows(spec, rows, probes, daily), 1)
         server = res.redis()
         url = f"{server.url}/0"
         record = f"{server.url}/1"
@@ -314,9 +337,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probes", type=int, default=50)
     parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument(
+        "--daily",
+        choices=("interval", "crontab"),
+        default="interval",
+        help="the schedule of the rows that are not probes: every day, or 0 3 * * *",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    result = run_rows(args.rows, args.probes, args.db, args.window)
+    result = run_rows(args.rows, args.probes, args.db, args.window, args.daily)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -111,6 +111,10 @@ ROWS_SILENT_SECONDS = 60.0
 #: before its first pass: a database that hangs does not hold the schedules
 #: stored in Redis (the rows are stored once read).
 FIRST_READ_SECONDS = 10.0
+#: Celery schedule objects kept for reuse, by spec (:meth:`PeriodicServer._schedule`):
+#: at most 50 MB of crontabs, and specs that differ row by row are built
+#: again only when visited (about once per occurrence).
+SCHEDULES_KEPT = 10_000
 
 
 def occurrence_id(name: str, version: int, occurrence_ms: int) -> str:
@@ -150,7 +154,9 @@ class PeriodicServer:
         self.companion_id = companion_id
         self.horizon_ms = HORIZON_MS
         self.park_lead_ms = PARK_LEAD_MS
-        self._schedules: dict[tuple[str, int], BaseSchedule] = {}
+        #: Celery's schedule objects by spec (:meth:`_schedule`), least
+        #: recently used first.
+        self._schedules: dict[str, BaseSchedule] = {}
         self._config_hash: str | None = None
         self._config_errors: dict[str, str] = {}
         #: The beat_schedule last compared with what is stored, as it was
@@ -209,10 +215,7 @@ class PeriodicServer:
         :meth:`begin`; ``periodic sync`` reads them here).
         """
         self._last_check = time.monotonic()
-        if not self._imported:
-            # As celery beat does: the tasks named by beat_schedule are known.
-            self.app.loader.import_default_modules()
-            self._imported = True
+        self._import_tasks()
         if self._source is not None:
             if rows is None:
                 assert self._reader is None, "a serving companion's rows are read by its reader"
@@ -363,6 +366,12 @@ class PeriodicServer:
             if rows is not None:
                 self.reconcile(rows=rows)
 
+    def _import_tasks(self) -> None:
+        """Import the app's task modules once, as celery beat does: the tasks named are known."""
+        if not self._imported:
+            self.app.loader.import_default_modules()
+            self._imported = True
+
     def stop(self) -> None:
         """End the rows' reader, if one was started (a stopping companion)."""
         if self._reader is not None:
@@ -406,6 +415,11 @@ class PeriodicServer:
         """The reader of the rows, started at its first use (by a pass: one thread)."""
         if self._reader is None:
             assert self._source is not None
+            # Before the reader's first call: Celery's Django fixup sets
+            # Django up as the app's modules are imported (in a project that
+            # leaves django.setup() to it, the rows' models are otherwise
+            # "Apps aren't loaded yet").
+            self._import_tasks()
             self._reader = RowsReader(
                 self._source,
                 name=f"zdelay-rows-{self.companion_id}",
@@ -811,7 +825,7 @@ class PeriodicServer:
         if pointer is None:
             return 0
         version = pointer.version
-        sched = self._schedule(definition, version)
+        sched = self._schedule(definition)
         todo = plan(
             sched,
             pointer_ms=pointer.ms,
@@ -937,11 +951,22 @@ class PeriodicServer:
             if definition.in_window(ms)
         ]
 
-    def _schedule(self, definition: Definition, version: int) -> BaseSchedule:
-        key = (definition.name, version)
-        sched = self._schedules.get(key)
+    def _schedule(self, definition: Definition) -> BaseSchedule:
+        """Celery's schedule object for *definition*, shared by every definition of its spec.
+
+        A crontab object takes 3 to 5 KB: one per schedule was 300 to 500 MB
+        at 100,000 crontab rows, and one more per version, never dropped,
+        with each edit. Schedules are read-only to the planner, and most
+        rows share a few specs (every "daily at 09:00" is one object); the
+        cache keeps the :data:`SCHEDULES_KEPT` used last.
+        """
+        key = json.dumps(definition.schedule, sort_keys=True, separators=(",", ":"))
+        sched = self._schedules.pop(key, None)
         if sched is None:
-            sched = self._schedules[key] = definition.celery_schedule(self.app)
+            sched = definition.celery_schedule(self.app)
+            if len(self._schedules) >= SCHEDULES_KEPT:
+                del self._schedules[next(iter(self._schedules))]
+        self._schedules[key] = sched  # the most recently used, last
         return sched
 
     def requests_for(

@@ -218,3 +218,32 @@ def test_a_companion_starting_while_the_database_hangs_serves_what_redis_holds(
     wait_for(lambda: tend(starting) >= 0 and bool(parked_ids(redis_client, "fast")), timeout=10)
     rows.answering.set()
     starting.stop()
+
+
+def test_the_apps_modules_are_imported_before_the_reader_first_asks_the_database(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Celery's Django fixup sets Django up as the app's modules are
+    # imported: in a project that leaves django.setup() to it, a read of
+    # the rows before that fails "Apps aren't loaded yet" (found by
+    # benchmarks/beat_rows.py, whose app does so; the test app sets Django
+    # up itself)
+    calls: list[str] = []
+    monkeypatch.setattr(app.loader, "import_default_modules", lambda: calls.append("import"))
+
+    class Ordered(StandInRows):
+        def changed(self) -> bool:
+            calls.append("changed")
+            return super().changed()
+
+    starting = server_for(app, {})
+    starting._source = Ordered({"fast": {"task": "tests.record", "schedule": 1.0}})  # type: ignore[assignment]
+
+    # When a companion starts serving rows
+    starting.begin()
+
+    # Then the app's modules were imported first, once (mutant: the import
+    # left to the first store of the rows, after the reader's first call)
+    assert calls[:2] == ["import", "changed"], calls
+    assert calls.count("import") == 1
+    starting.stop()
