@@ -44,8 +44,7 @@ if any(os.environ.get(f"ZDELAY_TEST_OTEL_{kind}") for kind in ("FILE", "BROKEN",
     # tracing backend, for the tracing tests.
     import tests.project.otel  # noqa: F401
 
-if os.environ.get("DJANGO_SETTINGS_MODULE") == "tests.beat_project.settings":
-    # The django-celery-beat source tests: the companion reads the rows.
-    import django
-
-    django.setup()
+# The django-celery-beat source tests (DJANGO_SETTINGS_MODULE set): Django
+# is set up by Celery's Django fixup as the companion imports the app's
+# modules, as in a project that does not call django.setup() itself; a
+# companion that read the rows before that failed "Apps aren't loaded yet".
