@@ -43,7 +43,7 @@ import redis
 from kombu.message import Message
 
 from .errors import ConfigurationError
-from .store.client import sanitize_url
+from .store.client import close_client, sanitize_url
 from .store.scripts import LuaFile, Scripts, ScriptSpec, register
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class RedisPlusBroker:
         return cls(url, prefix=str(options.get("global_keyprefix") or ""), channel=channel)
 
     def close(self) -> None:
-        self.client.close()
+        close_client(self.client)
 
     def queues(self) -> list[str]:
         """Return the names of the queues that have an index (a message not yet acknowledged)."""

@@ -30,6 +30,7 @@ from ..errors import ConfigurationError, StoreRefusedError, StoreUnavailableErro
 
 __all__ = [
     "StoreClient",
+    "close_client",
     "make_client",
     "sanitize_url",
     "server_state",
@@ -110,9 +111,25 @@ def make_client(config: ZDelayConfig) -> StoreClient:
         cluster_enabled = client.info("cluster").get("cluster_enabled")
     if not cluster_enabled:
         return client
-    client.close()
+    close_client(client)
     # The cluster client follows MOVED/ASK itself and retries per node.
     return RedisCluster.from_url(config.redis_url, **options)
+
+
+def close_client(client: StoreClient) -> None:
+    """Close every connection *client* holds, its pool's included.
+
+    redis-py's ``close()`` alone leaves some open until the garbage collector
+    finds them: before 5.1 a standalone client's pool, in every release a
+    cluster client's per-node pools.
+    """
+    client.close()
+    if isinstance(client, RedisCluster):
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+    else:
+        client.connection_pool.disconnect()
 
 
 def _sentinel_master(url: str, options: dict[str, Any], retry: Retry) -> redis.Redis:

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, WatchError
 
@@ -27,6 +26,7 @@ from ..errors import EntryError, StoreRefusedError
 from ..schedule import Due
 from .client import (
     StoreClient,
+    close_client,
     is_cluster,
     make_client,
     sanitize_url,
@@ -168,12 +168,7 @@ class Store:
 
     def close(self) -> None:
         """Close the connections to Redis."""
-        self.client.close()
-        if isinstance(self.client, RedisCluster):
-            # redis-py's cluster close() leaves each node's pool connected.
-            for node in self.client.get_nodes():  # type: ignore[no-untyped-call]
-                if node.redis_connection is not None:
-                    node.redis_connection.connection_pool.disconnect()
+        close_client(self.client)
 
     # -- keys -----------------------------------------------------------------
 

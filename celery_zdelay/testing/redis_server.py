@@ -21,6 +21,8 @@ from pathlib import Path
 
 import redis
 
+from ..store.client import close_client
+
 __all__ = ["RedisServer", "find_redis_server", "free_port"]
 
 #: Seconds to wait for a started server to answer PING.
@@ -167,7 +169,7 @@ class RedisServer:
                     raise TimeoutError(f"redis-server on port {self.port} did not start")
                 time.sleep(0.02)
         finally:
-            client.close()
+            close_client(client)
 
     def kill(self) -> None:
         """Kill the server at once (SIGKILL), as a crash would."""
@@ -203,7 +205,7 @@ class RedisServer:
     def stop(self) -> None:
         """Stop the server, close the clients :meth:`client` gave out, remove its files."""
         for client in list(self._clients):
-            client.close()
+            close_client(client)
         if self._process is not None and self._process.poll() is None:
             self.resume()
             self._signal_and_wait(signal.SIGTERM)
