@@ -52,6 +52,7 @@ from .django_beat import (
 )
 from .occurrences import plan
 from .overlap import overlap_headers
+from .recent import Recent
 from .rows_reader import Rows, RowsReader, read_rows
 from .store import (
     LATE_MS,
@@ -156,7 +157,7 @@ class PeriodicServer:
         self.park_lead_ms = PARK_LEAD_MS
         #: Celery's schedule objects by spec (:meth:`_schedule`), least
         #: recently used first.
-        self._schedules: dict[str, BaseSchedule] = {}
+        self._schedules: Recent[str, BaseSchedule] = Recent(SCHEDULES_KEPT)
         self._config_hash: str | None = None
         self._config_errors: dict[str, str] = {}
         #: The beat_schedule last compared with what is stored, as it was
@@ -960,13 +961,10 @@ class PeriodicServer:
         rows share a few specs (every "daily at 09:00" is one object); the
         cache keeps the :data:`SCHEDULES_KEPT` used last.
         """
-        key = json.dumps(definition.schedule, sort_keys=True, separators=(",", ":"))
-        sched = self._schedules.pop(key, None)
+        key = definition.schedule_key()
+        sched = self._schedules.get(key)
         if sched is None:
-            sched = definition.celery_schedule(self.app)
-            if len(self._schedules) >= SCHEDULES_KEPT:
-                del self._schedules[next(iter(self._schedules))]
-        self._schedules[key] = sched  # the most recently used, last
+            sched = self._schedules.put(key, definition.celery_schedule(self.app))
         return sched
 
     def requests_for(

@@ -22,6 +22,7 @@ from ..store.client import store_errors
 from ..store.redis_keys import held_set_key, lanes_key, periodic_keys
 from ..store.scripts import TRANSITIONS, LuaFile, Scripts, ScriptSpec, register, spec
 from .definition import Definition, schedule_name
+from .recent import Recent
 
 __all__ = [
     "COUNTERS",
@@ -50,6 +51,9 @@ COUNTERS = ("missed", "skipped_overlap", "late")
 #: included) counts as run late.
 LATE_MS = 1_000
 
+#: Definitions a pass keeps decoded (:meth:`PeriodicStore.view`): about
+#: 12 MB; others are decoded again when visited (once per occurrence).
+DEFINITIONS_KEPT = 10_000
 #: Ids of parked occurrences are remembered this long after their time, so
 #: a change, removal or pause can still cancel them.
 REMEMBER_PARKED_MS = 60_000
@@ -205,8 +209,9 @@ class PeriodicStore:
         self._record_runs = scripts["record_runs"]
         self._revisit = scripts["revisit"]
         self._defer = scripts["defer"]
-        #: name -> (stored body, its Definition): a body read again is not decoded again.
-        self._decoded: dict[str, tuple[bytes, Definition]] = {}
+        #: name -> (stored body, its Definition) of the DEFINITIONS_KEPT read
+        #: last: a body read again soon is not decoded again.
+        self._decoded: Recent[str, tuple[bytes, Definition]] = Recent(DEFINITIONS_KEPT)
         #: The configuration last stored or found stored (see :meth:`store_config`).
         self._stored_config: _StoredConfig | None = None
         #: See :data:`TICK_MEMORY_MS`.
@@ -404,7 +409,7 @@ class PeriodicStore:
             if is_paused:
                 snap.paused.add(name)
             if body is None:
-                self._decoded.pop(name, None)
+                self._decoded.pop(name)
             else:
                 self._read_definition(snap, name, body)
             if pointer is not None:
@@ -424,7 +429,7 @@ class PeriodicStore:
         except (ValueError, KeyError, TypeError) as exc:
             snap.unreadable[name] = repr(exc)
             return
-        self._decoded[name] = (raw, definition)
+        self._decoded.put(name, (raw, definition))
         snap.definitions[name] = definition
 
     def visits_complete(self) -> bool:
