@@ -1,5 +1,7 @@
 """Celery's schedule objects: one per spec, shared by every schedule of it, and bounded.
 
+(The planner's decoded definitions are bounded the same way: the second test.)
+
 A ``crontab`` object takes 3 to 5 KB (its expanded minute, hour, day and
 month sets). The planner kept one per schedule and version, never dropped:
 300 to 500 MB per companion at 100,000 crontab rows, and more with each
@@ -16,6 +18,7 @@ from celery import Celery
 from celery.schedules import crontab
 
 from celery_zdelay.periodic import server as server_module
+from celery_zdelay.periodic import store as store_module
 from tests.support.periodic import server_for, tend, ticked_ids
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,12 +44,13 @@ def test_schedules_of_one_spec_share_one_schedule_object(app: Celery) -> None:
     assert len(server._schedules) == 2
 
 
-def test_the_objects_kept_are_bounded_and_one_dropped_is_built_again(
+def test_the_objects_and_definitions_kept_are_bounded_and_one_dropped_is_made_again(
     app: Celery, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a planner that keeps 3 schedule objects, serving 8 schedules of
-    # 8 specs that tick every 1.0 s to 1.7 s
+    # Given a planner that keeps 3 schedule objects and 3 decoded
+    # definitions, serving 8 schedules of 8 specs that tick every 1.0 s to 1.7 s
     monkeypatch.setattr(server_module, "SCHEDULES_KEPT", 3)
+    monkeypatch.setattr(store_module, "DEFINITIONS_KEPT", 3)
     entries = {f"every-{i}": {"task": "tests.record", "schedule": 1.0 + i / 10} for i in range(8)}
     server = server_for(app, entries)
     server.reconcile()
@@ -55,9 +59,11 @@ def test_the_objects_kept_are_bounded_and_one_dropped_is_built_again(
     for _ in range(3):
         tend(server)
 
-    # Then no more than 3 are kept (mutant: the bound left out), and every
-    # schedule parked its ticks all the same, each object built again when
-    # its schedule was visited after it was dropped
+    # Then no more than 3 of each are kept (mutants: either bound left out),
+    # and every schedule parked its ticks all the same, each object built
+    # (each definition decoded) again when its schedule was visited after
+    # it was dropped
     assert len(server._schedules) <= 3
+    assert len(server.periodic._decoded) <= 3
     for i in range(8):
         assert ticked_ids(redis_client, f"every-{i}"), f"every-{i} parked nothing"
