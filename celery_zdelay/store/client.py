@@ -117,11 +117,12 @@ def make_client(config: ZDelayConfig) -> StoreClient:
 
 
 def close_client(client: StoreClient) -> None:
-    """Close every connection *client* holds, its pool's included.
+    """Close every connection of *client*, a client made here with a pool of its own.
 
     redis-py's ``close()`` alone leaves some open until the garbage collector
     finds them: before 5.1 a standalone client's pool, in every release a
-    cluster client's per-node pools.
+    cluster client's per-node pools. (Not for a client a caller gave: its
+    pool may serve others.)
     """
     client.close()
     if isinstance(client, RedisCluster):

@@ -153,6 +153,8 @@ class Store:
         self.config = config
         self.url = config.redis_url
         self.client = client if client is not None else make_client(config)
+        #: Whether the client is this store's own (its pool serves no one else).
+        self._owns_client = client is None
         #: On a Redis Cluster each shard lives on its own node: calls on
         #: different shards cannot share a pipeline or a transaction.
         self.cluster = is_cluster(self.client)
@@ -167,8 +169,11 @@ class Store:
         self._lanes_seen: dict[int, list[str]] = {}
 
     def close(self) -> None:
-        """Close the connections to Redis."""
-        close_client(self.client)
+        """Close the connections to Redis (of a client given: its own, not its pool's)."""
+        if self._owns_client:
+            close_client(self.client)
+        else:
+            self.client.close()
 
     # -- keys -----------------------------------------------------------------
 

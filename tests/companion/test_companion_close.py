@@ -16,6 +16,7 @@ import redis
 
 from celery_zdelay.companion import Companion
 from celery_zdelay.parking import store_for
+from celery_zdelay.store import Store
 from celery_zdelay.testing import RedisServer
 from tests.conftest import AppFactory
 from tests.helpers import wait_for
@@ -70,3 +71,26 @@ def test_a_store_the_caller_gave_stays_open(make_test_app: AppFactory) -> None:
 
         # The caller's store keeps its connection: closing it is the caller's
         assert _connected(watcher) == before
+
+
+def test_a_store_given_a_client_leaves_the_pool_it_shares_to_its_other_users(
+    make_test_app: AppFactory,
+) -> None:
+    with RedisServer() as server, redis.Redis.from_url(server.url) as watcher:
+        # Given a client sharing its pool with another, which holds a connection
+        app = make_test_app(conf={"zdelay_redis_url": f"{server.url}/0"})
+        pool = redis.ConnectionPool.from_url(f"{server.url}/0")
+        other = redis.Redis(connection_pool=pool, single_connection_client=True)
+        other.ping()
+        store = Store(store_for(app).config, client=redis.Redis(connection_pool=pool))
+        store.client.ping()
+        with_other = _connected(watcher)
+
+        # When the store closes
+        store.close()
+
+        # Then the other user's connection stays open (mutant: the store
+        # disconnects the pool it was given, every connection of it)
+        assert _connected(watcher) == with_other
+        other.close()
+        pool.disconnect()
