@@ -87,7 +87,7 @@ _ENTRY_KEYS = (
     "zdelay_overlap_timeout",
 )
 _CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
-#: Schedule specs kept to be shared (:func:`shared_spec`): specs that differ
+#: Schedule specs kept to be shared (:func:`_shared_spec`): specs that differ
 #: row by row are each one definition's, shared with none.
 SPECS_KEPT = 10_000
 _SPECS: Recent[str, tuple[str, Mapping[str, Any]]] = Recent(SPECS_KEPT)
@@ -97,7 +97,7 @@ def _spec_text(spec: Mapping[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True, separators=(",", ":"))
 
 
-def shared_spec(spec: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+def _shared_spec(spec: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
     """*spec*'s canonical text and one spec object equal to it, shared by every definition of it.
 
     A decoded spec is 0.5 to 1 KB (each decode makes its own keys and
@@ -204,7 +204,7 @@ class Definition:
         return int.from_bytes(digest[:8], "big") % self.jitter_ms
 
     def schedule_key(self) -> str:
-        """The schedule spec as canonical JSON: equal specs, equal text (:func:`shared_spec`)."""
+        """The schedule spec as canonical JSON: equal specs, equal text (:func:`_shared_spec`)."""
         known: str | None = self.__dict__.get("_schedule_key")
         if known is None:
             known = _spec_text(self.schedule)
@@ -214,7 +214,7 @@ class Definition:
     @classmethod
     def from_body(cls, name: str, body: str | bytes) -> Definition:
         data = json.loads(body)
-        key, spec = shared_spec(data["schedule"])
+        key, spec = _shared_spec(data["schedule"])
         definition = cls(
             name=name,
             task=sys.intern(data["task"]),
