@@ -1,7 +1,7 @@
 """A bounded map that keeps the entries used last: the periodic part's caches.
 
 A companion serving 100,000 schedules cannot keep one of everything per
-schedule (a decoded definition is about 1.2 KB, a crontab object 3 to 5 KB),
+schedule (a decoded definition took 1.8 KB, a crontab object 3 to 5 KB),
 and needs few at a time: a pass visits the schedules due soon. Each cache
 keeps a fixed number, the one used longest ago going first.
 """
