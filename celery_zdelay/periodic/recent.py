@@ -46,21 +46,20 @@ class Recent(Generic[K, V]):
         """Keep *value* under *key*, dropping the entry used longest ago when full."""
         with self._lock:
             self._items.pop(key, None)
-            while len(self._items) >= self.size:
-                del self._items[next(iter(self._items))]
-            self._items[key] = value
-            return value
+            return self._add(key, value)
 
     def keep(self, key: K, value: V) -> V:
         """The value kept under *key*, else *value*, kept from now on: one object for equal keys."""
         with self._lock:
             kept = self._items.pop(key, None)
-            if kept is None:
-                kept = value
-                while len(self._items) >= self.size:
-                    del self._items[next(iter(self._items))]
-            self._items[key] = kept
-            return kept
+            return self._add(key, value if kept is None else kept)
+
+    def _add(self, key: K, value: V) -> V:
+        """Add *key* (not kept now) as the one used last, making room first. Under the lock."""
+        while len(self._items) >= self.size:
+            del self._items[next(iter(self._items))]
+        self._items[key] = value
+        return value
 
     def pop(self, key: K) -> None:
         """Forget *key*, if kept."""

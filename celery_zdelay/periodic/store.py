@@ -52,7 +52,8 @@ COUNTERS = ("missed", "skipped_overlap", "late")
 LATE_MS = 1_000
 
 #: Definitions a pass keeps decoded (:meth:`PeriodicStore.view`): about
-#: 12 MB; others are decoded again when visited (once per occurrence).
+#: 18 MB (a crontab row's took 1.8 KB); others are decoded again when
+#: visited (once per occurrence).
 DEFINITIONS_KEPT = 10_000
 #: Ids of parked occurrences are remembered this long after their time, so
 #: a change, removal or pause can still cancel them.
