@@ -112,6 +112,16 @@ PYTHON = (
         "celery_zdelay/due_score.py",
         ("tests/test_due_score_order.py", "tests/store/test_scan_parked.py"),
     ),
+    # The periodic part's bounded caches: one object per spec, none past its bound.
+    Target(
+        "periodic.recent",
+        "celery_zdelay/periodic/recent.py",
+        (
+            "tests/periodic/test_recent.py",
+            "tests/periodic/test_definitions_kept.py",
+            "tests/periodic/test_schedule_objects.py",
+        ),
+    ),
     # Overlap policy: the headers an occurrence carries, and the key its run holds.
     Target(
         "periodic.overlap",
