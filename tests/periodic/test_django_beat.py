@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -24,12 +23,12 @@ from tests.conftest import AppFactory
 from tests.helpers import CeleryProcess, Runs, wait_for
 from tests.support.django_beat import (
     EDIT_BOUND_S,
-    MIGRATE,
     PERIOD_S,
     SETTINGS,
     add_interval_row,
     companion,
     django_run,
+    new_migrated_database,
     occurrence_s,
     psql,
     row_of,
@@ -412,14 +411,13 @@ def test_a_database_outage_stops_no_tick_and_edits_apply_once_it_answers(
     processes: list[CeleryProcess],
     worker: Callable[..., CeleryProcess],
     runs: Runs,
+    tmp_path: Path,
 ) -> None:
     # Given a row served from PostgreSQL (the outage: the database refuses
     # connections and the open ones are cut, as a restart or failover does)
-    name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
-    psql(f"CREATE DATABASE {name}")
+    database = new_migrated_database("postgres", tmp_path)
+    name = database.partition(":")[2]
     try:
-        database = f"postgres:{name}"
-        django_run(database, MIGRATE)
         add_interval_row(database, "ticker", 1, ["before"], task="tests.record")
         app = make_test_app(conf={"zdelay_beat": True})
         worker(app)
@@ -467,8 +465,7 @@ def test_a_database_outage_stops_no_tick_and_edits_apply_once_it_answers(
 def test_rows_that_fail_to_load_are_read_again_at_the_next_check(tmp_path: Path) -> None:
     # A change seen, then the read of the rows failing (the database went
     # away in between), must not count as read: the next check reads again.
-    database = f"sqlite:{tmp_path / 'beat.sqlite3'}"
-    django_run(database, MIGRATE)
+    database = new_migrated_database("sqlite", tmp_path)
     add_interval_row(database, "ticker", 1, ["x"], task="celery.backend_cleanup")
     checks = django_run(
         database,

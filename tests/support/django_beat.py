@@ -9,10 +9,13 @@ fixture.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import shutil
 import subprocess
-import sys
+import tempfile
 import textwrap
 import uuid
 from collections.abc import Generator, Iterator
@@ -24,6 +27,7 @@ import pytest
 from celery import Celery
 
 from tests.helpers import ROOT, CeleryProcess, Runs, unavailable
+from tests.support import django_forks
 
 SETTINGS = "tests.beat_project.settings"
 #: Seconds within which an edit made in the database reaches the companions
@@ -47,19 +51,75 @@ def migrated_database(kind: str, tmp_path: Path) -> Generator[str, None, None]:
 
     Yields ``sqlite:<path>`` or ``postgres:<name>`` (dropped afterwards).
     """
+    spec = new_migrated_database(kind, tmp_path)
     if kind == "sqlite":
-        spec = f"sqlite:{tmp_path / 'beat.sqlite3'}"
-        django_run(spec, MIGRATE)
         yield spec
         return
-    name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
-    psql(f"CREATE DATABASE {name}")
     try:
-        spec = f"postgres:{name}"
-        django_run(spec, MIGRATE)
         yield spec
     finally:
-        psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        psql(f"DROP DATABASE IF EXISTS {spec.partition(':')[2]} WITH (FORCE)")
+
+
+def new_migrated_database(kind: str, tmp_path: Path) -> str:
+    """Make a migrated database of *kind*; return ``sqlite:<path>`` or ``postgres:<name>``.
+
+    It is a copy of a database this test process migrated once (a migration
+    is a Django process of 2-4 s on this machine; a copy is a file copy, or
+    PostgreSQL's ``CREATE DATABASE ... TEMPLATE``). The caller drops a
+    PostgreSQL one.
+    """
+    if kind == "sqlite":
+        path = tmp_path / "beat.sqlite3"
+        shutil.copyfile(_migrated_template("sqlite"), path)
+        return f"sqlite:{path}"
+    name = f"zdelay_beat_{uuid.uuid4().hex[:10]}"
+    psql(f"CREATE DATABASE {name} TEMPLATE {_migrated_template('postgres')}")
+    return f"postgres:{name}"
+
+
+#: kind -> the database this process migrated for its tests to copy: a
+#: file's path (sqlite) or a database's name (postgres, one per process:
+#: PostgreSQL copies a template no other session is connected to).
+_templates: dict[str, str] = {}
+
+
+def _migrated_template(kind: str) -> str:
+    if kind not in _templates:
+        if kind == "sqlite":
+            folder = Path(tempfile.mkdtemp(prefix="zdelay-beat-template-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            template = str(folder / "beat.sqlite3")
+            django_run(f"sqlite:{template}", MIGRATE)
+        else:
+            template = f"zdelay_beat_template_{uuid.uuid4().hex[:10]}"
+            psql(f"CREATE DATABASE {template}")
+            atexit.register(_drop_quietly, template)
+            # The migrating process has exited when django_run returns: no
+            # session is left on the template to stop it being copied.
+            django_run(f"postgres:{template}", MIGRATE)
+        _templates[kind] = template
+    return _templates[kind]
+
+
+def _drop_quietly(name: str) -> None:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-c",
+                f"DROP DATABASE IF EXISTS {name} WITH (FORCE)",
+            ],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
 
 
 def psql(sql: str) -> None:
@@ -85,11 +145,14 @@ def django_run(
     env: dict[str, str] | None = None,
     timeout: float = 60,
 ) -> Any:
-    """Run *code* in a Django process on *database*; return what it prints, as JSON."""
+    """Run *code* in a Django process on *database*; return what it prints, as JSON.
+
+    The process is forked from one that imported Django already (see
+    :mod:`tests.support.django_forks`).
+    """
     program = "import django, json\ndjango.setup()\n" + textwrap.dedent(code)
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        cwd=ROOT,
+    done = django_forks.run(
+        program,
         env={
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -97,10 +160,8 @@ def django_run(
             "ZDELAY_TEST_BEAT_DB": database,
             **(env or {}),
         },
-        capture_output=True,
-        text=True,
+        cwd=ROOT,
         timeout=timeout,
-        check=False,
     )
     if done.returncode != 0:
         raise AssertionError(f"Django code failed:\n{code}\n{done.stderr[-3000:]}")
