@@ -38,6 +38,7 @@ pytest_plugins = [
     "tests.support.django",
     "tests.support.django_beat",
     "tests.support.layers",
+    "tests.support.long_first",
 ]
 
 #: Shared RabbitMQ of the machine (CI has it; local runs skip without it).
