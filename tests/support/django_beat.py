@@ -52,13 +52,11 @@ def migrated_database(kind: str, tmp_path: Path) -> Generator[str, None, None]:
     Yields ``sqlite:<path>`` or ``postgres:<name>`` (dropped afterwards).
     """
     spec = new_migrated_database(kind, tmp_path)
-    if kind == "sqlite":
-        yield spec
-        return
     try:
         yield spec
     finally:
-        psql(f"DROP DATABASE IF EXISTS {spec.partition(':')[2]} WITH (FORCE)")
+        if kind == "postgres":
+            psql(f"DROP DATABASE IF EXISTS {spec.partition(':')[2]} WITH (FORCE)")
 
 
 def new_migrated_database(kind: str, tmp_path: Path) -> str:
@@ -105,31 +103,20 @@ def _migrated_template(kind: str) -> str:
 def _drop_quietly(name: str) -> None:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(
-            [
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-c",
-                f"DROP DATABASE IF EXISTS {name} WITH (FORCE)",
-            ],
+            _psql_command(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
             capture_output=True,
             timeout=30,
             check=False,
         )
 
 
+def _psql_command(sql: str) -> list[str]:
+    return ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c", sql]
+
+
 def psql(sql: str) -> None:
     try:
-        subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c", sql],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        subprocess.run(_psql_command(sql), check=True, capture_output=True, timeout=60)
     except (OSError, subprocess.CalledProcessError) as exc:
         unavailable(
             f"PostgreSQL on 127.0.0.1:5432 not usable: {exc}",
