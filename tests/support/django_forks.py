@@ -15,6 +15,7 @@ of the CPU.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -102,6 +103,10 @@ class _Server:
         answer: dict[str, int] = json.loads(line)
         return answer
 
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
     def close(self) -> None:
         if self.alive():
             assert self.process.stdin is not None
@@ -144,15 +149,23 @@ def run(program: str, *, env: dict[str, str], cwd: Path, timeout: float) -> Done
             "stdout": str(out),
             "stderr": str(err),
         }
-        assert server.process.stdin is not None
-        server.process.stdin.write(json.dumps(request) + "\n")
-        server.process.stdin.flush()
-        # The server's interpreter may still be importing (its first request).
-        pid = server.answer(timeout=timeout + 60)["pid"]
+        pid: int | None = None
         try:
+            assert server.process.stdin is not None
+            server.process.stdin.write(json.dumps(request) + "\n")
+            server.process.stdin.flush()
+            # The server's interpreter may still be importing (its first request).
+            pid = server.answer(timeout=timeout + 60)["pid"]
             status = server.answer(timeout=timeout)["status"]
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            server.answer(timeout=30)
-            raise subprocess.TimeoutExpired(program, timeout) from None
+        except BaseException as exc:
+            # Timed out, or interrupted (the test's own timeout): the answers
+            # still due would be read as the next request's. The child and
+            # the server go; the next call starts another server.
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            server.kill()
+            if isinstance(exc, TimeoutError):
+                raise subprocess.TimeoutExpired(program, timeout) from None
+            raise
         return Done(status, out.read_text(errors="replace"), err.read_text(errors="replace"))
