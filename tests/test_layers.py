@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from tests.support import django_forks
 from tests.support.layers import LAYERS, reached_names
 
 pytestmark = pytest.mark.timeout(240)
@@ -22,6 +24,15 @@ def _through_a_helper() -> None:
 
 def test_a_helper_of_a_helper_that_starts_a_process_is_followed() -> None:
     assert "start_companion" in reached_names(_through_a_helper)
+
+
+def _through_a_module_of_the_test_tree() -> None:
+    django_forks.run("", env={}, cwd=Path(), timeout=1)
+
+
+def test_a_helper_taken_from_a_module_of_the_test_tree_is_followed() -> None:
+    # django_forks.run starts the server its Django programs are forked from
+    assert "Popen" in reached_names(_through_a_module_of_the_test_tree)
 
 
 def test_code_outside_the_test_tree_is_not_followed() -> None:

@@ -2,8 +2,9 @@
 
 Nobody keeps a list of files per layer: at collection, each test's code is
 read (its own function, every fixture it asks for, and every helper of the
-test tree those call, followed through their names) and the heaviest thing
-it reaches names its layer:
+test tree those call, followed through their names and through a module's
+attributes, as ``django_forks.run``) and the heaviest thing it reaches
+names its layer:
 
 * ``system``: a Celery worker or companion process, any subprocess, a
   RabbitMQ broker, a browser, a Redis Cluster;
@@ -91,10 +92,23 @@ def reached_names(*roots: Any) -> set[str]:
             for name in code.co_names:
                 names.add(name)
                 target = func.__globals__.get(name)
-                module = getattr(target, "__module__", None) or ""
-                if module.split(".")[0] in FOLLOWED:
-                    pending.extend(_functions(target))
+                if isinstance(target, types.ModuleType):
+                    # ``helpers.start(...)``: what the code takes from a
+                    # module of the test tree is followed as an import of it
+                    # would be (the attribute's name is in co_names too).
+                    if target.__name__.split(".")[0] in FOLLOWED:
+                        for attribute in code.co_names:
+                            pending.extend(_followed(getattr(target, attribute, None)))
+                    continue
+                pending.extend(_followed(target))
     return names
+
+
+def _followed(target: Any) -> Iterator[types.FunctionType]:
+    """The functions of *target* to read on, if it belongs to a followed package."""
+    module = getattr(target, "__module__", None) or ""
+    if module.split(".")[0] in FOLLOWED:
+        yield from _functions(target)
 
 
 def layer_of(item: pytest.Function) -> str:
