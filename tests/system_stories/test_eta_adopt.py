@@ -191,11 +191,13 @@ def test_a_run_killed_between_park_and_ack_runs_every_task_once_after_a_second_r
         queue = "celery"
         options = {"broker_transport_options": {"visibility_timeout": VISIBILITY_S}}
         app = make_test_app(conf=options)
-    # Given ETA tasks waiting in the queue, and a companion
-    due = datetime.now(timezone.utc) + timedelta(seconds=15)
+    # Given a companion, and ETA tasks waiting in the queue (due once adopt
+    # has started and read them: 15 s was too little beside a whole loaded
+    # suite, and every task was put back as due)
+    companion(app)
+    due = datetime.now(timezone.utc) + timedelta(seconds=COUNTDOWN_S)
     record = app.tasks["tests.record"]
     sent = {record.apply_async((n,), eta=due).id for n in range(KILLED_RUN_TASKS)}
-    companion(app)
 
     # When adopt is killed right after parking its second batch, before
     # acknowledging it to the broker
