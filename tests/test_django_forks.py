@@ -51,3 +51,22 @@ def test_a_program_over_its_timeout_is_killed_and_the_next_one_runs() -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         run("import time\ntime.sleep(60)", timeout=1)
     assert run("print('next')").stdout == "next\n"
+
+
+def test_two_lines_that_arrive_together_are_both_read() -> None:
+    # A quick program's pid and status reach the pipe at once
+    read, write = os.pipe()
+    try:
+        os.write(write, b'{"pid": 7}\n{"status": 3}\n')
+        lines = django_forks.Lines(read)
+        assert [lines.next(timeout=2), lines.next(timeout=2)] == [b'{"pid": 7}', b'{"status": 3}']
+        with pytest.raises(TimeoutError):
+            lines.next(timeout=0.1)
+        os.close(write)
+        write = -1
+        with pytest.raises(EOFError):
+            lines.next(timeout=2)
+    finally:
+        os.close(read)
+        if write != -1:
+            os.close(write)

@@ -24,10 +24,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Done", "run"]
+__all__ = ["Done", "Lines", "run"]
 
 #: The server: reads one request per line, forks a child for each, and
 #: answers with the child's pid and then its exit status.
@@ -82,6 +83,34 @@ class Done:
     stderr: str
 
 
+class Lines:
+    """The lines written to a pipe, each waited for with a timeout.
+
+    Read from the file descriptor itself: a buffered ``readline`` after a
+    ``select`` can take two lines off the pipe at once, and the next
+    ``select`` then waits for the second in vain (the pid and the status of
+    a quick program come together).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._pending = b""
+
+    def next(self, timeout: float) -> bytes:
+        """The next line; TimeoutError after *timeout* s, EOFError once the writer closed."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                raise EOFError("the Django program server exited")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line
+
+
 class _Server:
     def __init__(self) -> None:
         self.process = subprocess.Popen(
@@ -90,17 +119,14 @@ class _Server:
             stdout=subprocess.PIPE,
             text=True,
         )
+        assert self.process.stdout is not None
+        self._lines = Lines(self.process.stdout.fileno())
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def answer(self, timeout: float) -> dict[str, int]:
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, timeout))
-        line = self.process.stdout.readline() if ready else ""
-        if not line:
-            raise TimeoutError
-        answer: dict[str, int] = json.loads(line)
+        answer: dict[str, int] = json.loads(self._lines.next(timeout))
         return answer
 
     def kill(self) -> None:
